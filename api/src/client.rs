@@ -1,0 +1,333 @@
+//! Rust client of HTTP API v1. Every GET is checked end to end against the node's CRC32C.
+
+use crate::frame;
+use crate::key::key_hex;
+use crate::types::*;
+use crate::Durability;
+use bytes::Bytes;
+use reqwest::{Method, StatusCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("HTTP {status}: {body:?}")]
+    Status { status: u16, body: Option<ErrorBody> },
+    #[error("transport: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("block {key} failed its CRC32C check on receipt")]
+    Integrity { key: String },
+    #[error("malformed response: {0}")]
+    Malformed(String),
+}
+
+impl ClientError {
+    /// The HTTP status of a refused request, if that is what this is.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// Outcome of a successful put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// 201: stored now.
+    Created,
+    /// 200: already stored with the same content.
+    Exists,
+}
+
+/// One result of a batch get: the key and its bytes, or `None` for a miss.
+pub type BatchGetResult = (Vec<u8>, Option<Bytes>);
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// `base` is the node's URL, e.g. `http://127.0.0.1:7400`.
+    pub fn new(base: impl Into<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("a plain HTTP client always builds");
+        Client {
+            base: base.into().trim_end_matches('/').to_string(),
+            http,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn block_path(ns: &str, key: &[u8]) -> String {
+        format!("/v1/namespaces/{ns}/blocks/{}", key_hex(key))
+    }
+
+    async fn fail(resp: reqwest::Response) -> ClientError {
+        let status = resp.status().as_u16();
+        let body = resp.json::<ErrorBody>().await.ok();
+        ClientError::Status { status, body }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let resp = req.send().await?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(Self::fail(resp).await)
+        }
+    }
+
+    pub async fn put(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        durability: Durability,
+    ) -> Result<PutOutcome, ClientError> {
+        let crc = crate::crc32c(&data);
+        let resp = self
+            .send(
+                self.http
+                    .put(self.url(&Self::block_path(ns, key)))
+                    .header(crate::HEADER_CRC32C, crate::crc32c_hex(crc))
+                    .header(crate::HEADER_DURABILITY, durability.as_str())
+                    .body(data),
+            )
+            .await?;
+        Ok(if resp.status() == StatusCode::CREATED {
+            PutOutcome::Created
+        } else {
+            PutOutcome::Exists
+        })
+    }
+
+    /// The block's bytes, or `None` on 404. Checked against `x-ctxpod-crc32c`.
+    pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
+        let resp = self
+            .http
+            .get(self.url(&Self::block_path(ns, key)))
+            .send()
+            .await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !resp.status().is_success() {
+            return Err(Self::fail(resp).await);
+        }
+        let crc = resp
+            .headers()
+            .get(crate::HEADER_CRC32C)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::parse_crc32c_hex)
+            .ok_or_else(|| ClientError::Malformed("missing x-ctxpod-crc32c".into()))?;
+        let body = resp.bytes().await?;
+        if crate::crc32c(&body) != crc {
+            return Err(ClientError::Integrity { key: key_hex(key) });
+        }
+        Ok(Some(body))
+    }
+
+    pub async fn head(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
+        let resp = self
+            .http
+            .head(self.url(&Self::block_path(ns, key)))
+            .send()
+            .await?;
+        match resp.status() {
+            StatusCode::OK => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            s => Err(ClientError::Status {
+                status: s.as_u16(),
+                body: None,
+            }),
+        }
+    }
+
+    /// True if the block existed and is now deleted.
+    pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
+        let resp = self
+            .http
+            .delete(self.url(&Self::block_path(ns, key)))
+            .send()
+            .await?;
+        match resp.status() {
+            StatusCode::NO_CONTENT => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(Self::fail(resp).await),
+        }
+    }
+
+    /// Number of leading keys of `chain` present on the node.
+    pub async fn match_prefix(&self, ns: &str, chain: &[Vec<u8>]) -> Result<u64, ClientError> {
+        let body = KeysRequest {
+            keys: chain.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/match")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<MatchResponse>().await?.matched)
+    }
+
+    /// Puts many blocks in one request; returns the per-block HTTP-style status.
+    pub async fn batch_put(
+        &self,
+        ns: &str,
+        blocks: &[(Vec<u8>, Bytes)],
+        durability: Durability,
+    ) -> Result<Vec<u16>, ClientError> {
+        let entries: Vec<_> = blocks
+            .iter()
+            .map(|(k, d)| frame::Entry::put(k, d))
+            .collect();
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/batch/put")))
+                    .header(crate::HEADER_DURABILITY, durability.as_str())
+                    .header("content-type", "application/octet-stream")
+                    .body(frame::encode(&entries)),
+            )
+            .await?;
+        let body = resp.bytes().await?;
+        let got = frame::decode(&body).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        if got.len() != blocks.len() {
+            return Err(ClientError::Malformed("batch/put answer count".into()));
+        }
+        Ok(got.iter().map(|e| e.status).collect())
+    }
+
+    /// Gets many blocks in one request, each checked against its CRC32C.
+    pub async fn batch_get(
+        &self,
+        ns: &str,
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<BatchGetResult>, ClientError> {
+        let body = KeysRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/batch/get")))
+                    .json(&body),
+            )
+            .await?;
+        let buf = resp.bytes().await?;
+        let got = frame::decode(&buf).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        let mut out = Vec::with_capacity(got.len());
+        for e in got {
+            let data = match (e.status, e.data) {
+                (200, Some(d)) => {
+                    if Some(crate::crc32c(d)) != e.crc32c {
+                        return Err(ClientError::Integrity {
+                            key: key_hex(e.key),
+                        });
+                    }
+                    Some(buf.slice_ref(d))
+                }
+                (404, _) => None,
+                (s, _) => {
+                    return Err(ClientError::Status {
+                        status: s,
+                        body: None,
+                    })
+                }
+            };
+            out.push((e.key.to_vec(), data));
+        }
+        Ok(out)
+    }
+
+    pub async fn pin(&self, ns: &str, keys: &[Vec<u8>], ttl_ms: u64) -> Result<u64, ClientError> {
+        let body = PinRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+            ttl_ms,
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/pin")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<PinResponse>().await?.pinned)
+    }
+
+    pub async fn unpin(&self, ns: &str, keys: &[Vec<u8>]) -> Result<u64, ClientError> {
+        let body = KeysRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/unpin")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<UnpinResponse>().await?.unpinned)
+    }
+
+    /// Creates a namespace (201) or confirms it exists (200).
+    pub async fn create_namespace(
+        &self,
+        ns: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<NamespaceInfo, ClientError> {
+        let resp = self
+            .send(
+                self.http
+                    .request(Method::PUT, self.url(&format!("/v1/namespaces/{ns}")))
+                    .json(&CreateNamespace { quota_bytes }),
+            )
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    pub async fn namespace(&self, ns: &str) -> Result<NamespaceInfo, ClientError> {
+        let resp = self
+            .send(self.http.get(self.url(&format!("/v1/namespaces/{ns}"))))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    pub async fn delete_namespace(&self, ns: &str) -> Result<(), ClientError> {
+        self.send(self.http.delete(self.url(&format!("/v1/namespaces/{ns}"))))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn namespaces(&self) -> Result<NamespaceList, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/namespaces"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    pub async fn stats(&self) -> Result<Stats, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/stats"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let resp = self.send(self.http.get(self.url("/metrics"))).await?;
+        Ok(resp.text().await?)
+    }
+
+    /// True when `/readyz` answers 200.
+    pub async fn ready(&self) -> bool {
+        matches!(self.http.get(self.url("/readyz")).send().await, Ok(r) if r.status().is_success())
+    }
+}

@@ -1,0 +1,103 @@
+//! ctxpod API v1: the contract between a ctxpod node and its clients.
+//!
+//! - `openapi.json` (beside this crate's `Cargo.toml`) is the HTTP contract, OpenAPI 3.0.3.
+//! - [`frame`] is the binary framing of `batch/get` and `batch/put` bodies (sans-IO codec).
+//! - [`key`] and [`namespace`] validate the identifiers that appear in URLs.
+//! - [`types`] are the JSON bodies.
+//! - [`client`] is the Rust client used by the CLI, the tests and engines' block managers.
+//!
+//! Architecture invariant: this crate knows nothing of the engine, RocksDB or devices; the
+//! appliance depends on it, never the other way round.
+
+pub mod client;
+pub mod frame;
+pub mod key;
+pub mod namespace;
+pub mod types;
+
+/// The OpenAPI 3.0.3 document of HTTP API v1.
+pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
+
+/// Largest block body a node accepts, in bytes (8 MiB). Larger bodies answer 413.
+pub const BLOCK_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Longest key, in bytes (keys travel as lowercase hex, so twice this in characters).
+pub const KEY_BYTES_MAX: usize = 128;
+/// Most entries in one batch request (get, put, match, pin).
+pub const BATCH_ENTRIES_MAX: usize = 1024;
+/// Most keys in one `match` request.
+pub const MATCH_KEYS_MAX: usize = 4096;
+/// Largest `batch/put` body, in bytes (frame overhead included).
+pub const BATCH_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Longest lease a `pin` may ask for, in milliseconds (one hour).
+pub const LEASE_MS_MAX: u64 = 3_600_000;
+
+/// Request/response header carrying the CRC32C of a block body as 8 lowercase hex digits.
+pub const HEADER_CRC32C: &str = "x-ctxpod-crc32c";
+/// Request header choosing durability: `durable` (default) or `fast`.
+pub const HEADER_DURABILITY: &str = "x-ctxpod-durability";
+
+/// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// Formats a CRC32C the way [`HEADER_CRC32C`] carries it.
+pub fn crc32c_hex(crc: u32) -> String {
+    format!("{crc:08x}")
+}
+
+/// Parses an [`HEADER_CRC32C`] value: exactly 8 hex digits.
+pub fn parse_crc32c_hex(s: &str) -> Option<u32> {
+    if s.len() != 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
+}
+
+/// Durability of a put, chosen per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Acknowledged after the data is flushed to the device and the index batch is synced.
+    #[default]
+    Durable,
+    /// Acknowledged once written, before the flush: may vanish on a crash, never corrupt.
+    Fast,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Durable => "durable",
+            Durability::Fast => "fast",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "durable" => Some(Durability::Durable),
+            "fast" => Some(Durability::Fast),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_hex_round_trip() {
+        let c = crc32c(b"123456789");
+        assert_eq!(c, 0xe306_9283, "CRC32C check value");
+        assert_eq!(parse_crc32c_hex(&crc32c_hex(c)), Some(c));
+        assert_eq!(parse_crc32c_hex("e30692"), None);
+        assert_eq!(parse_crc32c_hex("e306928g"), None);
+    }
+
+    #[test]
+    fn openapi_is_json_3_0_3() {
+        let v: serde_json::Value = serde_json::from_str(OPENAPI_JSON).expect("openapi.json parses");
+        assert_eq!(v["openapi"], "3.0.3");
+    }
+}

@@ -1,0 +1,104 @@
+//! JSON bodies of HTTP API v1.
+
+use serde::{Deserialize, Serialize};
+
+/// Every error answer: `{"error": "<kind>", "message": "..."}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// Stable machine-readable kind: `invalid`, `not_found`, `no_route`, `conflict`,
+    /// `integrity`, `too_large`, `no_space`, `busy`, `internal`.
+    pub error: String,
+    pub message: String,
+}
+
+/// `PUT /v1/namespaces/{ns}` body (optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateNamespace {
+    /// Most bytes of blocks the namespace may hold; absent = bounded only by capacity.
+    #[serde(default)]
+    pub quota_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub quota_bytes: Option<u64>,
+    /// Bytes of live blocks (payload bytes, before encryption overhead).
+    pub used_bytes: u64,
+    pub block_count: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NamespaceList {
+    pub namespaces: Vec<NamespaceInfo>,
+}
+
+/// `match`, `batch/get` and `unpin` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeysRequest {
+    /// Lowercase hex keys.
+    pub keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MatchResponse {
+    /// How many leading keys of the chain are present.
+    pub matched: u64,
+}
+
+/// `pin` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PinRequest {
+    pub keys: Vec<String>,
+    /// Lease length; at most [`LEASE_MS_MAX`](crate::LEASE_MS_MAX).
+    pub ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PinResponse {
+    /// Keys present and now pinned (absent keys are not pinned).
+    pub pinned: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UnpinResponse {
+    pub unpinned: u64,
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    pub version: String,
+    /// `io_uring` or `sync` (pread/pwrite fallback).
+    pub io_engine: String,
+    /// Whether the device file is opened with O_DIRECT.
+    pub direct_io: bool,
+    pub capacity_bytes: u64,
+    /// Bytes of device occupied by regions in use (sealed regions + the open region's tail).
+    pub used_bytes: u64,
+    /// Bytes of live block payloads.
+    pub live_bytes: u64,
+    pub block_count: u64,
+    pub region_bytes: u64,
+    pub regions_total: u64,
+    pub regions_free: u64,
+    pub dram_capacity_bytes: u64,
+    pub dram_used_bytes: u64,
+    pub hits: u64,
+    pub dram_hits: u64,
+    pub misses: u64,
+    pub integrity_errors: u64,
+    pub evicted_blocks: u64,
+    pub evicted_regions: u64,
+    pub reinserted_blocks: u64,
+    pub device_written_bytes: u64,
+    pub user_written_bytes: u64,
+    /// `device_written_bytes / user_written_bytes` (0 when nothing was written).
+    pub write_amplification: f64,
+    pub leases: u64,
+    pub inflight_requests: u64,
+    pub recovered_discarded_records: u64,
+}

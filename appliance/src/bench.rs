@@ -1,0 +1,318 @@
+//! `ctxpod bench`: PUT and GET throughput and latency of a real node (this binary, started as
+//! a child process on loopback), next to the device's own sequential bandwidth measured in
+//! the same run on the same filesystem with O_DIRECT.
+//!
+//! Phases per block size: durable PUT of `--bytes` → node restarted (DRAM tier empty) →
+//! cold GET (every block from flash) → hot GET (every block from the DRAM tier). Every GET
+//! is checked byte for byte.
+
+use crate::config::ByteSize;
+use crate::device::{self, AlignedBuf, IoEngine};
+use anyhow::{ensure, Context};
+use bytes::Bytes;
+use ctxpod_api::client::Client;
+use ctxpod_api::Durability;
+use futures::StreamExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// Scratch folder on the filesystem to measure (emptied of bench files at the end).
+    #[arg(long, default_value = "./ctxpod-bench")]
+    pub dir: PathBuf,
+    /// Block sizes.
+    #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB,4MiB")]
+    pub sizes: Vec<ByteSize>,
+    /// Bytes written (and read back) per block size.
+    #[arg(long, default_value = "1GiB")]
+    pub bytes: ByteSize,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Bytes of the raw device baseline.
+    #[arg(long, default_value = "2GiB")]
+    pub device_bytes: ByteSize,
+    /// Also write results as JSON lines here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    what: String,
+    size: u64,
+    ops: u64,
+    gb_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Duration>) -> Row {
+    lat.sort();
+    Row {
+        what: what.into(),
+        size,
+        ops: lat.len() as u64,
+        gb_per_s: bytes as f64 / elapsed.as_secs_f64() / 1e9,
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
+    }
+}
+
+/// Sequential O_DIRECT write (then flush) and read of the device file, 1 MiB I/Os, 8 in
+/// flight, through the same device layer the node uses.
+async fn device_baseline(dir: &Path, bytes: u64) -> anyhow::Result<(Row, Row)> {
+    let path = dir.join("device-baseline.dat");
+    let _ = std::fs::remove_file(&path);
+    let dev = device::open(&path, bytes, IoEngine::Auto)?;
+    let chunk = 1u64 << 20;
+    let n = bytes / chunk;
+    let mut fill = AlignedBuf::zeroed(chunk as usize);
+    for (i, b) in fill.iter_mut().enumerate() {
+        *b = (i * 7 % 251) as u8;
+    }
+    let pattern = fill.to_vec();
+    let mut lat = Vec::new();
+    let t = Instant::now();
+    let mut s = futures::stream::iter((0..n).map(|i| {
+        let mut b = AlignedBuf::zeroed(chunk as usize);
+        b.copy_from_slice(&pattern);
+        let d = dev.clone();
+        async move {
+            let t = Instant::now();
+            let (_, r) = d.write_at(b, i * chunk).await;
+            r.map(|_| t.elapsed())
+        }
+    }))
+    .buffer_unordered(8);
+    while let Some(r) = s.next().await {
+        lat.push(r?);
+    }
+    drop(s);
+    dev.flush().await?;
+    let w = row("device seq write (O_DIRECT, 1 MiB, QD8)", chunk, n * chunk, t.elapsed(), lat);
+    let mut lat = Vec::new();
+    let t = Instant::now();
+    let mut s = futures::stream::iter((0..n).map(|i| {
+        let d = dev.clone();
+        async move {
+            let t = Instant::now();
+            let (_, r) = d.read_at(AlignedBuf::zeroed(chunk as usize), i * chunk).await;
+            r.map(|_| t.elapsed())
+        }
+    }))
+    .buffer_unordered(8);
+    while let Some(r) = s.next().await {
+        lat.push(r?);
+    }
+    drop(s);
+    let r = row("device seq read (O_DIRECT, 1 MiB, QD8)", chunk, n * chunk, t.elapsed(), lat);
+    drop(dev);
+    let _ = std::fs::remove_file(&path);
+    Ok((w, r))
+}
+
+/// fio's sequential O_DIRECT bandwidth (1 MiB, QD8, io_uring), when fio is installed.
+fn fio_baseline(dir: &Path, bytes: u64) -> Option<(Row, Row)> {
+    let path = dir.join("fio-baseline.dat");
+    let run = |rw: &str| -> Option<f64> {
+        let out = Command::new("fio")
+            .args([
+                "--name=ctxpod-baseline",
+                "--bs=1M",
+                "--iodepth=8",
+                "--ioengine=io_uring",
+                "--direct=1",
+                "--output-format=json",
+                "--end_fsync=1",
+            ])
+            .arg(format!("--rw={rw}"))
+            .arg(format!("--size={bytes}"))
+            .arg(format!("--filename={}", path.display()))
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("fio {rw} failed: {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let side = if rw == "write" { "write" } else { "read" };
+        v["jobs"][0][side]["bw_bytes"].as_f64()
+    };
+    let w = run("write");
+    let r = run("read");
+    let _ = std::fs::remove_file(&path);
+    let mk = |what: &str, bw: f64| Row {
+        what: what.into(),
+        size: 1 << 20,
+        ops: bytes >> 20,
+        gb_per_s: bw / 1e9,
+        p50_ms: 0.0,
+        p99_ms: 0.0,
+    };
+    Some((
+        mk("fio seq write (O_DIRECT, 1 MiB, QD8)", w?),
+        mk("fio seq read (O_DIRECT, 1 MiB, QD8)", r?),
+    ))
+}
+
+struct Node {
+    child: Child,
+    client: Client,
+}
+
+impl Node {
+    async fn start(data_dir: &Path, capacity: u64, dram: u64) -> anyhow::Result<Node> {
+        let exe = std::env::current_exe()?;
+        let _ = std::fs::remove_file(data_dir.join("ctxpod.addr"));
+        let child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(["--capacity", &capacity.to_string(), "--dram", &dram.to_string()])
+            .env("CTXPOD_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .context("start ctxpod serve")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            if let Ok(a) = std::fs::read_to_string(data_dir.join("ctxpod.addr")) {
+                break a.trim().to_string();
+            }
+            ensure!(Instant::now() < deadline, "node did not start within 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        Ok(Node {
+            child,
+            client: Client::new(format!("http://{addr}")),
+        })
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        // SAFETY: sending SIGTERM to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+fn block(size: usize, i: u64) -> Bytes {
+    let mut v = vec![0u8; size];
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for c in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    Bytes::from(v)
+}
+
+fn key(size: usize, i: u64) -> Vec<u8> {
+    let mut k = (size as u64).to_be_bytes().to_vec();
+    k.extend_from_slice(&i.to_be_bytes());
+    k
+}
+
+/// Distinct block contents per size; block `i` holds `pool[i % POOL]`, so that generating
+/// data does not take CPU from the node during a timed phase.
+const POOL: u64 = 8;
+
+async fn phase(client: &Client, size: usize, n: u64, conc: usize, what: &str) -> anyhow::Result<Row> {
+    let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
+    let t = Instant::now();
+    let mut lat = Vec::with_capacity(n as usize);
+    let put = what.starts_with("PUT");
+    let mut s = futures::stream::iter((0..n).map(|i| {
+        let c = client.clone();
+        let data = pool[(i % POOL) as usize].clone();
+        async move {
+            let k = key(size, i);
+            let t = Instant::now();
+            if put {
+                c.put("default", &k, data, Durability::Durable).await?;
+            } else {
+                let got = c.get("default", &k).await?;
+                ensure!(got.as_deref() == Some(&data[..]), "block {i} of {size} bytes came back wrong");
+            }
+            anyhow::Ok(t.elapsed())
+        }
+    }))
+    .buffer_unordered(conc);
+    while let Some(r) = s.next().await {
+        lat.push(r?);
+    }
+    Ok(row(what, size as u64, n * size as u64, t.elapsed(), lat))
+}
+
+pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.dir)?;
+    let mut rows = Vec::new();
+    eprintln!("device baseline: {} on {}", a.device_bytes, a.dir.display());
+    let (w, r) = device_baseline(&a.dir, a.device_bytes.0).await?;
+    rows.push(w);
+    rows.push(r);
+    if let Some((w, r)) = fio_baseline(&a.dir, a.device_bytes.0) {
+        rows.push(w);
+        rows.push(r);
+    }
+    for size in &a.sizes {
+        let size = size.0 as usize;
+        let n = (a.bytes.0 / size as u64).max(1);
+        let total = n * size as u64;
+        let data_dir = a.dir.join(format!("node-{size}"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        // Room for every block plus eviction reserve; DRAM holds the whole set when hot.
+        let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
+        let dram = total + total / 4 + (64 << 20);
+        eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
+        let node = Node::start(&data_dir, capacity, dram).await?;
+        rows.push(phase(&node.client, size, n, a.concurrency, "PUT durable").await?);
+        node.stop()?;
+        let node = Node::start(&data_dir, capacity, dram).await?;
+        rows.push(phase(&node.client, size, n, a.concurrency, "GET cold (flash)").await?);
+        rows.push(phase(&node.client, size, n, a.concurrency, "GET hot (DRAM)").await?);
+        let s = node.client.stats().await?;
+        eprintln!(
+            "  engine {} direct={} write amplification {:.3} dram hits {} flash hits {}",
+            s.io_engine,
+            s.direct_io,
+            s.write_amplification,
+            s.dram_hits,
+            s.hits - s.dram_hits
+        );
+        node.stop()?;
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    println!("| what | block | ops | GB/s | p50 ms | p99 ms |");
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.3} | {:.2} | {:.2} |",
+            r.what,
+            ByteSize(r.size),
+            r.ops,
+            r.gb_per_s,
+            r.p50_ms,
+            r.p99_ms
+        );
+    }
+    if let Some(p) = &a.json {
+        let mut out = String::new();
+        for r in &rows {
+            out.push_str(&serde_json::to_string(r)?);
+            out.push('\n');
+        }
+        std::fs::write(p, out)?;
+    }
+    Ok(())
+}

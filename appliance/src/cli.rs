@@ -1,0 +1,249 @@
+//! The `ctxpod` command line: `serve`, client subcommands (`put`, `get`, `stat`, `ns`) and
+//! `bench`.
+
+use crate::config::{ByteSize, Config};
+use crate::device::IoEngine;
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use ctxpod_api::client::{Client, PutOutcome};
+use ctxpod_api::Durability;
+use figment::providers::Serialized;
+use figment::Figment;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "ctxpod", version, about = "ctxpod: a flash node of a pod-level context-memory tier for LLM KV caches")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Target {
+    /// Node URL.
+    #[arg(long, env = "CTXPOD_ADDR", default_value = "http://127.0.0.1:7400")]
+    addr: String,
+    /// Namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    ns: String,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a node (embedded single-node default: data in ./ctxpod-data, loopback, no TLS).
+    Serve(ServeArgs),
+    /// Store a block from a file (or `-` for stdin).
+    Put {
+        #[command(flatten)]
+        t: Target,
+        /// Key, lowercase hex.
+        key: String,
+        /// File with the block's bytes; `-` reads stdin.
+        file: PathBuf,
+        /// Acknowledge before the flush (may vanish on a crash, never corrupt).
+        #[arg(long)]
+        fast: bool,
+    },
+    /// Fetch a block to a file (or stdout).
+    Get {
+        #[command(flatten)]
+        t: Target,
+        /// Key, lowercase hex.
+        key: String,
+        /// Output file; stdout when absent.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Print the node's statistics as JSON.
+    Stat {
+        #[command(flatten)]
+        t: Target,
+    },
+    /// List namespaces, or create one with `--create [--quota SIZE]`, or delete one.
+    Ns {
+        #[command(flatten)]
+        t: Target,
+        /// Create (or update the quota of) the namespace given by --ns.
+        #[arg(long)]
+        create: bool,
+        /// Delete the namespace given by --ns (its data key is destroyed).
+        #[arg(long, conflicts_with = "create")]
+        delete: bool,
+        #[arg(long, requires = "create")]
+        quota: Option<ByteSize>,
+    },
+    /// Measure PUT/GET throughput and latency against the device's own bandwidth.
+    Bench(crate::bench::BenchArgs),
+}
+
+#[derive(clap::Args, Default)]
+pub struct ServeArgs {
+    /// TOML configuration file (layered under CTXPOD_* env and these flags).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Folder of the node's state [default: ./ctxpod-data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Listen address [default: 127.0.0.1:7400].
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Flash capacity, e.g. 512MiB, 4GiB [default: 2GiB].
+    #[arg(long)]
+    pub capacity: Option<ByteSize>,
+    /// DRAM tier size [default: 256MiB].
+    #[arg(long)]
+    pub dram: Option<ByteSize>,
+    /// Device path (file or raw block device) [default: <data-dir>/blocks.dev].
+    #[arg(long)]
+    pub device: Option<PathBuf>,
+    /// I/O engine: auto, io_uring, sync [default: auto].
+    #[arg(long)]
+    pub io_engine: Option<IoEngine>,
+}
+
+impl std::str::FromStr for IoEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoEngine::Auto),
+            "io_uring" | "io-uring" | "uring" => Ok(IoEngine::IoUring),
+            "sync" => Ok(IoEngine::Sync),
+            _ => Err(format!("unknown I/O engine {s:?} (auto, io_uring, sync)")),
+        }
+    }
+}
+
+impl ServeArgs {
+    pub fn to_config(&self) -> anyhow::Result<Config> {
+        let mut o = serde_json::Map::new();
+        if let Some(d) = &self.data_dir {
+            o.insert("data_dir".into(), serde_json::json!(d));
+        }
+        if let Some(l) = &self.listen {
+            o.insert("listen".into(), serde_json::json!(l));
+        }
+        if let Some(c) = self.capacity {
+            o.insert("capacity".into(), serde_json::json!(c.0));
+        }
+        if let Some(d) = self.dram {
+            o.insert("dram".into(), serde_json::json!(d.0));
+        }
+        if let Some(d) = &self.device {
+            o.insert("device".into(), serde_json::json!(d));
+        }
+        if let Some(e) = self.io_engine {
+            o.insert("io_engine".into(), serde_json::to_value(e)?);
+        }
+        Config::load(
+            self.config.as_deref(),
+            Figment::from(Serialized::defaults(serde_json::Value::Object(o))),
+        )
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CTXPOD_LOG_FILTER")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_key(k: &str) -> anyhow::Result<Vec<u8>> {
+    ctxpod_api::key::parse_key_hex(k).with_context(|| format!("key {k:?}"))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Serve(args) => {
+            let cfg = args.to_config()?;
+            init_logging(&cfg.log);
+            crate::server::serve(cfg).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Put { t, key, file, fast } => {
+            let key = parse_key(&key)?;
+            let mut data = Vec::new();
+            if file.as_os_str() == "-" {
+                std::io::stdin().read_to_end(&mut data)?;
+            } else {
+                data = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
+            }
+            let d = if fast { Durability::Fast } else { Durability::Durable };
+            let n = data.len();
+            let out = Client::new(&t.addr).put(&t.ns, &key, Bytes::from(data), d).await?;
+            let what = match out {
+                PutOutcome::Created => "stored",
+                PutOutcome::Exists => "already stored",
+            };
+            eprintln!("{what}: {n} bytes");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Get { t, key, output } => {
+            let key = parse_key(&key)?;
+            match Client::new(&t.addr).get(&t.ns, &key).await? {
+                Some(b) => {
+                    match output {
+                        Some(p) => std::fs::write(&p, &b).with_context(|| format!("write {}", p.display()))?,
+                        None => std::io::stdout().write_all(&b)?,
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("not found");
+                    Ok(ExitCode::from(4))
+                }
+            }
+        }
+        Cmd::Stat { t } => {
+            let s = Client::new(&t.addr).stats().await?;
+            println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Ns {
+            t,
+            create,
+            delete,
+            quota,
+        } => {
+            let c = Client::new(&t.addr);
+            if create {
+                let info = c.create_namespace(&t.ns, quota.map(|q| q.0)).await?;
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else if delete {
+                c.delete_namespace(&t.ns).await?;
+                eprintln!("deleted namespace {}", t.ns);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&c.namespaces().await?)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench(args) => {
+            init_logging("warn");
+            crate::bench::run(args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The one configuration of a node: defaults → TOML file (`--config`) → `CTXPOD_*` environment
+//! → command-line flags, later layers winning.
+
+use crate::device::IoEngine;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// A size in bytes, written as an integer or with a binary or decimal unit: `512MiB`, `4GiB`,
+/// `1g`, `65536`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(s: &str) -> Result<ByteSize, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("size {s:?} must start with a whole number"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            u => return Err(format!("unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB, TiB)")),
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size {s:?} is too large"))
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ByteSize::parse(s)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+            if b >= 1 << shift && b % (1 << shift) == 0 {
+                return write!(f, "{}{unit}", b >> shift);
+            }
+        }
+        write!(f, "{b}")
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Node configuration. Every field can be set in the TOML file, as `CTXPOD_<FIELD>` in the
+/// environment (e.g. `CTXPOD_CAPACITY=4GiB`), and the main ones as `ctxpod serve` flags.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Config {
+    /// Folder of the node's state: the device file (unless `device` is set), the RocksDB index
+    /// (`index/`) and, in embedded mode, the key-encryption key (`kek`).
+    pub data_dir: PathBuf,
+    /// Address of the HTTP listener. Port 0 picks a free port; the bound address is written
+    /// to `<data_dir>/ctxpod.addr` once the node serves.
+    pub listen: SocketAddr,
+    /// Bytes of flash the node may use: the size of the device file (or the part of the raw
+    /// block device) that holds block records.
+    pub capacity: ByteSize,
+    /// Bytes of decrypted blocks the DRAM tier may hold.
+    pub dram: ByteSize,
+    /// Device path: a file (created and preallocated) or a raw block device. Default
+    /// `<data_dir>/blocks.dev`.
+    pub device: Option<PathBuf>,
+    /// Size of one region (the unit of eviction), a multiple of 4 KiB. Default: capacity / 32
+    /// clamped to 16..=64 MiB.
+    pub region_bytes: Option<ByteSize>,
+    /// `auto` (io_uring, else pread/pwrite with a warning), `io_uring` or `sync`.
+    pub io_engine: IoEngine,
+    /// File holding the 32-byte key-encryption key. Default `<data_dir>/kek`, created with
+    /// mode 0600 on first start when absent.
+    pub kek_file: Option<PathBuf>,
+    /// Requests served at once on the data routes; more answer 503 with `Retry-After`.
+    pub max_inflight_requests: usize,
+    /// Puts and deletes queued for the writer; more answer 503 with `Retry-After`.
+    pub write_queue_depth: usize,
+    /// Most puts in one group commit.
+    pub group_commit_max_blocks: usize,
+    /// Most payload bytes in one group commit.
+    pub group_commit_max_bytes: ByteSize,
+    /// Threads of the offload stage (CRC32C, AES-GCM); 0 = one per CPU.
+    pub offload_threads: usize,
+    /// Jobs queued for the offload stage; more answer 503.
+    pub offload_queue_depth: usize,
+    /// Most keys pinned at once.
+    pub leases_max: usize,
+    /// `tracing` filter, e.g. `info` or `ctxpod=debug`.
+    pub log: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./ctxpod-data"),
+            listen: "127.0.0.1:7400".parse().expect("a valid literal address"),
+            capacity: ByteSize(2 << 30),
+            dram: ByteSize(256 << 20),
+            device: None,
+            region_bytes: None,
+            io_engine: IoEngine::Auto,
+            kek_file: None,
+            max_inflight_requests: 1024,
+            write_queue_depth: 512,
+            group_commit_max_blocks: 256,
+            group_commit_max_bytes: ByteSize(32 << 20),
+            offload_threads: 0,
+            offload_queue_depth: 4096,
+            leases_max: 1 << 20,
+            log: "info".into(),
+        }
+    }
+}
+
+/// Smallest region: two of the largest records must fit.
+pub const REGION_BYTES_MIN: u64 = 16 << 20;
+pub const REGION_BYTES_MAX: u64 = 1 << 30;
+
+impl Config {
+    /// Layers defaults, the optional TOML file, the environment and `overrides` (flags).
+    pub fn load(file: Option<&Path>, overrides: Figment) -> anyhow::Result<Config> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(f) = file {
+            anyhow::ensure!(f.exists(), "config file {} does not exist", f.display());
+            fig = fig.merge(Toml::file(f));
+        }
+        fig = fig.merge(Env::prefixed("CTXPOD_")).merge(overrides);
+        let cfg: Config = fig.extract()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.group_commit_max_blocks > 0 && self.write_queue_depth > 0,
+            "group_commit_max_blocks and write_queue_depth must be positive"
+        );
+        anyhow::ensure!(self.max_inflight_requests > 0, "max_inflight_requests must be positive");
+        if let Some(r) = self.region_bytes {
+            anyhow::ensure!(
+                r.0 % 4096 == 0 && (REGION_BYTES_MIN..=REGION_BYTES_MAX).contains(&r.0),
+                "region_bytes must be a multiple of 4 KiB within 16 MiB..=1 GiB"
+            );
+        }
+        anyhow::ensure!(
+            self.group_commit_max_bytes.0 >= ctxpod_api::BLOCK_BYTES_MAX as u64,
+            "group_commit_max_bytes must hold at least one largest block (8 MiB)"
+        );
+        Ok(())
+    }
+
+    pub fn device_path(&self) -> PathBuf {
+        self.device
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("blocks.dev"))
+    }
+
+    pub fn kek_path(&self) -> PathBuf {
+        self.kek_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("kek"))
+    }
+
+    pub fn index_path(&self) -> PathBuf {
+        self.data_dir.join("index")
+    }
+
+    pub fn region_bytes(&self) -> u64 {
+        self.region_bytes.map(|r| r.0).unwrap_or_else(|| {
+            let r = (self.capacity.0 / 32).clamp(REGION_BYTES_MIN, 64 << 20);
+            r / (1 << 20) * (1 << 20)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(ByteSize::parse("512MiB"), Ok(ByteSize(512 << 20)));
+        assert_eq!(ByteSize::parse("4GiB"), Ok(ByteSize(4 << 30)));
+        assert_eq!(ByteSize::parse("1g"), Ok(ByteSize(1 << 30)));
+        assert_eq!(ByteSize::parse("100"), Ok(ByteSize(100)));
+        assert_eq!(ByteSize::parse("2 GB"), Ok(ByteSize(2_000_000_000)));
+        assert!(ByteSize::parse("GiB").is_err());
+        assert!(ByteSize::parse("4XB").is_err());
+        assert!(ByteSize::parse("99999999999TiB").is_err());
+        assert_eq!(ByteSize(4 << 30).to_string(), "4GiB");
+    }
+
+    #[test]
+    fn layering() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "capacity = \"1GiB\"\ndram = \"64MiB\"\n").expect("write");
+        let over = Figment::from(Serialized::defaults(serde_json::json!({"dram": "32MiB"})));
+        let c = Config::load(Some(&f), over).expect("loads");
+        assert_eq!(c.capacity, ByteSize(1 << 30));
+        assert_eq!(c.dram, ByteSize(32 << 20));
+        assert_eq!(c.region_bytes(), 32 << 20);
+        assert!(Config::load(Some(&dir.path().join("missing.toml")), Figment::new()).is_err());
+    }
+}

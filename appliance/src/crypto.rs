@@ -1,0 +1,135 @@
+//! Crypto envelope (sans-IO): AES-256-GCM sealing of block payloads with per-namespace data
+//! keys (DEKs), and wrapping of DEKs by the node's key-encryption key (KEK).
+//!
+//! - Payload AAD = `"ctxpod/block/v1" ‖ ns_id ‖ key_id ‖ key_len ‖ key`: a record moved under
+//!   another key, namespace or key generation fails to open.
+//! - Payload nonce = [`crate::record::nonce_for`]`(seq)`: unique per node and write.
+//! - DEK wrapping: AES-256-GCM under the KEK with a random nonce, AAD binding ns_id and key_id.
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+
+pub const KEY_BYTES: usize = 32;
+/// Wrapped DEK: nonce (12) ‖ ciphertext (32) ‖ tag (16).
+pub const WRAPPED_DEK_BYTES: usize = 12 + KEY_BYTES + 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("authentication failed")]
+pub struct AuthError;
+
+/// A 256-bit AES-GCM key, ready to use.
+pub struct AeadKey(LessSafeKey);
+
+impl AeadKey {
+    pub fn new(bytes: &[u8; KEY_BYTES]) -> Self {
+        AeadKey(LessSafeKey::new(
+            UnboundKey::new(&AES_256_GCM, bytes).expect("32 bytes is an AES-256 key"),
+        ))
+    }
+}
+
+/// Fresh random key material from the system's CSPRNG.
+pub fn random_key() -> [u8; KEY_BYTES] {
+    let mut k = [0u8; KEY_BYTES];
+    aws_lc_rs::rand::fill(&mut k).expect("the system CSPRNG does not fail");
+    k
+}
+
+pub fn block_aad(ns_id: u32, key_id: u32, key: &[u8]) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(15 + 9 + key.len());
+    aad.extend_from_slice(b"ctxpod/block/v1");
+    aad.extend_from_slice(&ns_id.to_le_bytes());
+    aad.extend_from_slice(&key_id.to_le_bytes());
+    aad.push(key.len() as u8);
+    aad.extend_from_slice(key);
+    aad
+}
+
+/// Encrypts `in_out` in place; returns the tag.
+pub fn seal(key: &AeadKey, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8]) -> [u8; 16] {
+    let tag = key
+        .0
+        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), in_out)
+        .expect("AES-GCM sealing of a bounded buffer cannot fail");
+    tag.as_ref().try_into().expect("AES-GCM tags are 16 bytes")
+}
+
+/// Decrypts `ciphertext ‖ tag` in place; returns the plaintext's length.
+pub fn open(key: &AeadKey, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8]) -> Result<usize, AuthError> {
+    key.0
+        .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), in_out)
+        .map(|p| p.len())
+        .map_err(|_| AuthError)
+}
+
+fn wrap_aad(ns_id: u32, key_id: u32) -> Vec<u8> {
+    let mut aad = b"ctxpod/dek/v1".to_vec();
+    aad.extend_from_slice(&ns_id.to_le_bytes());
+    aad.extend_from_slice(&key_id.to_le_bytes());
+    aad
+}
+
+pub fn wrap_dek(kek: &AeadKey, ns_id: u32, key_id: u32, dek: &[u8; KEY_BYTES]) -> Vec<u8> {
+    let mut nonce = [0u8; 12];
+    aws_lc_rs::rand::fill(&mut nonce).expect("the system CSPRNG does not fail");
+    let mut ct = *dek;
+    let tag = seal(kek, nonce, &wrap_aad(ns_id, key_id), &mut ct);
+    let mut out = Vec::with_capacity(WRAPPED_DEK_BYTES);
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&ct);
+    out.extend_from_slice(&tag);
+    out
+}
+
+pub fn unwrap_dek(
+    kek: &AeadKey,
+    ns_id: u32,
+    key_id: u32,
+    wrapped: &[u8],
+) -> Result<[u8; KEY_BYTES], AuthError> {
+    if wrapped.len() != WRAPPED_DEK_BYTES {
+        return Err(AuthError);
+    }
+    let nonce: [u8; 12] = wrapped[..12].try_into().expect("12 bytes");
+    let mut buf = wrapped[12..].to_vec();
+    let n = open(kek, nonce, &wrap_aad(ns_id, key_id), &mut buf)?;
+    buf[..n].try_into().map_err(|_| AuthError)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_open_and_binding() {
+        let k = AeadKey::new(&random_key());
+        let aad = block_aad(1, 1, b"key");
+        let mut buf = b"hello block".to_vec();
+        let tag = seal(&k, [7; 12], &aad, &mut buf);
+        assert_ne!(&buf[..], b"hello block");
+        let mut sealed = buf.clone();
+        sealed.extend_from_slice(&tag);
+        let mut ok = sealed.clone();
+        assert_eq!(open(&k, [7; 12], &aad, &mut ok), Ok(11));
+        assert_eq!(&ok[..11], b"hello block");
+        // Another key, namespace or key id in the AAD, another nonce, a flipped bit: refused.
+        for bad_aad in [block_aad(1, 1, b"kez"), block_aad(2, 1, b"key"), block_aad(1, 2, b"key")] {
+            assert!(open(&k, [7; 12], &bad_aad, &mut sealed.clone()).is_err());
+        }
+        assert!(open(&k, [8; 12], &aad, &mut sealed.clone()).is_err());
+        let mut flipped = sealed.clone();
+        flipped[3] ^= 1;
+        assert!(open(&k, [7; 12], &aad, &mut flipped).is_err());
+    }
+
+    #[test]
+    fn wrap_unwrap() {
+        let kek = AeadKey::new(&random_key());
+        let dek = random_key();
+        let w = wrap_dek(&kek, 4, 1, &dek);
+        assert_eq!(w.len(), WRAPPED_DEK_BYTES);
+        assert_eq!(unwrap_dek(&kek, 4, 1, &w), Ok(dek));
+        assert!(unwrap_dek(&kek, 5, 1, &w).is_err());
+        let other = AeadKey::new(&random_key());
+        assert!(unwrap_dek(&other, 4, 1, &w).is_err());
+    }
+}

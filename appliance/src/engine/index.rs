@@ -1,0 +1,263 @@
+//! RocksDB metadata index. Column families:
+//!
+//! | CF | key | value |
+//! |---|---|---|
+//! | `blocks` | ns_id (u32 BE) ‖ key | [`BlockLoc`] (40 bytes) |
+//! | `by_region` | region (u32 BE) ‖ offset (u32 BE) | ns_id ‖ key (the `blocks` key) |
+//! | `regions` | region (u32 BE) | [`RegionMeta`] (16 bytes) |
+//! | `namespaces` | name | [`NsMeta`] (JSON) |
+//! | `keys` | ns_id (u32 BE) ‖ key_id (u32 BE) | wrapped DEK |
+//! | `quarantine` | ns_id ‖ key | [`BlockLoc`] of the record that failed its checks |
+//! | `default` | `geometry`, `next_ns_id`, `seq_reserved` | node metadata |
+//!
+//! Architecture invariant: only the writer task mutates `blocks`, `by_region` and `regions`;
+//! every mutation that acknowledges a durable put is one synced WriteBatch, written after the
+//! device flush that covers its records.
+
+use anyhow::Context;
+use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+pub const CF_BLOCKS: &str = "blocks";
+pub const CF_BY_REGION: &str = "by_region";
+pub const CF_REGIONS: &str = "regions";
+pub const CF_NAMESPACES: &str = "namespaces";
+pub const CF_KEYS: &str = "keys";
+pub const CF_QUARANTINE: &str = "quarantine";
+const CFS: [&str; 6] = [
+    CF_BLOCKS,
+    CF_BY_REGION,
+    CF_REGIONS,
+    CF_NAMESPACES,
+    CF_KEYS,
+    CF_QUARANTINE,
+];
+
+pub const META_GEOMETRY: &[u8] = b"geometry";
+pub const META_NEXT_NS_ID: &[u8] = b"next_ns_id";
+pub const META_SEQ_RESERVED: &[u8] = b"seq_reserved";
+
+/// Where a block's record lives, and what it must contain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLoc {
+    pub region: u32,
+    /// Byte offset of the record within its region.
+    pub offset: u32,
+    /// Bytes the record occupies on the device (a multiple of 4 KiB).
+    pub record_len: u32,
+    /// Plaintext length.
+    pub len: u32,
+    pub crc32c: u32,
+    pub key_id: u32,
+    pub seq: u64,
+    /// When the block was stored (ms since the Unix epoch).
+    pub stored_ms: u64,
+}
+
+impl BlockLoc {
+    pub const BYTES: usize = 40;
+
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[0..4].copy_from_slice(&self.region.to_le_bytes());
+        b[4..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[8..12].copy_from_slice(&self.record_len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.crc32c.to_le_bytes());
+        b[20..24].copy_from_slice(&self.key_id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..40].copy_from_slice(&self.stored_ms.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> anyhow::Result<BlockLoc> {
+        anyhow::ensure!(b.len() == Self::BYTES, "block location of {} bytes", b.len());
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        Ok(BlockLoc {
+            region: u32_at(0),
+            offset: u32_at(4),
+            record_len: u32_at(8),
+            len: u32_at(12),
+            crc32c: u32_at(16),
+            key_id: u32_at(20),
+            seq: u64_at(24),
+            stored_ms: u64_at(32),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionState {
+    Free = 0,
+    Open = 1,
+    Sealed = 2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionMeta {
+    pub state: RegionState,
+    /// Bytes of the region written and committed (records beyond are discarded at recovery).
+    pub write_ptr: u32,
+    /// Order in which regions were opened: eviction takes the lowest first.
+    pub open_seq: u64,
+}
+
+impl RegionMeta {
+    pub const FREE: RegionMeta = RegionMeta {
+        state: RegionState::Free,
+        write_ptr: 0,
+        open_seq: 0,
+    };
+
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0] = self.state as u8;
+        b[4..8].copy_from_slice(&self.write_ptr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.open_seq.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> anyhow::Result<RegionMeta> {
+        anyhow::ensure!(b.len() == 16, "region metadata of {} bytes", b.len());
+        let state = match b[0] {
+            0 => RegionState::Free,
+            1 => RegionState::Open,
+            2 => RegionState::Sealed,
+            s => anyhow::bail!("unknown region state {s}"),
+        };
+        Ok(RegionMeta {
+            state,
+            write_ptr: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            open_seq: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NsMeta {
+    pub id: u32,
+    pub quota_bytes: Option<u64>,
+    /// Generation of the namespace's current data key.
+    pub key_id: u32,
+    pub created_ms: u64,
+}
+
+/// Device layout, fixed when the node is first formatted.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Geometry {
+    pub format_version: u32,
+    pub capacity_bytes: u64,
+    pub region_bytes: u64,
+    /// Device offset of region 0 (the first bytes hold the device superblock).
+    pub data_offset: u64,
+    pub regions: u32,
+}
+
+pub fn block_key(ns_id: u32, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(4 + key.len());
+    k.extend_from_slice(&ns_id.to_be_bytes());
+    k.extend_from_slice(key);
+    k
+}
+
+pub fn by_region_key(region: u32, offset: u32) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[..4].copy_from_slice(&region.to_be_bytes());
+    k[4..].copy_from_slice(&offset.to_be_bytes());
+    k
+}
+
+pub fn keys_key(ns_id: u32, key_id: u32) -> [u8; 8] {
+    by_region_key(ns_id, key_id)
+}
+
+pub struct Index {
+    pub db: DB,
+}
+
+impl Index {
+    pub fn open(path: &Path) -> anyhow::Result<Index> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_max_background_jobs(2);
+        opts.set_keep_log_file_num(4);
+        opts.set_max_total_wal_size(64 << 20);
+        let cfs = CFS
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        let db = DB::open_cf_descriptors(&opts, path, cfs)
+            .with_context(|| format!("open RocksDB index at {}", path.display()))?;
+        Ok(Index { db })
+    }
+
+    pub fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .expect("every column family is created at open")
+    }
+
+    pub fn get_block(&self, bkey: &[u8]) -> anyhow::Result<Option<BlockLoc>> {
+        match self
+            .db
+            .get_pinned_cf(self.cf(CF_BLOCKS), bkey)
+            .context("read block index")?
+        {
+            Some(v) => Ok(Some(BlockLoc::decode(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Looks up many block keys in one call.
+    pub fn multi_get_blocks(&self, bkeys: &[Vec<u8>]) -> anyhow::Result<Vec<Option<BlockLoc>>> {
+        let cf = self.cf(CF_BLOCKS);
+        self.db
+            .batched_multi_get_cf(cf, bkeys.iter(), false)
+            .into_iter()
+            .map(|r| match r.context("read block index")? {
+                Some(v) => Ok(Some(BlockLoc::decode(&v)?)),
+                None => Ok(None),
+            })
+            .collect()
+    }
+
+    pub fn get_meta(&self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
+        self.db.get(key).context("read index metadata")
+    }
+
+    pub fn write(&self, batch: WriteBatch, sync: bool) -> anyhow::Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(batch, &wo).context("write index batch")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codecs_round_trip() {
+        let l = BlockLoc {
+            region: 3,
+            offset: 4096,
+            record_len: 8192,
+            len: 5000,
+            crc32c: 9,
+            key_id: 1,
+            seq: 1 << 40,
+            stored_ms: 17,
+        };
+        assert_eq!(BlockLoc::decode(&l.encode()).expect("decodes"), l);
+        let r = RegionMeta {
+            state: RegionState::Sealed,
+            write_ptr: 77 * 4096,
+            open_seq: 5,
+        };
+        assert_eq!(RegionMeta::decode(&r.encode()).expect("decodes"), r);
+        assert!(RegionMeta::decode(&[9; 16]).is_err());
+        assert!(BlockLoc::decode(&[0; 3]).is_err());
+    }
+}

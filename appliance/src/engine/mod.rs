@@ -1,0 +1,784 @@
+//! Block engine: namespaces, the read path, the put path up to the writer, recovery.
+//!
+//! Architecture invariants:
+//! - The engine knows nothing of HTTP; it answers [`EngineError`] kinds that the server maps
+//!   one to one to statuses.
+//! - Bytes leave the engine only after the record header matched the index, AES-GCM opened
+//!   and the plaintext CRC32C matched. Anything else is quarantined and answered as a miss.
+//! - Only the writer task ([`writer`]) mutates the block index and region table.
+
+pub mod dram;
+pub mod index;
+pub mod leases;
+pub mod offload;
+mod recovery;
+mod writer;
+
+use crate::config::Config;
+use crate::crypto::{self, AeadKey};
+use crate::device::{AlignedBuf, Device};
+use crate::metrics::Metrics;
+use crate::record::{self, RecordHeader, HEADER_BYTES, TAG_BYTES};
+use bytes::Bytes;
+use ctxpod_api::types::{NamespaceInfo, Stats};
+use ctxpod_api::Durability;
+use dram::{CacheKey, S3Fifo};
+use index::{block_key, BlockLoc, Geometry, Index, NsMeta};
+use leases::{Leases, ReadBits};
+use offload::{Offload, OffloadError};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use writer::WriteCmd;
+
+/// What went wrong, as the caller must act on it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("the key holds a block with different content")]
+    Conflict,
+    #[error("{0}")]
+    Integrity(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    NoSpace(String),
+    #[error("busy: {0} is full, retry later")]
+    Busy(&'static str),
+    #[error("internal error: {0:#}")]
+    Internal(anyhow::Error),
+}
+
+impl From<anyhow::Error> for EngineError {
+    fn from(e: anyhow::Error) -> Self {
+        EngineError::Internal(e)
+    }
+}
+
+impl From<OffloadError> for EngineError {
+    fn from(e: OffloadError) -> Self {
+        match e {
+            OffloadError::Busy => EngineError::Busy("offload queue"),
+            OffloadError::Stopped => EngineError::Internal(anyhow::anyhow!("offload stage stopped")),
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Outcome of a successful put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutStatus {
+    Created,
+    Exists,
+}
+
+pub struct Namespace {
+    pub id: u32,
+    pub name: String,
+    /// Quota in bytes; [`NO_QUOTA`] when unbounded.
+    quota: AtomicU64,
+    pub key_id: u32,
+    /// Data keys by key id (all generations still readable).
+    deks: HashMap<u32, Arc<AeadKey>>,
+    used_bytes: AtomicU64,
+    blocks: AtomicU64,
+    deleted: AtomicBool,
+}
+
+const NO_QUOTA: u64 = u64::MAX;
+
+impl Namespace {
+    pub fn quota_bytes(&self) -> Option<u64> {
+        Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != NO_QUOTA)
+    }
+
+    fn info(&self) -> NamespaceInfo {
+        NamespaceInfo {
+            name: self.name.clone(),
+            quota_bytes: self.quota_bytes(),
+            used_bytes: self.used_bytes.load(Ordering::Relaxed),
+            block_count: self.blocks.load(Ordering::Relaxed),
+        }
+    }
+
+    fn new(name: &str, meta: &NsMeta, deks: HashMap<u32, Arc<AeadKey>>) -> Namespace {
+        Namespace {
+            id: meta.id,
+            name: name.to_string(),
+            quota: AtomicU64::new(meta.quota_bytes.unwrap_or(NO_QUOTA)),
+            key_id: meta.key_id,
+            deks,
+            used_bytes: AtomicU64::new(0),
+            blocks: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+        }
+    }
+
+    fn dek(&self, key_id: u32) -> Option<Arc<AeadKey>> {
+        self.deks.get(&key_id).cloned()
+    }
+}
+
+/// Counters shared by the request path and the writer.
+#[derive(Default)]
+pub(crate) struct Counters {
+    live_bytes: AtomicU64,
+    blocks: AtomicU64,
+    used_bytes: AtomicU64,
+    regions_free: AtomicU64,
+    hits: AtomicU64,
+    dram_hits: AtomicU64,
+    misses: AtomicU64,
+    integrity_errors: AtomicU64,
+    evicted_blocks: AtomicU64,
+    evicted_regions: AtomicU64,
+    reinserted_blocks: AtomicU64,
+    device_written_bytes: AtomicU64,
+    user_written_bytes: AtomicU64,
+    recovered_discarded_records: AtomicU64,
+}
+
+/// Sequence numbers (record nonces): handed out from a range whose upper bound is persisted
+/// (synced) before any number in it is used, so a restart never reuses one.
+struct SeqAlloc {
+    next: AtomicU64,
+    reserved: Mutex<u64>,
+    reserved_fast: AtomicU64,
+}
+
+const SEQ_CHUNK: u64 = 1 << 20;
+
+pub(crate) struct Core {
+    pub cfg: Config,
+    pub geometry: Geometry,
+    pub device: Arc<dyn Device>,
+    pub index: Index,
+    kek: AeadKey,
+    namespaces: RwLock<HashMap<String, Arc<Namespace>>>,
+    ns_by_id: RwLock<HashMap<u32, Arc<Namespace>>>,
+    dram: Mutex<S3Fifo>,
+    pub leases: Leases,
+    pub read_bits: ReadBits,
+    seq: SeqAlloc,
+    offload: Offload,
+    pub metrics: Arc<Metrics>,
+    pub counters: Counters,
+    failed: AtomicBool,
+    /// Set by the writer after a commit that skipped the flush and sync (`fast` puts only),
+    /// cleared by the next synced commit.
+    unsynced: AtomicBool,
+}
+
+impl Core {
+    pub fn dev_offset(&self, region: u32, offset: u32) -> u64 {
+        self.geometry.data_offset + region as u64 * self.geometry.region_bytes + offset as u64
+    }
+
+    fn ns_by_id(&self, id: u32) -> Option<Arc<Namespace>> {
+        self.ns_by_id.read().get(&id).cloned()
+    }
+
+    fn fail(&self, what: &str, e: &anyhow::Error) {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(error = %format!("{e:#}"), "{what} failed; the node stops accepting writes");
+        }
+    }
+
+    fn next_seq(&self) -> anyhow::Result<u64> {
+        let s = self.seq.next.fetch_add(1, Ordering::Relaxed);
+        if s < self.seq.reserved_fast.load(Ordering::Acquire) {
+            return Ok(s);
+        }
+        let mut r = self.seq.reserved.lock();
+        while s >= *r {
+            let hi = *r + SEQ_CHUNK;
+            let mut wo = rocksdb::WriteOptions::default();
+            wo.set_sync(true);
+            self.index
+                .db
+                .put_opt(index::META_SEQ_RESERVED, hi.to_le_bytes(), &wo)
+                .map_err(|e| anyhow::anyhow!("persist nonce reservation: {e}"))?;
+            *r = hi;
+        }
+        self.seq.reserved_fast.store(*r, Ordering::Release);
+        Ok(s)
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub struct Engine {
+    core: Arc<Core>,
+    writer_tx: mpsc::Sender<WriteCmd>,
+    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    ns_lock: tokio::sync::Mutex<()>,
+}
+
+/// Outcome of reading and checking one record.
+enum Verified {
+    Ok(Bytes),
+    Bad(String),
+}
+
+/// Checks a record read from the device against its index entry and opens it.
+fn verify_record(
+    mut buf: AlignedBuf,
+    dek: &AeadKey,
+    ns_id: u32,
+    key: &[u8],
+    loc: &BlockLoc,
+) -> Verified {
+    let h = match RecordHeader::decode(&buf) {
+        Ok(h) => h,
+        Err(e) => return Verified::Bad(format!("record header: {e}")),
+    };
+    if h.ns_id != ns_id
+        || h.key != key
+        || h.len != loc.len
+        || h.crc32c != loc.crc32c
+        || h.seq != loc.seq
+        || h.key_id != loc.key_id
+        || h.nonce != record::nonce_for(h.seq)
+    {
+        return Verified::Bad("record header does not match the index".into());
+    }
+    let len = h.len as usize;
+    let aad = crypto::block_aad(ns_id, h.key_id, key);
+    match crypto::open(dek, h.nonce, &aad, &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES]) {
+        Ok(n) if n == len => {}
+        _ => return Verified::Bad("AES-GCM authentication failed".into()),
+    }
+    if crc32c::crc32c(&buf[HEADER_BYTES..HEADER_BYTES + len]) != h.crc32c {
+        return Verified::Bad("plaintext CRC32C mismatch".into());
+    }
+    Verified::Ok(Bytes::from_owner(buf).slice(HEADER_BYTES..HEADER_BYTES + len))
+}
+
+/// Builds the sealed record of a new block.
+fn build_record(ns: &Namespace, dek: &AeadKey, key: &[u8], seq: u64, data: &[u8], crc: u32) -> AlignedBuf {
+    let len = data.len();
+    let mut buf = AlignedBuf::zeroed(record::record_bytes(len));
+    buf[HEADER_BYTES..HEADER_BYTES + len].copy_from_slice(data);
+    let nonce = record::nonce_for(seq);
+    let aad = crypto::block_aad(ns.id, ns.key_id, key);
+    let tag = crypto::seal(dek, nonce, &aad, &mut buf[HEADER_BYTES..HEADER_BYTES + len]);
+    buf[HEADER_BYTES + len..HEADER_BYTES + len + TAG_BYTES].copy_from_slice(&tag);
+    RecordHeader {
+        ns_id: ns.id,
+        key_id: ns.key_id,
+        len: len as u32,
+        crc32c: crc,
+        seq,
+        nonce,
+        key: key.to_vec(),
+    }
+    .encode(&mut buf[..HEADER_BYTES]);
+    buf
+}
+
+enum PutPrep {
+    Crc(u32),
+    Record(u32, AlignedBuf),
+}
+
+impl Engine {
+    /// Opens (formatting on first start) and recovers the node's state, then starts the writer.
+    pub async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<Engine> {
+        let core = recovery::open(cfg, metrics).await?;
+        let core = Arc::new(core);
+        let (tx, rx) = mpsc::channel(core.cfg.write_queue_depth);
+        let w = writer::Writer::new(core.clone())?;
+        let handle = tokio::spawn(w.run(rx));
+        let engine = Engine {
+            core,
+            writer_tx: tx,
+            writer: Mutex::new(Some(handle)),
+            ns_lock: tokio::sync::Mutex::new(()),
+        };
+        if engine.core.namespaces.read().get(ctxpod_api::namespace::DEFAULT_NAMESPACE).is_none() {
+            engine
+                .create_namespace(ctxpod_api::namespace::DEFAULT_NAMESPACE, None)
+                .await
+                .map_err(|e| anyhow::anyhow!("create the default namespace: {e}"))?;
+        }
+        engine.publish_gauges();
+        Ok(engine)
+    }
+
+    /// Stops the writer after it has committed everything queued.
+    pub async fn shutdown(&self) {
+        let h = self.writer.lock().take();
+        let (tx, rx) = oneshot::channel();
+        if self.writer_tx.send(WriteCmd::Stop(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+        if let Some(h) = h {
+            let _ = h.await;
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.core.metrics
+    }
+
+    pub fn ready(&self) -> bool {
+        !self.core.failed.load(Ordering::SeqCst)
+    }
+
+    fn ns(&self, name: &str) -> Result<Arc<Namespace>> {
+        self.core
+            .namespaces
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::NotFound(format!("namespace {name:?} does not exist")))
+    }
+
+    fn check_key(key: &[u8]) -> Result<()> {
+        ctxpod_api::key::check_key(key).map_err(|e| EngineError::Invalid(e.to_string()))
+    }
+
+    /// Stores a block. `client_crc`, when given, must match the body.
+    pub async fn put(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        client_crc: Option<u32>,
+        durability: Durability,
+    ) -> Result<PutStatus> {
+        Self::check_key(key)?;
+        if data.len() > ctxpod_api::BLOCK_BYTES_MAX {
+            return Err(EngineError::TooLarge(format!(
+                "block of {} bytes is over the limit of {}",
+                data.len(),
+                ctxpod_api::BLOCK_BYTES_MAX
+            )));
+        }
+        if data.is_empty() {
+            return Err(EngineError::Invalid("empty block".into()));
+        }
+        if self.core.failed.load(Ordering::SeqCst) {
+            return Err(EngineError::Internal(anyhow::anyhow!(
+                "the node failed a device write or flush and accepts no writes"
+            )));
+        }
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        let existing = self.core.index.get_block(&bkey)?;
+        if existing.is_none() {
+            if let Some(q) = ns.quota_bytes() {
+                if ns.used_bytes.load(Ordering::Relaxed) + data.len() as u64 > q {
+                    return Err(EngineError::NoSpace(format!("namespace {} is at its quota", ns.name)));
+                }
+            }
+        }
+        let seq = if existing.is_none() { self.core.next_seq()? } else { 0 };
+        let dek = ns
+            .dek(ns.key_id)
+            .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
+        let (ns2, key2, data2) = (ns.clone(), key.to_vec(), data.clone());
+        let prep = self
+            .core
+            .offload
+            .run(move || {
+                let crc = crc32c::crc32c(&data2);
+                if client_crc.is_some_and(|c| c != crc) {
+                    return Err(crc);
+                }
+                if existing.is_some() {
+                    return Ok(PutPrep::Crc(crc));
+                }
+                Ok(PutPrep::Record(crc, build_record(&ns2, &dek, &key2, seq, &data2, crc)))
+            })
+            .await?;
+        let (crc, record) = match prep {
+            Err(actual) => {
+                return Err(EngineError::Integrity(format!(
+                    "body CRC32C is {actual:08x}, not the {:08x} the client sent",
+                    client_crc.unwrap_or_default()
+                )))
+            }
+            Ok(PutPrep::Crc(crc)) => {
+                let loc = existing.expect("Crc only when the block exists");
+                if loc.crc32c != crc || loc.len as usize != data.len() {
+                    return Err(EngineError::Conflict);
+                }
+                // The stored copy may come from a `fast` put not yet flushed: a durable
+                // re-put waits for the writer's next flush and sync.
+                if durability == Durability::Durable && self.core.unsynced.load(Ordering::SeqCst) {
+                    let (tx, rx) = oneshot::channel();
+                    self.send(WriteCmd::Barrier(tx))?;
+                    rx.await
+                        .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
+                }
+                return Ok(PutStatus::Exists);
+            }
+            Ok(PutPrep::Record(crc, record)) => (crc, record),
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = WriteCmd::Put(writer::PutReq {
+            ns: ns.clone(),
+            bkey: bkey.clone(),
+            len: data.len() as u32,
+            crc,
+            key_id: ns.key_id,
+            seq,
+            record,
+            durability,
+            reply: tx,
+        });
+        self.send(cmd)?;
+        let status = rx
+            .await
+            .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
+        if status == PutStatus::Created {
+            self.core.counters.user_written_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.core.metrics.user_written_bytes.inc_by(data.len() as u64);
+        }
+        Ok(status)
+    }
+
+    fn send(&self, cmd: WriteCmd) -> Result<()> {
+        self.writer_tx.try_send(cmd).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => {
+                self.core.metrics.busy_rejections.with_label_values(&["write"]).inc();
+                EngineError::Busy("write queue")
+            }
+            mpsc::error::TrySendError::Closed(_) => {
+                EngineError::Internal(anyhow::anyhow!("writer stopped"))
+            }
+        })
+    }
+
+    /// The block's bytes, verified, and their CRC32C, or `None`.
+    pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey: CacheKey = block_key(ns.id, key).into();
+        let c = &self.core;
+        if let Some(b) = c.dram.lock().get(&bkey) {
+            c.read_bits.set(&bkey);
+            c.counters.hits.fetch_add(1, Ordering::Relaxed);
+            c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
+            c.metrics.hits.with_label_values(&["dram"]).inc();
+            return Ok(Some(b));
+        }
+        let found = match c.index.get_block(&bkey)? {
+            Some(loc) => self
+                .read_record(&ns, key, &bkey, loc)
+                .await?
+                .map(|b| (b, loc.crc32c)),
+            None => None,
+        };
+        match found {
+            Some((b, crc)) => {
+                c.read_bits.set(&bkey);
+                c.counters.hits.fetch_add(1, Ordering::Relaxed);
+                c.metrics.hits.with_label_values(&["flash"]).inc();
+                c.dram.lock().insert(bkey, b.clone(), crc);
+                Ok(Some((b, crc)))
+            }
+            None => {
+                c.counters.misses.fetch_add(1, Ordering::Relaxed);
+                c.metrics.misses.inc();
+                Ok(None)
+            }
+        }
+    }
+
+    async fn read_record(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        bkey: &[u8],
+        loc: BlockLoc,
+    ) -> Result<Option<Bytes>> {
+        let c = &self.core;
+        let Some(dek) = ns.dek(loc.key_id) else {
+            return Err(anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into());
+        };
+        let buf = AlignedBuf::zeroed(loc.record_len as usize);
+        let (buf, r) = c.device.read_at(buf, c.dev_offset(loc.region, loc.offset)).await;
+        r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
+        c.metrics.device_read_bytes.inc_by(loc.record_len as u64);
+        let (ns_id, key2) = (ns.id, key.to_vec());
+        let verdict = c
+            .offload
+            .run(move || verify_record(buf, &dek, ns_id, &key2, &loc))
+            .await?;
+        match verdict {
+            Verified::Ok(b) => Ok(Some(b)),
+            Verified::Bad(why) => {
+                // The record may have been moved or its region reclaimed while we read it:
+                // only a record the index still points at is corrupt.
+                if c.index.get_block(bkey)? == Some(loc) {
+                    c.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
+                    c.metrics.integrity_errors.inc();
+                    tracing::warn!(
+                        namespace = %ns.name,
+                        key = %ctxpod_api::key::KeyDisplay(key),
+                        region = loc.region,
+                        offset = loc.offset,
+                        "integrity check failed ({why}); block quarantined and answered as a miss"
+                    );
+                    let _ = self.send(WriteCmd::Quarantine {
+                        bkey: bkey.to_vec(),
+                        loc,
+                    });
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether the block is present (index or DRAM tier), without reading it.
+    pub async fn contains(&self, ns: &str, key: &[u8]) -> Result<bool> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        Ok(self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some())
+    }
+
+    /// True if the block existed and is now deleted.
+    pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteCmd::Delete {
+            ns: ns.clone(),
+            bkey: bkey.clone(),
+            reply: tx,
+        })?;
+        let existed = rx
+            .await
+            .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
+        let in_dram = {
+            let mut d = self.core.dram.lock();
+            let had = d.contains(&bkey);
+            d.remove(&bkey);
+            had
+        };
+        Ok(existed || in_dram)
+    }
+
+    /// Number of leading keys of `chain` present.
+    pub async fn match_prefix(&self, ns: &str, chain: Vec<Vec<u8>>) -> Result<u64> {
+        for k in &chain {
+            Self::check_key(k)?;
+        }
+        let ns = self.ns(ns)?;
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || -> Result<u64> {
+            let mut matched = 0u64;
+            for chunk in chain.chunks(256) {
+                let bkeys: Vec<Vec<u8>> = chunk.iter().map(|k| block_key(ns.id, k)).collect();
+                let locs = core.index.multi_get_blocks(&bkeys)?;
+                for (bkey, loc) in bkeys.iter().zip(locs) {
+                    if loc.is_none() && !core.dram.lock().contains(bkey) {
+                        return Ok(matched);
+                    }
+                    matched += 1;
+                }
+            }
+            Ok(matched)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("match task: {e}"))?
+    }
+
+    /// Pins the present keys among `keys` for `ttl`; returns how many were pinned.
+    pub async fn pin(&self, ns: &str, keys: Vec<Vec<u8>>, ttl: Duration) -> Result<u64> {
+        let ns = self.ns(ns)?;
+        let until = Instant::now() + ttl;
+        let mut n = 0;
+        for k in &keys {
+            Self::check_key(k)?;
+        }
+        for k in keys {
+            let bkey = block_key(ns.id, &k);
+            if self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some() {
+                self.core
+                    .leases
+                    .pin(&bkey, until)
+                    .map_err(|_| EngineError::Busy("lease table"))?;
+                n += 1;
+            }
+        }
+        self.core.metrics.leases.set(self.core.leases.len() as i64);
+        Ok(n)
+    }
+
+    pub async fn unpin(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<u64> {
+        let ns = self.ns(ns)?;
+        let mut n = 0;
+        for k in keys {
+            Self::check_key(&k)?;
+            if self.core.leases.unpin(&block_key(ns.id, &k)) {
+                n += 1;
+            }
+        }
+        self.core.metrics.leases.set(self.core.leases.len() as i64);
+        Ok(n)
+    }
+
+    /// Creates a namespace, or updates its quota if it exists. True when created.
+    pub async fn create_namespace(&self, name: &str, quota_bytes: Option<u64>) -> Result<(bool, NamespaceInfo)> {
+        ctxpod_api::namespace::check_namespace_name(name)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let _g = self.ns_lock.lock().await;
+        let c = &self.core;
+        let cf_ns = c.index.cf(index::CF_NAMESPACES);
+        let existing = c.namespaces.read().get(name).cloned();
+        if let Some(ns) = existing {
+            if ns.quota_bytes() != quota_bytes {
+                let meta = NsMeta {
+                    id: ns.id,
+                    quota_bytes,
+                    key_id: ns.key_id,
+                    created_ms: now_ms(),
+                };
+                let mut wb = rocksdb::WriteBatch::default();
+                wb.put_cf(cf_ns, name, serde_json::to_vec(&meta).map_err(anyhow::Error::from)?);
+                c.index.write(wb, true)?;
+                ns.quota.store(quota_bytes.unwrap_or(NO_QUOTA), Ordering::Relaxed);
+            }
+            return Ok((false, ns.info()));
+        }
+        let id = match c.index.get_meta(index::META_NEXT_NS_ID)? {
+            Some(v) => u32::from_le_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| anyhow::anyhow!("bad next_ns_id in the index"))?,
+            ),
+            None => 1,
+        };
+        let key_id = 1;
+        let dek = crypto::random_key();
+        let meta = NsMeta {
+            id,
+            quota_bytes,
+            key_id,
+            created_ms: now_ms(),
+        };
+        let mut wb = rocksdb::WriteBatch::default();
+        wb.put_cf(cf_ns, name, serde_json::to_vec(&meta).map_err(anyhow::Error::from)?);
+        wb.put_cf(
+            c.index.cf(index::CF_KEYS),
+            index::keys_key(id, key_id),
+            crypto::wrap_dek(&c.kek, id, key_id, &dek),
+        );
+        wb.put(index::META_NEXT_NS_ID, (id + 1).to_le_bytes());
+        c.index.write(wb, true)?;
+        let ns = Arc::new(Namespace::new(name, &meta, HashMap::from([(key_id, Arc::new(AeadKey::new(&dek)))])));
+        c.namespaces.write().insert(name.to_string(), ns.clone());
+        c.ns_by_id.write().insert(ns.id, ns.clone());
+        Ok((true, ns.info()))
+    }
+
+    pub fn namespace(&self, name: &str) -> Result<NamespaceInfo> {
+        Ok(self.ns(name)?.info())
+    }
+
+    pub fn namespaces(&self) -> Vec<NamespaceInfo> {
+        let mut v: Vec<_> = self.core.namespaces.read().values().map(|n| n.info()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Deletes a namespace: its data key is destroyed (crypto-shred) and its blocks freed.
+    /// `default` is recreated at once, empty, with a new key.
+    pub async fn delete_namespace(&self, name: &str) -> Result<()> {
+        let _g = self.ns_lock.lock().await;
+        let ns = self.ns(name)?;
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteCmd::DropNamespace { ns: ns.clone(), reply: tx })?;
+        rx.await
+            .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
+        self.core.namespaces.write().remove(name);
+        self.core.ns_by_id.write().remove(&ns.id);
+        drop(_g);
+        if name == ctxpod_api::namespace::DEFAULT_NAMESPACE {
+            self.create_namespace(name, None).await?;
+        }
+        Ok(())
+    }
+
+    fn publish_gauges(&self) {
+        let c = &self.core;
+        let m = &c.metrics;
+        m.capacity_bytes.set(c.geometry.capacity_bytes as i64);
+        m.used_bytes.set(c.counters.used_bytes.load(Ordering::Relaxed) as i64);
+        m.live_bytes.set(c.counters.live_bytes.load(Ordering::Relaxed) as i64);
+        m.blocks.set(c.counters.blocks.load(Ordering::Relaxed) as i64);
+        m.regions_free.set(c.counters.regions_free.load(Ordering::Relaxed) as i64);
+        let d = c.dram.lock();
+        m.dram_used_bytes.set(d.used_bytes() as i64);
+        m.dram_capacity_bytes.set(d.capacity_bytes() as i64);
+        m.leases.set(c.leases.len() as i64);
+    }
+
+    /// Renders `/metrics` after refreshing the gauges.
+    pub fn render_metrics(&self) -> String {
+        self.publish_gauges();
+        self.core.metrics.render()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.core;
+        let n = &c.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (dram_used, dram_cap) = {
+            let d = c.dram.lock();
+            (d.used_bytes() as u64, d.capacity_bytes() as u64)
+        };
+        let dev = ld(&n.device_written_bytes);
+        let user = ld(&n.user_written_bytes);
+        Stats {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            io_engine: c.device.engine().to_string(),
+            direct_io: c.device.direct(),
+            capacity_bytes: c.geometry.capacity_bytes,
+            used_bytes: ld(&n.used_bytes),
+            live_bytes: ld(&n.live_bytes),
+            block_count: ld(&n.blocks),
+            region_bytes: c.geometry.region_bytes,
+            regions_total: c.geometry.regions as u64,
+            regions_free: ld(&n.regions_free),
+            dram_capacity_bytes: dram_cap,
+            dram_used_bytes: dram_used,
+            hits: ld(&n.hits),
+            dram_hits: ld(&n.dram_hits),
+            misses: ld(&n.misses),
+            integrity_errors: ld(&n.integrity_errors),
+            evicted_blocks: ld(&n.evicted_blocks),
+            evicted_regions: ld(&n.evicted_regions),
+            reinserted_blocks: ld(&n.reinserted_blocks),
+            device_written_bytes: dev,
+            user_written_bytes: user,
+            write_amplification: if user == 0 { 0.0 } else { dev as f64 / user as f64 },
+            leases: c.leases.len() as u64,
+            inflight_requests: 0,
+            recovered_discarded_records: ld(&n.recovered_discarded_records),
+        }
+    }
+
+    pub fn io_engine(&self) -> &'static str {
+        self.core.device.engine()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! Opening a node: format on first start, otherwise check and recover.
+//!
+//! Recovery after any crash:
+//! 1. the device superblock must match the geometry in the index (a swapped or recreated
+//!    device file is refused, not silently served);
+//! 2. every index entry must point inside a region in use and below its committed write
+//!    pointer; entries that do not are dropped (counted);
+//! 3. records past the open region's committed write pointer were never acknowledged: they
+//!    are discarded (counted) and overwritten by the next writes;
+//! 4. the nonce counter resumes above its last persisted reservation.
+
+use super::dram::S3Fifo;
+use super::index::{self, BlockLoc, Geometry, Index, NsMeta, RegionMeta, RegionState};
+use super::leases::{Leases, ReadBits};
+use super::offload::Offload;
+use super::{Core, Counters, Namespace, SeqAlloc, SEQ_CHUNK};
+use crate::config::Config;
+use crate::crypto::{self, AeadKey};
+use crate::device::{self, AlignedBuf, Device, IO_ALIGN_BYTES};
+use crate::metrics::Metrics;
+use crate::record::{self, RecordHeader};
+use anyhow::{bail, ensure, Context};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes before region 0: the device superblock lives in the first 4 KiB.
+pub const DATA_OFFSET_BYTES: u64 = 1 << 20;
+const SUPERBLOCK_MAGIC: &[u8; 8] = b"CTXPODDV";
+/// Bits of the "recently read" table (512 KiB of memory).
+const READ_BITS: usize = 1 << 22;
+
+pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<Core> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("create data dir {}", cfg.data_dir.display()))?;
+    let kek = load_or_create_kek(&cfg.kek_path())?;
+    let index = Index::open(&cfg.index_path())?;
+    let wanted = geometry_for(&cfg)?;
+    let stored: Option<Geometry> = index
+        .get_meta(index::META_GEOMETRY)?
+        .map(|v| serde_json::from_slice(&v))
+        .transpose()
+        .context("decode stored geometry")?;
+    let device = device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?;
+    let geometry = match stored {
+        Some(g) => {
+            ensure!(
+                g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
+                "this node was formatted with capacity {} and regions of {} bytes; the \
+                 configuration now asks for {} and {}: resizing is not supported, use the \
+                 original settings or a new data dir",
+                g.capacity_bytes,
+                g.region_bytes,
+                wanted.capacity_bytes,
+                wanted.region_bytes
+            );
+            check_superblock(&*device, &g).await?;
+            g
+        }
+        None => {
+            write_superblock(&*device, &wanted).await?;
+            let mut wb = rocksdb::WriteBatch::default();
+            wb.put(index::META_GEOMETRY, serde_json::to_vec(&wanted)?);
+            index.write(wb, true)?;
+            tracing::info!(
+                capacity = wanted.capacity_bytes,
+                region_bytes = wanted.region_bytes,
+                regions = wanted.regions,
+                "formatted a new node"
+            );
+            wanted
+        }
+    };
+    metrics
+        .io_engine_info
+        .with_label_values(&[device.engine(), if device.direct() { "true" } else { "false" }])
+        .set(1);
+    tracing::info!(engine = device.engine(), direct = device.direct(), "device open");
+
+    let namespaces = load_namespaces(&index, &kek)?;
+    let counters = Counters::default();
+    let regions = load_regions(&index, &geometry)?;
+    reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
+    let discarded = scan_open_tail(&*device, &geometry, &regions).await?;
+    counters
+        .recovered_discarded_records
+        .store(discarded, Ordering::Relaxed);
+    if discarded > 0 {
+        tracing::info!(
+            records = discarded,
+            "discarded records past the committed write pointer (never acknowledged)"
+        );
+    }
+
+    let reserved = match index.get_meta(index::META_SEQ_RESERVED)? {
+        Some(v) => u64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("bad nonce reservation in the index"))?,
+        ),
+        None => 0,
+    };
+    let next_reserved = reserved + SEQ_CHUNK;
+    let mut wo = rocksdb::WriteOptions::default();
+    wo.set_sync(true);
+    index
+        .db
+        .put_opt(index::META_SEQ_RESERVED, next_reserved.to_le_bytes(), &wo)
+        .context("persist nonce reservation")?;
+
+    let by_name: HashMap<String, Arc<Namespace>> = namespaces
+        .values()
+        .map(|n| (n.name.clone(), n.clone()))
+        .collect();
+    Ok(Core {
+        dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
+        leases: Leases::new(cfg.leases_max),
+        read_bits: ReadBits::new(READ_BITS),
+        seq: SeqAlloc {
+            next: AtomicU64::new(reserved),
+            reserved: Mutex::new(next_reserved),
+            reserved_fast: AtomicU64::new(next_reserved),
+        },
+        offload: Offload::new(cfg.offload_threads, cfg.offload_queue_depth),
+        namespaces: RwLock::new(by_name),
+        ns_by_id: RwLock::new(namespaces),
+        geometry,
+        device,
+        index,
+        kek,
+        metrics,
+        counters,
+        failed: AtomicBool::new(false),
+        unsynced: AtomicBool::new(false),
+        cfg,
+    })
+}
+
+fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
+    let region_bytes = cfg.region_bytes();
+    let capacity = cfg.capacity.0;
+    let regions = capacity.saturating_sub(DATA_OFFSET_BYTES) / region_bytes;
+    ensure!(
+        regions >= 4,
+        "capacity {} holds {regions} regions of {region_bytes} bytes; at least 4 are needed \
+         (raise --capacity or lower region_bytes)",
+        cfg.capacity
+    );
+    ensure!(regions <= u32::MAX as u64, "too many regions");
+    Ok(Geometry {
+        format_version: FORMAT_VERSION,
+        capacity_bytes: capacity,
+        region_bytes,
+        data_offset: DATA_OFFSET_BYTES,
+        regions: regions as u32,
+    })
+}
+
+/// The KEK file holds 64 hex digits (or 32 raw bytes). Created 0600 on first start.
+fn load_or_create_kek(path: &Path) -> anyhow::Result<AeadKey> {
+    if !path.exists() {
+        let key = crypto::random_key();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("create key-encryption key {}", path.display()))?;
+        writeln!(f, "{}", hex::encode(key))?;
+        f.sync_all()?;
+        tracing::info!(path = %path.display(), "created a new key-encryption key (mode 0600)");
+    }
+    let meta = std::fs::metadata(path)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), "key-encryption key file is readable by group or others");
+    }
+    let raw = std::fs::read(path).with_context(|| format!("read key-encryption key {}", path.display()))?;
+    let text = String::from_utf8_lossy(&raw);
+    let key: [u8; 32] = if let Ok(k) = hex::decode(text.trim()) {
+        k.try_into()
+            .map_err(|_| anyhow::anyhow!("key-encryption key {} is not 32 bytes", path.display()))?
+    } else {
+        raw.as_slice()
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("key-encryption key {} must be 64 hex digits or 32 bytes", path.display()))?
+    };
+    Ok(AeadKey::new(&key))
+}
+
+fn superblock_bytes(g: &Geometry) -> anyhow::Result<AlignedBuf> {
+    let mut buf = AlignedBuf::zeroed(IO_ALIGN_BYTES);
+    let json = serde_json::to_vec(g)?;
+    ensure!(json.len() + 16 <= IO_ALIGN_BYTES, "superblock too large");
+    buf[..8].copy_from_slice(SUPERBLOCK_MAGIC);
+    buf[8..12].copy_from_slice(&(json.len() as u32).to_le_bytes());
+    buf[16..16 + json.len()].copy_from_slice(&json);
+    let crc = crc32c::crc32c(&buf[..IO_ALIGN_BYTES - 4]);
+    buf[IO_ALIGN_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+    Ok(buf)
+}
+
+async fn write_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
+    let (_, r) = dev.write_at(superblock_bytes(g)?, 0).await;
+    r.context("write device superblock")?;
+    dev.flush().await.context("flush device superblock")?;
+    Ok(())
+}
+
+async fn check_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
+    let (buf, r) = dev.read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), 0).await;
+    r.context("read device superblock")?;
+    let want = superblock_bytes(g)?;
+    if buf[..] != want[..] {
+        bail!(
+            "the device does not carry this node's superblock: it was replaced, recreated or \
+             damaged; refusing to serve blocks from it (move the index away to start afresh)"
+        );
+    }
+    Ok(())
+}
+
+fn load_namespaces(index: &Index, kek: &AeadKey) -> anyhow::Result<HashMap<u32, Arc<Namespace>>> {
+    let mut out = HashMap::new();
+    let cf_keys = index.cf(index::CF_KEYS);
+    for item in index
+        .db
+        .iterator_cf(index.cf(index::CF_NAMESPACES), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item?;
+        let name = String::from_utf8(k.to_vec()).context("namespace name")?;
+        let meta: NsMeta = serde_json::from_slice(&v).with_context(|| format!("namespace {name}"))?;
+        let mut deks = HashMap::new();
+        let lo = meta.id.to_be_bytes();
+        for item in index.db.iterator_cf(
+            cf_keys,
+            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
+        ) {
+            let (kk, wrapped) = item?;
+            if kk.len() != 8 || kk[..4] != lo {
+                break;
+            }
+            let key_id = u32::from_be_bytes(kk[4..8].try_into()?);
+            let dek = crypto::unwrap_dek(kek, meta.id, key_id, &wrapped).map_err(|_| {
+                anyhow::anyhow!(
+                    "cannot unwrap data key {key_id} of namespace {name}: the key-encryption \
+                     key is not the one this node was formatted with"
+                )
+            })?;
+            deks.insert(key_id, Arc::new(AeadKey::new(&dek)));
+        }
+        ensure!(deks.contains_key(&meta.key_id), "namespace {name} lacks its data key");
+        out.insert(meta.id, Arc::new(Namespace::new(&name, &meta, deks)));
+    }
+    Ok(out)
+}
+
+pub(super) fn load_regions(index: &Index, g: &Geometry) -> anyhow::Result<Vec<RegionMeta>> {
+    let mut regions = vec![RegionMeta::FREE; g.regions as usize];
+    for item in index
+        .db
+        .iterator_cf(index.cf(index::CF_REGIONS), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item?;
+        let r = u32::from_be_bytes(k.as_ref().try_into()?);
+        ensure!(r < g.regions, "region {r} is beyond the device");
+        regions[r as usize] = RegionMeta::decode(&v)?;
+    }
+    Ok(regions)
+}
+
+/// Counts live blocks per namespace and drops index entries that cannot be right.
+fn reconcile_blocks(
+    index: &Index,
+    g: &Geometry,
+    regions: &[RegionMeta],
+    namespaces: &HashMap<u32, Arc<Namespace>>,
+    counters: &Counters,
+) -> anyhow::Result<()> {
+    let cf = index.cf(index::CF_BLOCKS);
+    let mut wb = rocksdb::WriteBatch::default();
+    let mut dropped = 0u64;
+    for item in index.db.iterator_cf(cf, rocksdb::IteratorMode::Start) {
+        let (k, v) = item?;
+        let ok = k.len() > 4
+            && BlockLoc::decode(&v).is_ok_and(|loc| {
+                let Some(m) = regions.get(loc.region as usize) else { return false };
+                let end = loc.offset as u64 + loc.record_len as u64;
+                match m.state {
+                    RegionState::Free => false,
+                    RegionState::Open => end <= m.write_ptr as u64,
+                    RegionState::Sealed => end <= g.region_bytes,
+                }
+            });
+        let ns = (k.len() > 4)
+            .then(|| u32::from_be_bytes(k[..4].try_into().expect("4 bytes")))
+            .and_then(|id| namespaces.get(&id));
+        match (ok, ns) {
+            (true, Some(ns)) => {
+                let loc = BlockLoc::decode(&v)?;
+                ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
+                ns.blocks.fetch_add(1, Ordering::Relaxed);
+                counters.live_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
+                counters.blocks.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                wb.delete_cf(cf, &k);
+                dropped += 1;
+            }
+        }
+    }
+    if dropped > 0 {
+        tracing::warn!(entries = dropped, "dropped index entries pointing outside committed regions");
+        index.write(wb, true)?;
+    }
+    Ok(())
+}
+
+/// Counts well-formed records past the open region's committed write pointer.
+async fn scan_open_tail(dev: &dyn Device, g: &Geometry, regions: &[RegionMeta]) -> anyhow::Result<u64> {
+    let Some((r, m)) = regions
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.state == RegionState::Open)
+        .max_by_key(|(_, m)| m.open_seq)
+    else {
+        return Ok(0);
+    };
+    let base = g.data_offset + r as u64 * g.region_bytes;
+    let mut pos = m.write_ptr as u64;
+    let mut n = 0;
+    while pos + IO_ALIGN_BYTES as u64 <= g.region_bytes {
+        let (buf, res) = dev.read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), base + pos).await;
+        res.context("scan open region tail")?;
+        let Ok(h) = RecordHeader::decode(&buf) else { break };
+        n += 1;
+        pos += record::record_bytes(h.len as usize) as u64;
+    }
+    Ok(n)
+}

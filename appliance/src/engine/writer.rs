@@ -1,0 +1,547 @@
+//! The writer: the one task that appends records, mutates the block index and the region
+//! table, and reclaims regions. Group commit: it takes every command queued (up to a bound),
+//! writes their records concurrently, flushes the device once, writes one RocksDB batch
+//! (synced if any put asked for `durable`), and only then answers.
+//!
+//! Order, always: records written → device flushed → index batch synced → acknowledgement.
+//! A failed write or flush is never retried-and-acknowledged: the node stops taking writes.
+
+use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
+use super::{Core, EngineError, Namespace, PutStatus, Result};
+use crate::device::AlignedBuf;
+use crate::record::RecordHeader;
+use ctxpod_api::Durability;
+use rocksdb::WriteBatch;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+pub(crate) struct PutReq {
+    pub ns: Arc<Namespace>,
+    pub bkey: Vec<u8>,
+    pub len: u32,
+    pub crc: u32,
+    pub key_id: u32,
+    pub seq: u64,
+    pub record: AlignedBuf,
+    pub durability: Durability,
+    pub reply: oneshot::Sender<Result<PutStatus>>,
+}
+
+pub(crate) enum WriteCmd {
+    Put(PutReq),
+    Delete {
+        ns: Arc<Namespace>,
+        bkey: Vec<u8>,
+        reply: oneshot::Sender<Result<bool>>,
+    },
+    /// Drop the index entry of a record that failed its checks, if the index still points at it.
+    Quarantine { bkey: Vec<u8>, loc: BlockLoc },
+    DropNamespace {
+        ns: Arc<Namespace>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    /// Answer once everything acknowledged so far is flushed and synced.
+    Barrier(oneshot::Sender<Result<()>>),
+    Stop(oneshot::Sender<()>),
+}
+
+enum Reply {
+    Put(oneshot::Sender<Result<PutStatus>>, Result<PutStatus>),
+    Delete(oneshot::Sender<Result<bool>>, bool),
+    Done(oneshot::Sender<Result<()>>),
+}
+
+impl Reply {
+    fn send_ok(self) {
+        match self {
+            Reply::Put(tx, r) => drop(tx.send(r)),
+            Reply::Delete(tx, r) => drop(tx.send(Ok(r))),
+            Reply::Done(tx) => drop(tx.send(Ok(()))),
+        }
+    }
+
+    fn send_err(self, why: &str) {
+        let e = || EngineError::Internal(anyhow::anyhow!("{why}"));
+        match self {
+            Reply::Put(tx, _) => drop(tx.send(Err(e()))),
+            Reply::Delete(tx, _) => drop(tx.send(Err(e()))),
+            Reply::Done(tx) => drop(tx.send(Err(e()))),
+        }
+    }
+}
+
+pub(crate) struct Writer {
+    core: Arc<Core>,
+    regions: Vec<RegionMeta>,
+    free: VecDeque<u32>,
+    /// Sealed regions, oldest first.
+    sealed: VecDeque<u32>,
+    open: Option<u32>,
+    next_open_seq: u64,
+    /// Regions whose metadata changed since the last batch.
+    touched: BTreeSet<u32>,
+    /// Free regions kept in reserve so that one group commit and one eviction always fit.
+    reserve: usize,
+}
+
+impl Writer {
+    pub fn new(core: Arc<Core>) -> anyhow::Result<Writer> {
+        let g = &core.geometry;
+        let regions = super::recovery::load_regions(&core.index, g)?;
+        let mut open: Vec<u32> = Vec::new();
+        let mut sealed: Vec<u32> = Vec::new();
+        let mut free = VecDeque::new();
+        for (r, m) in regions.iter().enumerate() {
+            match m.state {
+                RegionState::Free => free.push_back(r as u32),
+                RegionState::Open => open.push(r as u32),
+                RegionState::Sealed => sealed.push(r as u32),
+            }
+        }
+        // At most one region is open; should an older one be found open, it is sealed.
+        open.sort_by_key(|&r| regions[r as usize].open_seq);
+        let current = open.pop();
+        sealed.extend(open);
+        sealed.sort_by_key(|&r| regions[r as usize].open_seq);
+        let next_open_seq = regions.iter().map(|m| m.open_seq).max().unwrap_or(0) + 1;
+        let batch_regions = core.cfg.group_commit_max_bytes.0.div_ceil(g.region_bytes) as usize;
+        let reserve = (batch_regions + 2).min(g.regions as usize / 2).max(1);
+        let w = Writer {
+            core,
+            regions,
+            free,
+            sealed: sealed.into(),
+            open: current,
+            next_open_seq,
+            touched: BTreeSet::new(),
+            reserve,
+        };
+        w.publish();
+        Ok(w)
+    }
+
+    fn publish(&self) {
+        let rb = self.core.geometry.region_bytes;
+        let used = self.sealed.len() as u64 * rb
+            + self.open.map_or(0, |r| self.regions[r as usize].write_ptr as u64);
+        self.core.counters.used_bytes.store(used, Ordering::Relaxed);
+        self.core
+            .counters
+            .regions_free
+            .store(self.free.len() as u64, Ordering::Relaxed);
+    }
+
+    pub async fn run(mut self, mut rx: mpsc::Receiver<WriteCmd>) {
+        let max_blocks = self.core.cfg.group_commit_max_blocks;
+        let max_bytes = self.core.cfg.group_commit_max_bytes.0 as usize;
+        while let Some(first) = rx.recv().await {
+            let mut stop = None;
+            let mut cmds = Vec::new();
+            let mut bytes = 0;
+            let mut next = Some(first);
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    WriteCmd::Stop(tx) => {
+                        stop = Some(tx);
+                        break;
+                    }
+                    WriteCmd::Put(ref p) => bytes += p.record.len(),
+                    _ => {}
+                }
+                cmds.push(cmd);
+                if cmds.len() >= max_blocks || bytes >= max_bytes {
+                    break;
+                }
+                next = rx.try_recv().ok();
+            }
+            if !cmds.is_empty() {
+                self.commit(cmds).await;
+            }
+            if let Some(tx) = stop {
+                let _ = tx.send(());
+                return;
+            }
+        }
+    }
+
+    /// Lookup through the batch's own pending changes, then the index.
+    fn lookup(&self, pending: &HashMap<Vec<u8>, Option<BlockLoc>>, bkey: &[u8]) -> anyhow::Result<Option<BlockLoc>> {
+        match pending.get(bkey) {
+            Some(p) => Ok(*p),
+            None => self.core.index.get_block(bkey),
+        }
+    }
+
+    /// Space for a record of `bytes` in the open region, opening a new one when it is full.
+    fn alloc(&mut self, bytes: usize) -> Option<(u32, u32)> {
+        let rb = self.core.geometry.region_bytes as usize;
+        loop {
+            if let Some(r) = self.open {
+                let m = &mut self.regions[r as usize];
+                let wp = m.write_ptr as usize;
+                if wp + bytes <= rb {
+                    m.write_ptr = (wp + bytes) as u32;
+                    self.touched.insert(r);
+                    return Some((r, wp as u32));
+                }
+                m.state = RegionState::Sealed;
+                self.touched.insert(r);
+                self.sealed.push_back(r);
+                self.open = None;
+            }
+            let r = self.free.pop_front()?;
+            self.regions[r as usize] = RegionMeta {
+                state: RegionState::Open,
+                write_ptr: 0,
+                open_seq: self.next_open_seq,
+            };
+            self.next_open_seq += 1;
+            self.touched.insert(r);
+            self.open = Some(r);
+        }
+    }
+
+    fn put_touched(&mut self, wb: &mut WriteBatch) {
+        let cf = self.core.index.cf(index::CF_REGIONS);
+        for r in std::mem::take(&mut self.touched) {
+            wb.put_cf(cf, r.to_be_bytes(), self.regions[r as usize].encode());
+        }
+    }
+
+    fn account(&self, ns: &Namespace, len: u32, add: bool) {
+        let c = &self.core.counters;
+        if add {
+            ns.used_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            ns.blocks.fetch_add(1, Ordering::Relaxed);
+            c.live_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            c.blocks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ns.used_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+            ns.blocks.fetch_sub(1, Ordering::Relaxed);
+            c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+            c.blocks.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn account_bkey(&self, bkey: &[u8], len: u32) {
+        let id = u32::from_be_bytes(bkey[..4].try_into().expect("block keys start with a namespace id"));
+        if let Some(ns) = self.core.ns_by_id(id) {
+            self.account(&ns, len, false);
+        } else {
+            let c = &self.core.counters;
+            c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+            c.blocks.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    async fn commit(&mut self, cmds: Vec<WriteCmd>) {
+        let started = Instant::now();
+        if self.core.failed.load(Ordering::SeqCst) {
+            for cmd in cmds {
+                reply_failed(cmd);
+            }
+            return;
+        }
+        if let Err(e) = self.ensure_free().await {
+            self.core.fail("region reclaim", &e);
+            for cmd in cmds {
+                reply_failed(cmd);
+            }
+            return;
+        }
+        let core = self.core.clone();
+        let cfs = (
+            core.index.cf(index::CF_BLOCKS),
+            core.index.cf(index::CF_BY_REGION),
+            core.index.cf(index::CF_QUARANTINE),
+        );
+        let mut wb = WriteBatch::default();
+        let mut pending: HashMap<Vec<u8>, Option<BlockLoc>> = HashMap::new();
+        let mut writes: Vec<(AlignedBuf, u64)> = Vec::new();
+        let mut replies: Vec<Reply> = Vec::new();
+        let mut sync = false;
+        let mut puts = 0u64;
+        for cmd in cmds {
+            match cmd {
+                WriteCmd::Put(p) => {
+                    if p.ns.deleted.load(Ordering::SeqCst) {
+                        let _ = p.reply.send(Err(EngineError::NotFound(format!(
+                            "namespace {:?} was deleted",
+                            p.ns.name
+                        ))));
+                        continue;
+                    }
+                    let existing = match self.lookup(&pending, &p.bkey) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            let _ = p.reply.send(Err(e.into()));
+                            continue;
+                        }
+                    };
+                    if let Some(loc) = existing {
+                        sync |= p.durability == Durability::Durable;
+                        let r = if loc.crc32c == p.crc && loc.len == p.len {
+                            Ok(PutStatus::Exists)
+                        } else {
+                            Err(EngineError::Conflict)
+                        };
+                        replies.push(Reply::Put(p.reply, r));
+                        continue;
+                    }
+                    if let Some(q) = p.ns.quota_bytes() {
+                        if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
+                            let _ = p.reply.send(Err(EngineError::NoSpace(format!(
+                                "namespace {} is at its quota",
+                                p.ns.name
+                            ))));
+                            continue;
+                        }
+                    }
+                    let Some((region, offset)) = self.alloc(p.record.len()) else {
+                        let _ = p.reply.send(Err(EngineError::NoSpace(
+                            "no free region: every region holds leased blocks".into(),
+                        )));
+                        continue;
+                    };
+                    let loc = BlockLoc {
+                        region,
+                        offset,
+                        record_len: p.record.len() as u32,
+                        len: p.len,
+                        crc32c: p.crc,
+                        key_id: p.key_id,
+                        seq: p.seq,
+                        stored_ms: super::now_ms(),
+                    };
+                    wb.put_cf(cfs.0, &p.bkey, loc.encode());
+                    wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
+                    pending.insert(p.bkey, Some(loc));
+                    self.account(&p.ns, p.len, true);
+                    sync |= p.durability == Durability::Durable;
+                    puts += 1;
+                    writes.push((p.record, self.core.dev_offset(region, offset)));
+                    replies.push(Reply::Put(p.reply, Ok(PutStatus::Created)));
+                }
+                WriteCmd::Delete { ns, bkey, reply } => match self.lookup(&pending, &bkey) {
+                    Ok(Some(loc)) => {
+                        wb.delete_cf(cfs.0, &bkey);
+                        self.account(&ns, loc.len, false);
+                        pending.insert(bkey, None);
+                        replies.push(Reply::Delete(reply, true));
+                    }
+                    Ok(None) => replies.push(Reply::Delete(reply, false)),
+                    Err(e) => drop(reply.send(Err(e.into()))),
+                },
+                WriteCmd::Quarantine { bkey, loc } => {
+                    if let Ok(Some(cur)) = self.lookup(&pending, &bkey) {
+                        if cur == loc {
+                            wb.delete_cf(cfs.0, &bkey);
+                            wb.put_cf(cfs.2, &bkey, loc.encode());
+                            self.account_bkey(&bkey, loc.len);
+                            pending.insert(bkey, None);
+                        }
+                    }
+                }
+                WriteCmd::DropNamespace { ns, reply } => {
+                    ns.deleted.store(true, Ordering::SeqCst);
+                    let lo = ns.id.to_be_bytes();
+                    let hi = (ns.id + 1).to_be_bytes();
+                    wb.delete_range_cf(cfs.0, lo, hi);
+                    wb.delete_range_cf(core.index.cf(index::CF_KEYS), lo, hi);
+                    wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
+                    pending.retain(|k, _| k[..4] != lo);
+                    let c = &self.core.counters;
+                    c.live_bytes.fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                    c.blocks.fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                    sync = true;
+                    replies.push(Reply::Done(reply));
+                }
+                WriteCmd::Barrier(reply) => {
+                    sync = true;
+                    replies.push(Reply::Done(reply));
+                }
+                WriteCmd::Stop(_) => unreachable!("run() handles Stop"),
+            }
+        }
+        let written: u64 = writes.iter().map(|(b, _)| b.len() as u64).sum();
+        let results = futures::future::join_all(
+            writes
+                .into_iter()
+                .map(|(buf, off)| self.core.device.write_at(buf, off)),
+        )
+        .await;
+        if let Some(e) = results.into_iter().find_map(|(_, r)| r.err()) {
+            self.core.fail("device write", &anyhow::Error::from(e));
+            replies.into_iter().for_each(|r| r.send_err("device write failed"));
+            return;
+        }
+        self.count_written(written);
+        let unsynced = self.core.unsynced.load(Ordering::SeqCst);
+        if sync && (written > 0 || unsynced) {
+            if let Err(e) = self.core.device.flush().await {
+                self.core.fail("device flush", &anyhow::Error::from(e));
+                replies.into_iter().for_each(|r| r.send_err("device flush failed"));
+                return;
+            }
+            self.core.metrics.device_flushes.inc();
+        }
+        self.put_touched(&mut wb);
+        if !sync && written > 0 {
+            // Before the index makes these blocks visible: a durable re-put that finds one
+            // must know to wait for a flush.
+            self.core.unsynced.store(true, Ordering::SeqCst);
+        }
+        if let Err(e) = self.core.index.write(wb, sync) {
+            self.core.fail("index write", &e);
+            replies.into_iter().for_each(|r| r.send_err("index write failed"));
+            return;
+        }
+        if sync {
+            self.core.unsynced.store(false, Ordering::SeqCst);
+        }
+        self.publish();
+        replies.into_iter().for_each(Reply::send_ok);
+        let m = &self.core.metrics;
+        m.group_commit_blocks.observe(puts as f64);
+        m.group_commit_seconds.observe(started.elapsed().as_secs_f64());
+    }
+
+    fn count_written(&self, bytes: u64) {
+        self.core
+            .counters
+            .device_written_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+        self.core.metrics.device_written_bytes.inc_by(bytes);
+    }
+
+    /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
+    /// sealed region is left to try).
+    async fn ensure_free(&mut self) -> anyhow::Result<()> {
+        let mut tries = self.sealed.len();
+        while self.free.len() < self.reserve && tries > 0 {
+            tries -= 1;
+            self.evict_oldest().await?;
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Reclaims the oldest sealed region. Blocks that are leased, or were read since they were
+    /// written (up to half a region), are moved to the open region byte for byte (same
+    /// sequence number, nonce and ciphertext); the rest leave the index.
+    async fn evict_oldest(&mut self) -> anyhow::Result<()> {
+        let Some(r) = self.sealed.pop_front() else {
+            return Ok(());
+        };
+        let core = self.core.clone();
+        let idx = &core.index;
+        let cf_br = idx.cf(index::CF_BY_REGION);
+        let cf_blocks = idx.cf(index::CF_BLOCKS);
+        let lo = by_region_key(r, 0);
+        let hi = by_region_key(r + 1, 0);
+        let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+        let iter = idx.db.iterator_cf(
+            cf_br,
+            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, bkey) = item?;
+            if k.as_ref() >= hi.as_slice() {
+                break;
+            }
+            let offset = u32::from_be_bytes(k[4..8].try_into()?);
+            if let Some(loc) = idx.get_block(&bkey)? {
+                if loc.region == r && loc.offset == offset {
+                    live.push((bkey.to_vec(), loc));
+                }
+            }
+        }
+        let budget = core.geometry.region_bytes / 2;
+        let mut reinsert_bytes = 0u64;
+        let mut wb = WriteBatch::default();
+        let mut moved = 0u64;
+        let mut written = 0u64;
+        for (bkey, loc) in live {
+            let pinned = core.leases.is_pinned(&bkey);
+            let hot = core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
+            if !(pinned || hot) {
+                wb.delete_cf(cf_blocks, &bkey);
+                self.account_bkey(&bkey, loc.len);
+                core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
+                core.metrics.evicted_blocks.inc();
+                continue;
+            }
+            let buf = AlignedBuf::zeroed(loc.record_len as usize);
+            let (buf, res) = core.device.read_at(buf, core.dev_offset(r, loc.offset)).await;
+            res?;
+            let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
+                h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
+            });
+            let target = if intact { self.alloc(buf.len()) } else { None };
+            let Some((nr, noff)) = target else {
+                // A record that no longer checks out, or no room left: it leaves the index.
+                wb.delete_cf(cf_blocks, &bkey);
+                self.account_bkey(&bkey, loc.len);
+                core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
+                core.metrics.evicted_blocks.inc();
+                if !intact {
+                    core.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
+                    core.metrics.integrity_errors.inc();
+                    wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
+                }
+                continue;
+            };
+            if !pinned {
+                reinsert_bytes += loc.record_len as u64;
+            }
+            written += buf.len() as u64;
+            let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
+            res?;
+            let nloc = BlockLoc {
+                region: nr,
+                offset: noff,
+                ..loc
+            };
+            wb.put_cf(cf_blocks, &bkey, nloc.encode());
+            wb.put_cf(cf_br, by_region_key(nr, noff), &bkey);
+            moved += 1;
+        }
+        self.count_written(written);
+        if written > 0 {
+            core.device.flush().await?;
+            core.metrics.device_flushes.inc();
+        }
+        wb.delete_range_cf(cf_br, lo, hi);
+        self.regions[r as usize] = RegionMeta::FREE;
+        self.touched.insert(r);
+        self.put_touched(&mut wb);
+        // Synced before the region can be reused: no index entry may point into it afterwards.
+        idx.write(wb, true)?;
+        self.free.push_back(r);
+        core.counters.evicted_regions.fetch_add(1, Ordering::Relaxed);
+        core.counters.reinserted_blocks.fetch_add(moved, Ordering::Relaxed);
+        core.metrics.evicted_regions.inc();
+        core.metrics.reinserted_blocks.inc_by(moved);
+        tracing::debug!(region = r, moved, "region reclaimed");
+        Ok(())
+    }
+}
+
+fn reply_failed(cmd: WriteCmd) {
+    let e = || {
+        EngineError::Internal(anyhow::anyhow!(
+            "the node failed a device write or flush and accepts no writes"
+        ))
+    };
+    match cmd {
+        WriteCmd::Put(p) => drop(p.reply.send(Err(e()))),
+        WriteCmd::Delete { reply, .. } => drop(reply.send(Err(e()))),
+        WriteCmd::DropNamespace { reply, .. } => drop(reply.send(Err(e()))),
+        WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),
+        WriteCmd::Quarantine { .. } => {}
+        WriteCmd::Stop(tx) => drop(tx.send(())),
+    }
+}

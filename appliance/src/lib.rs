@@ -1,0 +1,20 @@
+//! ctxpod appliance: the daemon of one flash node of a pod-level context-memory tier.
+//!
+//! Layers, top to bottom (see docs/ARCHITECTURE.md):
+//! - [`cli`] and [`server`]: the command line and HTTP API v1; the only code that knows HTTP.
+//! - [`engine`]: namespaces, the put/get paths, group commit, eviction, leases, DRAM tier,
+//!   recovery; the RocksDB index lives in [`engine::index`].
+//! - [`engine::offload`]: the CRC32C / AES-GCM stage (the "DPU firmware").
+//! - [`record`] and [`crypto`]: sans-IO codecs of the on-device record and its envelope.
+//! - [`device`]: 4 KiB-aligned async I/O through io_uring (or pread/pwrite); nothing else
+//!   touches the device.
+
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod crypto;
+pub mod device;
+pub mod engine;
+pub mod metrics;
+pub mod record;
+pub mod server;

@@ -1,0 +1,138 @@
+//! Prometheus metrics of one node: `ctxpod_` prefix, base units, `_total` counters, bounded
+//! label sets (an operation name, a tier, an engine: never a key or a namespace id).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Request latency per operation (`put`, `get`, `head`, `delete`, `match`, `batch_get`,
+    /// `batch_put`, `pin`, `unpin`, `namespace`).
+    pub request_seconds: HistogramVec,
+    /// Answers per operation and status class.
+    pub responses: IntCounterVec,
+    pub received_bytes: IntCounter,
+    pub sent_bytes: IntCounter,
+    /// Block lookups that found the block, by tier (`dram`, `flash`).
+    pub hits: IntCounterVec,
+    pub misses: IntCounter,
+    pub integrity_errors: IntCounter,
+    pub evicted_blocks: IntCounter,
+    pub evicted_regions: IntCounter,
+    pub reinserted_blocks: IntCounter,
+    pub device_written_bytes: IntCounter,
+    pub device_read_bytes: IntCounter,
+    /// Payload bytes users asked to store (the denominator of write amplification).
+    pub user_written_bytes: IntCounter,
+    pub device_flushes: IntCounter,
+    pub group_commit_blocks: Histogram,
+    pub group_commit_seconds: Histogram,
+    pub busy_rejections: IntCounterVec,
+    pub io_engine_info: IntGaugeVec,
+    pub capacity_bytes: IntGauge,
+    pub used_bytes: IntGauge,
+    pub live_bytes: IntGauge,
+    pub blocks: IntGauge,
+    pub dram_used_bytes: IntGauge,
+    pub dram_capacity_bytes: IntGauge,
+    pub regions_free: IntGauge,
+    pub leases: IntGauge,
+    pub inflight_requests: IntGauge,
+}
+
+fn latency_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(20e-6, 2.0, 18).expect("valid bucket parameters")
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m.expect("metric definitions are static and valid");
+                r.register(Box::new(m.clone()))
+                    .expect("each metric is registered once");
+                m
+            }};
+        }
+        let counter = |name: &str, help: &str| IntCounter::new(name, help);
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help);
+        Metrics {
+            request_seconds: reg!(HistogramVec::new(
+                HistogramOpts::new("ctxpod_request_duration_seconds", "Request latency per operation")
+                    .buckets(latency_buckets()),
+                &["op"]
+            )),
+            responses: reg!(IntCounterVec::new(
+                Opts::new("ctxpod_responses_total", "Answers per operation and status class"),
+                &["op", "class"]
+            )),
+            received_bytes: reg!(counter("ctxpod_received_bytes_total", "Block payload bytes received")),
+            sent_bytes: reg!(counter("ctxpod_sent_bytes_total", "Block payload bytes sent")),
+            hits: reg!(IntCounterVec::new(
+                Opts::new("ctxpod_block_hits_total", "Block lookups that found the block, by tier"),
+                &["tier"]
+            )),
+            misses: reg!(counter("ctxpod_block_misses_total", "Block lookups that found nothing")),
+            integrity_errors: reg!(counter(
+                "ctxpod_integrity_errors_total",
+                "Records that failed a header, GCM or CRC32C check and were quarantined"
+            )),
+            evicted_blocks: reg!(counter("ctxpod_evicted_blocks_total", "Blocks dropped by eviction")),
+            evicted_regions: reg!(counter("ctxpod_evicted_regions_total", "Regions reclaimed by eviction")),
+            reinserted_blocks: reg!(counter(
+                "ctxpod_reinserted_blocks_total",
+                "Blocks moved out of an evicted region (recently read or leased)"
+            )),
+            device_written_bytes: reg!(counter("ctxpod_device_written_bytes_total", "Bytes written to the device")),
+            device_read_bytes: reg!(counter("ctxpod_device_read_bytes_total", "Bytes read from the device")),
+            user_written_bytes: reg!(counter(
+                "ctxpod_user_written_bytes_total",
+                "Payload bytes of newly stored blocks (write amplification = device / user)"
+            )),
+            device_flushes: reg!(counter("ctxpod_device_flushes_total", "Device flushes")),
+            group_commit_blocks: reg!(Histogram::with_opts(
+                HistogramOpts::new("ctxpod_group_commit_blocks", "Writes per group commit")
+                    .buckets(prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets"))
+            )),
+            group_commit_seconds: reg!(Histogram::with_opts(
+                HistogramOpts::new("ctxpod_group_commit_duration_seconds", "Time of one group commit")
+                    .buckets(latency_buckets())
+            )),
+            busy_rejections: reg!(IntCounterVec::new(
+                Opts::new("ctxpod_busy_rejections_total", "Requests refused with 503, by full queue"),
+                &["queue"]
+            )),
+            io_engine_info: reg!(IntGaugeVec::new(
+                Opts::new("ctxpod_io_engine_info", "The device I/O engine in use (value 1)"),
+                &["engine", "direct"]
+            )),
+            capacity_bytes: reg!(gauge("ctxpod_capacity_bytes", "Configured flash capacity")),
+            used_bytes: reg!(gauge("ctxpod_used_bytes", "Device bytes in regions in use")),
+            live_bytes: reg!(gauge("ctxpod_live_bytes", "Payload bytes of live blocks")),
+            blocks: reg!(gauge("ctxpod_blocks", "Live blocks")),
+            dram_used_bytes: reg!(gauge("ctxpod_dram_used_bytes", "Bytes held by the DRAM tier")),
+            dram_capacity_bytes: reg!(gauge("ctxpod_dram_capacity_bytes", "DRAM tier limit")),
+            regions_free: reg!(gauge("ctxpod_regions_free", "Free regions")),
+            leases: reg!(gauge("ctxpod_leases", "Keys pinned by a lease")),
+            inflight_requests: reg!(gauge("ctxpod_inflight_requests", "Data requests being served")),
+            registry: r,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(buf).expect("the text encoder writes UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

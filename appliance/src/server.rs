@@ -1,0 +1,658 @@
+//! HTTP API v1 (axum). The route table is the contract in `api/openapi.json`; the router is
+//! built only from [`Routes`], whose list a test compares with the spec.
+//!
+//! Architecture invariant: this is the only module that knows HTTP. It parses and bounds
+//! input, maps [`EngineError`] kinds one to one to statuses, and never touches the device or
+//! the index directly.
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineError, PutStatus};
+use crate::metrics::Metrics;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::handler::Handler;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter};
+use axum::{Json, Router};
+use bytes::Bytes;
+use ctxpod_api::types::*;
+use ctxpod_api::{frame, Durability};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+/// Largest JSON body (a `match` of 4096 keys of 128 bytes is about 1 MiB).
+pub const JSON_BODY_BYTES_MAX: usize = 2 << 20;
+/// Most blocks a `batch/get` answers with data; further present blocks answer 413 in the frame.
+pub const BATCH_GET_BYTES_MAX: usize = 64 << 20;
+/// Blocks of one batch served concurrently.
+const BATCH_CONCURRENCY: usize = 16;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    limiter: Arc<Semaphore>,
+    max_inflight: usize,
+}
+
+/// An error answer: status, stable kind, message.
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+
+    fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let (status, kind) = status_of(&e);
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %e, "internal error");
+        }
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+fn status_of(e: &EngineError) -> (StatusCode, &'static str) {
+    match e {
+        EngineError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+        EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        EngineError::Conflict => (StatusCode::CONFLICT, "conflict"),
+        EngineError::Integrity(_) => (StatusCode::UNPROCESSABLE_ENTITY, "integrity"),
+        EngineError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+        EngineError::NoSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+        EngineError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+        EngineError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(ErrorBody {
+                error: self.kind.to_string(),
+                message: self.message,
+            }),
+        )
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The route table: every (method, path) the node answers, and the router built from it.
+pub struct Routes<S> {
+    pub list: Vec<(Method, &'static str)>,
+    routers: Vec<(&'static str, MethodRouter<S>)>,
+}
+
+impl<S: Clone + Send + Sync + 'static> Routes<S> {
+    fn new() -> Self {
+        Routes {
+            list: Vec::new(),
+            routers: Vec::new(),
+        }
+    }
+
+    fn add<H, T>(mut self, method: Method, path: &'static str, handler: H) -> Self
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        let filter = MethodFilter::try_from(method.clone()).expect("routes use standard methods");
+        match self.routers.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, mr)) => {
+                let old = std::mem::replace(mr, MethodRouter::new());
+                *mr = old.on(filter, handler);
+            }
+            None => self.routers.push((path, MethodRouter::new().on(filter, handler))),
+        }
+        self.list.push((method, path));
+        self
+    }
+
+    fn into_router(self) -> Router<S> {
+        self.routers
+            .into_iter()
+            .fold(Router::new(), |r, (path, mr)| r.route(path, mr))
+    }
+}
+
+/// HTTP API v1.
+pub fn routes() -> Routes<AppState> {
+    use Method as M;
+    const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
+    Routes::new()
+        .add(M::GET, "/healthz", healthz)
+        .add(M::GET, "/readyz", readyz)
+        .add(M::GET, "/metrics", metrics)
+        .add(M::GET, "/v1/stats", stats)
+        .add(M::GET, "/v1/namespaces", list_namespaces)
+        .add(M::PUT, "/v1/namespaces/{ns}", put_namespace)
+        .add(M::GET, "/v1/namespaces/{ns}", get_namespace)
+        .add(M::DELETE, "/v1/namespaces/{ns}", delete_namespace)
+        .add(M::PUT, BLOCK, put_block)
+        .add(M::GET, BLOCK, get_block)
+        .add(M::HEAD, BLOCK, head_block)
+        .add(M::DELETE, BLOCK, delete_block)
+        .add(M::POST, "/v1/namespaces/{ns}/match", match_prefix)
+        .add(M::POST, "/v1/namespaces/{ns}/batch/get", batch_get)
+        .add(M::POST, "/v1/namespaces/{ns}/batch/put", batch_put)
+        .add(M::POST, "/v1/namespaces/{ns}/pin", pin)
+        .add(M::POST, "/v1/namespaces/{ns}/unpin", unpin)
+}
+
+pub fn router(engine: Arc<Engine>, max_inflight: usize) -> Router {
+    let state = AppState {
+        engine,
+        limiter: Arc::new(Semaphore::new(max_inflight)),
+        max_inflight,
+    };
+    routes()
+        .into_router()
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), admit_and_measure))
+        .with_state(state)
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}
+
+fn op_name(method: &Method, path: &str) -> &'static str {
+    match (method.as_str(), path) {
+        ("PUT", p) if p.ends_with("/blocks/{key}") => "put",
+        ("GET", p) if p.ends_with("/blocks/{key}") => "get",
+        ("HEAD", _) => "head",
+        ("DELETE", p) if p.ends_with("/blocks/{key}") => "delete",
+        (_, p) if p.ends_with("/match") => "match",
+        (_, p) if p.ends_with("/batch/get") => "batch_get",
+        (_, p) if p.ends_with("/batch/put") => "batch_put",
+        (_, p) if p.ends_with("/unpin") => "unpin",
+        (_, p) if p.ends_with("/pin") => "pin",
+        (_, p) if p.starts_with("/v1/namespaces") => "namespace",
+        _ => "admin",
+    }
+}
+
+/// Admission (a bounded number of data requests at once, else 503) and per-op metrics.
+async fn admit_and_measure(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let op = path.as_deref().map_or("unrouted", |p| op_name(req.method(), p));
+    let data = path.as_deref().is_some_and(|p| p.starts_with("/v1/namespaces"));
+    let permit = if data {
+        match st.limiter.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let m = st.engine.metrics();
+                m.busy_rejections.with_label_values(&["requests"]).inc();
+                m.responses.with_label_values(&[op, "5xx"]).inc();
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    "too many requests in flight; retry later",
+                )
+                .into_response();
+            }
+        }
+    } else {
+        None
+    };
+    let resp = next.run(req).await;
+    drop(permit);
+    let m: &Metrics = st.engine.metrics();
+    let class = match resp.status().as_u16() {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    m.responses.with_label_values(&[op, class]).inc();
+    m.request_seconds
+        .with_label_values(&[op])
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+fn parse_key(s: &str) -> ApiResult<Vec<u8>> {
+    ctxpod_api::key::parse_key_hex(s).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+fn parse_keys(keys: &[String], max: usize) -> ApiResult<Vec<Vec<u8>>> {
+    if keys.len() > max {
+        return Err(ApiError::too_large(format!(
+            "{} keys in one request; the limit is {max}",
+            keys.len()
+        )));
+    }
+    keys.iter().map(|k| parse_key(k)).collect()
+}
+
+fn parse_ns(ns: &str) -> ApiResult<()> {
+    ctxpod_api::namespace::check_namespace_name(ns).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+fn durability(h: &HeaderMap) -> ApiResult<Durability> {
+    match h.get(ctxpod_api::HEADER_DURABILITY) {
+        None => Ok(Durability::Durable),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(Durability::parse)
+            .ok_or_else(|| ApiError::invalid("x-ctxpod-durability must be durable or fast")),
+    }
+}
+
+/// Reads a body of at most `max` bytes; longer bodies are refused before they are buffered
+/// when Content-Length says so, and as soon as they pass the limit otherwise.
+async fn read_body(h: &HeaderMap, body: Body, max: usize) -> ApiResult<Bytes> {
+    let too_large = || ApiError::too_large(format!("body over the limit of {max} bytes"));
+    if let Some(len) = h
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > max as u64 {
+            return Err(too_large());
+        }
+    }
+    axum::body::to_bytes(body, max).await.map_err(|e| {
+        if std::error::Error::source(&e)
+            .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some())
+        {
+            too_large()
+        } else {
+            ApiError::invalid(format!("reading the body: {e}"))
+        }
+    })
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(h: &HeaderMap, body: Body) -> ApiResult<T> {
+    let b = read_body(h, body, JSON_BODY_BYTES_MAX).await?;
+    serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.engine.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: the device failed\n").into_response()
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.engine.render_metrics(),
+    )
+        .into_response()
+}
+
+async fn stats(State(st): State<AppState>) -> Json<Stats> {
+    let mut s = st.engine.stats();
+    s.inflight_requests = (st.max_inflight - st.limiter.available_permits()) as u64;
+    Json(s)
+}
+
+async fn list_namespaces(State(st): State<AppState>) -> Json<NamespaceList> {
+    Json(NamespaceList {
+        namespaces: st.engine.namespaces(),
+    })
+}
+
+async fn put_namespace(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    parse_ns(&ns)?;
+    let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
+    let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
+        CreateNamespace::default()
+    } else {
+        serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
+    };
+    let (created, info) = st.engine.create_namespace(&ns, req.quota_bytes).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(info)).into_response())
+}
+
+async fn get_namespace(State(st): State<AppState>, Path(ns): Path<String>) -> ApiResult<Json<NamespaceInfo>> {
+    parse_ns(&ns)?;
+    Ok(Json(st.engine.namespace(&ns)?))
+}
+
+async fn delete_namespace(State(st): State<AppState>, Path(ns): Path<String>) -> ApiResult<StatusCode> {
+    parse_ns(&ns)?;
+    st.engine.delete_namespace(&ns).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn put_block(
+    State(st): State<AppState>,
+    Path((ns, key)): Path<(String, String)>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    parse_ns(&ns)?;
+    let key = parse_key(&key)?;
+    let dur = durability(&h)?;
+    let crc = match h.get(ctxpod_api::HEADER_CRC32C) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(ctxpod_api::parse_crc32c_hex)
+                .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
+        ),
+    };
+    let data = read_body(&h, body, ctxpod_api::BLOCK_BYTES_MAX).await?;
+    st.engine.metrics().received_bytes.inc_by(data.len() as u64);
+    match st.engine.put(&ns, &key, data, crc, dur).await? {
+        PutStatus::Created => Ok(StatusCode::CREATED),
+        PutStatus::Exists => Ok(StatusCode::OK),
+    }
+}
+
+async fn get_block(State(st): State<AppState>, Path((ns, key)): Path<(String, String)>) -> ApiResult<Response> {
+    parse_ns(&ns)?;
+    let key = parse_key(&key)?;
+    match st.engine.get(&ns, &key).await? {
+        Some((data, crc)) => {
+            st.engine.metrics().sent_bytes.inc_by(data.len() as u64);
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (
+                        header::HeaderName::from_static(ctxpod_api::HEADER_CRC32C),
+                        ctxpod_api::crc32c_hex(crc),
+                    ),
+                ],
+                data,
+            )
+                .into_response())
+        }
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block")),
+    }
+}
+
+async fn head_block(State(st): State<AppState>, Path((ns, key)): Path<(String, String)>) -> ApiResult<StatusCode> {
+    parse_ns(&ns)?;
+    let key = parse_key(&key)?;
+    if st.engine.contains(&ns, &key).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Ok(StatusCode::NOT_FOUND)
+    }
+}
+
+async fn delete_block(State(st): State<AppState>, Path((ns, key)): Path<(String, String)>) -> ApiResult<StatusCode> {
+    parse_ns(&ns)?;
+    let key = parse_key(&key)?;
+    if st.engine.delete(&ns, &key).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block"))
+    }
+}
+
+async fn match_prefix(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<MatchResponse>> {
+    parse_ns(&ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
+    Ok(Json(MatchResponse {
+        matched: st.engine.match_prefix(&ns, keys).await?,
+    }))
+}
+
+async fn batch_get(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Response> {
+    parse_ns(&ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
+    st.engine.namespace(&ns)?;
+    let engine = st.engine.clone();
+    let results: Vec<(Vec<u8>, Result<Option<(Bytes, u32)>, EngineError>)> =
+        futures::stream::iter(keys.into_iter().map(|k| {
+            let (engine, ns) = (engine.clone(), ns.clone());
+            async move {
+                let r = engine.get(&ns, &k).await;
+                (k, r)
+            }
+        }))
+        .buffered(BATCH_CONCURRENCY)
+        .collect()
+        .await;
+    let mut budget = BATCH_GET_BYTES_MAX;
+    let mut out = Vec::new();
+    frame::encode_header(results.len() as u32, &mut out);
+    let mut sent = 0u64;
+    for (k, r) in &results {
+        let entry = match r {
+            Ok(Some((d, crc))) if d.len() <= budget => {
+                budget -= d.len();
+                sent += d.len() as u64;
+                frame::Entry {
+                    key: k,
+                    status: 200,
+                    crc32c: Some(*crc),
+                    len: d.len() as u32,
+                    data: Some(&d[..]),
+                }
+            }
+            Ok(Some((d, crc))) => frame::Entry {
+                key: k,
+                status: 413,
+                crc32c: Some(*crc),
+                len: d.len() as u32,
+                data: None,
+            },
+            Ok(None) => frame::Entry {
+                key: k,
+                status: 404,
+                crc32c: None,
+                len: 0,
+                data: None,
+            },
+            Err(e) => frame::Entry {
+                key: k,
+                status: status_of(e).0.as_u16(),
+                crc32c: None,
+                len: 0,
+                data: None,
+            },
+        };
+        frame::encode_entry(&entry, &mut out);
+    }
+    st.engine.metrics().sent_bytes.inc_by(sent);
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+async fn batch_put(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Response> {
+    parse_ns(&ns)?;
+    let dur = durability(&h)?;
+    st.engine.namespace(&ns)?;
+    let body = read_body(&h, body, ctxpod_api::BATCH_BODY_BYTES_MAX).await?;
+    let entries = frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
+    let mut jobs = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        let Some(d) = e.data else {
+            return Err(ApiError::invalid(format!("batch entry {i} carries no data")));
+        };
+        if d.len() != e.len as usize {
+            return Err(ApiError::invalid(format!("batch entry {i}: length mismatch")));
+        }
+        jobs.push((e.key.to_vec(), body.slice_ref(d), e.crc32c));
+    }
+    st.engine.metrics().received_bytes.inc_by(body.len() as u64);
+    let engine = st.engine.clone();
+    let statuses: Vec<u16> = futures::future::join_all(jobs.iter().map(|(k, d, crc)| {
+        let engine = engine.clone();
+        let ns = ns.clone();
+        async move {
+            match engine.put(&ns, k, d.clone(), *crc, dur).await {
+                Ok(PutStatus::Created) => 201,
+                Ok(PutStatus::Exists) => 200,
+                Err(e) => status_of(&e).0.as_u16(),
+            }
+        }
+    }))
+    .await;
+    let mut out = Vec::new();
+    frame::encode_header(jobs.len() as u32, &mut out);
+    for ((k, d, _), status) in jobs.iter().zip(statuses) {
+        frame::encode_entry(
+            &frame::Entry {
+                key: k,
+                status,
+                crc32c: Some(ctxpod_api::crc32c(d)),
+                len: d.len() as u32,
+                data: None,
+            },
+            &mut out,
+        );
+    }
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+async fn pin(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Json<PinResponse>> {
+    parse_ns(&ns)?;
+    let req: PinRequest = read_json(&h, body).await?;
+    if req.ttl_ms == 0 || req.ttl_ms > ctxpod_api::LEASE_MS_MAX {
+        return Err(ApiError::invalid(format!(
+            "ttl_ms must be within 1..={}",
+            ctxpod_api::LEASE_MS_MAX
+        )));
+    }
+    let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
+    let pinned = st
+        .engine
+        .pin(&ns, keys, Duration::from_millis(req.ttl_ms))
+        .await?;
+    Ok(Json(PinResponse { pinned }))
+}
+
+async fn unpin(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Json<UnpinResponse>> {
+    parse_ns(&ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
+    Ok(Json(UnpinResponse {
+        unpinned: st.engine.unpin(&ns, keys).await?,
+    }))
+}
+
+/// Runs a node until SIGTERM or Ctrl-C, then stops accepting, drains and commits.
+pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let metrics = Arc::new(Metrics::new());
+    let engine = Arc::new(Engine::open(cfg.clone(), metrics).await?);
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let addr_file = cfg.data_dir.join("ctxpod.addr");
+    let tmp = cfg.data_dir.join("ctxpod.addr.tmp");
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, &addr_file)?;
+    tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
+    println!("ctxpod listening on http://{addr}");
+    let app = router(engine.clone(), cfg.max_inflight_requests);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("HTTP server")?;
+    tracing::info!("shutting down: committing queued writes");
+    engine.shutdown().await;
+    let _ = std::fs::remove_file(&addr_file);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The router's routes equal the OpenAPI document's operations.
+    #[test]
+    fn routes_equal_the_openapi_spec() {
+        let spec: serde_json::Value =
+            serde_json::from_str(ctxpod_api::OPENAPI_JSON).expect("openapi.json parses");
+        let mut from_spec: Vec<(String, String)> = Vec::new();
+        for (path, item) in spec["paths"].as_object().expect("paths") {
+            for m in ["get", "put", "post", "delete", "head", "patch", "options"] {
+                if item.get(m).is_some() {
+                    from_spec.push((m.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        let mut from_router: Vec<(String, String)> = routes()
+            .list
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        from_spec.sort();
+        from_router.sort();
+        assert_eq!(from_router, from_spec);
+    }
+}

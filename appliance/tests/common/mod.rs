@@ -1,0 +1,154 @@
+//! Test harness: starts the real `ctxpod` binary on a temp dir and a free loopback port.
+#![allow(dead_code)]
+
+use ctxpod_api::client::Client;
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Node {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub url: String,
+    pub client: Client,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+}
+
+impl Node {
+    /// Starts a node on `dir` with extra `serve` flags and environment.
+    pub async fn start_with(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Node {
+        let mut n = Node {
+            child: None,
+            dir: dir.to_path_buf(),
+            url: String::new(),
+            client: Client::new("http://127.0.0.1:1"),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            envs: envs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        n.spawn().await;
+        n
+    }
+
+    pub async fn start(dir: &Path, args: &[&str]) -> Node {
+        Self::start_with(dir, args, &[]).await
+    }
+
+    async fn spawn(&mut self) {
+        let addr_file = self.dir.join("ctxpod.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.with_extension("log"))
+            .expect("open node log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ctxpod"));
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn ctxpod");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                if a.ends_with('\n') {
+                    break a.trim().to_string();
+                }
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "ctxpod exited with {st} before serving; log:\n{}",
+                    std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "ctxpod did not start within 60 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        self.url = format!("http://{addr}");
+        self.client = Client::new(self.url.clone());
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.client.ready().await {
+            assert!(Instant::now() < deadline, "ctxpod not ready within 30 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `kill -9`, no warning.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let st = c.wait().expect("wait for ctxpod");
+            assert!(st.success(), "ctxpod exited with {st} on SIGTERM");
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Deterministic pseudo-random bytes for (seed, len).
+pub fn block(seed: u64, len: usize) -> bytes::Bytes {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v[..]);
+    bytes::Bytes::from(v)
+}
+
+pub fn seed_from_env(name: &str, default: u64) -> u64 {
+    let s = std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    eprintln!("{name}={s} (set it to replay)");
+    s
+}
+
+/// Bytes used by the files under `dir` (allocated blocks, like `du`).
+pub fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let m = e.metadata().expect("metadata");
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    total
+}
