@@ -78,6 +78,11 @@ impl Client {
         ClientError::Status { status, body }
     }
 
+    /// A 404 about the block itself (not about its namespace or the route).
+    fn is_block_miss(e: &ClientError) -> bool {
+        matches!(e, ClientError::Status { status: 404, body: Some(b) } if b.error == "not_found")
+    }
+
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
         let resp = req.send().await?;
         if resp.status().is_success() {
@@ -118,11 +123,11 @@ impl Client {
             .get(self.url(&Self::block_path(ns, key)))
             .send()
             .await?;
-        if resp.status() == StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
         if !resp.status().is_success() {
-            return Err(Self::fail(resp).await);
+            return match Self::fail(resp).await {
+                e if Self::is_block_miss(&e) => Ok(None),
+                e => Err(e),
+            };
         }
         let crc = resp
             .headers()
@@ -160,10 +165,12 @@ impl Client {
             .delete(self.url(&Self::block_path(ns, key)))
             .send()
             .await?;
-        match resp.status() {
-            StatusCode::NO_CONTENT => Ok(true),
-            StatusCode::NOT_FOUND => Ok(false),
-            _ => Err(Self::fail(resp).await),
+        if resp.status() == StatusCode::NO_CONTENT {
+            return Ok(true);
+        }
+        match Self::fail(resp).await {
+            e if Self::is_block_miss(&e) => Ok(false),
+            e => Err(e),
         }
     }
 

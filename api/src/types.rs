@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 /// Every error answer: `{"error": "<kind>", "message": "..."}`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ErrorBody {
-    /// Stable machine-readable kind: `invalid`, `not_found`, `no_route`, `conflict`,
-    /// `integrity`, `too_large`, `no_space`, `busy`, `internal`.
+    /// Stable machine-readable kind: `invalid`, `not_found` (no such block),
+    /// `no_such_namespace`, `no_route`, `method_not_allowed`, `conflict`, `integrity`,
+    /// `too_large`, `no_space`, `busy`, `internal`.
     pub error: String,
     pub message: String,
 }

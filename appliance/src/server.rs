@@ -76,7 +76,7 @@ impl From<EngineError> for ApiError {
 fn status_of(e: &EngineError) -> (StatusCode, &'static str) {
     match e {
         EngineError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
-        EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "no_such_namespace"),
         EngineError::Conflict => (StatusCode::CONFLICT, "conflict"),
         EngineError::Integrity(_) => (StatusCode::UNPROCESSABLE_ENTITY, "integrity"),
         EngineError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
@@ -281,28 +281,45 @@ fn durability(h: &HeaderMap) -> ApiResult<Durability> {
     }
 }
 
-/// Reads a body of at most `max` bytes; longer bodies are refused before they are buffered
-/// when Content-Length says so, and as soon as they pass the limit otherwise.
-async fn read_body(h: &HeaderMap, body: Body, max: usize) -> ApiResult<Bytes> {
+/// Bytes of an over-limit body read and discarded before answering 413, so that the client
+/// reads the answer instead of a reset connection; bodies declared larger are cut off at once.
+pub const DRAIN_BYTES_MAX: u64 = 64 << 20;
+
+/// Reads a body of at most `max` bytes. A longer body is never buffered: it is drained (up
+/// to [`DRAIN_BYTES_MAX`]) and refused with 413.
+async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes> {
+    use http_body_util::BodyExt;
     let too_large = || ApiError::too_large(format!("body over the limit of {max} bytes"));
-    if let Some(len) = h
+    let declared = h
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > max as u64 {
-            return Err(too_large());
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|l| l > DRAIN_BYTES_MAX) {
+        return Err(too_large());
+    }
+    let mut over = declared.is_some_and(|l| l > max as u64);
+    let mut buf = bytes::BytesMut::with_capacity(if over { 0 } else { declared.unwrap_or(0) as usize });
+    let mut seen = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        seen += data.len() as u64;
+        if !over && seen > max as u64 {
+            over = true;
+            buf = bytes::BytesMut::new();
+        }
+        if over {
+            if seen > DRAIN_BYTES_MAX {
+                break;
+            }
+        } else {
+            buf.extend_from_slice(&data);
         }
     }
-    axum::body::to_bytes(body, max).await.map_err(|e| {
-        if std::error::Error::source(&e)
-            .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some())
-        {
-            too_large()
-        } else {
-            ApiError::invalid(format!("reading the body: {e}"))
-        }
-    })
+    if over {
+        return Err(too_large());
+    }
+    Ok(buf.freeze())
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(h: &HeaderMap, body: Body) -> ApiResult<T> {

@@ -120,21 +120,32 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
 async fn a_replaced_device_file_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
-    let mut node = Node::start(&data_dir, &["--capacity", "64MiB"]).await;
+    let mut node = Node::start(&data_dir, &["--capacity", "128MiB"]).await;
     node.client.put("default", b"k", block(1, 1000), Durability::Durable).await.expect("put");
     node.stop();
     std::fs::remove_file(data_dir.join("blocks.dev")).expect("remove");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "64MiB", "--data-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "128MiB", "--data-dir"])
         .arg(&data_dir)
         .output()
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("superblock"), "{err}");
-    // And a changed capacity is refused with a clear message.
+    assert!(!data_dir.join("blocks.dev").exists(), "a missing device is not recreated");
+    // Another (blank) device file in its place.
+    std::fs::write(data_dir.join("blocks.dev"), vec![0u8; 128 << 20]).expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
         .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "128MiB", "--data-dir"])
+        .arg(&data_dir)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not carry this node's superblock"), "{err}");
+    // And a changed capacity is refused with a clear message.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "256MiB", "--data-dir"])
         .arg(&data_dir)
         .output()
         .expect("run");

@@ -213,8 +213,11 @@ mod tests {
             match rng.gen_range(0..10) {
                 0..=3 => {
                     let len = rng.gen_range(1..2000);
+                    let had = c.contains(&k(key));
                     c.insert(k(key), Bytes::from(vec![key as u8; len]), 0);
-                    model.entry(key).or_insert(len);
+                    if !had {
+                        model.insert(key, len);
+                    }
                 }
                 4 => {
                     c.remove(&k(key));

@@ -34,6 +34,11 @@ const CFS: [&str; 6] = [
     CF_QUARANTINE,
 ];
 
+/// Memtable size of each column family.
+const INDEX_MEMTABLE_BYTES: usize = 8 << 20;
+/// Memtables of all column families together.
+const INDEX_MEMTABLES_BYTES_MAX: usize = 32 << 20;
+
 pub const META_GEOMETRY: &[u8] = b"geometry";
 pub const META_NEXT_NS_ID: &[u8] = b"next_ns_id";
 pub const META_SEQ_RESERVED: &[u8] = b"seq_reserved";
@@ -185,9 +190,14 @@ impl Index {
         opts.set_max_background_jobs(2);
         opts.set_keep_log_file_num(4);
         opts.set_max_total_wal_size(64 << 20);
-        let cfs = CFS
-            .iter()
-            .map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        // The index is small (about 100 bytes per block): modest memtables keep its memory
+        // and its preallocated WAL (memtable size × 1.1) small next to the device.
+        opts.set_db_write_buffer_size(INDEX_MEMTABLES_BYTES_MAX);
+        let cfs = CFS.iter().map(|n| {
+            let mut o = Options::default();
+            o.set_write_buffer_size(INDEX_MEMTABLE_BYTES);
+            ColumnFamilyDescriptor::new(*n, o)
+        });
         let db = DB::open_cf_descriptors(&opts, path, cfs)
             .with_context(|| format!("open RocksDB index at {}", path.display()))?;
         Ok(Index { db })

@@ -46,10 +46,8 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
         .map(|v| serde_json::from_slice(&v))
         .transpose()
         .context("decode stored geometry")?;
-    let device = device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?;
-    let geometry = match stored {
-        Some(g) => {
-            ensure!(
+    if let Some(g) = &stored {
+        ensure!(
                 g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
                 "this node was formatted with capacity {} and regions of {} bytes; the \
                  configuration now asks for {} and {}: resizing is not supported, use the \
@@ -59,6 +57,17 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
                 wanted.capacity_bytes,
                 wanted.region_bytes
             );
+        ensure!(
+            cfg.device_path().exists(),
+            "device {} does not exist, but the index describes a formatted node: refusing to \
+             start on an empty device (its superblock is missing); move the index away to \
+             start afresh",
+            cfg.device_path().display()
+        );
+    }
+    let device = device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?;
+    let geometry = match stored {
+        Some(g) => {
             check_superblock(&*device, &g).await?;
             g
         }
