@@ -10,7 +10,10 @@ use reqwest::{Method, StatusCode};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("HTTP {status}: {body:?}")]
-    Status { status: u16, body: Option<ErrorBody> },
+    Status {
+        status: u16,
+        body: Option<ErrorBody>,
+    },
     #[error("transport: {0}")]
     Transport(#[from] reqwest::Error),
     #[error("block {key} failed its CRC32C check on receipt")]

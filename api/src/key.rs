@@ -17,7 +17,7 @@ pub fn parse_key_hex(s: &str) -> Result<Vec<u8>, KeyError> {
     if s.is_empty() {
         return Err(KeyError::Empty);
     }
-    if s.len() % 2 != 0 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return Err(KeyError::NotHex);
     }
     if s.len() / 2 > crate::KEY_BYTES_MAX {
@@ -64,7 +64,10 @@ mod tests {
         assert_eq!(parse_key_hex("00FF"), Err(KeyError::NotHex));
         assert_eq!(parse_key_hex("zz"), Err(KeyError::NotHex));
         assert_eq!(parse_key_hex(&"ab".repeat(128)).map(|k| k.len()), Ok(128));
-        assert_eq!(parse_key_hex(&"ab".repeat(129)), Err(KeyError::TooLong(129)));
+        assert_eq!(
+            parse_key_hex(&"ab".repeat(129)),
+            Err(KeyError::TooLong(129))
+        );
         assert_eq!(key_hex(&[1, 2, 0xab]), "0102ab");
         assert_eq!(KeyDisplay(&[0xde, 0xad]).to_string(), "dead");
     }

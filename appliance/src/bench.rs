@@ -100,14 +100,22 @@ async fn device_baseline(dir: &Path, bytes: u64) -> anyhow::Result<(Row, Row)> {
     }
     drop(s);
     dev.flush().await?;
-    let w = row("device seq write (O_DIRECT, 1 MiB, QD8)", chunk, n * chunk, t.elapsed(), lat);
+    let w = row(
+        "device seq write (O_DIRECT, 1 MiB, QD8)",
+        chunk,
+        n * chunk,
+        t.elapsed(),
+        lat,
+    );
     let mut lat = Vec::new();
     let t = Instant::now();
     let mut s = futures::stream::iter((0..n).map(|i| {
         let d = dev.clone();
         async move {
             let t = Instant::now();
-            let (_, r) = d.read_at(AlignedBuf::zeroed(chunk as usize), i * chunk).await;
+            let (_, r) = d
+                .read_at(AlignedBuf::zeroed(chunk as usize), i * chunk)
+                .await;
             r.map(|_| t.elapsed())
         }
     }))
@@ -116,7 +124,13 @@ async fn device_baseline(dir: &Path, bytes: u64) -> anyhow::Result<(Row, Row)> {
         lat.push(r?);
     }
     drop(s);
-    let r = row("device seq read (O_DIRECT, 1 MiB, QD8)", chunk, n * chunk, t.elapsed(), lat);
+    let r = row(
+        "device seq read (O_DIRECT, 1 MiB, QD8)",
+        chunk,
+        n * chunk,
+        t.elapsed(),
+        lat,
+    );
     drop(dev);
     let _ = std::fs::remove_file(&path);
     Ok((w, r))
@@ -178,7 +192,12 @@ impl Node {
         let child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
-            .args(["--capacity", &capacity.to_string(), "--dram", &dram.to_string()])
+            .args([
+                "--capacity",
+                &capacity.to_string(),
+                "--dram",
+                &dram.to_string(),
+            ])
             .env("CTXPOD_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
@@ -227,7 +246,13 @@ fn key(size: usize, i: u64) -> Vec<u8> {
 /// data does not take CPU from the node during a timed phase.
 const POOL: u64 = 8;
 
-async fn phase(client: &Client, size: usize, n: u64, conc: usize, what: &str) -> anyhow::Result<Row> {
+async fn phase(
+    client: &Client,
+    size: usize,
+    n: u64,
+    conc: usize,
+    what: &str,
+) -> anyhow::Result<Row> {
     let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
     let t = Instant::now();
     let mut lat = Vec::with_capacity(n as usize);
@@ -242,7 +267,10 @@ async fn phase(client: &Client, size: usize, n: u64, conc: usize, what: &str) ->
                 c.put("default", &k, data, Durability::Durable).await?;
             } else {
                 let got = c.get("default", &k).await?;
-                ensure!(got.as_deref() == Some(&data[..]), "block {i} of {size} bytes came back wrong");
+                ensure!(
+                    got.as_deref() == Some(&data[..]),
+                    "block {i} of {size} bytes came back wrong"
+                );
             }
             anyhow::Ok(t.elapsed())
         }

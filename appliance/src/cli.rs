@@ -15,7 +15,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "ctxpod", version, about = "ctxpod: a flash node of a pod-level context-memory tier for LLM KV caches")]
+#[command(
+    name = "ctxpod",
+    version,
+    about = "ctxpod: a flash node of a pod-level context-memory tier for LLM KV caches"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -155,7 +159,10 @@ fn init_logging(filter: &str) {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: start the async runtime: {e}");
@@ -191,9 +198,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 data = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
             }
-            let d = if fast { Durability::Fast } else { Durability::Durable };
+            let d = if fast {
+                Durability::Fast
+            } else {
+                Durability::Durable
+            };
             let n = data.len();
-            let out = Client::new(&t.addr).put(&t.ns, &key, Bytes::from(data), d).await?;
+            let out = Client::new(&t.addr)
+                .put(&t.ns, &key, Bytes::from(data), d)
+                .await?;
             let what = match out {
                 PutOutcome::Created => "stored",
                 PutOutcome::Exists => "already stored",
@@ -206,7 +219,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match Client::new(&t.addr).get(&t.ns, &key).await? {
                 Some(b) => {
                     match output {
-                        Some(p) => std::fs::write(&p, &b).with_context(|| format!("write {}", p.display()))?,
+                        Some(p) => std::fs::write(&p, &b)
+                            .with_context(|| format!("write {}", p.display()))?,
                         None => std::io::stdout().write_all(&b)?,
                     }
                     Ok(ExitCode::SUCCESS)

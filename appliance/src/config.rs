@@ -32,7 +32,11 @@ impl ByteSize {
             "mb" => 1_000_000,
             "gb" => 1_000_000_000,
             "tb" => 1_000_000_000_000,
-            u => return Err(format!("unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB, TiB)")),
+            u => {
+                return Err(format!(
+                    "unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB, TiB)"
+                ))
+            }
         };
         n.checked_mul(mult)
             .map(ByteSize)
@@ -51,7 +55,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
         for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-            if b >= 1 << shift && b % (1 << shift) == 0 {
+            if b >= 1 << shift && b.is_multiple_of(1 << shift) {
                 return write!(f, "{}{unit}", b >> shift);
             }
         }
@@ -171,10 +175,13 @@ impl Config {
             self.group_commit_max_blocks > 0 && self.write_queue_depth > 0,
             "group_commit_max_blocks and write_queue_depth must be positive"
         );
-        anyhow::ensure!(self.max_inflight_requests > 0, "max_inflight_requests must be positive");
+        anyhow::ensure!(
+            self.max_inflight_requests > 0,
+            "max_inflight_requests must be positive"
+        );
         if let Some(r) = self.region_bytes {
             anyhow::ensure!(
-                r.0 % 4096 == 0 && (REGION_BYTES_MIN..=REGION_BYTES_MAX).contains(&r.0),
+                r.0.is_multiple_of(4096) && (REGION_BYTES_MIN..=REGION_BYTES_MAX).contains(&r.0),
                 "region_bytes must be a multiple of 4 KiB within 16 MiB..=1 GiB"
             );
         }

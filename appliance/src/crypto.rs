@@ -54,7 +54,12 @@ pub fn seal(key: &AeadKey, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8]) -> [u
 }
 
 /// Decrypts `ciphertext ‖ tag` in place; returns the plaintext's length.
-pub fn open(key: &AeadKey, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8]) -> Result<usize, AuthError> {
+pub fn open(
+    key: &AeadKey,
+    nonce: [u8; 12],
+    aad: &[u8],
+    in_out: &mut [u8],
+) -> Result<usize, AuthError> {
     key.0
         .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), in_out)
         .map(|p| p.len())
@@ -112,7 +117,11 @@ mod tests {
         assert_eq!(open(&k, [7; 12], &aad, &mut ok), Ok(11));
         assert_eq!(&ok[..11], b"hello block");
         // Another key, namespace or key id in the AAD, another nonce, a flipped bit: refused.
-        for bad_aad in [block_aad(1, 1, b"kez"), block_aad(2, 1, b"key"), block_aad(1, 2, b"key")] {
+        for bad_aad in [
+            block_aad(1, 1, b"kez"),
+            block_aad(2, 1, b"key"),
+            block_aad(1, 2, b"key"),
+        ] {
             assert!(open(&k, [7; 12], &bad_aad, &mut sealed.clone()).is_err());
         }
         assert!(open(&k, [8; 12], &aad, &mut sealed.clone()).is_err());

@@ -61,33 +61,63 @@ impl Metrics {
         let gauge = |name: &str, help: &str| IntGauge::new(name, help);
         Metrics {
             request_seconds: reg!(HistogramVec::new(
-                HistogramOpts::new("ctxpod_request_duration_seconds", "Request latency per operation")
-                    .buckets(latency_buckets()),
+                HistogramOpts::new(
+                    "ctxpod_request_duration_seconds",
+                    "Request latency per operation"
+                )
+                .buckets(latency_buckets()),
                 &["op"]
             )),
             responses: reg!(IntCounterVec::new(
-                Opts::new("ctxpod_responses_total", "Answers per operation and status class"),
+                Opts::new(
+                    "ctxpod_responses_total",
+                    "Answers per operation and status class"
+                ),
                 &["op", "class"]
             )),
-            received_bytes: reg!(counter("ctxpod_received_bytes_total", "Block payload bytes received")),
-            sent_bytes: reg!(counter("ctxpod_sent_bytes_total", "Block payload bytes sent")),
+            received_bytes: reg!(counter(
+                "ctxpod_received_bytes_total",
+                "Block payload bytes received"
+            )),
+            sent_bytes: reg!(counter(
+                "ctxpod_sent_bytes_total",
+                "Block payload bytes sent"
+            )),
             hits: reg!(IntCounterVec::new(
-                Opts::new("ctxpod_block_hits_total", "Block lookups that found the block, by tier"),
+                Opts::new(
+                    "ctxpod_block_hits_total",
+                    "Block lookups that found the block, by tier"
+                ),
                 &["tier"]
             )),
-            misses: reg!(counter("ctxpod_block_misses_total", "Block lookups that found nothing")),
+            misses: reg!(counter(
+                "ctxpod_block_misses_total",
+                "Block lookups that found nothing"
+            )),
             integrity_errors: reg!(counter(
                 "ctxpod_integrity_errors_total",
                 "Records that failed a header, GCM or CRC32C check and were quarantined"
             )),
-            evicted_blocks: reg!(counter("ctxpod_evicted_blocks_total", "Blocks dropped by eviction")),
-            evicted_regions: reg!(counter("ctxpod_evicted_regions_total", "Regions reclaimed by eviction")),
+            evicted_blocks: reg!(counter(
+                "ctxpod_evicted_blocks_total",
+                "Blocks dropped by eviction"
+            )),
+            evicted_regions: reg!(counter(
+                "ctxpod_evicted_regions_total",
+                "Regions reclaimed by eviction"
+            )),
             reinserted_blocks: reg!(counter(
                 "ctxpod_reinserted_blocks_total",
                 "Blocks moved out of an evicted region (recently read or leased)"
             )),
-            device_written_bytes: reg!(counter("ctxpod_device_written_bytes_total", "Bytes written to the device")),
-            device_read_bytes: reg!(counter("ctxpod_device_read_bytes_total", "Bytes read from the device")),
+            device_written_bytes: reg!(counter(
+                "ctxpod_device_written_bytes_total",
+                "Bytes written to the device"
+            )),
+            device_read_bytes: reg!(counter(
+                "ctxpod_device_read_bytes_total",
+                "Bytes read from the device"
+            )),
             user_written_bytes: reg!(counter(
                 "ctxpod_user_written_bytes_total",
                 "Payload bytes of newly stored blocks (write amplification = device / user)"
@@ -98,26 +128,41 @@ impl Metrics {
                     .buckets(prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets"))
             )),
             group_commit_seconds: reg!(Histogram::with_opts(
-                HistogramOpts::new("ctxpod_group_commit_duration_seconds", "Time of one group commit")
-                    .buckets(latency_buckets())
+                HistogramOpts::new(
+                    "ctxpod_group_commit_duration_seconds",
+                    "Time of one group commit"
+                )
+                .buckets(latency_buckets())
             )),
             busy_rejections: reg!(IntCounterVec::new(
-                Opts::new("ctxpod_busy_rejections_total", "Requests refused with 503, by full queue"),
+                Opts::new(
+                    "ctxpod_busy_rejections_total",
+                    "Requests refused with 503, by full queue"
+                ),
                 &["queue"]
             )),
             io_engine_info: reg!(IntGaugeVec::new(
-                Opts::new("ctxpod_io_engine_info", "The device I/O engine in use (value 1)"),
+                Opts::new(
+                    "ctxpod_io_engine_info",
+                    "The device I/O engine in use (value 1)"
+                ),
                 &["engine", "direct"]
             )),
             capacity_bytes: reg!(gauge("ctxpod_capacity_bytes", "Configured flash capacity")),
             used_bytes: reg!(gauge("ctxpod_used_bytes", "Device bytes in regions in use")),
             live_bytes: reg!(gauge("ctxpod_live_bytes", "Payload bytes of live blocks")),
             blocks: reg!(gauge("ctxpod_blocks", "Live blocks")),
-            dram_used_bytes: reg!(gauge("ctxpod_dram_used_bytes", "Bytes held by the DRAM tier")),
+            dram_used_bytes: reg!(gauge(
+                "ctxpod_dram_used_bytes",
+                "Bytes held by the DRAM tier"
+            )),
             dram_capacity_bytes: reg!(gauge("ctxpod_dram_capacity_bytes", "DRAM tier limit")),
             regions_free: reg!(gauge("ctxpod_regions_free", "Free regions")),
             leases: reg!(gauge("ctxpod_leases", "Keys pinned by a lease")),
-            inflight_requests: reg!(gauge("ctxpod_inflight_requests", "Data requests being served")),
+            inflight_requests: reg!(gauge(
+                "ctxpod_inflight_requests",
+                "Data requests being served"
+            )),
             registry: r,
         }
     }

@@ -148,7 +148,10 @@ mod tests {
             for bit in 0..8 {
                 let mut b = buf;
                 b[byte] ^= 1 << bit;
-                assert!(RecordHeader::decode(&b).is_err(), "flip {byte}.{bit} passed");
+                assert!(
+                    RecordHeader::decode(&b).is_err(),
+                    "flip {byte}.{bit} passed"
+                );
             }
         }
     }

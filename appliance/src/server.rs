@@ -131,7 +131,9 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
                 let old = std::mem::replace(mr, MethodRouter::new());
                 *mr = old.on(filter, handler);
             }
-            None => self.routers.push((path, MethodRouter::new().on(filter, handler))),
+            None => self
+                .routers
+                .push((path, MethodRouter::new().on(filter, handler))),
         }
         self.list.push((method, path));
         self
@@ -178,7 +180,10 @@ pub fn router(engine: Arc<Engine>, max_inflight: usize) -> Router {
         .into_router()
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), admit_and_measure))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            admit_and_measure,
+        ))
         .with_state(state)
 }
 
@@ -217,8 +222,12 @@ async fn admit_and_measure(State(st): State<AppState>, req: Request, next: Next)
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string());
-    let op = path.as_deref().map_or("unrouted", |p| op_name(req.method(), p));
-    let data = path.as_deref().is_some_and(|p| p.starts_with("/v1/namespaces"));
+    let op = path
+        .as_deref()
+        .map_or("unrouted", |p| op_name(req.method(), p));
+    let data = path
+        .as_deref()
+        .is_some_and(|p| p.starts_with("/v1/namespaces"));
     let permit = if data {
         match st.limiter.clone().try_acquire_owned() {
             Ok(p) => Some(p),
@@ -298,11 +307,17 @@ async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes
         return Err(too_large());
     }
     let mut over = declared.is_some_and(|l| l > max as u64);
-    let mut buf = bytes::BytesMut::with_capacity(if over { 0 } else { declared.unwrap_or(0) as usize });
+    let mut buf = bytes::BytesMut::with_capacity(if over {
+        0
+    } else {
+        declared.unwrap_or(0) as usize
+    });
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         seen += data.len() as u64;
         if !over && seen > max as u64 {
             over = true;
@@ -335,7 +350,11 @@ async fn readyz(State(st): State<AppState>) -> Response {
     if st.engine.ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready: the device failed\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the device failed\n",
+        )
+            .into_response()
     }
 }
 
@@ -373,16 +392,26 @@ async fn put_namespace(
         serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
     };
     let (created, info) = st.engine.create_namespace(&ns, req.quota_bytes).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(info)).into_response())
 }
 
-async fn get_namespace(State(st): State<AppState>, Path(ns): Path<String>) -> ApiResult<Json<NamespaceInfo>> {
+async fn get_namespace(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+) -> ApiResult<Json<NamespaceInfo>> {
     parse_ns(&ns)?;
     Ok(Json(st.engine.namespace(&ns)?))
 }
 
-async fn delete_namespace(State(st): State<AppState>, Path(ns): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_namespace(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+) -> ApiResult<StatusCode> {
     parse_ns(&ns)?;
     st.engine.delete_namespace(&ns).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -414,7 +443,10 @@ async fn put_block(
     }
 }
 
-async fn get_block(State(st): State<AppState>, Path((ns, key)): Path<(String, String)>) -> ApiResult<Response> {
+async fn get_block(
+    State(st): State<AppState>,
+    Path((ns, key)): Path<(String, String)>,
+) -> ApiResult<Response> {
     parse_ns(&ns)?;
     let key = parse_key(&key)?;
     match st.engine.get(&ns, &key).await? {
@@ -432,11 +464,18 @@ async fn get_block(State(st): State<AppState>, Path((ns, key)): Path<(String, St
             )
                 .into_response())
         }
-        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block")),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such block",
+        )),
     }
 }
 
-async fn head_block(State(st): State<AppState>, Path((ns, key)): Path<(String, String)>) -> ApiResult<StatusCode> {
+async fn head_block(
+    State(st): State<AppState>,
+    Path((ns, key)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
     parse_ns(&ns)?;
     let key = parse_key(&key)?;
     if st.engine.contains(&ns, &key).await? {
@@ -446,13 +485,20 @@ async fn head_block(State(st): State<AppState>, Path((ns, key)): Path<(String, S
     }
 }
 
-async fn delete_block(State(st): State<AppState>, Path((ns, key)): Path<(String, String)>) -> ApiResult<StatusCode> {
+async fn delete_block(
+    State(st): State<AppState>,
+    Path((ns, key)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
     parse_ns(&ns)?;
     let key = parse_key(&key)?;
     if st.engine.delete(&ns, &key).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block"))
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such block",
+        ))
     }
 }
 
@@ -470,23 +516,28 @@ async fn match_prefix(
     }))
 }
 
-async fn batch_get(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Response> {
+async fn batch_get(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
     parse_ns(&ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
     st.engine.namespace(&ns)?;
     let engine = st.engine.clone();
-    let results: Vec<(Vec<u8>, Result<Option<(Bytes, u32)>, EngineError>)> =
-        futures::stream::iter(keys.into_iter().map(|k| {
-            let (engine, ns) = (engine.clone(), ns.clone());
-            async move {
-                let r = engine.get(&ns, &k).await;
-                (k, r)
-            }
-        }))
-        .buffered(BATCH_CONCURRENCY)
-        .collect()
-        .await;
+    type Found = Result<Option<(Bytes, u32)>, EngineError>;
+    let results: Vec<(Vec<u8>, Found)> = futures::stream::iter(keys.into_iter().map(|k| {
+        let (engine, ns) = (engine.clone(), ns.clone());
+        async move {
+            let r = engine.get(&ns, &k).await;
+            (k, r)
+        }
+    }))
+    .buffered(BATCH_CONCURRENCY)
+    .collect()
+    .await;
     let mut budget = BATCH_GET_BYTES_MAX;
     let mut out = Vec::new();
     frame::encode_header(results.len() as u32, &mut out);
@@ -532,19 +583,29 @@ async fn batch_get(State(st): State<AppState>, Path(ns): Path<String>, h: Header
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
 }
 
-async fn batch_put(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Response> {
+async fn batch_put(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
     parse_ns(&ns)?;
     let dur = durability(&h)?;
     st.engine.namespace(&ns)?;
     let body = read_body(&h, body, ctxpod_api::BATCH_BODY_BYTES_MAX).await?;
-    let entries = frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
+    let entries =
+        frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
     let mut jobs = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         let Some(d) = e.data else {
-            return Err(ApiError::invalid(format!("batch entry {i} carries no data")));
+            return Err(ApiError::invalid(format!(
+                "batch entry {i} carries no data"
+            )));
         };
         if d.len() != e.len as usize {
-            return Err(ApiError::invalid(format!("batch entry {i}: length mismatch")));
+            return Err(ApiError::invalid(format!(
+                "batch entry {i}: length mismatch"
+            )));
         }
         jobs.push((e.key.to_vec(), body.slice_ref(d), e.crc32c));
     }
@@ -579,7 +640,12 @@ async fn batch_put(State(st): State<AppState>, Path(ns): Path<String>, h: Header
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
 }
 
-async fn pin(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Json<PinResponse>> {
+async fn pin(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<PinResponse>> {
     parse_ns(&ns)?;
     let req: PinRequest = read_json(&h, body).await?;
     if req.ttl_ms == 0 || req.ttl_ms > ctxpod_api::LEASE_MS_MAX {
@@ -596,7 +662,12 @@ async fn pin(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, b
     Ok(Json(PinResponse { pinned }))
 }
 
-async fn unpin(State(st): State<AppState>, Path(ns): Path<String>, h: HeaderMap, body: Body) -> ApiResult<Json<UnpinResponse>> {
+async fn unpin(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<UnpinResponse>> {
     parse_ns(&ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;

@@ -21,13 +21,18 @@ const LONG_KEY_PATH: &str = concat!(
 );
 
 fn status(e: ClientError) -> u16 {
-    e.status().unwrap_or_else(|| panic!("expected an HTTP status, got {e}"))
+    e.status()
+        .unwrap_or_else(|| panic!("expected an HTTP status, got {e}"))
 }
 
 #[tokio::test]
 async fn round_trip_random_blocks_from_1_byte_to_8_mib() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "512MiB", "--dram", "32MiB"]).await;
+    let node = Node::start(
+        &dir.path().join("n"),
+        &["--capacity", "512MiB", "--dram", "32MiB"],
+    )
+    .await;
     let c = &node.client;
     let seed = common::seed_from_env("CTXPOD_TEST_SEED", 1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -40,7 +45,9 @@ async fn round_trip_random_blocks_from_1_byte_to_8_mib() {
         let key = format!("rt{i:04}").into_bytes();
         let data = block(seed * 1000 + i as u64, len);
         assert_eq!(
-            c.put("default", &key, data.clone(), Durability::Durable).await.expect("put"),
+            c.put("default", &key, data.clone(), Durability::Durable)
+                .await
+                .expect("put"),
             PutOutcome::Created,
             "size {len}"
         );
@@ -57,11 +64,23 @@ async fn round_trip_random_blocks_from_1_byte_to_8_mib() {
     let c = &node.client;
     for (i, &len) in sizes.iter().enumerate() {
         let key = format!("rt{i:04}").into_bytes();
-        let got = c.get("default", &key).await.expect("get").expect("present after restart");
-        assert_eq!(got, block(seed * 1000 + i as u64, len), "size {len} after restart");
+        let got = c
+            .get("default", &key)
+            .await
+            .expect("get")
+            .expect("present after restart");
+        assert_eq!(
+            got,
+            block(seed * 1000 + i as u64, len),
+            "size {len} after restart"
+        );
     }
     let s = c.stats().await.expect("stats");
-    assert_eq!(s.hits - s.dram_hits, sizes.len() as u64, "reads after restart come from flash");
+    assert_eq!(
+        s.hits - s.dram_hits,
+        sizes.len() as u64,
+        "reads after restart come from flash"
+    );
     assert_eq!(s.integrity_errors, 0);
 }
 
@@ -75,10 +94,31 @@ async fn put_semantics_and_error_codes() {
     let data = block(7, 100_000);
 
     // 201 new, 200 same content, 409 different content.
-    assert_eq!(c.put("default", b"k1", data.clone(), Durability::Durable).await.expect("put"), PutOutcome::Created);
-    assert_eq!(c.put("default", b"k1", data.clone(), Durability::Durable).await.expect("re-put"), PutOutcome::Exists);
-    assert_eq!(status(c.put("default", b"k1", block(8, 100_000), Durability::Durable).await.unwrap_err()), 409);
-    assert_eq!(c.get("default", b"k1").await.expect("get"), Some(data.clone()), "conflict left the block alone");
+    assert_eq!(
+        c.put("default", b"k1", data.clone(), Durability::Durable)
+            .await
+            .expect("put"),
+        PutOutcome::Created
+    );
+    assert_eq!(
+        c.put("default", b"k1", data.clone(), Durability::Durable)
+            .await
+            .expect("re-put"),
+        PutOutcome::Exists
+    );
+    assert_eq!(
+        status(
+            c.put("default", b"k1", block(8, 100_000), Durability::Durable)
+                .await
+                .unwrap_err()
+        ),
+        409
+    );
+    assert_eq!(
+        c.get("default", b"k1").await.expect("get"),
+        Some(data.clone()),
+        "conflict left the block alone"
+    );
 
     // 422: CRC header that does not match; nothing stored.
     let r = http
@@ -89,8 +129,15 @@ async fn put_semantics_and_error_codes() {
         .await
         .expect("send");
     assert_eq!(r.status(), 422);
-    assert_eq!(r.json::<serde_json::Value>().await.expect("json")["error"], "integrity");
-    assert_eq!(c.get("default", b"k2").await.expect("get"), None, "nothing stored on a CRC mismatch");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.expect("json")["error"],
+        "integrity"
+    );
+    assert_eq!(
+        c.get("default", b"k2").await.expect("get"),
+        None,
+        "nothing stored on a CRC mismatch"
+    );
     // The right CRC, uppercase hex accepted, and fast durability.
     let crc = format!("{:08X}", ctxpod_api::crc32c(&data));
     let r = http
@@ -102,7 +149,11 @@ async fn put_semantics_and_error_codes() {
         .await
         .expect("send");
     assert_eq!(r.status(), 201);
-    let r = http.get(url("/v1/namespaces/default/blocks/6b32")).send().await.expect("send");
+    let r = http
+        .get(url("/v1/namespaces/default/blocks/6b32"))
+        .send()
+        .await
+        .expect("send");
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["x-ctxpod-crc32c"].to_str().expect("ascii"),
@@ -111,9 +162,18 @@ async fn put_semantics_and_error_codes() {
 
     // 413: one byte over the limit, with and without Content-Length.
     let big = bytes::Bytes::from(vec![1u8; ctxpod_api::BLOCK_BYTES_MAX + 1]);
-    let r = http.put(url("/v1/namespaces/default/blocks/b16b")).body(big.clone()).send().await.expect("send");
+    let r = http
+        .put(url("/v1/namespaces/default/blocks/b16b"))
+        .body(big.clone())
+        .send()
+        .await
+        .expect("send");
     assert_eq!(r.status(), 413);
-    let stream = futures::stream::iter(big.chunks(1 << 20).map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c))).collect::<Vec<_>>());
+    let stream = futures::stream::iter(
+        big.chunks(1 << 20)
+            .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)))
+            .collect::<Vec<_>>(),
+    );
     let r = http
         .put(url("/v1/namespaces/default/blocks/b16b"))
         .body(reqwest::Body::wrap_stream(stream))
@@ -128,44 +188,93 @@ async fn put_semantics_and_error_codes() {
         ("PUT", "/v1/namespaces/default/blocks/xyz", None),
         ("PUT", "/v1/namespaces/default/blocks/abc", None),
         ("GET", "/v1/namespaces/default/blocks/ABCD", None),
-        ("PUT", "/v1/namespaces/default/blocks/abcd", Some(("x-ctxpod-durability", "maybe"))),
-        ("PUT", "/v1/namespaces/default/blocks/abcd", Some(("x-ctxpod-crc32c", "123"))),
+        (
+            "PUT",
+            "/v1/namespaces/default/blocks/abcd",
+            Some(("x-ctxpod-durability", "maybe")),
+        ),
+        (
+            "PUT",
+            "/v1/namespaces/default/blocks/abcd",
+            Some(("x-ctxpod-crc32c", "123")),
+        ),
         ("PUT", "/v1/namespaces/Bad_Name/blocks/abcd", None),
         ("PUT", LONG_KEY_PATH, None),
         ("GET", LONG_KEY_PATH, None),
     ] {
-        let mut rb = http.request(method.parse().expect("method"), url(path)).body("x");
+        let mut rb = http
+            .request(method.parse().expect("method"), url(path))
+            .body("x");
         if let Some((k, v)) = hdr {
             rb = rb.header(k, v);
         }
         let r = rb.send().await.expect("send");
         assert_eq!(r.status(), 400, "{method} {path} {hdr:?}");
     }
-    let r = http.post(url("/v1/namespaces/default/match")).body("{not json").send().await.expect("send");
+    let r = http
+        .post(url("/v1/namespaces/default/match"))
+        .body("{not json")
+        .send()
+        .await
+        .expect("send");
     assert_eq!(r.status(), 400);
-    let r = http.put(url("/v1/namespaces/default/blocks/00")).body("").send().await.expect("send");
+    let r = http
+        .put(url("/v1/namespaces/default/blocks/00"))
+        .body("")
+        .send()
+        .await
+        .expect("send");
     assert_eq!(r.status(), 400, "empty block");
 
     // 404: unknown namespace and unknown block.
-    assert_eq!(status(c.put("nope", b"k", data.clone(), Durability::Durable).await.unwrap_err()), 404);
+    assert_eq!(
+        status(
+            c.put("nope", b"k", data.clone(), Durability::Durable)
+                .await
+                .unwrap_err()
+        ),
+        404
+    );
     assert_eq!(status(c.get("nope", b"k").await.unwrap_err()), 404);
     assert_eq!(c.get("default", b"absent").await.expect("get"), None);
     assert!(!c.head("default", b"absent").await.expect("head"));
     assert!(!c.delete("default", b"absent").await.expect("delete"));
 
     // 507: namespace quota.
-    c.create_namespace("small", Some(150_000)).await.expect("create");
-    assert_eq!(c.put("small", b"a", block(1, 100_000), Durability::Durable).await.expect("put"), PutOutcome::Created);
-    let e = c.put("small", b"b", block(2, 100_000), Durability::Durable).await.unwrap_err();
+    c.create_namespace("small", Some(150_000))
+        .await
+        .expect("create");
+    assert_eq!(
+        c.put("small", b"a", block(1, 100_000), Durability::Durable)
+            .await
+            .expect("put"),
+        PutOutcome::Created
+    );
+    let e = c
+        .put("small", b"b", block(2, 100_000), Durability::Durable)
+        .await
+        .unwrap_err();
     assert_eq!(status(e), 507);
     assert!(c.delete("small", b"a").await.expect("delete"));
-    assert_eq!(c.put("small", b"b", block(2, 100_000), Durability::Durable).await.expect("put"), PutOutcome::Created);
+    assert_eq!(
+        c.put("small", b"b", block(2, 100_000), Durability::Durable)
+            .await
+            .expect("put"),
+        PutOutcome::Created
+    );
 
     // Unknown routes and methods.
     let r = http.get(url("/v2/nothing")).send().await.expect("send");
     assert_eq!(r.status(), 404);
-    assert_eq!(r.json::<serde_json::Value>().await.expect("json")["error"], "no_route");
-    let r = http.patch(url("/v1/namespaces/default/blocks/00")).send().await.expect("send");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.expect("json")["error"],
+        "no_route"
+    );
+    let r = http
+        .patch(url("/v1/namespaces/default/blocks/00"))
+        .send()
+        .await
+        .expect("send");
     assert_eq!(r.status(), 405);
 
     // Delete: 204 then 404.
@@ -195,13 +304,21 @@ async fn busy_answers_503_with_retry_after() {
     slow.flush().expect("flush");
     let deadline = Instant::now() + Duration::from_secs(20);
     while node.client.stats().await.expect("stats").inflight_requests != 1 {
-        assert!(Instant::now() < deadline, "the slow PUT never became in flight");
+        assert!(
+            Instant::now() < deadline,
+            "the slow PUT never became in flight"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let r = reqwest::get(format!("{}/v1/namespaces/default/blocks/aa", node.url)).await.expect("send");
+    let r = reqwest::get(format!("{}/v1/namespaces/default/blocks/aa", node.url))
+        .await
+        .expect("send");
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
-    assert_eq!(r.json::<serde_json::Value>().await.expect("json")["error"], "busy");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.expect("json")["error"],
+        "busy"
+    );
     // Finish the slow request: it is stored, and the slot frees.
     slow.write_all(&[b'x'; 990]).expect("write rest");
     let mut buf = [0u8; 12];
@@ -222,7 +339,10 @@ async fn busy_answers_503_with_retry_after() {
         }
     }
     let m = node.client.metrics().await.expect("metrics");
-    assert!(m.contains("ctxpod_busy_rejections_total{queue=\"requests\"} 1"), "{m}");
+    assert!(
+        m.contains("ctxpod_busy_rejections_total{queue=\"requests\"} 1"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -231,15 +351,34 @@ async fn batches_match_pins_and_namespaces() {
     let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
     let c = &node.client;
     let blocks: Vec<(Vec<u8>, bytes::Bytes)> = (0..40u64)
-        .map(|i| (i.to_be_bytes().to_vec(), block(100 + i, 1 + (i as usize * 37_123) % 300_000)))
+        .map(|i| {
+            (
+                i.to_be_bytes().to_vec(),
+                block(100 + i, 1 + (i as usize * 37_123) % 300_000),
+            )
+        })
         .collect();
-    let st = c.batch_put("default", &blocks, Durability::Durable).await.expect("batch put");
+    let st = c
+        .batch_put("default", &blocks, Durability::Durable)
+        .await
+        .expect("batch put");
     assert_eq!(st, vec![201; 40]);
-    let st = c.batch_put("default", &blocks, Durability::Fast).await.expect("batch re-put");
+    let st = c
+        .batch_put("default", &blocks, Durability::Fast)
+        .await
+        .expect("batch re-put");
     assert_eq!(st, vec![200; 40]);
     // A batch with one conflicting and one new block.
-    let mixed = vec![(blocks[0].0.clone(), block(999, 10)), (b"new".to_vec(), block(5, 10))];
-    assert_eq!(c.batch_put("default", &mixed, Durability::Durable).await.expect("mixed"), vec![409, 201]);
+    let mixed = vec![
+        (blocks[0].0.clone(), block(999, 10)),
+        (b"new".to_vec(), block(5, 10)),
+    ];
+    assert_eq!(
+        c.batch_put("default", &mixed, Durability::Durable)
+            .await
+            .expect("mixed"),
+        vec![409, 201]
+    );
     let mut keys: Vec<Vec<u8>> = blocks.iter().map(|(k, _)| k.clone()).collect();
     keys.insert(5, b"missing".to_vec());
     let got = c.batch_get("default", &keys).await.expect("batch get");
@@ -255,13 +394,23 @@ async fn batches_match_pins_and_namespaces() {
     }
 
     // Match: the chain's first 25 keys are present, then a gap.
-    let mut chain: Vec<Vec<u8>> = keys.iter().filter(|k| *k != b"missing").take(25).cloned().collect();
+    let mut chain: Vec<Vec<u8>> = keys
+        .iter()
+        .filter(|k| *k != b"missing")
+        .take(25)
+        .cloned()
+        .collect();
     assert_eq!(c.match_prefix("default", &chain).await.expect("match"), 25);
     chain.push(b"gap".to_vec());
     chain.push(blocks[30].0.clone());
     assert_eq!(c.match_prefix("default", &chain).await.expect("match"), 25);
     assert_eq!(c.match_prefix("default", &[]).await.expect("match"), 0);
-    assert_eq!(c.match_prefix("default", &[b"gap".to_vec()]).await.expect("match"), 0);
+    assert_eq!(
+        c.match_prefix("default", &[b"gap".to_vec()])
+            .await
+            .expect("match"),
+        0
+    );
 
     // Pins count present keys only.
     let pk = vec![blocks[1].0.clone(), blocks[2].0.clone(), b"absent".to_vec()];
@@ -269,28 +418,68 @@ async fn batches_match_pins_and_namespaces() {
     assert_eq!(c.stats().await.expect("stats").leases, 2);
     assert_eq!(c.unpin("default", &pk).await.expect("unpin"), 2);
     assert_eq!(status(c.pin("default", &pk, 0).await.unwrap_err()), 400);
-    assert_eq!(status(c.pin("default", &pk, ctxpod_api::LEASE_MS_MAX + 1).await.unwrap_err()), 400);
+    assert_eq!(
+        status(
+            c.pin("default", &pk, ctxpod_api::LEASE_MS_MAX + 1)
+                .await
+                .unwrap_err()
+        ),
+        400
+    );
 
     // Namespaces are isolated: the same key holds different content in each.
     let info = c.create_namespace("tenant-a", None).await.expect("create");
     assert_eq!(info.block_count, 0);
-    c.create_namespace("tenant-a", None).await.expect("create again");
+    c.create_namespace("tenant-a", None)
+        .await
+        .expect("create again");
     assert_eq!(
-        c.put("tenant-a", &blocks[0].0, block(4242, 1000), Durability::Durable).await.expect("put"),
+        c.put(
+            "tenant-a",
+            &blocks[0].0,
+            block(4242, 1000),
+            Durability::Durable
+        )
+        .await
+        .expect("put"),
         PutOutcome::Created
     );
-    assert_eq!(c.get("default", &blocks[0].0).await.expect("get"), Some(blocks[0].1.clone()));
-    assert_eq!(c.get("tenant-a", &blocks[0].0).await.expect("get"), Some(block(4242, 1000)));
-    let names: Vec<String> = c.namespaces().await.expect("list").namespaces.into_iter().map(|n| n.name).collect();
+    assert_eq!(
+        c.get("default", &blocks[0].0).await.expect("get"),
+        Some(blocks[0].1.clone())
+    );
+    assert_eq!(
+        c.get("tenant-a", &blocks[0].0).await.expect("get"),
+        Some(block(4242, 1000))
+    );
+    let names: Vec<String> = c
+        .namespaces()
+        .await
+        .expect("list")
+        .namespaces
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
     assert_eq!(names, vec!["default".to_string(), "tenant-a".to_string()]);
     assert_eq!(c.namespace("tenant-a").await.expect("info").block_count, 1);
     c.delete_namespace("tenant-a").await.expect("delete ns");
-    assert_eq!(status(c.get("tenant-a", &blocks[0].0).await.unwrap_err()), 404);
-    assert_eq!(status(c.delete_namespace("tenant-a").await.unwrap_err()), 404);
+    assert_eq!(
+        status(c.get("tenant-a", &blocks[0].0).await.unwrap_err()),
+        404
+    );
+    assert_eq!(
+        status(c.delete_namespace("tenant-a").await.unwrap_err()),
+        404
+    );
     // Recreated: empty, with a new key; the old blocks do not come back.
-    c.create_namespace("tenant-a", None).await.expect("recreate");
+    c.create_namespace("tenant-a", None)
+        .await
+        .expect("recreate");
     assert_eq!(c.get("tenant-a", &blocks[0].0).await.expect("get"), None);
-    assert_eq!(c.get("default", &blocks[0].0).await.expect("get"), Some(blocks[0].1.clone()));
+    assert_eq!(
+        c.get("default", &blocks[0].0).await.expect("get"),
+        Some(blocks[0].1.clone())
+    );
 
     let m = c.metrics().await.expect("metrics");
     for name in [
@@ -317,10 +506,13 @@ async fn live_routes_match_the_spec() {
         let concrete = path.replace("{ns}", "probe").replace("{key}", "00");
         for m in all {
             // HTTP: HEAD is answered wherever GET is.
-            let declared = item.get(m.to_lowercase()).is_some()
-                || (m == "HEAD" && item.get("get").is_some());
+            let declared =
+                item.get(m.to_lowercase()).is_some() || (m == "HEAD" && item.get("get").is_some());
             let r = http
-                .request(m.parse().expect("method"), format!("{}{concrete}", node.url))
+                .request(
+                    m.parse().expect("method"),
+                    format!("{}{concrete}", node.url),
+                )
                 .body(Vec::<u8>::new())
                 .send()
                 .await
@@ -330,7 +522,10 @@ async fn live_routes_match_the_spec() {
                 assert_ne!(s, 405, "{m} {path} is in the spec but not routed");
                 if s == 404 && m != "HEAD" {
                     let body: serde_json::Value = r.json().await.expect("json");
-                    assert_ne!(body["error"], "no_route", "{m} {path} is in the spec but not routed");
+                    assert_ne!(
+                        body["error"], "no_route",
+                        "{m} {path} is in the spec but not routed"
+                    );
                 }
             } else {
                 assert_eq!(s, 405, "{m} {path} is routed but not in the spec");
@@ -345,21 +540,44 @@ async fn malformed_batch_frames() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
     let c = &node.client;
-    c.put("default", b"keep", block(1, 5000), Durability::Durable).await.expect("put");
+    c.put("default", b"keep", block(1, 5000), Durability::Durable)
+        .await
+        .expect("put");
     let d = block(2, 3000);
     let good = frame::encode(&[frame::Entry::put(b"x1", &d), frame::Entry::put(b"x2", &d)]);
     let http = reqwest::Client::new();
     let url = format!("{}/v1/namespaces/default/batch/put", node.url);
     for cut in [0, 3, 8, 15, 20, good.len() - 1] {
-        let r = http.post(&url).body(good[..cut].to_vec()).send().await.expect("send");
+        let r = http
+            .post(&url)
+            .body(good[..cut].to_vec())
+            .send()
+            .await
+            .expect("send");
         assert_eq!(r.status(), 400, "frame cut at {cut}");
     }
     let mut bad_magic = good.clone();
     bad_magic[0] = b'X';
-    assert_eq!(http.post(&url).body(bad_magic).send().await.expect("send").status(), 400);
+    assert_eq!(
+        http.post(&url)
+            .body(bad_magic)
+            .send()
+            .await
+            .expect("send")
+            .status(),
+        400
+    );
     let mut trailing = good.clone();
     trailing.push(0);
-    assert_eq!(http.post(&url).body(trailing).send().await.expect("send").status(), 400);
+    assert_eq!(
+        http.post(&url)
+            .body(trailing)
+            .send()
+            .await
+            .expect("send")
+            .status(),
+        400
+    );
     // An entry whose CRC is wrong is refused alone, with 422 in the answer frame.
     let mut bad_crc = frame::Entry::put(b"x3", &d);
     bad_crc.crc32c = Some(1);
@@ -367,13 +585,25 @@ async fn malformed_batch_frames() {
     let r = http.post(&url).body(body).send().await.expect("send");
     assert_eq!(r.status(), 200);
     let b = r.bytes().await.expect("body");
-    let st: Vec<u16> = frame::decode(&b).expect("frame").iter().map(|e| e.status).collect();
+    let st: Vec<u16> = frame::decode(&b)
+        .expect("frame")
+        .iter()
+        .map(|e| e.status)
+        .collect();
     assert_eq!(st, vec![422, 201]);
     // Batch get with too many keys: 413.
-    let keys: Vec<Vec<u8>> = (0..ctxpod_api::BATCH_ENTRIES_MAX as u32 + 1).map(|i| i.to_be_bytes().to_vec()).collect();
-    assert_eq!(status(c.batch_get("default", &keys).await.unwrap_err()), 413);
+    let keys: Vec<Vec<u8>> = (0..ctxpod_api::BATCH_ENTRIES_MAX as u32 + 1)
+        .map(|i| i.to_be_bytes().to_vec())
+        .collect();
+    assert_eq!(
+        status(c.batch_get("default", &keys).await.unwrap_err()),
+        413
+    );
     // None of it disturbed the node.
-    assert_eq!(c.get("default", b"keep").await.expect("get"), Some(block(1, 5000)));
+    assert_eq!(
+        c.get("default", b"keep").await.expect("get"),
+        Some(block(1, 5000))
+    );
     assert_eq!(c.get("default", b"x1").await.expect("get"), None);
     assert_eq!(c.get("default", b"x4").await.expect("get"), Some(d));
 }

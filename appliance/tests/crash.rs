@@ -29,7 +29,11 @@ async fn verify(node: &Node, seed: u64, keys: &[(u32, u32)], must_exist: bool) -
     let (mut missing, mut corrupt) = (0, 0);
     for chunk in keys.chunks(64) {
         let ks: Vec<Vec<u8>> = chunk.iter().map(|&(c, i)| spec(seed, c, i).0).collect();
-        let got = node.client.batch_get("default", &ks).await.expect("batch get");
+        let got = node
+            .client
+            .batch_get("default", &ks)
+            .await
+            .expect("batch get");
         for (&(c, i), (_, data)) in chunk.iter().zip(got) {
             let (_, s, len) = spec(seed, c, i);
             match data {
@@ -55,7 +59,11 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
     let seed = common::seed_from_env("CTXPOD_CRASH_SEED", 1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut node = Node::start(&dir.path().join("n"), &["--capacity", "2GiB", "--dram", "16MiB"]).await;
+    let mut node = Node::start(
+        &dir.path().join("n"),
+        &["--capacity", "2GiB", "--dram", "16MiB"],
+    )
+    .await;
     let mut acked_all: Vec<(u32, u32)> = Vec::new();
     let mut acked_bytes = 0u64;
     for cycle in 0..cycles {
@@ -70,7 +78,10 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
                 async move {
                     let (key, bs, len) = spec(seed, cycle, i);
                     s.lock().insert(i);
-                    if c.put("default", &key, block(bs, len), Durability::Durable).await.is_ok() {
+                    if c.put("default", &key, block(bs, len), Durability::Durable)
+                        .await
+                        .is_ok()
+                    {
                         a.lock().insert(i);
                         true
                     } else {
@@ -123,7 +134,16 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
         s.evicted_blocks
     );
     assert_eq!((missing, corrupt), (0, 0));
-    assert_eq!(s.evicted_blocks, 0, "the run must stay below capacity to count every ack");
-    assert_eq!(s.integrity_errors, 0, "kill -9 must never leave a bad record in the index");
-    assert!(acked_all.len() as u32 > cycles, "the writer acknowledged too little to mean anything");
+    assert_eq!(
+        s.evicted_blocks, 0,
+        "the run must stay below capacity to count every ack"
+    );
+    assert_eq!(
+        s.integrity_errors, 0,
+        "kill -9 must never leave a bad record in the index"
+    );
+    assert!(
+        acked_all.len() as u32 > cycles,
+        "the writer acknowledged too little to mean anything"
+    );
 }

@@ -43,7 +43,10 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
     let key = |i: u64| format!("blk{i:02}").into_bytes();
     let len = |i: u64| 20_000 + i as usize * 15_000;
     for i in 0..n {
-        node.client.put("default", &key(i), block(i, len(i)), Durability::Durable).await.expect("put");
+        node.client
+            .put("default", &key(i), block(i, len(i)), Durability::Durable)
+            .await
+            .expect("put");
     }
     node.stop();
 
@@ -53,7 +56,11 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
         .open(data_dir.join("blocks.dev"))
         .expect("open device file");
     let recs = records(&dev);
-    assert_eq!(recs.len(), n as usize, "every record is found on the device");
+    assert_eq!(
+        recs.len(),
+        n as usize,
+        "every record is found on the device"
+    );
     let at = |i: u64| recs[&key(i)].0;
     let hb = HEADER_BYTES as u64;
     // 0: ciphertext; 1: key bytes in the header; 2: GCM tag; 3: the header's own CRC;
@@ -97,22 +104,38 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
     let s = c.stats().await.expect("stats");
     assert_eq!(s.integrity_errors, tampered);
     let m = c.metrics().await.expect("metrics");
-    assert!(m.contains(&format!("ctxpod_integrity_errors_total {tampered}")), "{m}");
+    assert!(
+        m.contains(&format!("ctxpod_integrity_errors_total {tampered}")),
+        "{m}"
+    );
     // Quarantined: a second read is a plain miss, not a second integrity error; the key can
     // be stored again.
     for i in 0..tampered {
         assert_eq!(c.get("default", &key(i)).await.expect("get"), None);
     }
     assert_eq!(c.stats().await.expect("stats").integrity_errors, tampered);
-    c.put("default", &key(0), block(0, len(0)), Durability::Durable).await.expect("re-put");
-    assert_eq!(c.get("default", &key(0)).await.expect("get"), Some(block(0, len(0))));
+    c.put("default", &key(0), block(0, len(0)), Durability::Durable)
+        .await
+        .expect("re-put");
+    assert_eq!(
+        c.get("default", &key(0)).await.expect("get"),
+        Some(block(0, len(0)))
+    );
     // And after another restart nothing changed.
     node.restart().await;
     for i in 1..n {
         let got = node.client.get("default", &key(i)).await.expect("get");
-        assert_eq!(got.is_some(), i >= tampered, "block {i} after the second restart");
+        assert_eq!(
+            got.is_some(),
+            i >= tampered,
+            "block {i} after the second restart"
+        );
     }
-    assert_eq!(node.client.stats().await.expect("stats").integrity_errors, 0, "counter is per run");
+    assert_eq!(
+        node.client.stats().await.expect("stats").integrity_errors,
+        0,
+        "counter is per run"
+    );
 }
 
 /// A device file swapped for another is refused at start, not served.
@@ -121,31 +144,61 @@ async fn a_replaced_device_file_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
     let mut node = Node::start(&data_dir, &["--capacity", "128MiB"]).await;
-    node.client.put("default", b"k", block(1, 1000), Durability::Durable).await.expect("put");
+    node.client
+        .put("default", b"k", block(1, 1000), Durability::Durable)
+        .await
+        .expect("put");
     node.stop();
     std::fs::remove_file(data_dir.join("blocks.dev")).expect("remove");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "128MiB", "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "128MiB",
+            "--data-dir",
+        ])
         .arg(&data_dir)
         .output()
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("superblock"), "{err}");
-    assert!(!data_dir.join("blocks.dev").exists(), "a missing device is not recreated");
+    assert!(
+        !data_dir.join("blocks.dev").exists(),
+        "a missing device is not recreated"
+    );
     // Another (blank) device file in its place.
     std::fs::write(data_dir.join("blocks.dev"), vec![0u8; 128 << 20]).expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "128MiB", "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "128MiB",
+            "--data-dir",
+        ])
         .arg(&data_dir)
         .output()
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("does not carry this node's superblock"), "{err}");
+    assert!(
+        err.contains("does not carry this node's superblock"),
+        "{err}"
+    );
     // And a changed capacity is refused with a clear message.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "256MiB", "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "256MiB",
+            "--data-dir",
+        ])
         .arg(&data_dir)
         .output()
         .expect("run");

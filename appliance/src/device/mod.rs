@@ -35,6 +35,10 @@ pub trait Device: Send + Sync + 'static {
     fn flush(&self) -> FlushFuture;
     /// Size in bytes.
     fn len(&self) -> u64;
+    /// True for a zero-sized device (never the case for an opened one).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// `io_uring` or `sync`.
     fn engine(&self) -> &'static str;
     /// Whether I/O bypasses the page cache (O_DIRECT).
@@ -60,7 +64,8 @@ pub enum IoEngine {
 /// start, not on a write); an existing block device is used as it is, and must hold `len`.
 pub fn open(path: &Path, len: u64, engine: IoEngine) -> anyhow::Result<Arc<dyn Device>> {
     use anyhow::Context;
-    let (file, direct) = open_file(path).with_context(|| format!("open device {}", path.display()))?;
+    let (file, direct) =
+        open_file(path).with_context(|| format!("open device {}", path.display()))?;
     let file = Arc::new(file);
     let meta = file.metadata()?;
     let actual = if meta.file_type().is_block_device() {
@@ -130,7 +135,7 @@ fn allocate(file: &File, len: u64) -> io::Result<()> {
 }
 
 pub(crate) fn check_aligned(buf: &AlignedBuf, offset: u64) -> io::Result<()> {
-    if offset % IO_ALIGN_BYTES as u64 != 0 || buf.len() % IO_ALIGN_BYTES != 0 {
+    if !offset.is_multiple_of(IO_ALIGN_BYTES as u64) || !buf.len().is_multiple_of(IO_ALIGN_BYTES) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unaligned I/O: offset {offset}, length {}", buf.len()),
@@ -152,7 +157,9 @@ mod tests {
         let (_, r) = dev.write_at(w, 8192).await;
         r.expect("write");
         dev.flush().await.expect("flush");
-        let (buf, r) = dev.read_at(AlignedBuf::zeroed(3 * IO_ALIGN_BYTES), 8192).await;
+        let (buf, r) = dev
+            .read_at(AlignedBuf::zeroed(3 * IO_ALIGN_BYTES), 8192)
+            .await;
         r.expect("read");
         assert_eq!(&buf[..], &expect[..]);
         let (_, r) = dev.read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), 100).await;

@@ -19,7 +19,9 @@ impl SyncDevice {
     }
 }
 
-fn joined(r: Result<(AlignedBuf, io::Result<()>), tokio::task::JoinError>) -> (AlignedBuf, io::Result<()>) {
+fn joined(
+    r: Result<(AlignedBuf, io::Result<()>), tokio::task::JoinError>,
+) -> (AlignedBuf, io::Result<()>) {
     r.unwrap_or_else(|e| (AlignedBuf::zeroed(0), Err(io::Error::other(e))))
 }
 

@@ -200,8 +200,14 @@ fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(e) => {
                 tracing::error!(error = %e, "io_uring submit failed; failing every pending I/O");
-                for op in slots.iter_mut().filter_map(Option::take).chain(backlog.drain(..)) {
-                    let _ = op.reply.send((op.buf, Err(io::Error::new(e.kind(), e.to_string()))));
+                for op in slots
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .chain(backlog.drain(..))
+                {
+                    let _ = op
+                        .reply
+                        .send((op.buf, Err(io::Error::new(e.kind(), e.to_string()))));
                 }
                 return;
             }
@@ -218,11 +224,15 @@ fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
                 continue;
             }
             let idx = token as usize;
-            let mut op = slots[idx].take().expect("a completion matches an in-flight slot");
+            let mut op = slots[idx]
+                .take()
+                .expect("a completion matches an in-flight slot");
             if res == -libc::EINTR || res == -libc::EAGAIN {
                 backlog.push_front(op);
             } else if res < 0 {
-                let _ = op.reply.send((op.buf, Err(io::Error::from_raw_os_error(-res))));
+                let _ = op
+                    .reply
+                    .send((op.buf, Err(io::Error::from_raw_os_error(-res))));
             } else if matches!(op.kind, Kind::Flush) {
                 let _ = op.reply.send((op.buf, Ok(())));
             } else if res == 0 {

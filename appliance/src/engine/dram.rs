@@ -127,7 +127,8 @@ impl S3Fifo {
             // The queues keep the key until it reaches their head; bound that garbage.
             if self.small.len() + self.main.len() > 2 * self.map.len() + 1024 {
                 let map = &self.map;
-                self.small.retain(|k| map.get(k).is_some_and(|e| !e.in_main));
+                self.small
+                    .retain(|k| map.get(k).is_some_and(|e| !e.in_main));
                 self.main.retain(|k| map.get(k).is_some_and(|e| e.in_main));
             }
         }
@@ -143,7 +144,9 @@ impl S3Fifo {
 
     fn evict_small(&mut self) {
         while let Some(k) = self.small.pop_front() {
-            let Some(e) = self.map.get_mut(&k) else { continue };
+            let Some(e) = self.map.get_mut(&k) else {
+                continue;
+            };
             if e.in_main {
                 continue;
             }
@@ -166,7 +169,9 @@ impl S3Fifo {
 
     fn evict_main(&mut self) {
         while let Some(k) = self.main.pop_front() {
-            let Some(e) = self.map.get_mut(&k) else { continue };
+            let Some(e) = self.map.get_mut(&k) else {
+                continue;
+            };
             if !e.in_main {
                 continue;
             }

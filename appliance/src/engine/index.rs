@@ -77,7 +77,11 @@ impl BlockLoc {
     }
 
     pub fn decode(b: &[u8]) -> anyhow::Result<BlockLoc> {
-        anyhow::ensure!(b.len() == Self::BYTES, "block location of {} bytes", b.len());
+        anyhow::ensure!(
+            b.len() == Self::BYTES,
+            "block location of {} bytes",
+            b.len()
+        );
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         Ok(BlockLoc {

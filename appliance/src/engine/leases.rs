@@ -111,7 +111,8 @@ mod tests {
         l.pin(b"b", now - Duration::from_secs(1)).expect("room");
         assert!(l.is_pinned(b"a"));
         assert!(!l.is_pinned(b"b"), "expired lease");
-        l.pin(b"c", now + Duration::from_secs(60)).expect("room after expiry");
+        l.pin(b"c", now + Duration::from_secs(60))
+            .expect("room after expiry");
         assert_eq!(l.pin(b"d", now + Duration::from_secs(60)), Err(LeasesFull));
         assert!(l.unpin(b"a"));
         assert!(!l.is_pinned(b"a"));

@@ -65,7 +65,9 @@ impl From<OffloadError> for EngineError {
     fn from(e: OffloadError) -> Self {
         match e {
             OffloadError::Busy => EngineError::Busy("offload queue"),
-            OffloadError::Stopped => EngineError::Internal(anyhow::anyhow!("offload stage stopped")),
+            OffloadError::Stopped => {
+                EngineError::Internal(anyhow::anyhow!("offload stage stopped"))
+            }
         }
     }
 }
@@ -255,7 +257,12 @@ fn verify_record(
     }
     let len = h.len as usize;
     let aad = crypto::block_aad(ns_id, h.key_id, key);
-    match crypto::open(dek, h.nonce, &aad, &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES]) {
+    match crypto::open(
+        dek,
+        h.nonce,
+        &aad,
+        &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES],
+    ) {
         Ok(n) if n == len => {}
         _ => return Verified::Bad("AES-GCM authentication failed".into()),
     }
@@ -266,7 +273,14 @@ fn verify_record(
 }
 
 /// Builds the sealed record of a new block.
-fn build_record(ns: &Namespace, dek: &AeadKey, key: &[u8], seq: u64, data: &[u8], crc: u32) -> AlignedBuf {
+fn build_record(
+    ns: &Namespace,
+    dek: &AeadKey,
+    key: &[u8],
+    seq: u64,
+    data: &[u8],
+    crc: u32,
+) -> AlignedBuf {
     let len = data.len();
     let mut buf = AlignedBuf::zeroed(record::record_bytes(len));
     buf[HEADER_BYTES..HEADER_BYTES + len].copy_from_slice(data);
@@ -306,7 +320,13 @@ impl Engine {
             writer: Mutex::new(Some(handle)),
             ns_lock: tokio::sync::Mutex::new(()),
         };
-        if engine.core.namespaces.read().get(ctxpod_api::namespace::DEFAULT_NAMESPACE).is_none() {
+        if engine
+            .core
+            .namespaces
+            .read()
+            .get(ctxpod_api::namespace::DEFAULT_NAMESPACE)
+            .is_none()
+        {
             engine
                 .create_namespace(ctxpod_api::namespace::DEFAULT_NAMESPACE, None)
                 .await
@@ -380,11 +400,18 @@ impl Engine {
         if existing.is_none() {
             if let Some(q) = ns.quota_bytes() {
                 if ns.used_bytes.load(Ordering::Relaxed) + data.len() as u64 > q {
-                    return Err(EngineError::NoSpace(format!("namespace {} is at its quota", ns.name)));
+                    return Err(EngineError::NoSpace(format!(
+                        "namespace {} is at its quota",
+                        ns.name
+                    )));
                 }
             }
         }
-        let seq = if existing.is_none() { self.core.next_seq()? } else { 0 };
+        let seq = if existing.is_none() {
+            self.core.next_seq()?
+        } else {
+            0
+        };
         let dek = ns
             .dek(ns.key_id)
             .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
@@ -400,7 +427,10 @@ impl Engine {
                 if existing.is_some() {
                     return Ok(PutPrep::Crc(crc));
                 }
-                Ok(PutPrep::Record(crc, build_record(&ns2, &dek, &key2, seq, &data2, crc)))
+                Ok(PutPrep::Record(
+                    crc,
+                    build_record(&ns2, &dek, &key2, seq, &data2, crc),
+                ))
             })
             .await?;
         let (crc, record) = match prep {
@@ -444,8 +474,14 @@ impl Engine {
             .await
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
         if status == PutStatus::Created {
-            self.core.counters.user_written_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.core.metrics.user_written_bytes.inc_by(data.len() as u64);
+            self.core
+                .counters
+                .user_written_bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.core
+                .metrics
+                .user_written_bytes
+                .inc_by(data.len() as u64);
         }
         Ok(status)
     }
@@ -453,7 +489,11 @@ impl Engine {
     fn send(&self, cmd: WriteCmd) -> Result<()> {
         self.writer_tx.try_send(cmd).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
-                self.core.metrics.busy_rejections.with_label_values(&["write"]).inc();
+                self.core
+                    .metrics
+                    .busy_rejections
+                    .with_label_values(&["write"])
+                    .inc();
                 EngineError::Busy("write queue")
             }
             mpsc::error::TrySendError::Closed(_) => {
@@ -507,10 +547,15 @@ impl Engine {
     ) -> Result<Option<Bytes>> {
         let c = &self.core;
         let Some(dek) = ns.dek(loc.key_id) else {
-            return Err(anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into());
+            return Err(
+                anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into(),
+            );
         };
         let buf = AlignedBuf::zeroed(loc.record_len as usize);
-        let (buf, r) = c.device.read_at(buf, c.dev_offset(loc.region, loc.offset)).await;
+        let (buf, r) = c
+            .device
+            .read_at(buf, c.dev_offset(loc.region, loc.offset))
+            .await;
         r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
         c.metrics.device_read_bytes.inc_by(loc.record_len as u64);
         let (ns_id, key2) = (ns.id, key.to_vec());
@@ -609,7 +654,8 @@ impl Engine {
         }
         for k in keys {
             let bkey = block_key(ns.id, &k);
-            if self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some() {
+            if self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some()
+            {
                 self.core
                     .leases
                     .pin(&bkey, until)
@@ -635,7 +681,11 @@ impl Engine {
     }
 
     /// Creates a namespace, or updates its quota if it exists. True when created.
-    pub async fn create_namespace(&self, name: &str, quota_bytes: Option<u64>) -> Result<(bool, NamespaceInfo)> {
+    pub async fn create_namespace(
+        &self,
+        name: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<(bool, NamespaceInfo)> {
         ctxpod_api::namespace::check_namespace_name(name)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let _g = self.ns_lock.lock().await;
@@ -651,9 +701,14 @@ impl Engine {
                     created_ms: now_ms(),
                 };
                 let mut wb = rocksdb::WriteBatch::default();
-                wb.put_cf(cf_ns, name, serde_json::to_vec(&meta).map_err(anyhow::Error::from)?);
+                wb.put_cf(
+                    cf_ns,
+                    name,
+                    serde_json::to_vec(&meta).map_err(anyhow::Error::from)?,
+                );
                 c.index.write(wb, true)?;
-                ns.quota.store(quota_bytes.unwrap_or(NO_QUOTA), Ordering::Relaxed);
+                ns.quota
+                    .store(quota_bytes.unwrap_or(NO_QUOTA), Ordering::Relaxed);
             }
             return Ok((false, ns.info()));
         }
@@ -674,7 +729,11 @@ impl Engine {
             created_ms: now_ms(),
         };
         let mut wb = rocksdb::WriteBatch::default();
-        wb.put_cf(cf_ns, name, serde_json::to_vec(&meta).map_err(anyhow::Error::from)?);
+        wb.put_cf(
+            cf_ns,
+            name,
+            serde_json::to_vec(&meta).map_err(anyhow::Error::from)?,
+        );
         wb.put_cf(
             c.index.cf(index::CF_KEYS),
             index::keys_key(id, key_id),
@@ -682,7 +741,11 @@ impl Engine {
         );
         wb.put(index::META_NEXT_NS_ID, (id + 1).to_le_bytes());
         c.index.write(wb, true)?;
-        let ns = Arc::new(Namespace::new(name, &meta, HashMap::from([(key_id, Arc::new(AeadKey::new(&dek)))])));
+        let ns = Arc::new(Namespace::new(
+            name,
+            &meta,
+            HashMap::from([(key_id, Arc::new(AeadKey::new(&dek)))]),
+        ));
         c.namespaces.write().insert(name.to_string(), ns.clone());
         c.ns_by_id.write().insert(ns.id, ns.clone());
         Ok((true, ns.info()))
@@ -693,7 +756,13 @@ impl Engine {
     }
 
     pub fn namespaces(&self) -> Vec<NamespaceInfo> {
-        let mut v: Vec<_> = self.core.namespaces.read().values().map(|n| n.info()).collect();
+        let mut v: Vec<_> = self
+            .core
+            .namespaces
+            .read()
+            .values()
+            .map(|n| n.info())
+            .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
@@ -704,7 +773,10 @@ impl Engine {
         let _g = self.ns_lock.lock().await;
         let ns = self.ns(name)?;
         let (tx, rx) = oneshot::channel();
-        self.send(WriteCmd::DropNamespace { ns: ns.clone(), reply: tx })?;
+        self.send(WriteCmd::DropNamespace {
+            ns: ns.clone(),
+            reply: tx,
+        })?;
         rx.await
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
         self.core.namespaces.write().remove(name);
@@ -720,10 +792,14 @@ impl Engine {
         let c = &self.core;
         let m = &c.metrics;
         m.capacity_bytes.set(c.geometry.capacity_bytes as i64);
-        m.used_bytes.set(c.counters.used_bytes.load(Ordering::Relaxed) as i64);
-        m.live_bytes.set(c.counters.live_bytes.load(Ordering::Relaxed) as i64);
-        m.blocks.set(c.counters.blocks.load(Ordering::Relaxed) as i64);
-        m.regions_free.set(c.counters.regions_free.load(Ordering::Relaxed) as i64);
+        m.used_bytes
+            .set(c.counters.used_bytes.load(Ordering::Relaxed) as i64);
+        m.live_bytes
+            .set(c.counters.live_bytes.load(Ordering::Relaxed) as i64);
+        m.blocks
+            .set(c.counters.blocks.load(Ordering::Relaxed) as i64);
+        m.regions_free
+            .set(c.counters.regions_free.load(Ordering::Relaxed) as i64);
         let d = c.dram.lock();
         m.dram_used_bytes.set(d.used_bytes() as i64);
         m.dram_capacity_bytes.set(d.capacity_bytes() as i64);
@@ -768,7 +844,11 @@ impl Engine {
             reinserted_blocks: ld(&n.reinserted_blocks),
             device_written_bytes: dev,
             user_written_bytes: user,
-            write_amplification: if user == 0 { 0.0 } else { dev as f64 / user as f64 },
+            write_amplification: if user == 0 {
+                0.0
+            } else {
+                dev as f64 / user as f64
+            },
             leases: c.leases.len() as u64,
             inflight_requests: 0,
             recovered_discarded_records: ld(&n.recovered_discarded_records),

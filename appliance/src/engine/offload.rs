@@ -83,7 +83,10 @@ mod tests {
     async fn runs_jobs_and_reports_full_queue() {
         let o = Offload::new(2, 4);
         assert_eq!(o.run(|| 2 + 2).await, Ok(4));
-        assert_eq!(o.run(|| -> u8 { panic!("job panics") }).await, Err(OffloadError::Stopped));
+        assert_eq!(
+            o.run(|| -> u8 { panic!("job panics") }).await,
+            Err(OffloadError::Stopped)
+        );
         assert_eq!(o.run(|| 5).await, Ok(5), "workers survive a panicking job");
         // Fill both workers and the queue with blocked jobs: the next submit is refused.
         let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();

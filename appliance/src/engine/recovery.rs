@@ -48,15 +48,15 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
         .context("decode stored geometry")?;
     if let Some(g) = &stored {
         ensure!(
-                g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
-                "this node was formatted with capacity {} and regions of {} bytes; the \
+            g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
+            "this node was formatted with capacity {} and regions of {} bytes; the \
                  configuration now asks for {} and {}: resizing is not supported, use the \
                  original settings or a new data dir",
-                g.capacity_bytes,
-                g.region_bytes,
-                wanted.capacity_bytes,
-                wanted.region_bytes
-            );
+            g.capacity_bytes,
+            g.region_bytes,
+            wanted.capacity_bytes,
+            wanted.region_bytes
+        );
         ensure!(
             cfg.device_path().exists(),
             "device {} does not exist, but the index describes a formatted node: refusing to \
@@ -87,9 +87,16 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
     };
     metrics
         .io_engine_info
-        .with_label_values(&[device.engine(), if device.direct() { "true" } else { "false" }])
+        .with_label_values(&[
+            device.engine(),
+            if device.direct() { "true" } else { "false" },
+        ])
         .set(1);
-    tracing::info!(engine = device.engine(), direct = device.direct(), "device open");
+    tracing::info!(
+        engine = device.engine(),
+        direct = device.direct(),
+        "device open"
+    );
 
     let namespaces = load_namespaces(&index, &kek)?;
     let counters = Counters::default();
@@ -188,15 +195,19 @@ fn load_or_create_kek(path: &Path) -> anyhow::Result<AeadKey> {
     if meta.permissions().mode() & 0o077 != 0 {
         tracing::warn!(path = %path.display(), "key-encryption key file is readable by group or others");
     }
-    let raw = std::fs::read(path).with_context(|| format!("read key-encryption key {}", path.display()))?;
+    let raw = std::fs::read(path)
+        .with_context(|| format!("read key-encryption key {}", path.display()))?;
     let text = String::from_utf8_lossy(&raw);
     let key: [u8; 32] = if let Ok(k) = hex::decode(text.trim()) {
         k.try_into()
             .map_err(|_| anyhow::anyhow!("key-encryption key {} is not 32 bytes", path.display()))?
     } else {
-        raw.as_slice()
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("key-encryption key {} must be 64 hex digits or 32 bytes", path.display()))?
+        raw.as_slice().try_into().map_err(|_| {
+            anyhow::anyhow!(
+                "key-encryption key {} must be 64 hex digits or 32 bytes",
+                path.display()
+            )
+        })?
     };
     Ok(AeadKey::new(&key))
 }
@@ -242,7 +253,8 @@ fn load_namespaces(index: &Index, kek: &AeadKey) -> anyhow::Result<HashMap<u32, 
     {
         let (k, v) = item?;
         let name = String::from_utf8(k.to_vec()).context("namespace name")?;
-        let meta: NsMeta = serde_json::from_slice(&v).with_context(|| format!("namespace {name}"))?;
+        let meta: NsMeta =
+            serde_json::from_slice(&v).with_context(|| format!("namespace {name}"))?;
         let mut deks = HashMap::new();
         let lo = meta.id.to_be_bytes();
         for item in index.db.iterator_cf(
@@ -262,7 +274,10 @@ fn load_namespaces(index: &Index, kek: &AeadKey) -> anyhow::Result<HashMap<u32, 
             })?;
             deks.insert(key_id, Arc::new(AeadKey::new(&dek)));
         }
-        ensure!(deks.contains_key(&meta.key_id), "namespace {name} lacks its data key");
+        ensure!(
+            deks.contains_key(&meta.key_id),
+            "namespace {name} lacks its data key"
+        );
         out.insert(meta.id, Arc::new(Namespace::new(&name, &meta, deks)));
     }
     Ok(out)
@@ -297,7 +312,9 @@ fn reconcile_blocks(
         let (k, v) = item?;
         let ok = k.len() > 4
             && BlockLoc::decode(&v).is_ok_and(|loc| {
-                let Some(m) = regions.get(loc.region as usize) else { return false };
+                let Some(m) = regions.get(loc.region as usize) else {
+                    return false;
+                };
                 let end = loc.offset as u64 + loc.record_len as u64;
                 match m.state {
                     RegionState::Free => false,
@@ -313,7 +330,9 @@ fn reconcile_blocks(
                 let loc = BlockLoc::decode(&v)?;
                 ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                 ns.blocks.fetch_add(1, Ordering::Relaxed);
-                counters.live_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
+                counters
+                    .live_bytes
+                    .fetch_add(loc.len as u64, Ordering::Relaxed);
                 counters.blocks.fetch_add(1, Ordering::Relaxed);
             }
             _ => {
@@ -323,14 +342,21 @@ fn reconcile_blocks(
         }
     }
     if dropped > 0 {
-        tracing::warn!(entries = dropped, "dropped index entries pointing outside committed regions");
+        tracing::warn!(
+            entries = dropped,
+            "dropped index entries pointing outside committed regions"
+        );
         index.write(wb, true)?;
     }
     Ok(())
 }
 
 /// Counts well-formed records past the open region's committed write pointer.
-async fn scan_open_tail(dev: &dyn Device, g: &Geometry, regions: &[RegionMeta]) -> anyhow::Result<u64> {
+async fn scan_open_tail(
+    dev: &dyn Device,
+    g: &Geometry,
+    regions: &[RegionMeta],
+) -> anyhow::Result<u64> {
     let Some((r, m)) = regions
         .iter()
         .enumerate()
@@ -343,9 +369,13 @@ async fn scan_open_tail(dev: &dyn Device, g: &Geometry, regions: &[RegionMeta]) 
     let mut pos = m.write_ptr as u64;
     let mut n = 0;
     while pos + IO_ALIGN_BYTES as u64 <= g.region_bytes {
-        let (buf, res) = dev.read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), base + pos).await;
+        let (buf, res) = dev
+            .read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), base + pos)
+            .await;
         res.context("scan open region tail")?;
-        let Ok(h) = RecordHeader::decode(&buf) else { break };
+        let Ok(h) = RecordHeader::decode(&buf) else {
+            break;
+        };
         n += 1;
         pos += record::record_bytes(h.len as usize) as u64;
     }

@@ -11,28 +11,60 @@ fn cfg(dir: &std::path::Path, capacity: u64) -> Config {
 }
 
 fn data(seed: u8, len: usize) -> Bytes {
-    Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect::<Vec<_>>())
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect::<Vec<_>>(),
+    )
 }
 
 #[tokio::test]
 async fn put_get_conflict_delete_and_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = cfg(dir.path(), 80 << 20);
-    let e = Engine::open(c.clone(), Arc::new(Metrics::new())).await.expect("open");
+    let e = Engine::open(c.clone(), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
     let d = data(1, 70_000);
-    assert_eq!(e.put("default", b"a", d.clone(), None, Durability::Durable).await.expect("put"), PutStatus::Created);
-    assert_eq!(e.put("default", b"a", d.clone(), None, Durability::Fast).await.expect("re-put"), PutStatus::Exists);
+    assert_eq!(
+        e.put("default", b"a", d.clone(), None, Durability::Durable)
+            .await
+            .expect("put"),
+        PutStatus::Created
+    );
+    assert_eq!(
+        e.put("default", b"a", d.clone(), None, Durability::Fast)
+            .await
+            .expect("re-put"),
+        PutStatus::Exists
+    );
     assert!(matches!(
-        e.put("default", b"a", data(2, 70_000), None, Durability::Durable).await,
+        e.put("default", b"a", data(2, 70_000), None, Durability::Durable)
+            .await,
         Err(EngineError::Conflict)
     ));
     assert!(matches!(
-        e.put("default", b"b", d.clone(), Some(crc32c::crc32c(&d) ^ 1), Durability::Durable).await,
+        e.put(
+            "default",
+            b"b",
+            d.clone(),
+            Some(crc32c::crc32c(&d) ^ 1),
+            Durability::Durable
+        )
+        .await,
         Err(EngineError::Integrity(_))
     ));
-    assert!(matches!(e.get("nope", b"a").await, Err(EngineError::NotFound(_))));
-    assert_eq!(e.get("default", b"a").await.expect("get").map(|(b, _)| b), Some(d.clone()));
-    e.put("default", b"c", data(3, 10), None, Durability::Durable).await.expect("put");
+    assert!(matches!(
+        e.get("nope", b"a").await,
+        Err(EngineError::NotFound(_))
+    ));
+    assert_eq!(
+        e.get("default", b"a").await.expect("get").map(|(b, _)| b),
+        Some(d.clone())
+    );
+    e.put("default", b"c", data(3, 10), None, Durability::Durable)
+        .await
+        .expect("put");
     assert!(e.delete("default", b"c").await.expect("delete"));
     assert!(!e.delete("default", b"c").await.expect("delete again"));
     let s = e.stats();
@@ -40,11 +72,19 @@ async fn put_get_conflict_delete_and_reopen() {
     e.shutdown().await;
     drop(e);
 
-    let e = Engine::open(c, Arc::new(Metrics::new())).await.expect("reopen");
-    assert_eq!(e.get("default", b"a").await.expect("get").map(|(b, _)| b), Some(d));
+    let e = Engine::open(c, Arc::new(Metrics::new()))
+        .await
+        .expect("reopen");
+    assert_eq!(
+        e.get("default", b"a").await.expect("get").map(|(b, _)| b),
+        Some(d)
+    );
     assert_eq!(e.get("default", b"c").await.expect("get"), None);
     let s = e.stats();
-    assert_eq!((s.block_count, s.live_bytes, s.integrity_errors), (1, 70_000, 0));
+    assert_eq!(
+        (s.block_count, s.live_bytes, s.integrity_errors),
+        (1, 70_000, 0)
+    );
     e.shutdown().await;
 }
 
@@ -54,10 +94,15 @@ async fn nonces_are_never_reused_across_restarts() {
     let c = cfg(dir.path(), 80 << 20);
     let mut seen = std::collections::HashSet::new();
     for round in 0..3u8 {
-        let e = Engine::open(c.clone(), Arc::new(Metrics::new())).await.expect("open");
+        let e = Engine::open(c.clone(), Arc::new(Metrics::new()))
+            .await
+            .expect("open");
         for i in 0..5u8 {
             let s = e.core.next_seq().expect("seq");
-            assert!(seen.insert(s), "sequence {s} handed out twice (round {round}, {i})");
+            assert!(
+                seen.insert(s),
+                "sequence {s} handed out twice (round {round}, {i})"
+            );
         }
         e.shutdown().await;
     }

@@ -38,7 +38,10 @@ pub(crate) enum WriteCmd {
         reply: oneshot::Sender<Result<bool>>,
     },
     /// Drop the index entry of a record that failed its checks, if the index still points at it.
-    Quarantine { bkey: Vec<u8>, loc: BlockLoc },
+    Quarantine {
+        bkey: Vec<u8>,
+        loc: BlockLoc,
+    },
     DropNamespace {
         ns: Arc<Namespace>,
         reply: oneshot::Sender<Result<()>>,
@@ -126,7 +129,9 @@ impl Writer {
     fn publish(&self) {
         let rb = self.core.geometry.region_bytes;
         let used = self.sealed.len() as u64 * rb
-            + self.open.map_or(0, |r| self.regions[r as usize].write_ptr as u64);
+            + self
+                .open
+                .map_or(0, |r| self.regions[r as usize].write_ptr as u64);
         self.core.counters.used_bytes.store(used, Ordering::Relaxed);
         self.core
             .counters
@@ -168,7 +173,11 @@ impl Writer {
     }
 
     /// Lookup through the batch's own pending changes, then the index.
-    fn lookup(&self, pending: &HashMap<Vec<u8>, Option<BlockLoc>>, bkey: &[u8]) -> anyhow::Result<Option<BlockLoc>> {
+    fn lookup(
+        &self,
+        pending: &HashMap<Vec<u8>, Option<BlockLoc>>,
+        bkey: &[u8],
+    ) -> anyhow::Result<Option<BlockLoc>> {
         match pending.get(bkey) {
             Some(p) => Ok(*p),
             None => self.core.index.get_block(bkey),
@@ -227,7 +236,11 @@ impl Writer {
     }
 
     fn account_bkey(&self, bkey: &[u8], len: u32) {
-        let id = u32::from_be_bytes(bkey[..4].try_into().expect("block keys start with a namespace id"));
+        let id = u32::from_be_bytes(
+            bkey[..4]
+                .try_into()
+                .expect("block keys start with a namespace id"),
+        );
         if let Some(ns) = self.core.ns_by_id(id) {
             self.account(&ns, len, false);
         } else {
@@ -354,8 +367,10 @@ impl Writer {
                     wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
                     pending.retain(|k, _| k[..4] != lo);
                     let c = &self.core.counters;
-                    c.live_bytes.fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-                    c.blocks.fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                    c.live_bytes
+                        .fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                    c.blocks
+                        .fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
                     sync = true;
                     replies.push(Reply::Done(reply));
                 }
@@ -375,7 +390,9 @@ impl Writer {
         .await;
         if let Some(e) = results.into_iter().find_map(|(_, r)| r.err()) {
             self.core.fail("device write", &anyhow::Error::from(e));
-            replies.into_iter().for_each(|r| r.send_err("device write failed"));
+            replies
+                .into_iter()
+                .for_each(|r| r.send_err("device write failed"));
             return;
         }
         self.count_written(written);
@@ -383,7 +400,9 @@ impl Writer {
         if sync && (written > 0 || unsynced) {
             if let Err(e) = self.core.device.flush().await {
                 self.core.fail("device flush", &anyhow::Error::from(e));
-                replies.into_iter().for_each(|r| r.send_err("device flush failed"));
+                replies
+                    .into_iter()
+                    .for_each(|r| r.send_err("device flush failed"));
                 return;
             }
             self.core.metrics.device_flushes.inc();
@@ -396,7 +415,9 @@ impl Writer {
         }
         if let Err(e) = self.core.index.write(wb, sync) {
             self.core.fail("index write", &e);
-            replies.into_iter().for_each(|r| r.send_err("index write failed"));
+            replies
+                .into_iter()
+                .for_each(|r| r.send_err("index write failed"));
             return;
         }
         if sync {
@@ -406,7 +427,8 @@ impl Writer {
         replies.into_iter().for_each(Reply::send_ok);
         let m = &self.core.metrics;
         m.group_commit_blocks.observe(puts as f64);
-        m.group_commit_seconds.observe(started.elapsed().as_secs_f64());
+        m.group_commit_seconds
+            .observe(started.elapsed().as_secs_f64());
     }
 
     fn count_written(&self, bytes: u64) {
@@ -466,7 +488,8 @@ impl Writer {
         let mut written = 0u64;
         for (bkey, loc) in live {
             let pinned = core.leases.is_pinned(&bkey);
-            let hot = core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
+            let hot =
+                core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
             if !(pinned || hot) {
                 wb.delete_cf(cf_blocks, &bkey);
                 self.account_bkey(&bkey, loc.len);
@@ -475,7 +498,10 @@ impl Writer {
                 continue;
             }
             let buf = AlignedBuf::zeroed(loc.record_len as usize);
-            let (buf, res) = core.device.read_at(buf, core.dev_offset(r, loc.offset)).await;
+            let (buf, res) = core
+                .device
+                .read_at(buf, core.dev_offset(r, loc.offset))
+                .await;
             res?;
             let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
                 h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
@@ -488,7 +514,9 @@ impl Writer {
                 core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
                 core.metrics.evicted_blocks.inc();
                 if !intact {
-                    core.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
+                    core.counters
+                        .integrity_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     core.metrics.integrity_errors.inc();
                     wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
                 }
@@ -521,8 +549,12 @@ impl Writer {
         // Synced before the region can be reused: no index entry may point into it afterwards.
         idx.write(wb, true)?;
         self.free.push_back(r);
-        core.counters.evicted_regions.fetch_add(1, Ordering::Relaxed);
-        core.counters.reinserted_blocks.fetch_add(moved, Ordering::Relaxed);
+        core.counters
+            .evicted_regions
+            .fetch_add(1, Ordering::Relaxed);
+        core.counters
+            .reinserted_blocks
+            .fetch_add(moved, Ordering::Relaxed);
         core.metrics.evicted_regions.inc();
         core.metrics.reinserted_blocks.inc_by(moved);
         tracing::debug!(region = r, moved, "region reclaimed");

@@ -71,7 +71,10 @@ impl Node {
                     std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
                 );
             }
-            assert!(Instant::now() < deadline, "ctxpod did not start within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "ctxpod did not start within 60 s"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         self.url = format!("http://{addr}");
