@@ -272,33 +272,79 @@ fn verify_record(
     Verified::Ok(Bytes::from_owner(buf).slice(HEADER_BYTES..HEADER_BYTES + len))
 }
 
-/// Builds the sealed record of a new block.
-fn build_record(
-    ns: &Namespace,
-    dek: &AeadKey,
-    key: &[u8],
-    seq: u64,
-    data: &[u8],
-    crc: u32,
-) -> AlignedBuf {
-    let len = data.len();
-    let mut buf = AlignedBuf::zeroed(record::record_bytes(len));
-    buf[HEADER_BYTES..HEADER_BYTES + len].copy_from_slice(data);
-    let nonce = record::nonce_for(seq);
-    let aad = crypto::block_aad(ns.id, ns.key_id, key);
-    let tag = crypto::seal(dek, nonce, &aad, &mut buf[HEADER_BYTES..HEADER_BYTES + len]);
-    buf[HEADER_BYTES + len..HEADER_BYTES + len + TAG_BYTES].copy_from_slice(&tag);
-    RecordHeader {
-        ns_id: ns.id,
-        key_id: ns.key_id,
-        len: len as u32,
-        crc32c: crc,
-        seq,
-        nonce,
-        key: key.to_vec(),
+/// A block body received straight into the buffer its record will be written from (at the
+/// payload's offset), so that ingest costs no copy beyond the network's.
+pub struct StagedBlock {
+    buf: AlignedBuf,
+    len: usize,
+}
+
+impl StagedBlock {
+    /// Room for a body of `len` bytes; refuses empty and over-limit bodies.
+    pub fn new(len: usize) -> Result<StagedBlock> {
+        if len > ctxpod_api::BLOCK_BYTES_MAX {
+            return Err(EngineError::TooLarge(format!(
+                "block of {len} bytes is over the limit of {}",
+                ctxpod_api::BLOCK_BYTES_MAX
+            )));
+        }
+        if len == 0 {
+            return Err(EngineError::Invalid("empty block".into()));
+        }
+        Ok(StagedBlock {
+            buf: AlignedBuf::reused(record::record_bytes(len)),
+            len,
+        })
     }
-    .encode(&mut buf[..HEADER_BYTES]);
-    buf
+
+    /// A copy of `data`, staged.
+    pub fn copy_of(data: &[u8]) -> Result<StagedBlock> {
+        let mut s = StagedBlock::new(data.len())?;
+        s.payload_mut().copy_from_slice(data);
+        Ok(s)
+    }
+
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[HEADER_BYTES..HEADER_BYTES + self.len]
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        &self.buf[HEADER_BYTES..HEADER_BYTES + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Seals the payload in place and completes the record: header, tag, zero padding.
+    fn seal(mut self, ns: &Namespace, dek: &AeadKey, key: &[u8], seq: u64, crc: u32) -> AlignedBuf {
+        let len = self.len;
+        let nonce = record::nonce_for(seq);
+        let aad = crypto::block_aad(ns.id, ns.key_id, key);
+        let tag = crypto::seal(
+            dek,
+            nonce,
+            &aad,
+            &mut self.buf[HEADER_BYTES..HEADER_BYTES + len],
+        );
+        self.buf[HEADER_BYTES + len..HEADER_BYTES + len + TAG_BYTES].copy_from_slice(&tag);
+        self.buf[HEADER_BYTES + len + TAG_BYTES..].fill(0);
+        RecordHeader {
+            ns_id: ns.id,
+            key_id: ns.key_id,
+            len: len as u32,
+            crc32c: crc,
+            seq,
+            nonce,
+            key: key.to_vec(),
+        }
+        .encode(&mut self.buf[..HEADER_BYTES]);
+        self.buf
+    }
 }
 
 enum PutPrep {
@@ -369,7 +415,7 @@ impl Engine {
         ctxpod_api::key::check_key(key).map_err(|e| EngineError::Invalid(e.to_string()))
     }
 
-    /// Stores a block. `client_crc`, when given, must match the body.
+    /// Stores a block (copied into a staging buffer). See [`Engine::put_staged`].
     pub async fn put(
         &self,
         ns: &str,
@@ -379,27 +425,33 @@ impl Engine {
         durability: Durability,
     ) -> Result<PutStatus> {
         Self::check_key(key)?;
-        if data.len() > ctxpod_api::BLOCK_BYTES_MAX {
-            return Err(EngineError::TooLarge(format!(
-                "block of {} bytes is over the limit of {}",
-                data.len(),
-                ctxpod_api::BLOCK_BYTES_MAX
-            )));
-        }
-        if data.is_empty() {
-            return Err(EngineError::Invalid("empty block".into()));
-        }
+        let staged = StagedBlock::copy_of(&data)?;
+        self.put_staged(ns, key, staged, client_crc, durability)
+            .await
+    }
+
+    /// Stores a block. `client_crc`, when given, must match the body.
+    pub async fn put_staged(
+        &self,
+        ns: &str,
+        key: &[u8],
+        staged: StagedBlock,
+        client_crc: Option<u32>,
+        durability: Durability,
+    ) -> Result<PutStatus> {
+        Self::check_key(key)?;
         if self.core.failed.load(Ordering::SeqCst) {
             return Err(EngineError::Internal(anyhow::anyhow!(
                 "the node failed a device write or flush and accepts no writes"
             )));
         }
+        let len = staged.len();
         let ns = self.ns(ns)?;
         let bkey = block_key(ns.id, key);
         let existing = self.core.index.get_block(&bkey)?;
         if existing.is_none() {
             if let Some(q) = ns.quota_bytes() {
-                if ns.used_bytes.load(Ordering::Relaxed) + data.len() as u64 > q {
+                if ns.used_bytes.load(Ordering::Relaxed) + len as u64 > q {
                     return Err(EngineError::NoSpace(format!(
                         "namespace {} is at its quota",
                         ns.name
@@ -415,12 +467,12 @@ impl Engine {
         let dek = ns
             .dek(ns.key_id)
             .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
-        let (ns2, key2, data2) = (ns.clone(), key.to_vec(), data.clone());
+        let (ns2, key2) = (ns.clone(), key.to_vec());
         let prep = self
             .core
             .offload
             .run(move || {
-                let crc = crc32c::crc32c(&data2);
+                let crc = crc32c::crc32c(staged.payload());
                 if client_crc.is_some_and(|c| c != crc) {
                     return Err(crc);
                 }
@@ -429,7 +481,7 @@ impl Engine {
                 }
                 Ok(PutPrep::Record(
                     crc,
-                    build_record(&ns2, &dek, &key2, seq, &data2, crc),
+                    staged.seal(&ns2, &dek, &key2, seq, crc),
                 ))
             })
             .await?;
@@ -442,7 +494,7 @@ impl Engine {
             }
             Ok(PutPrep::Crc(crc)) => {
                 let loc = existing.expect("Crc only when the block exists");
-                if loc.crc32c != crc || loc.len as usize != data.len() {
+                if loc.crc32c != crc || loc.len as usize != len {
                     return Err(EngineError::Conflict);
                 }
                 // The stored copy may come from a `fast` put not yet flushed: a durable
@@ -461,7 +513,7 @@ impl Engine {
         let cmd = WriteCmd::Put(writer::PutReq {
             ns: ns.clone(),
             bkey: bkey.clone(),
-            len: data.len() as u32,
+            len: len as u32,
             crc,
             key_id: ns.key_id,
             seq,
@@ -477,11 +529,8 @@ impl Engine {
             self.core
                 .counters
                 .user_written_bytes
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.core
-                .metrics
-                .user_written_bytes
-                .inc_by(data.len() as u64);
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.core.metrics.user_written_bytes.inc_by(len as u64);
         }
         Ok(status)
     }

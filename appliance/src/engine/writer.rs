@@ -497,7 +497,7 @@ impl Writer {
                 core.metrics.evicted_blocks.inc();
                 continue;
             }
-            let buf = AlignedBuf::zeroed(loc.record_len as usize);
+            let buf = AlignedBuf::reused(loc.record_len as usize);
             let (buf, res) = core
                 .device
                 .read_at(buf, core.dev_offset(r, loc.offset))
