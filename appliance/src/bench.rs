@@ -29,7 +29,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1GiB")]
     pub bytes: ByteSize,
     /// Requests in flight.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
     /// Bytes of the raw device baseline.
     #[arg(long, default_value = "2GiB")]
@@ -137,7 +137,7 @@ async fn device_baseline(dir: &Path, bytes: u64) -> anyhow::Result<(Row, Row)> {
 }
 
 /// fio's sequential O_DIRECT bandwidth (1 MiB, QD8, io_uring), when fio is installed.
-fn fio_baseline(dir: &Path, bytes: u64) -> Option<(Row, Row)> {
+fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
     let path = dir.join("fio-baseline.dat");
     let run = |rw: &str| -> Option<f64> {
         let out = Command::new("fio")
@@ -150,7 +150,15 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<(Row, Row)> {
                 "--output-format=json",
                 "--end_fsync=1",
             ])
-            .arg(format!("--rw={rw}"))
+            .args(if rw == "write-sync" {
+                &["--rw=write", "--fdatasync=4", "--iodepth=16"][..]
+            } else {
+                &[][..]
+            })
+            .arg(format!(
+                "--rw={}",
+                if rw == "write-sync" { "write" } else { rw }
+            ))
             .arg(format!("--size={bytes}"))
             .arg(format!("--filename={}", path.display()))
             .output()
@@ -160,11 +168,18 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<(Row, Row)> {
             return None;
         }
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        let side = if rw == "write" { "write" } else { "read" };
+        let side = if rw.starts_with("write") {
+            "write"
+        } else {
+            "read"
+        };
         v["jobs"][0][side]["bw_bytes"].as_f64()
     };
     let w = run("write");
     let r = run("read");
+    // The ceiling of a durable write path on this device: the same writes with an fdatasync
+    // every 4 MiB, 16 in flight (fio keeps writing while a sync is pending).
+    let ws = run("write-sync");
     let _ = std::fs::remove_file(&path);
     let mk = |what: &str, bw: f64| Row {
         what: what.into(),
@@ -174,10 +189,14 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<(Row, Row)> {
         p50_ms: 0.0,
         p99_ms: 0.0,
     };
-    Some((
+    Some(vec![
         mk("fio seq write (O_DIRECT, 1 MiB, QD8)", w?),
+        mk(
+            "fio seq write + fdatasync every 4 MiB (O_DIRECT, 1 MiB, QD16)",
+            ws?,
+        ),
         mk("fio seq read (O_DIRECT, 1 MiB, QD8)", r?),
-    ))
+    ])
 }
 
 struct Node {
@@ -289,9 +308,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let (w, r) = device_baseline(&a.dir, a.device_bytes.0).await?;
     rows.push(w);
     rows.push(r);
-    if let Some((w, r)) = fio_baseline(&a.dir, a.device_bytes.0) {
-        rows.push(w);
-        rows.push(r);
+    if let Some(fio) = fio_baseline(&a.dir, a.device_bytes.0) {
+        rows.extend(fio);
     }
     for size in &a.sizes {
         let size = size.0 as usize;
@@ -325,6 +343,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             commits,
             metric("ctxpod_group_commit_blocks_sum") / commits,
             metric("ctxpod_group_commit_duration_seconds_sum") / commits * 1e3
+        );
+        eprintln!(
+            "  device flush {:.2} ms, index commit {:.2} ms on average",
+            metric("ctxpod_device_flush_duration_seconds_sum")
+                / metric("ctxpod_device_flush_duration_seconds_count").max(1.0)
+                * 1e3,
+            metric("ctxpod_index_commit_duration_seconds_sum")
+                / metric("ctxpod_index_commit_duration_seconds_count").max(1.0)
+                * 1e3
         );
         node.stop()?;
         let node = Node::start(&data_dir, capacity, dram_small).await?;

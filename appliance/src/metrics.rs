@@ -28,6 +28,8 @@ pub struct Metrics {
     pub user_written_bytes: IntCounter,
     pub device_flushes: IntCounter,
     pub group_commit_blocks: Histogram,
+    pub flush_seconds: Histogram,
+    pub index_commit_seconds: Histogram,
     pub group_commit_seconds: Histogram,
     pub busy_rejections: IntCounterVec,
     pub io_engine_info: IntGaugeVec,
@@ -131,6 +133,20 @@ impl Metrics {
                 HistogramOpts::new(
                     "ctxpod_group_commit_duration_seconds",
                     "Time of one group commit"
+                )
+                .buckets(latency_buckets())
+            )),
+            flush_seconds: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "ctxpod_device_flush_duration_seconds",
+                    "Time of one device flush"
+                )
+                .buckets(latency_buckets())
+            )),
+            index_commit_seconds: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "ctxpod_index_commit_duration_seconds",
+                    "Time of one RocksDB batch write (synced or not)"
                 )
                 .buckets(latency_buckets())
             )),

@@ -1,7 +1,11 @@
 //! The writer: the one task that appends records, mutates the block index and the region
 //! table, and reclaims regions. Group commit: it takes every command queued (up to a bound),
-//! writes their records concurrently, flushes the device once, writes one RocksDB batch
-//! (synced if any put asked for `durable`), and only then answers.
+//! writes their records concurrently, then hands the batch to the committer task, which
+//! flushes the device once, writes one RocksDB batch (synced if any put asked for
+//! `durable`), and only then answers. The two overlap: while the committer makes batch k
+//! durable, the writer already writes batch k+1, so a flush and an index sync are not on
+//! the device's critical path. Batches commit strictly in order; until its batch commits,
+//! the writer sees a block in its `overlay` of uncommitted batches.
 //!
 //! Order, always: records written → device flushed → index batch synced → acknowledgement.
 //! A failed write or flush is never retried-and-acknowledged: the node stops taking writes.
@@ -11,6 +15,7 @@ use super::{Core, EngineError, Namespace, PutStatus, Result};
 use crate::device::AlignedBuf;
 use crate::record::RecordHeader;
 use ctxpod_api::Durability;
+use parking_lot::Mutex;
 use rocksdb::WriteBatch;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -88,6 +93,127 @@ pub(crate) struct Writer {
     touched: BTreeSet<u32>,
     /// Free regions kept in reserve so that one group commit and one eviction always fit.
     reserve: usize,
+    /// Index changes of batches written but not yet committed, oldest first.
+    overlay: Arc<Mutex<VecDeque<Pending>>>,
+    /// To the committer task, which ends when the writer drops this.
+    commit_tx: mpsc::Sender<CommitMsg>,
+}
+
+type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
+
+/// A batch whose records are written, for the committer to make durable and answer.
+struct CommitJob {
+    wb: WriteBatch,
+    replies: Vec<Reply>,
+    sync: bool,
+    written: u64,
+    puts: u64,
+    started: Instant,
+}
+
+enum CommitMsg {
+    Job(CommitJob),
+    /// Answered once every job sent before it is committed.
+    Drain(oneshot::Sender<()>),
+}
+
+/// Batches queued before each commit stage: the writer runs at most this far ahead of the
+/// flusher, and the flusher of the indexer.
+const COMMIT_QUEUE_DEPTH: usize = 2;
+
+/// The commit pipeline, two stages in order: the flusher makes the device durable for each
+/// batch that needs it, the indexer writes the batch's RocksDB batch and answers. The flush
+/// of batch k overlaps the index sync of batch k-1: a flush only has to precede its own
+/// batch's index write.
+async fn committer(
+    core: Arc<Core>,
+    overlay: Arc<Mutex<VecDeque<Pending>>>,
+    mut rx: mpsc::Receiver<CommitMsg>,
+) {
+    let (tx, irx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
+    let indexer = tokio::spawn(indexer(core.clone(), overlay, irx));
+    // Records written since the last flush.
+    let mut dirty = false;
+    while let Some(msg) = rx.recv().await {
+        if let CommitMsg::Job(job) = &msg {
+            dirty |= job.written > 0;
+            if job.sync && dirty && !core.failed.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                match core.device.flush().await {
+                    Ok(()) => {
+                        dirty = false;
+                        core.metrics.device_flushes.inc();
+                        core.metrics
+                            .flush_seconds
+                            .observe(t.elapsed().as_secs_f64());
+                    }
+                    // The indexer sees the node failed and answers the batch with errors.
+                    Err(e) => core.fail("device flush", &e.into()),
+                }
+            }
+        }
+        if tx.send(msg).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = indexer.await;
+}
+
+async fn indexer(
+    core: Arc<Core>,
+    overlay: Arc<Mutex<VecDeque<Pending>>>,
+    mut rx: mpsc::Receiver<CommitMsg>,
+) {
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            CommitMsg::Drain(tx) => drop(tx.send(())),
+            CommitMsg::Job(job) => {
+                commit_index(&core, job).await;
+                overlay.lock().pop_front();
+            }
+        }
+    }
+}
+
+/// Index batch (synced if any put asked for it) → answers. Any failure, or a failed flush
+/// before it, answers every command of the batch with an error; the node is read-only.
+async fn commit_index(core: &Arc<Core>, job: CommitJob) {
+    if core.failed.load(Ordering::SeqCst) {
+        job.replies
+            .into_iter()
+            .for_each(|r| r.send_err("the node failed a device write or flush"));
+        return;
+    }
+    if !job.sync && job.written > 0 {
+        // Before the index makes these blocks visible: a durable re-put that finds one
+        // must know to wait for a flush.
+        core.unsynced.store(true, Ordering::SeqCst);
+    }
+    // A synced RocksDB write blocks on fsync: off the async workers.
+    let t = Instant::now();
+    let (c2, wb, sync) = (core.clone(), job.wb, job.sync);
+    let written = tokio::task::spawn_blocking(move || c2.index.write(wb, sync))
+        .await
+        .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")));
+    if let Err(e) = written {
+        core.fail("index write", &e);
+        job.replies
+            .into_iter()
+            .for_each(|r| r.send_err("index write failed"));
+        return;
+    }
+    core.metrics
+        .index_commit_seconds
+        .observe(t.elapsed().as_secs_f64());
+    if job.sync {
+        core.unsynced.store(false, Ordering::SeqCst);
+    }
+    job.replies.into_iter().for_each(Reply::send_ok);
+    core.metrics.group_commit_blocks.observe(job.puts as f64);
+    core.metrics
+        .group_commit_seconds
+        .observe(job.started.elapsed().as_secs_f64());
 }
 
 impl Writer {
@@ -112,7 +238,12 @@ impl Writer {
         let next_open_seq = regions.iter().map(|m| m.open_seq).max().unwrap_or(0) + 1;
         let batch_regions = core.cfg.group_commit_max_bytes.0.div_ceil(g.region_bytes) as usize;
         let reserve = (batch_regions + 2).min(g.regions as usize / 2).max(1);
+        let overlay = Arc::new(Mutex::new(VecDeque::new()));
+        let (commit_tx, commit_rx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
+        tokio::spawn(committer(core.clone(), overlay.clone(), commit_rx));
         let w = Writer {
+            overlay,
+            commit_tx,
             core,
             regions,
             free,
@@ -166,22 +297,35 @@ impl Writer {
                 self.commit(cmds).await;
             }
             if let Some(tx) = stop {
+                self.drain_committer().await;
                 let _ = tx.send(());
                 return;
             }
         }
+        self.drain_committer().await;
     }
 
-    /// Lookup through the batch's own pending changes, then the index.
+    /// Waits until every batch handed to the committer is committed.
+    async fn drain_committer(&mut self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commit_tx.send(CommitMsg::Drain(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Lookup through the batch's own pending changes, the uncommitted batches, the index.
     fn lookup(
         &self,
         pending: &HashMap<Vec<u8>, Option<BlockLoc>>,
         bkey: &[u8],
     ) -> anyhow::Result<Option<BlockLoc>> {
-        match pending.get(bkey) {
-            Some(p) => Ok(*p),
-            None => self.core.index.get_block(bkey),
+        if let Some(p) = pending.get(bkey) {
+            return Ok(*p);
         }
+        if let Some(p) = self.overlay.lock().iter().rev().find_map(|b| b.get(bkey)) {
+            return Ok(*p);
+        }
+        self.core.index.get_block(bkey)
     }
 
     /// Space for a record of `bytes` in the open region, opening a new one when it is full.
@@ -396,39 +540,27 @@ impl Writer {
             return;
         }
         self.count_written(written);
-        let unsynced = self.core.unsynced.load(Ordering::SeqCst);
-        if sync && (written > 0 || unsynced) {
-            if let Err(e) = self.core.device.flush().await {
-                self.core.fail("device flush", &anyhow::Error::from(e));
-                replies
-                    .into_iter()
-                    .for_each(|r| r.send_err("device flush failed"));
-                return;
-            }
-            self.core.metrics.device_flushes.inc();
-        }
         self.put_touched(&mut wb);
-        if !sync && written > 0 {
-            // Before the index makes these blocks visible: a durable re-put that finds one
-            // must know to wait for a flush.
-            self.core.unsynced.store(true, Ordering::SeqCst);
-        }
-        if let Err(e) = self.core.index.write(wb, sync) {
-            self.core.fail("index write", &e);
-            replies
-                .into_iter()
-                .for_each(|r| r.send_err("index write failed"));
-            return;
-        }
-        if sync {
-            self.core.unsynced.store(false, Ordering::SeqCst);
-        }
         self.publish();
-        replies.into_iter().for_each(Reply::send_ok);
-        let m = &self.core.metrics;
-        m.group_commit_blocks.observe(puts as f64);
-        m.group_commit_seconds
-            .observe(started.elapsed().as_secs_f64());
+        self.overlay.lock().push_back(pending);
+        let job = CommitJob {
+            wb,
+            replies,
+            sync,
+            written,
+            puts,
+            started,
+        };
+        if let Err(mpsc::error::SendError(CommitMsg::Job(job))) =
+            self.commit_tx.send(CommitMsg::Job(job)).await
+        {
+            self.overlay.lock().pop_back();
+            self.core
+                .fail("commit", &anyhow::anyhow!("the committer task stopped"));
+            job.replies
+                .into_iter()
+                .for_each(|r| r.send_err("the committer task stopped"));
+        }
     }
 
     fn count_written(&self, bytes: u64) {
@@ -443,6 +575,10 @@ impl Writer {
     /// sealed region is left to try).
     async fn ensure_free(&mut self) -> anyhow::Result<()> {
         let mut tries = self.sealed.len();
+        if self.free.len() < self.reserve && tries > 0 {
+            // Reclaim reads and rewrites the index: only over committed state.
+            self.drain_committer().await;
+        }
         while self.free.len() < self.reserve && tries > 0 {
             tries -= 1;
             self.evict_oldest().await?;
