@@ -113,6 +113,9 @@ pub struct Config {
     pub kek_file: Option<PathBuf>,
     /// Requests served at once on the data routes; more answer 503 with `Retry-After`.
     pub max_inflight_requests: usize,
+    /// Bytes of PUT and batch/put bodies received and being stored at once; beyond it
+    /// requests answer 503 with `Retry-After`. Bounds ingest memory.
+    pub ingest_bytes_max: ByteSize,
     /// Puts and deletes queued for the writer; more answer 503 with `Retry-After`.
     pub write_queue_depth: usize,
     /// Most puts in one group commit.
@@ -141,6 +144,7 @@ impl Default for Config {
             io_engine: IoEngine::Auto,
             kek_file: None,
             max_inflight_requests: 1024,
+            ingest_bytes_max: ByteSize(1 << 30),
             write_queue_depth: 512,
             group_commit_max_blocks: 256,
             group_commit_max_bytes: ByteSize(32 << 20),

@@ -36,6 +36,33 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     limiter: Arc<Semaphore>,
     max_inflight: usize,
+    /// KiB of request bodies being received or stored at once (PUT and batch/put).
+    ingest: Arc<Semaphore>,
+}
+
+/// Holds a share of the ingest budget until the body is stored (or refused).
+type IngestPermit = tokio::sync::OwnedSemaphorePermit;
+
+impl AppState {
+    /// Reserves room for a body of `bytes`, or answers 503 when the ingest budget is spent.
+    fn admit_body(&self, bytes: usize) -> ApiResult<IngestPermit> {
+        let kib = bytes.div_ceil(1024).max(1) as u32;
+        self.ingest
+            .clone()
+            .try_acquire_many_owned(kib)
+            .map_err(|_| {
+                self.engine
+                    .metrics()
+                    .busy_rejections
+                    .with_label_values(&["ingest"])
+                    .inc();
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    "too many request bodies in flight; retry later",
+                )
+            })
+    }
 }
 
 /// An error answer: status, stable kind, message.
@@ -170,11 +197,16 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/namespaces/{ns}/unpin", unpin)
 }
 
-pub fn router(engine: Arc<Engine>, max_inflight: usize) -> Router {
+pub fn router(engine: Arc<Engine>, max_inflight: usize, ingest_bytes_max: u64) -> Router {
+    let ingest_kib = (ingest_bytes_max / 1024).clamp(
+        ctxpod_api::BATCH_BODY_BYTES_MAX as u64 / 1024,
+        Semaphore::MAX_PERMITS as u64,
+    ) as usize;
     let state = AppState {
         engine,
         limiter: Arc::new(Semaphore::new(max_inflight)),
         max_inflight,
+        ingest: Arc::new(Semaphore::new(ingest_kib)),
     };
     routes()
         .into_router()
@@ -461,6 +493,11 @@ async fn put_block(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
+    let _permit = st.admit_body(
+        declared
+            .unwrap_or(ctxpod_api::BLOCK_BYTES_MAX)
+            .min(ctxpod_api::BLOCK_BYTES_MAX),
+    )?;
     let staged = match declared {
         // The common case: the body goes straight into the buffer its record is written from.
         Some(len) if len <= ctxpod_api::BLOCK_BYTES_MAX => {
@@ -629,6 +666,15 @@ async fn batch_put(
     parse_ns(&ns)?;
     let dur = durability(&h)?;
     st.engine.namespace(&ns)?;
+    let declared = h
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    // Room for the frame and for each block's staged copy.
+    let budget = 2 * declared
+        .unwrap_or(ctxpod_api::BATCH_BODY_BYTES_MAX)
+        .min(ctxpod_api::BATCH_BODY_BYTES_MAX);
+    let _permit = st.admit_body(budget)?;
     let body = read_body(&h, body, ctxpod_api::BATCH_BODY_BYTES_MAX).await?;
     let entries =
         frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
@@ -728,7 +774,11 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::rename(&tmp, &addr_file)?;
     tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
     println!("ctxpod listening on http://{addr}");
-    let app = router(engine.clone(), cfg.max_inflight_requests);
+    let app = router(
+        engine.clone(),
+        cfg.max_inflight_requests,
+        cfg.ingest_bytes_max.0,
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await

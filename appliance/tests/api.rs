@@ -607,3 +607,67 @@ async fn malformed_batch_frames() {
     assert_eq!(c.get("default", b"x1").await.expect("get"), None);
     assert_eq!(c.get("default", b"x4").await.expect("get"), Some(d));
 }
+
+/// PUT bodies in flight are bounded in bytes: past the ingest budget, 503.
+#[tokio::test]
+async fn ingest_budget_answers_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start_with(
+        &dir.path().join("n"),
+        &["--capacity", "256MiB"],
+        &[("CTXPOD_INGEST_BYTES_MAX", "64MiB")],
+    )
+    .await;
+    let addr = node.url.trim_start_matches("http://").to_string();
+    // Eight 8 MiB bodies that never finish spend the 64 MiB budget.
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(
+            s,
+            "PUT /v1/namespaces/default/blocks/{i:02x} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\nabc",
+            8 << 20
+        )
+        .expect("write");
+        held.push(s);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node.client.stats().await.expect("stats").inflight_requests != 8 {
+        assert!(
+            Instant::now() < deadline,
+            "the held PUTs never became in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let e = node
+        .client
+        .put("default", b"more", block(1, 1000), Durability::Durable)
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), 503);
+    // Reads are not held back by the ingest budget.
+    assert_eq!(
+        node.client.get("default", b"more").await.expect("get"),
+        None
+    );
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match node
+            .client
+            .put("default", b"more", block(1, 1000), Durability::Durable)
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if e.status() == Some(503) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("after the held bodies closed: {e}"),
+        }
+    }
+    let m = node.client.metrics().await.expect("metrics");
+    assert!(
+        m.contains("ctxpod_busy_rejections_total{queue=\"ingest\"}"),
+        "{m}"
+    );
+}
