@@ -671,3 +671,68 @@ async fn ingest_budget_answers_503() {
         "{m}"
     );
 }
+
+/// Where io_uring is refused (a seccomp profile), the node falls back to pread/pwrite, says
+/// so in its log, its stats and its metrics, and serves as usual.
+#[tokio::test]
+async fn falls_back_to_pread_pwrite_where_io_uring_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node =
+        Node::start_without_io_uring(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let c = node.client.clone();
+    let s = c.stats().await.expect("stats");
+    assert_eq!(s.io_engine, "sync");
+    let m = c.metrics().await.expect("metrics");
+    assert!(
+        m.contains("ctxpod_io_engine_info{direct=\"true\",engine=\"sync\"} 1"),
+        "{m}"
+    );
+    assert!(
+        node.log().contains("falling back to pread/pwrite"),
+        "{}",
+        node.log()
+    );
+    for i in 0..20u64 {
+        let d = block(i, 1 + (i as usize * 99_991) % 2_000_000);
+        c.put("default", &i.to_be_bytes(), d, Durability::Durable)
+            .await
+            .expect("put");
+    }
+    node.restart().await;
+    let c = node.client.clone();
+    for i in 0..20u64 {
+        let d = block(i, 1 + (i as usize * 99_991) % 2_000_000);
+        assert_eq!(
+            c.get("default", &i.to_be_bytes()).await.expect("get"),
+            Some(d)
+        );
+    }
+    // Asked for io_uring explicitly, the node refuses to start rather than degrade silently.
+    node.kill9();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"));
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--capacity",
+        "256MiB",
+        "--io-engine",
+        "io_uring",
+        "--data-dir",
+    ])
+    .arg(dir.path().join("n"));
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the hook only makes prctl calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(common::deny_io_uring_setup);
+        }
+    }
+    let out = cmd.output().expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("io_uring"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

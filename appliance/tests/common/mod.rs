@@ -14,6 +14,7 @@ pub struct Node {
     pub client: Client,
     args: Vec<String>,
     envs: Vec<(String, String)>,
+    deny_io_uring: bool,
 }
 
 impl Node {
@@ -29,6 +30,23 @@ impl Node {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            deny_io_uring: false,
+        };
+        n.spawn().await;
+        n
+    }
+
+    /// Starts a node whose process is refused `io_uring_setup` by a seccomp filter, the way
+    /// a container's default profile refuses it.
+    pub async fn start_without_io_uring(dir: &Path, args: &[&str]) -> Node {
+        let mut n = Node {
+            child: None,
+            dir: dir.to_path_buf(),
+            url: String::new(),
+            client: Client::new("http://127.0.0.1:1"),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            envs: Vec::new(),
+            deny_io_uring: true,
         };
         n.spawn().await;
         n
@@ -56,6 +74,13 @@ impl Node {
             .stderr(log);
         for (k, v) in &self.envs {
             cmd.env(k, v);
+        }
+        if self.deny_io_uring {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only async-signal-safe calls (prctl) are made.
+            unsafe {
+                cmd.pre_exec(deny_io_uring_setup);
+            }
         }
         let mut child = cmd.spawn().expect("spawn ctxpod");
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -154,4 +179,47 @@ pub fn du(dir: &Path) -> u64 {
         }
     }
     total
+}
+
+/// Installs a seccomp filter that answers EPERM to `io_uring_setup` (x86_64) and allows
+/// everything else.
+pub fn deny_io_uring_setup() -> std::io::Result<()> {
+    const SYS_IO_URING_SETUP: u32 = 425;
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    let stmt = |code: u16, k: u32| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: 0x05 | 0x10,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        stmt(0x20, 4),                 // load arch
+        jump(AUDIT_ARCH_X86_64, 1, 0), // x86_64: go on; else allow
+        stmt(0x06, SECCOMP_RET_ALLOW),
+        stmt(0x20, 0), // load syscall number
+        jump(SYS_IO_URING_SETUP, 0, 1),
+        stmt(0x06, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(0x06, SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with valid arguments; `prog` outlives the call.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(libc::PR_SET_SECCOMP, 2, &prog as *const libc::sock_fprog) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
