@@ -138,6 +138,25 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
     );
 }
 
+/// Runs `ctxpod serve` on `data_dir` expecting it to refuse to start; returns its stderr.
+fn refused_start(data_dir: &std::path::Path, capacity: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            capacity,
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .output()
+        .expect("run ctxpod");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "ctxpod started; stderr:\n{err}");
+    err
+}
+
 /// A device file swapped for another is refused at start, not served.
 #[tokio::test]
 async fn a_replaced_device_file_is_refused() {
@@ -150,20 +169,7 @@ async fn a_replaced_device_file_is_refused() {
         .expect("put");
     node.stop();
     std::fs::remove_file(data_dir.join("blocks.dev")).expect("remove");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--capacity",
-            "128MiB",
-            "--data-dir",
-        ])
-        .arg(&data_dir)
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&data_dir, "128MiB");
     assert!(err.contains("superblock"), "{err}");
     assert!(
         !data_dir.join("blocks.dev").exists(),
@@ -171,37 +177,12 @@ async fn a_replaced_device_file_is_refused() {
     );
     // Another (blank) device file in its place.
     std::fs::write(data_dir.join("blocks.dev"), vec![0u8; 128 << 20]).expect("write");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--capacity",
-            "128MiB",
-            "--data-dir",
-        ])
-        .arg(&data_dir)
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&data_dir, "128MiB");
     assert!(
         err.contains("does not carry this node's superblock"),
         "{err}"
     );
     // And a changed capacity is refused with a clear message.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--capacity",
-            "256MiB",
-            "--data-dir",
-        ])
-        .arg(&data_dir)
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("resizing is not supported"));
+    let err = refused_start(&data_dir, "256MiB");
+    assert!(err.contains("resizing is not supported"), "{err}");
 }

@@ -87,6 +87,7 @@ pub struct Namespace {
     /// Quota in bytes; [`NO_QUOTA`] when unbounded.
     quota: AtomicU64,
     pub key_id: u32,
+    created_ms: u64,
     /// Data keys by key id (all generations still readable).
     deks: HashMap<u32, Arc<AeadKey>>,
     used_bytes: AtomicU64,
@@ -116,6 +117,7 @@ impl Namespace {
             name: name.to_string(),
             quota: AtomicU64::new(meta.quota_bytes.unwrap_or(NO_QUOTA)),
             key_id: meta.key_id,
+            created_ms: meta.created_ms,
             deks,
             used_bytes: AtomicU64::new(0),
             blocks: AtomicU64::new(0),
@@ -747,7 +749,7 @@ impl Engine {
                     id: ns.id,
                     quota_bytes,
                     key_id: ns.key_id,
-                    created_ms: now_ms(),
+                    created_ms: ns.created_ms,
                 };
                 let mut wb = rocksdb::WriteBatch::default();
                 wb.put_cf(
