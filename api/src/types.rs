@@ -101,5 +101,7 @@ pub struct Stats {
     pub write_amplification: f64,
     pub leases: u64,
     pub inflight_requests: u64,
-    pub recovered_discarded_records: u64,
+    /// Records re-indexed at the last start from the open region's tail (puts since the
+    /// last checkpoint before a crash).
+    pub recovered_records: u64,
 }

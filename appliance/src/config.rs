@@ -108,6 +108,11 @@ pub struct Config {
     pub region_bytes: Option<ByteSize>,
     /// `auto` (io_uring, else pread/pwrite with a warning), `io_uring` or `sync`.
     pub io_engine: IoEngine,
+    /// Write zeros over a new file-backed device when the node is formatted (progress is
+    /// logged; about 1 s per 1.5 GB here), so that later flushes need no filesystem
+    /// metadata updates: durable puts were about 25 % faster in `ctxpod bench`. Ignored for
+    /// block devices.
+    pub zero_fill: bool,
     /// File holding the 32-byte key-encryption key. Default `<data_dir>/kek`, created with
     /// mode 0600 on first start when absent.
     pub kek_file: Option<PathBuf>,
@@ -142,6 +147,7 @@ impl Default for Config {
             device: None,
             region_bytes: None,
             io_engine: IoEngine::Auto,
+            zero_fill: true,
             kek_file: None,
             max_inflight_requests: 1024,
             ingest_bytes_max: ByteSize(1 << 30),

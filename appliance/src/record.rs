@@ -18,13 +18,16 @@
 //! | 20 | 4 | plaintext CRC32C |
 //! | 24 | 8 | write sequence number (unique per node, never reused) |
 //! | 32 | 12 | AES-GCM nonce |
-//! | 44 | 20 | reserved, zero |
+//! | 44 | 8 | region epoch: the `open_seq` of the region the record was written into |
+//! | 52 | 12 | reserved, zero |
 //! | 64 | 128 | key, zero padded |
 //! | 192 | 60 | reserved, zero |
 //! | 252 | 4 | CRC32C of bytes 0..252 |
 //!
-//! The header makes every record self-describing: the index can be checked against it (and
-//! rebuilt from it by a scan).
+//! The header makes every record self-describing: the index is checked against it on every
+//! read, and recovery re-indexes the open region's tail from it. The region epoch is stamped
+//! by the writer when it places the record ([`stamp_region_epoch`]); it is not part of the
+//! AEAD's associated data, so placing a record (or moving it at eviction) re-seals nothing.
 
 use crate::device::IO_ALIGN_BYTES;
 
@@ -42,6 +45,8 @@ pub struct RecordHeader {
     pub crc32c: u32,
     pub seq: u64,
     pub nonce: [u8; NONCE_BYTES],
+    /// `open_seq` of the region holding the record (0 until placed).
+    pub region_epoch: u64,
     pub key: Vec<u8>,
 }
 
@@ -71,6 +76,13 @@ pub fn nonce_for(seq: u64) -> [u8; NONCE_BYTES] {
     n
 }
 
+/// Sets the region epoch of an encoded header in place (and its header CRC).
+pub fn stamp_region_epoch(header: &mut [u8], epoch: u64) {
+    header[44..52].copy_from_slice(&epoch.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..252]);
+    header[252..256].copy_from_slice(&crc.to_le_bytes());
+}
+
 impl RecordHeader {
     pub fn encode(&self, out: &mut [u8]) {
         assert!(out.len() >= HEADER_BYTES && !self.key.is_empty() && self.key.len() <= 128);
@@ -85,6 +97,7 @@ impl RecordHeader {
         h[20..24].copy_from_slice(&self.crc32c.to_le_bytes());
         h[24..32].copy_from_slice(&self.seq.to_le_bytes());
         h[32..44].copy_from_slice(&self.nonce);
+        h[44..52].copy_from_slice(&self.region_epoch.to_le_bytes());
         h[64..64 + self.key.len()].copy_from_slice(&self.key);
         let crc = crc32c::crc32c(&h[..252]);
         h[252..256].copy_from_slice(&crc.to_le_bytes());
@@ -118,6 +131,7 @@ impl RecordHeader {
             crc32c: le32(20),
             seq: u64::from_le_bytes(h[24..32].try_into().expect("8 bytes")),
             nonce: h[32..44].try_into().expect("12 bytes"),
+            region_epoch: u64::from_le_bytes(h[44..52].try_into().expect("8 bytes")),
             key: h[64..64 + key_len].to_vec(),
         })
     }
@@ -135,6 +149,7 @@ mod tests {
             crc32c: 0xdead_beef,
             seq: 77,
             nonce: nonce_for(77),
+            region_epoch: 0,
             key: vec![1, 2, 3],
         }
     }
@@ -154,6 +169,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn stamping_the_epoch_keeps_the_header_valid() {
+        let mut buf = [0u8; HEADER_BYTES];
+        sample().encode(&mut buf);
+        stamp_region_epoch(&mut buf, 42);
+        let h = RecordHeader::decode(&buf).expect("still valid");
+        assert_eq!(h.region_epoch, 42);
+        assert_eq!(
+            RecordHeader {
+                region_epoch: 0,
+                ..h
+            },
+            sample()
+        );
     }
 
     #[test]

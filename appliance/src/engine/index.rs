@@ -10,9 +10,9 @@
 //! | `quarantine` | ns_id ‖ key | [`BlockLoc`] of the record that failed its checks |
 //! | `default` | `geometry`, `next_ns_id`, `seq_reserved` | node metadata |
 //!
-//! Architecture invariant: only the writer task mutates `blocks`, `by_region` and `regions`;
-//! every mutation that acknowledges a durable put is one synced WriteBatch, written after the
-//! device flush that covers its records.
+//! Architecture invariant: only the writer task mutates `blocks`, `by_region` and `regions`.
+//! Put entries may be written without the WAL (recovery rebuilds them from the open region's
+//! tail); everything else — deletes, region transitions — is written in a synced checkpoint.
 
 use anyhow::Context;
 use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
@@ -186,6 +186,16 @@ pub struct Index {
     pub db: DB,
 }
 
+/// How a batch reaches RocksDB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Memtable only: lost on a crash unless flushed since. For put entries, which recovery
+    /// rebuilds from the device.
+    NoWal,
+    /// Through the WAL, synced when `sync`.
+    Wal { sync: bool },
+}
+
 impl Index {
     pub fn open(path: &Path) -> anyhow::Result<Index> {
         let mut opts = Options::default();
@@ -241,9 +251,12 @@ impl Index {
         self.db.get(key).context("read index metadata")
     }
 
-    pub fn write(&self, batch: WriteBatch, sync: bool) -> anyhow::Result<()> {
+    pub fn write(&self, batch: WriteBatch, mode: WriteMode) -> anyhow::Result<()> {
         let mut wo = WriteOptions::default();
-        wo.set_sync(sync);
+        match mode {
+            WriteMode::NoWal => wo.disable_wal(true),
+            WriteMode::Wal { sync } => wo.set_sync(sync),
+        }
         self.db.write_opt(batch, &wo).context("write index batch")
     }
 }

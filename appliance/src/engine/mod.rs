@@ -146,7 +146,7 @@ pub(crate) struct Counters {
     reinserted_blocks: AtomicU64,
     device_written_bytes: AtomicU64,
     user_written_bytes: AtomicU64,
-    recovered_discarded_records: AtomicU64,
+    recovered_records: AtomicU64,
 }
 
 /// Sequence numbers (record nonces): handed out from a range whose upper bound is persisted
@@ -342,6 +342,7 @@ impl StagedBlock {
             crc32c: crc,
             seq,
             nonce,
+            region_epoch: 0,
             key: key.to_vec(),
         }
         .encode(&mut self.buf[..HEADER_BYTES]);
@@ -757,7 +758,7 @@ impl Engine {
                     name,
                     serde_json::to_vec(&meta).map_err(anyhow::Error::from)?,
                 );
-                c.index.write(wb, true)?;
+                c.index.write(wb, index::WriteMode::Wal { sync: true })?;
                 ns.quota
                     .store(quota_bytes.unwrap_or(NO_QUOTA), Ordering::Relaxed);
             }
@@ -791,7 +792,7 @@ impl Engine {
             crypto::wrap_dek(&c.kek, id, key_id, &dek),
         );
         wb.put(index::META_NEXT_NS_ID, (id + 1).to_le_bytes());
-        c.index.write(wb, true)?;
+        c.index.write(wb, index::WriteMode::Wal { sync: true })?;
         let ns = Arc::new(Namespace::new(
             name,
             &meta,
@@ -902,7 +903,7 @@ impl Engine {
             },
             leases: c.leases.len() as u64,
             inflight_requests: 0,
-            recovered_discarded_records: ld(&n.recovered_discarded_records),
+            recovered_records: ld(&n.recovered_records),
         }
     }
 

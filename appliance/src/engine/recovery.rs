@@ -3,10 +3,12 @@
 //! Recovery after any crash:
 //! 1. the device superblock must match the geometry in the index (a swapped or recreated
 //!    device file is refused, not silently served);
-//! 2. every index entry must point inside a region in use and below its committed write
-//!    pointer; entries that do not are dropped (counted);
-//! 3. records past the open region's committed write pointer were never acknowledged: they
-//!    are discarded (counted) and overwritten by the next writes;
+//! 2. every index entry must point inside a region in use and below its write pointer;
+//!    entries that do not are dropped (counted);
+//! 3. records past the open region's checkpointed write pointer are re-indexed while they
+//!    check out (put entries are written without the WAL: the device is their log); the
+//!    first one that does not ends the region's contents, and the next writes overwrite
+//!    what lies beyond;
 //! 4. the nonce counter resumes above its last persisted reservation.
 
 use super::dram::S3Fifo;
@@ -72,10 +74,14 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
             g
         }
         None => {
+            let is_file = std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
+            if cfg.zero_fill && is_file {
+                zero_fill(&*device, &wanted).await?;
+            }
             write_superblock(&*device, &wanted).await?;
             let mut wb = rocksdb::WriteBatch::default();
             wb.put(index::META_GEOMETRY, serde_json::to_vec(&wanted)?);
-            index.write(wb, true)?;
+            index.write(wb, index::WriteMode::Wal { sync: true })?;
             tracing::info!(
                 capacity = wanted.capacity_bytes,
                 region_bytes = wanted.region_bytes,
@@ -100,18 +106,19 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
 
     let namespaces = load_namespaces(&index, &kek)?;
     let counters = Counters::default();
-    let regions = load_regions(&index, &geometry)?;
-    reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
-    let discarded = scan_open_tail(&*device, &geometry, &regions).await?;
+    let mut regions = load_regions(&index, &geometry)?;
+    let recovered =
+        recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces).await?;
     counters
-        .recovered_discarded_records
-        .store(discarded, Ordering::Relaxed);
-    if discarded > 0 {
+        .recovered_records
+        .store(recovered, Ordering::Relaxed);
+    if recovered > 0 {
         tracing::info!(
-            records = discarded,
-            "discarded records past the committed write pointer (never acknowledged)"
+            records = recovered,
+            "re-indexed records past the last checkpoint from the open region's tail"
         );
     }
+    reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
 
     let reserved = match index.get_meta(index::META_SEQ_RESERVED)? {
         Some(v) => u64::from_le_bytes(
@@ -210,6 +217,48 @@ fn load_or_create_kek(path: &Path) -> anyhow::Result<AeadKey> {
         })?
     };
     Ok(AeadKey::new(&key))
+}
+
+/// Writes zeros over the regions of a new file-backed device. A preallocated file's extents
+/// are "unwritten" until first written, so every flush after a first write would also have
+/// to commit filesystem metadata; written once, later flushes are the device's alone
+/// (PostgreSQL zero-fills WAL segments for the same reason). Progress is logged.
+async fn zero_fill(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    const CHUNK_BYTES: u64 = 8 << 20;
+    let end = g.data_offset + g.regions as u64 * g.region_bytes;
+    let chunks: Vec<u64> = (g.data_offset..end).step_by(CHUNK_BYTES as usize).collect();
+    let total = chunks.len();
+    tracing::info!(
+        bytes = end - g.data_offset,
+        "zero-filling the new device file"
+    );
+    let started = std::time::Instant::now();
+    let mut writes = futures::stream::iter(chunks.into_iter().map(|off| {
+        let n = CHUNK_BYTES.min(end - off) as usize;
+        dev.write_at(AlignedBuf::zeroed(n), off)
+    }))
+    .buffer_unordered(8);
+    let mut done = 0;
+    while let Some((_, r)) = writes.next().await {
+        r.context("zero-fill the device file")?;
+        done += 1;
+        if done * 10 / total != (done - 1) * 10 / total {
+            tracing::info!(
+                percent = done * 100 / total,
+                "zero-filling the new device file"
+            );
+        }
+    }
+    drop(writes);
+    dev.flush()
+        .await
+        .context("flush the zero-filled device file")?;
+    tracing::info!(
+        seconds = started.elapsed().as_secs_f64(),
+        "device file zero-filled"
+    );
+    Ok(())
 }
 
 fn superblock_bytes(g: &Geometry) -> anyhow::Result<AlignedBuf> {
@@ -346,38 +395,88 @@ fn reconcile_blocks(
             entries = dropped,
             "dropped index entries pointing outside committed regions"
         );
-        index.write(wb, true)?;
+        index.write(wb, index::WriteMode::Wal { sync: true })?;
     }
     Ok(())
 }
 
-/// Counts well-formed records past the open region's committed write pointer.
-async fn scan_open_tail(
+/// Re-indexes the records past the open region's checkpointed write pointer: put entries
+/// are written without the WAL, so after a crash the index may lack them, but their records
+/// are on the device. A record counts only if its header decodes, carries this region's
+/// epoch (not a previous life's), and it opens and checks out under its namespace's key; the
+/// scan stops at the first that does not. Every acknowledged put lies before that point: a
+/// put is acknowledged only after a flush that covered it and every record before it.
+async fn recover_open_tail(
     dev: &dyn Device,
+    index: &Index,
     g: &Geometry,
-    regions: &[RegionMeta],
+    regions: &mut [RegionMeta],
+    namespaces: &HashMap<u32, Arc<Namespace>>,
 ) -> anyhow::Result<u64> {
-    let Some((r, m)) = regions
+    let Some(r) = regions
         .iter()
         .enumerate()
         .filter(|(_, m)| m.state == RegionState::Open)
         .max_by_key(|(_, m)| m.open_seq)
+        .map(|(r, _)| r)
     else {
         return Ok(0);
     };
+    let m = regions[r];
     let base = g.data_offset + r as u64 * g.region_bytes;
     let mut pos = m.write_ptr as u64;
+    let mut wb = rocksdb::WriteBatch::default();
+    let (cf_blocks, cf_br) = (index.cf(index::CF_BLOCKS), index.cf(index::CF_BY_REGION));
     let mut n = 0;
     while pos + IO_ALIGN_BYTES as u64 <= g.region_bytes {
         let (buf, res) = dev
-            .read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), base + pos)
+            .read_at(AlignedBuf::reused(IO_ALIGN_BYTES), base + pos)
             .await;
-        res.context("scan open region tail")?;
+        res.context("scan the open region's tail")?;
         let Ok(h) = RecordHeader::decode(&buf) else {
             break;
         };
+        let record_len = record::record_bytes(h.len as usize) as u64;
+        if h.region_epoch != m.open_seq || pos + record_len > g.region_bytes {
+            break;
+        }
+        let Some(dek) = namespaces.get(&h.ns_id).and_then(|ns| ns.dek(h.key_id)) else {
+            break;
+        };
+        let loc = BlockLoc {
+            region: r as u32,
+            offset: pos as u32,
+            record_len: record_len as u32,
+            len: h.len,
+            crc32c: h.crc32c,
+            key_id: h.key_id,
+            seq: h.seq,
+            stored_ms: super::now_ms(),
+        };
+        let (buf, res) = dev
+            .read_at(AlignedBuf::reused(record_len as usize), base + pos)
+            .await;
+        res.context("read a record of the open region's tail")?;
+        if !matches!(
+            super::verify_record(buf, &dek, h.ns_id, &h.key, &loc),
+            super::Verified::Ok(_)
+        ) {
+            break;
+        }
+        let bkey = index::block_key(h.ns_id, &h.key);
+        wb.put_cf(cf_blocks, &bkey, loc.encode());
+        wb.put_cf(cf_br, index::by_region_key(r as u32, pos as u32), &bkey);
         n += 1;
-        pos += record::record_bytes(h.len as usize) as u64;
+        pos += record_len;
+    }
+    if n > 0 {
+        regions[r].write_ptr = pos as u32;
+        wb.put_cf(
+            index.cf(index::CF_REGIONS),
+            (r as u32).to_be_bytes(),
+            regions[r].encode(),
+        );
+        index.write(wb, index::WriteMode::Wal { sync: true })?;
     }
     Ok(n)
 }

@@ -1,19 +1,28 @@
 //! The writer: the one task that appends records, mutates the block index and the region
 //! table, and reclaims regions. Group commit: it takes every command queued (up to a bound),
-//! writes their records concurrently, then hands the batch to the committer task, which
-//! flushes the device once, writes one RocksDB batch (synced if any put asked for
-//! `durable`), and only then answers. The two overlap: while the committer makes batch k
-//! durable, the writer already writes batch k+1, so a flush and an index sync are not on
-//! the device's critical path. Batches commit strictly in order; until its batch commits,
-//! the writer sees a block in its `overlay` of uncommitted batches.
+//! writes their records concurrently, then hands the batch to the commit pipeline — the
+//! flusher flushes the device once if any put asked for `durable`, the indexer writes the
+//! batch's index changes — and only then is anything answered. While batch k is made
+//! durable, the writer already writes batch k+1. Batches commit strictly in order; until its
+//! batch commits, the writer sees a block in its `overlay` of uncommitted batches.
 //!
-//! Order, always: records written → device flushed → index batch synced → acknowledgement.
-//! A failed write or flush is never retried-and-acknowledged: the node stops taking writes.
+//! **Durability comes from the data flush.** A put's index entry is written to RocksDB
+//! without the WAL: after a crash it may be gone, and recovery re-indexes it from the open
+//! region's tail, where every record is self-describing and stamped with its region's epoch
+//! (`engine::recovery`). What the tail cannot tell — deletes, quarantines, namespace drops,
+//! region transitions (open, seal, reclaim) — goes through a **checkpoint**: the index
+//! entries of every put since the last checkpoint, then the batch's own changes and the
+//! region table, written with the WAL and synced. A checkpoint also happens every
+//! [`CHECKPOINT_ENTRIES_MAX`] puts and at a clean shutdown, which bounds recovery's scan.
+//!
+//! Order, always: records written → device flushed → index written (checkpoints synced) →
+//! acknowledgement. A failed write, flush or index write is never retried-and-acknowledged:
+//! the node stops taking writes.
 
 use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
 use super::{Core, EngineError, Namespace, PutStatus, Result};
 use crate::device::AlignedBuf;
-use crate::record::RecordHeader;
+use crate::record::{self, RecordHeader};
 use ctxpod_api::Durability;
 use parking_lot::Mutex;
 use rocksdb::WriteBatch;
@@ -89,8 +98,12 @@ pub(crate) struct Writer {
     sealed: VecDeque<u32>,
     open: Option<u32>,
     next_open_seq: u64,
-    /// Regions whose metadata changed since the last batch.
+    /// Regions whose metadata changed since the last checkpoint.
     touched: BTreeSet<u32>,
+    /// A region was opened, sealed or freed since the last checkpoint.
+    transition: bool,
+    /// Index entries (`blocks`, `by_region`) of puts since the last checkpoint.
+    uncheckpointed: Vec<(Vec<u8>, BlockLoc)>,
     /// Free regions kept in reserve so that one group commit and one eviction always fit.
     reserve: usize,
     /// Index changes of batches written but not yet committed, oldest first.
@@ -103,6 +116,9 @@ type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
 
 /// A batch whose records are written, for the committer to make durable and answer.
 struct CommitJob {
+    /// For a checkpoint: the entries of earlier puts, written (with the WAL) before `wb`.
+    checkpoint: Option<WriteBatch>,
+    /// The batch's own changes: with the WAL and synced for a checkpoint, without otherwise.
     wb: WriteBatch,
     replies: Vec<Reply>,
     sync: bool,
@@ -116,6 +132,9 @@ enum CommitMsg {
     /// Answered once every job sent before it is committed.
     Drain(oneshot::Sender<()>),
 }
+
+/// Puts between two checkpoints at most.
+pub const CHECKPOINT_ENTRIES_MAX: usize = 4096;
 
 /// Batches queued before each commit stage: the writer runs at most this far ahead of the
 /// flusher, and the flusher of the indexer.
@@ -176,8 +195,9 @@ async fn indexer(
     }
 }
 
-/// Index batch (synced if any put asked for it) → answers. Any failure, or a failed flush
-/// before it, answers every command of the batch with an error; the node is read-only.
+/// Index changes (a synced checkpoint, or entries without the WAL) → answers. Any failure,
+/// or a failed flush before it, answers every command of the batch with an error; the node
+/// is read-only.
 async fn commit_index(core: &Arc<Core>, job: CommitJob) {
     if core.failed.load(Ordering::SeqCst) {
         job.replies
@@ -192,10 +212,18 @@ async fn commit_index(core: &Arc<Core>, job: CommitJob) {
     }
     // A synced RocksDB write blocks on fsync: off the async workers.
     let t = Instant::now();
-    let (c2, wb, sync) = (core.clone(), job.wb, job.sync);
-    let written = tokio::task::spawn_blocking(move || c2.index.write(wb, sync))
-        .await
-        .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")));
+    let c2 = core.clone();
+    let (checkpoint, wb) = (job.checkpoint, job.wb);
+    let written = tokio::task::spawn_blocking(move || match checkpoint {
+        Some(earlier) => {
+            c2.index
+                .write(earlier, index::WriteMode::Wal { sync: false })?;
+            c2.index.write(wb, index::WriteMode::Wal { sync: true })
+        }
+        None => c2.index.write(wb, index::WriteMode::NoWal),
+    })
+    .await
+    .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")));
     if let Err(e) = written {
         core.fail("index write", &e);
         job.replies
@@ -251,6 +279,8 @@ impl Writer {
             open: current,
             next_open_seq,
             touched: BTreeSet::new(),
+            transition: false,
+            uncheckpointed: Vec::new(),
             reserve,
         };
         w.publish();
@@ -297,12 +327,55 @@ impl Writer {
                 self.commit(cmds).await;
             }
             if let Some(tx) = stop {
-                self.drain_committer().await;
+                self.shutdown_checkpoint().await;
                 let _ = tx.send(());
                 return;
             }
         }
+        self.shutdown_checkpoint().await;
+    }
+
+    /// At a clean stop: everything committed, then one synced checkpoint, so that the next
+    /// start has no tail to scan.
+    async fn shutdown_checkpoint(&mut self) {
         self.drain_committer().await;
+        if self.core.failed.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut wb = WriteBatch::default();
+        self.put_touched(&mut wb);
+        let earlier = self.take_checkpoint();
+        let r = earlier
+            .map_or(Ok(()), |e| {
+                self.core
+                    .index
+                    .write(e, index::WriteMode::Wal { sync: false })
+            })
+            .and_then(|()| {
+                self.core
+                    .index
+                    .write(wb, index::WriteMode::Wal { sync: true })
+            });
+        if let Err(e) = r {
+            self.core.fail("checkpoint at shutdown", &e);
+        }
+    }
+
+    /// The entries of every put since the last checkpoint, as one batch (None if none), and
+    /// the start of a new checkpoint interval.
+    fn take_checkpoint(&mut self) -> Option<WriteBatch> {
+        self.transition = false;
+        if self.uncheckpointed.is_empty() {
+            return None;
+        }
+        let cf_blocks = self.core.index.cf(index::CF_BLOCKS);
+        let cf_br = self.core.index.cf(index::CF_BY_REGION);
+        let mut wb = WriteBatch::default();
+        for (bkey, loc) in self.uncheckpointed.drain(..) {
+            wb.put_cf(cf_blocks, &bkey, loc.encode());
+            wb.put_cf(cf_br, by_region_key(loc.region, loc.offset), &bkey);
+        }
+        Some(wb)
     }
 
     /// Waits until every batch handed to the committer is committed.
@@ -342,10 +415,12 @@ impl Writer {
                 }
                 m.state = RegionState::Sealed;
                 self.touched.insert(r);
+                self.transition = true;
                 self.sealed.push_back(r);
                 self.open = None;
             }
             let r = self.free.pop_front()?;
+            self.transition = true;
             self.regions[r as usize] = RegionMeta {
                 state: RegionState::Open,
                 write_ptr: 0,
@@ -421,9 +496,11 @@ impl Writer {
         let mut replies: Vec<Reply> = Vec::new();
         let mut sync = false;
         let mut puts = 0u64;
+        let mut new_entries: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+        let mut needs_checkpoint = false;
         for cmd in cmds {
             match cmd {
-                WriteCmd::Put(p) => {
+                WriteCmd::Put(mut p) => {
                     if p.ns.deleted.load(Ordering::SeqCst) {
                         let _ = p.reply.send(Err(EngineError::NotFound(format!(
                             "namespace {:?} was deleted",
@@ -473,8 +550,13 @@ impl Writer {
                         seq: p.seq,
                         stored_ms: super::now_ms(),
                     };
+                    record::stamp_region_epoch(
+                        &mut p.record[..record::HEADER_BYTES],
+                        self.regions[region as usize].open_seq,
+                    );
                     wb.put_cf(cfs.0, &p.bkey, loc.encode());
                     wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
+                    new_entries.push((p.bkey.clone(), loc));
                     pending.insert(p.bkey, Some(loc));
                     self.account(&p.ns, p.len, true);
                     sync |= p.durability == Durability::Durable;
@@ -485,6 +567,7 @@ impl Writer {
                 WriteCmd::Delete { ns, bkey, reply } => match self.lookup(&pending, &bkey) {
                     Ok(Some(loc)) => {
                         wb.delete_cf(cfs.0, &bkey);
+                        needs_checkpoint = true;
                         self.account(&ns, loc.len, false);
                         pending.insert(bkey, None);
                         replies.push(Reply::Delete(reply, true));
@@ -497,6 +580,7 @@ impl Writer {
                         if cur == loc {
                             wb.delete_cf(cfs.0, &bkey);
                             wb.put_cf(cfs.2, &bkey, loc.encode());
+                            needs_checkpoint = true;
                             self.account_bkey(&bkey, loc.len);
                             pending.insert(bkey, None);
                         }
@@ -507,6 +591,7 @@ impl Writer {
                     let lo = ns.id.to_be_bytes();
                     let hi = (ns.id + 1).to_be_bytes();
                     wb.delete_range_cf(cfs.0, lo, hi);
+                    needs_checkpoint = true;
                     wb.delete_range_cf(core.index.cf(index::CF_KEYS), lo, hi);
                     wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
                     pending.retain(|k, _| k[..4] != lo);
@@ -540,10 +625,20 @@ impl Writer {
             return;
         }
         self.count_written(written);
-        self.put_touched(&mut wb);
+        let checkpoint = needs_checkpoint
+            || self.transition
+            || self.uncheckpointed.len() + new_entries.len() >= CHECKPOINT_ENTRIES_MAX;
+        let earlier = if checkpoint {
+            self.put_touched(&mut wb);
+            self.take_checkpoint()
+        } else {
+            self.uncheckpointed.extend(new_entries);
+            None
+        };
         self.publish();
         self.overlay.lock().push_back(pending);
         let job = CommitJob {
+            checkpoint: checkpoint.then(|| earlier.unwrap_or_default()),
             wb,
             replies,
             sync,
@@ -682,8 +777,12 @@ impl Writer {
         self.regions[r as usize] = RegionMeta::FREE;
         self.touched.insert(r);
         self.put_touched(&mut wb);
-        // Synced before the region can be reused: no index entry may point into it afterwards.
-        idx.write(wb, true)?;
+        // A checkpoint, synced before the region can be reused: no index entry may point into
+        // it afterwards, and the open region's write pointer moves past every earlier put.
+        if let Some(earlier) = self.take_checkpoint() {
+            idx.write(earlier, index::WriteMode::Wal { sync: false })?;
+        }
+        idx.write(wb, index::WriteMode::Wal { sync: true })?;
         self.free.push_back(r);
         core.counters
             .evicted_regions
