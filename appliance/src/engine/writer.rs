@@ -729,7 +729,7 @@ impl Writer {
                 continue;
             }
             let buf = AlignedBuf::reused(loc.record_len as usize);
-            let (buf, res) = core
+            let (mut buf, res) = core
                 .device
                 .read_at(buf, core.dev_offset(r, loc.offset))
                 .await;
@@ -756,6 +756,11 @@ impl Writer {
             if !pinned {
                 reinsert_bytes += loc.record_len as u64;
             }
+            // The same record, byte for byte, but for the epoch of the region it now lives in.
+            record::stamp_region_epoch(
+                &mut buf[..record::HEADER_BYTES],
+                self.regions[nr as usize].open_seq,
+            );
             written += buf.len() as u64;
             let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
             res?;
