@@ -31,6 +31,9 @@ pub trait Device: Send + Sync + 'static {
     fn read_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture;
     /// Writes all of `buf` at `offset`. Both must be [`IO_ALIGN_BYTES`]-aligned.
     fn write_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture;
+    /// Like [`Device::write_at`], but durable when it completes (`RWF_DSYNC`: a FUA write,
+    /// or the write and a flush) — without flushing anything else.
+    fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture;
     /// Makes every completed write durable (fdatasync / NVMe flush).
     fn flush(&self) -> FlushFuture;
     /// Size in bytes.
@@ -157,6 +160,15 @@ mod tests {
         let (_, r) = dev.write_at(w, 8192).await;
         r.expect("write");
         dev.flush().await.expect("flush");
+        let mut d = AlignedBuf::zeroed(IO_ALIGN_BYTES);
+        d.fill(0xd5);
+        let (_, r) = dev.write_durable_at(d, 12 * 4096).await;
+        r.expect("durable write");
+        let (b, r) = dev
+            .read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), 12 * 4096)
+            .await;
+        r.expect("read durable write");
+        assert!(b.iter().all(|&x| x == 0xd5));
         let (buf, r) = dev
             .read_at(AlignedBuf::zeroed(3 * IO_ALIGN_BYTES), 8192)
             .await;

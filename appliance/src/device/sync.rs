@@ -58,6 +58,51 @@ impl Device for SyncDevice {
         })
     }
 
+    fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
+        use std::os::fd::AsRawFd;
+        let file = self.file.clone();
+        Box::pin(async move {
+            if let Err(e) = check_aligned(&buf, offset) {
+                return (buf, Err(e));
+            }
+            joined(
+                tokio::task::spawn_blocking(move || {
+                    let mut done = 0usize;
+                    while done < buf.len() {
+                        let iov = libc::iovec {
+                            // SAFETY (for the cast): pwritev2 only reads through this pointer.
+                            iov_base: buf[done..].as_ptr() as *mut libc::c_void,
+                            iov_len: buf.len() - done,
+                        };
+                        // SAFETY: one valid iovec over our live buffer, on an fd we own.
+                        let n = unsafe {
+                            libc::pwritev2(
+                                file.as_raw_fd(),
+                                &iov,
+                                1,
+                                (offset + done as u64) as libc::off_t,
+                                libc::RWF_DSYNC,
+                            )
+                        };
+                        if n < 0 {
+                            let e = io::Error::last_os_error();
+                            if e.kind() == io::ErrorKind::Interrupted {
+                                continue;
+                            }
+                            return (buf, Err(e));
+                        }
+                        if n == 0 {
+                            return (buf, Err(io::ErrorKind::WriteZero.into()));
+                        }
+                        done += n as usize;
+                    }
+                    (buf, Ok(()))
+                })
+                .await,
+            )
+        })
+    }
+
     fn flush(&self) -> FlushFuture {
         let file = self.file.clone();
         Box::pin(async move {

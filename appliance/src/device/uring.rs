@@ -23,6 +23,8 @@ const EVENTFD_TOKEN: u64 = u64::MAX;
 enum Kind {
     Read,
     Write,
+    /// A write with `RWF_DSYNC`: durable on completion.
+    WriteDurable,
     Flush,
 }
 
@@ -141,6 +143,13 @@ impl Device for UringDevice {
         self.submit(Kind::Write, buf, offset)
     }
 
+    fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
+        if let Err(e) = check_aligned(&buf, offset) {
+            return Box::pin(async move { (buf, Err(e)) });
+        }
+        self.submit(Kind::WriteDurable, buf, offset)
+    }
+
     fn flush(&self) -> FlushFuture {
         let fut = self.submit(Kind::Flush, AlignedBuf::zeroed(0), 0);
         Box::pin(async move { fut.await.1 })
@@ -171,6 +180,12 @@ fn entry_for(op: &mut Op, fd: types::Fd, token: u64) -> io_uring::squeue::Entry 
         Kind::Write => opcode::Write::new(fd, unsafe { op.buf.as_ptr().add(op.done) }, remaining)
             .offset(off)
             .build(),
+        Kind::WriteDurable => {
+            opcode::Write::new(fd, unsafe { op.buf.as_ptr().add(op.done) }, remaining)
+                .offset(off)
+                .rw_flags(libc::RWF_DSYNC)
+                .build()
+        }
         Kind::Flush => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),

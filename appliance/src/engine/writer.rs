@@ -1,8 +1,10 @@
 //! The writer: the one task that appends records, mutates the block index and the region
-//! table, and reclaims regions. Group commit: it takes every command queued (up to a bound),
-//! writes their records concurrently, then hands the batch to the commit pipeline — the
-//! flusher flushes the device once if any put asked for `durable`, the indexer writes the
-//! batch's index changes — and only then is anything answered. While batch k is made
+//! table, and reclaims regions. Group commit: it takes every command queued (up to a bound)
+//! and writes their records concurrently — durable writes (`RWF_DSYNC`) if any put of the
+//! batch asked for `durable` — then hands the batch to the commit pipeline: the flusher
+//! flushes the device where earlier `fast` records are not yet on stable media and a
+//! command needs them to be, the indexer writes the batch's index changes, and only then
+//! is anything answered. While batch k is made
 //! durable, the writer already writes batch k+1. Batches commit strictly in order; until its
 //! batch commits, the writer sees a block in its `overlay` of uncommitted batches.
 //!
@@ -15,8 +17,8 @@
 //! region table, written with the WAL and synced. A checkpoint also happens every
 //! [`CHECKPOINT_ENTRIES_MAX`] puts and at a clean shutdown, which bounds recovery's scan.
 //!
-//! Order, always: records written → device flushed → index written (checkpoints synced) →
-//! acknowledgement. A failed write, flush or index write is never retried-and-acknowledged:
+//! Order, always: records on stable media (durable writes, or writes then a flush) → index
+//! written (checkpoints synced) → acknowledgement. A failed write, flush or index write is never retried-and-acknowledged:
 //! the node stops taking writes.
 
 use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
@@ -121,7 +123,10 @@ struct CommitJob {
     /// The batch's own changes: with the WAL and synced for a checkpoint, without otherwise.
     wb: WriteBatch,
     replies: Vec<Reply>,
+    /// Some command needs everything acknowledged so far on stable media.
     sync: bool,
+    /// The batch's records were written durable (they need no flush themselves).
+    durable_writes: bool,
     written: u64,
     puts: u64,
     started: Instant,
@@ -151,11 +156,11 @@ async fn committer(
 ) {
     let (tx, irx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
     let indexer = tokio::spawn(indexer(core.clone(), overlay, irx));
-    // Records written since the last flush.
+    // Records written, not durable, since the last flush (`fast` batches).
     let mut dirty = false;
     while let Some(msg) = rx.recv().await {
         if let CommitMsg::Job(job) = &msg {
-            dirty |= job.written > 0;
+            dirty |= job.written > 0 && !job.durable_writes;
             if job.sync && dirty && !core.failed.load(Ordering::SeqCst) {
                 let t = Instant::now();
                 match core.device.flush().await {
@@ -611,11 +616,16 @@ impl Writer {
             }
         }
         let written: u64 = writes.iter().map(|(b, _)| b.len() as u64).sum();
-        let results = futures::future::join_all(
-            writes
-                .into_iter()
-                .map(|(buf, off)| self.core.device.write_at(buf, off)),
-        )
+        // A batch with a durable put writes its records durable (RWF_DSYNC): each is on
+        // stable media when its write completes, and the batch needs no flush of its own.
+        let dev = &self.core.device;
+        let results = futures::future::join_all(writes.into_iter().map(|(buf, off)| {
+            if sync {
+                dev.write_durable_at(buf, off)
+            } else {
+                dev.write_at(buf, off)
+            }
+        }))
         .await;
         if let Some(e) = results.into_iter().find_map(|(_, r)| r.err()) {
             self.core.fail("device write", &anyhow::Error::from(e));
@@ -642,6 +652,7 @@ impl Writer {
             wb,
             replies,
             sync,
+            durable_writes: sync,
             written,
             puts,
             started,
