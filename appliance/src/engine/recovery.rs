@@ -405,7 +405,8 @@ fn reconcile_blocks(
 /// are on the device. A record counts only if its header decodes, carries this region's
 /// epoch (not a previous life's), and it opens and checks out under its namespace's key; the
 /// scan stops at the first that does not. Every acknowledged put lies before that point: a
-/// put is acknowledged only after a flush that covered it and every record before it.
+/// durable put is acknowledged only once it and every record before it are on stable media
+/// (its batch was written `RWF_DSYNC`, and a flush covered any earlier `fast` records).
 async fn recover_open_tail(
     dev: &dyn Device,
     index: &Index,

@@ -161,6 +161,9 @@ async fn committer(
     while let Some(msg) = rx.recv().await {
         if let CommitMsg::Job(job) = &msg {
             dirty |= job.written > 0 && !job.durable_writes;
+            // A durable batch is on stable media already, but `fast` records written before
+            // it may not be: flush them, or a power loss could leave a hole in front of an
+            // acknowledged record, where recovery's tail scan would stop.
             if job.sync && dirty && !core.failed.load(Ordering::SeqCst) {
                 let t = Instant::now();
                 match core.device.flush().await {
