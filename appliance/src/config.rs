@@ -243,6 +243,18 @@ mod tests {
         assert_eq!(ByteSize(4 << 30).to_string(), "4GiB");
     }
 
+    /// The example in docs/ parses and states the defaults.
+    #[test]
+    fn example_config_is_true() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("example.toml");
+        std::fs::write(&f, include_str!("../../docs/ctxpod.example.toml")).expect("write");
+        let c: Config = Figment::from(Toml::file(&f))
+            .extract()
+            .expect("example parses");
+        assert_eq!(c, Config::default());
+    }
+
     #[test]
     fn layering() {
         let dir = tempfile::tempdir().expect("tempdir");
