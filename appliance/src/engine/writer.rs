@@ -99,7 +99,6 @@ pub(crate) struct Writer {
     /// Sealed regions, oldest first.
     sealed: VecDeque<u32>,
     open: Option<u32>,
-    next_open_seq: u64,
     /// Regions whose metadata changed since the last checkpoint.
     touched: BTreeSet<u32>,
     /// A region was opened, sealed or freed since the last checkpoint.
@@ -271,7 +270,6 @@ impl Writer {
         let current = open.pop();
         sealed.extend(open);
         sealed.sort_by_key(|&r| regions[r as usize].open_seq);
-        let next_open_seq = regions.iter().map(|m| m.open_seq).max().unwrap_or(0) + 1;
         let batch_regions = core.cfg.group_commit_max_bytes.0.div_ceil(g.region_bytes) as usize;
         let reserve = (batch_regions + 2).min(g.regions as usize / 2).max(1);
         let overlay = Arc::new(Mutex::new(VecDeque::new()));
@@ -285,7 +283,6 @@ impl Writer {
             free,
             sealed: sealed.into(),
             open: current,
-            next_open_seq,
             touched: BTreeSet::new(),
             transition: false,
             uncheckpointed: Vec::new(),
@@ -409,8 +406,13 @@ impl Writer {
         self.core.index.get_block(bkey)
     }
 
-    /// Space for a record of `bytes` in the open region, opening a new one when it is full.
-    fn alloc(&mut self, bytes: usize) -> Option<(u32, u32)> {
+    /// Space for a record of `bytes` in the open region, opening a new one when it is full;
+    /// `None` when no region is free.
+    ///
+    /// A region's epoch (`open_seq`) is a fresh number from the node's sequence, which is
+    /// never handed out twice, not even across crashes: records left over from any earlier
+    /// life of the region, acknowledged or not, can never carry the current epoch.
+    fn alloc(&mut self, bytes: usize) -> anyhow::Result<Option<(u32, u32)>> {
         let rb = self.core.geometry.region_bytes as usize;
         loop {
             if let Some(r) = self.open {
@@ -419,7 +421,7 @@ impl Writer {
                 if wp + bytes <= rb {
                     m.write_ptr = (wp + bytes) as u32;
                     self.touched.insert(r);
-                    return Some((r, wp as u32));
+                    return Ok(Some((r, wp as u32)));
                 }
                 m.state = RegionState::Sealed;
                 self.touched.insert(r);
@@ -427,14 +429,17 @@ impl Writer {
                 self.sealed.push_back(r);
                 self.open = None;
             }
-            let r = self.free.pop_front()?;
+            let Some(&r) = self.free.front() else {
+                return Ok(None);
+            };
+            let epoch = self.core.next_seq()?;
+            self.free.pop_front();
             self.transition = true;
             self.regions[r as usize] = RegionMeta {
                 state: RegionState::Open,
                 write_ptr: 0,
-                open_seq: self.next_open_seq,
+                open_seq: epoch,
             };
-            self.next_open_seq += 1;
             self.touched.insert(r);
             self.open = Some(r);
         }
@@ -542,11 +547,18 @@ impl Writer {
                             continue;
                         }
                     }
-                    let Some((region, offset)) = self.alloc(p.record.len()) else {
-                        let _ = p.reply.send(Err(EngineError::NoSpace(
-                            "no free region: every region holds leased blocks".into(),
-                        )));
-                        continue;
+                    let (region, offset) = match self.alloc(p.record.len()) {
+                        Ok(Some(place)) => place,
+                        Ok(None) => {
+                            let _ = p.reply.send(Err(EngineError::NoSpace(
+                                "no free region: every region holds leased blocks".into(),
+                            )));
+                            continue;
+                        }
+                        Err(e) => {
+                            let _ = p.reply.send(Err(e.into()));
+                            continue;
+                        }
                     };
                     let loc = BlockLoc {
                         region,
@@ -751,7 +763,7 @@ impl Writer {
             let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
                 h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
             });
-            let target = if intact { self.alloc(buf.len()) } else { None };
+            let target = if intact { self.alloc(buf.len())? } else { None };
             let Some((nr, noff)) = target else {
                 // A record that no longer checks out, or no room left: it leaves the index.
                 wb.delete_cf(cf_blocks, &bkey);
