@@ -95,6 +95,7 @@ impl Client {
         }
     }
 
+    /// Stores a block, sending its CRC32C so that the node checks the bytes it received.
     pub async fn put(
         &self,
         ns: &str,
@@ -103,6 +104,19 @@ impl Client {
         durability: Durability,
     ) -> Result<PutOutcome, ClientError> {
         let crc = crate::crc32c(&data);
+        self.put_with_crc(ns, key, data, crc, durability).await
+    }
+
+    /// [`Client::put`] with a CRC32C the caller already has (engines often checksum their
+    /// KV blocks anyway); a wrong one is refused with 422 and nothing is stored.
+    pub async fn put_with_crc(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        crc: u32,
+        durability: Durability,
+    ) -> Result<PutOutcome, ClientError> {
         let resp = self
             .send(
                 self.http

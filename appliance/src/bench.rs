@@ -272,18 +272,25 @@ async fn phase(
     conc: usize,
     what: &str,
 ) -> anyhow::Result<Row> {
-    let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
+    let pool: Vec<(Bytes, u32)> = (0..POOL)
+        .map(|i| {
+            let b = block(size, i);
+            let crc = ctxpod_api::crc32c(&b);
+            (b, crc)
+        })
+        .collect();
     let t = Instant::now();
     let mut lat = Vec::with_capacity(n as usize);
     let put = what.starts_with("PUT");
     let mut s = futures::stream::iter((0..n).map(|i| {
         let c = client.clone();
-        let data = pool[(i % POOL) as usize].clone();
+        let (data, crc) = pool[(i % POOL) as usize].clone();
         async move {
             let k = key(size, i);
             let t = Instant::now();
             if put {
-                c.put("default", &k, data, Durability::Durable).await?;
+                c.put_with_crc("default", &k, data, crc, Durability::Durable)
+                    .await?;
             } else {
                 let got = c.get("default", &k).await?;
                 ensure!(

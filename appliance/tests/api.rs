@@ -154,6 +154,19 @@ async fn put_semantics_and_error_codes() {
         None,
         "nothing stored on a CRC mismatch"
     );
+    // The client's own CRC path: a wrong CRC is refused the same way.
+    let e = c
+        .put_with_crc(
+            "default",
+            b"k3",
+            data.clone(),
+            ctxpod_api::crc32c(&data) ^ 1,
+            Durability::Durable,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), 422);
+    assert_eq!(c.get("default", b"k3").await.expect("get"), None);
     // The right CRC, uppercase hex accepted, and fast durability.
     let crc = format!("{:08X}", ctxpod_api::crc32c(&data));
     let r = http
