@@ -322,6 +322,11 @@ fn durability(h: &HeaderMap) -> ApiResult<Durability> {
     }
 }
 
+/// The request's Content-Length, if it has a valid one.
+fn content_length(h: &HeaderMap) -> Option<usize> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
 /// Bytes of an over-limit body read and discarded before answering 413, so that the client
 /// reads the answer instead of a reset connection; bodies declared larger are cut off at once.
 pub const DRAIN_BYTES_MAX: u64 = 64 << 20;
@@ -331,10 +336,7 @@ pub const DRAIN_BYTES_MAX: u64 = 64 << 20;
 async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes> {
     use http_body_util::BodyExt;
     let too_large = || ApiError::too_large(format!("body over the limit of {max} bytes"));
-    let declared = h
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = content_length(h).map(|l| l as u64);
     if declared.is_some_and(|l| l > DRAIN_BYTES_MAX) {
         return Err(too_large());
     }
@@ -489,10 +491,7 @@ async fn put_block(
                 .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
         ),
     };
-    let declared = h
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared = content_length(&h);
     let _permit = st.admit_body(
         declared
             .unwrap_or(ctxpod_api::BLOCK_BYTES_MAX)
@@ -666,10 +665,7 @@ async fn batch_put(
     parse_ns(&ns)?;
     let dur = durability(&h)?;
     st.engine.namespace(&ns)?;
-    let declared = h
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared = content_length(&h);
     // Room for the frame and for each block's staged copy.
     let budget = 2 * declared
         .unwrap_or(ctxpod_api::BATCH_BODY_BYTES_MAX)

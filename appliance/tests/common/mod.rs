@@ -18,9 +18,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts a node on `dir` with extra `serve` flags and environment.
-    pub async fn start_with(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Node {
-        let mut n = Node {
+    fn unstarted(dir: &Path, args: &[&str], envs: &[(&str, &str)], deny_io_uring: bool) -> Node {
+        Node {
             child: None,
             dir: dir.to_path_buf(),
             url: String::new(),
@@ -30,30 +29,27 @@ impl Node {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            deny_io_uring: false,
-        };
-        n.spawn().await;
-        n
+            deny_io_uring,
+        }
     }
 
-    /// Starts a node whose process is refused `io_uring_setup` by a seccomp filter, the way
-    /// a container's default profile refuses it.
-    pub async fn start_without_io_uring(dir: &Path, args: &[&str]) -> Node {
-        let mut n = Node {
-            child: None,
-            dir: dir.to_path_buf(),
-            url: String::new(),
-            client: Client::new("http://127.0.0.1:1"),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            envs: Vec::new(),
-            deny_io_uring: true,
-        };
+    /// Starts a node on `dir` with extra `serve` flags and environment.
+    pub async fn start_with(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Node {
+        let mut n = Self::unstarted(dir, args, envs, false);
         n.spawn().await;
         n
     }
 
     pub async fn start(dir: &Path, args: &[&str]) -> Node {
         Self::start_with(dir, args, &[]).await
+    }
+
+    /// Starts a node whose process is refused `io_uring_setup` by a seccomp filter, the way
+    /// a container's default profile refuses it.
+    pub async fn start_without_io_uring(dir: &Path, args: &[&str]) -> Node {
+        let mut n = Self::unstarted(dir, args, &[], true);
+        n.spawn().await;
+        n
     }
 
     async fn spawn(&mut self) {
