@@ -371,23 +371,19 @@ async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes
     Ok(buf.freeze())
 }
 
-/// Reads a body of exactly `dst.len()` bytes (its Content-Length) into `dst`.
-async fn read_into(mut body: Body, dst: &mut [u8]) -> ApiResult<()> {
+/// Receives a body of exactly the announced length into `staged`.
+async fn read_into(mut body: Body, staged: &mut StagedBlock) -> ApiResult<()> {
     use http_body_util::BodyExt;
-    let mut pos = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        let end = pos + data.len();
-        if end > dst.len() {
+        if !staged.append(&data) {
             return Err(ApiError::invalid("body longer than its Content-Length"));
         }
-        dst[pos..end].copy_from_slice(&data);
-        pos = end;
     }
-    if pos != dst.len() {
+    if !staged.is_complete() {
         return Err(ApiError::invalid("body shorter than its Content-Length"));
     }
     Ok(())
@@ -501,7 +497,7 @@ async fn put_block(
         // The common case: the body goes straight into the buffer its record is written from.
         Some(len) if len <= ctxpod_api::BLOCK_BYTES_MAX => {
             let mut staged = StagedBlock::new(len)?;
-            read_into(body, staged.payload_mut()).await?;
+            read_into(body, &mut staged).await?;
             staged
         }
         _ => StagedBlock::copy_of(&read_body(&h, body, ctxpod_api::BLOCK_BYTES_MAX).await?)?,

@@ -279,6 +279,11 @@ fn verify_record(
 pub struct StagedBlock {
     buf: AlignedBuf,
     len: usize,
+    /// Payload bytes received so far.
+    filled: usize,
+    /// CRC32C of the payload received so far, computed as each piece lands (while it is
+    /// still in cache), so that the bytes are not read again to check them.
+    crc: u32,
 }
 
 impl StagedBlock {
@@ -296,22 +301,35 @@ impl StagedBlock {
         Ok(StagedBlock {
             buf: AlignedBuf::reused(record::record_bytes(len)),
             len,
+            filled: 0,
+            crc: 0,
         })
     }
 
     /// A copy of `data`, staged.
     pub fn copy_of(data: &[u8]) -> Result<StagedBlock> {
         let mut s = StagedBlock::new(data.len())?;
-        s.payload_mut().copy_from_slice(data);
+        s.append(data);
         Ok(s)
     }
 
-    pub fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[HEADER_BYTES..HEADER_BYTES + self.len]
+    /// Appends the next piece of the body; false (and nothing appended) if it would run
+    /// past the announced length.
+    pub fn append(&mut self, piece: &[u8]) -> bool {
+        let end = self.filled + piece.len();
+        if end > self.len {
+            return false;
+        }
+        let dst = &mut self.buf[HEADER_BYTES + self.filled..HEADER_BYTES + end];
+        dst.copy_from_slice(piece);
+        self.crc = crc32c::crc32c_append(self.crc, dst);
+        self.filled = end;
+        true
     }
 
-    pub fn payload(&self) -> &[u8] {
-        &self.buf[HEADER_BYTES..HEADER_BYTES + self.len]
+    /// Whether the whole announced body has arrived.
+    pub fn is_complete(&self) -> bool {
+        self.filled == self.len
     }
 
     pub fn len(&self) -> usize {
@@ -448,6 +466,11 @@ impl Engine {
                 "the node failed a device write or flush and accepts no writes"
             )));
         }
+        if !staged.is_complete() {
+            return Err(EngineError::Invalid(
+                "the block's body is incomplete".into(),
+            ));
+        }
         let len = staged.len();
         let ns = self.ns(ns)?;
         let bkey = block_key(ns.id, key);
@@ -475,7 +498,7 @@ impl Engine {
             .core
             .offload
             .run(move || {
-                let crc = crc32c::crc32c(staged.payload());
+                let crc = staged.crc;
                 if client_crc.is_some_and(|c| c != crc) {
                     return Err(crc);
                 }

@@ -107,3 +107,44 @@ async fn nonces_are_never_reused_across_restarts() {
         e.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn staged_blocks_checksum_as_they_fill_and_must_be_complete() {
+    let d = data(9, 100_000);
+    let mut st = StagedBlock::new(d.len()).expect("stage");
+    for piece in d.chunks(7_777) {
+        assert!(st.append(piece));
+    }
+    assert!(!st.append(b"x"), "nothing past the announced length");
+    assert!(st.is_complete());
+    assert_eq!(st.crc, crc32c::crc32c(&d));
+    assert!(matches!(StagedBlock::new(0), Err(EngineError::Invalid(_))));
+    assert!(matches!(
+        StagedBlock::new(ctxpod_api::BLOCK_BYTES_MAX + 1),
+        Err(EngineError::TooLarge(_))
+    ));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    let mut half = StagedBlock::new(d.len()).expect("stage");
+    assert!(half.append(&d[..50_000]));
+    assert!(matches!(
+        e.put_staged("default", b"h", half, None, Durability::Durable)
+            .await,
+        Err(EngineError::Invalid(_))
+    ));
+    assert!(matches!(
+        e.put_staged(
+            "default",
+            b"h",
+            st,
+            Some(crc32c::crc32c(&d) ^ 1),
+            Durability::Durable
+        )
+        .await,
+        Err(EngineError::Integrity(_))
+    ));
+    e.shutdown().await;
+}
