@@ -19,87 +19,76 @@ impl SyncDevice {
     }
 }
 
-fn joined(
-    r: Result<(AlignedBuf, io::Result<()>), tokio::task::JoinError>,
-) -> (AlignedBuf, io::Result<()>) {
-    r.unwrap_or_else(|e| (AlignedBuf::zeroed(0), Err(io::Error::other(e))))
+/// Runs one positioned I/O on the blocking pool, after the alignment check; the buffer
+/// comes back whatever happens.
+fn blocking_io<F>(file: Arc<File>, mut buf: AlignedBuf, offset: u64, io: F) -> IoFuture
+where
+    F: FnOnce(&File, &mut AlignedBuf, u64) -> io::Result<()> + Send + 'static,
+{
+    Box::pin(async move {
+        if let Err(e) = check_aligned(&buf, offset) {
+            return (buf, Err(e));
+        }
+        tokio::task::spawn_blocking(move || {
+            let r = io(&file, &mut buf, offset);
+            (buf, r)
+        })
+        .await
+        .unwrap_or_else(|e| (AlignedBuf::zeroed(0), Err(io::Error::other(e))))
+    })
+}
+
+/// `pwritev2(RWF_DSYNC)` of all of `buf`: durable when it returns.
+fn write_all_dsync(file: &File, buf: &AlignedBuf, offset: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let iov = libc::iovec {
+            // The cast is for the C signature: pwritev2 only reads through this pointer.
+            iov_base: buf[done..].as_ptr() as *mut libc::c_void,
+            iov_len: buf.len() - done,
+        };
+        // SAFETY: one valid iovec over a live buffer, on an open fd.
+        let n = unsafe {
+            libc::pwritev2(
+                file.as_raw_fd(),
+                &iov,
+                1,
+                (offset + done as u64) as libc::off_t,
+                libc::RWF_DSYNC,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 impl Device for SyncDevice {
-    fn read_at(&self, mut buf: AlignedBuf, offset: u64) -> IoFuture {
-        let file = self.file.clone();
-        Box::pin(async move {
-            if let Err(e) = check_aligned(&buf, offset) {
-                return (buf, Err(e));
-            }
-            joined(
-                tokio::task::spawn_blocking(move || {
-                    let r = file.read_exact_at(&mut buf, offset);
-                    (buf, r)
-                })
-                .await,
-            )
+    fn read_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
+        blocking_io(self.file.clone(), buf, offset, |f, b, o| {
+            f.read_exact_at(b, o)
         })
     }
 
     fn write_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
-        let file = self.file.clone();
-        Box::pin(async move {
-            if let Err(e) = check_aligned(&buf, offset) {
-                return (buf, Err(e));
-            }
-            joined(
-                tokio::task::spawn_blocking(move || {
-                    let r = file.write_all_at(&buf, offset);
-                    (buf, r)
-                })
-                .await,
-            )
+        blocking_io(self.file.clone(), buf, offset, |f, b, o| {
+            f.write_all_at(b, o)
         })
     }
 
     fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
-        use std::os::fd::AsRawFd;
-        let file = self.file.clone();
-        Box::pin(async move {
-            if let Err(e) = check_aligned(&buf, offset) {
-                return (buf, Err(e));
-            }
-            joined(
-                tokio::task::spawn_blocking(move || {
-                    let mut done = 0usize;
-                    while done < buf.len() {
-                        let iov = libc::iovec {
-                            // SAFETY (for the cast): pwritev2 only reads through this pointer.
-                            iov_base: buf[done..].as_ptr() as *mut libc::c_void,
-                            iov_len: buf.len() - done,
-                        };
-                        // SAFETY: one valid iovec over our live buffer, on an fd we own.
-                        let n = unsafe {
-                            libc::pwritev2(
-                                file.as_raw_fd(),
-                                &iov,
-                                1,
-                                (offset + done as u64) as libc::off_t,
-                                libc::RWF_DSYNC,
-                            )
-                        };
-                        if n < 0 {
-                            let e = io::Error::last_os_error();
-                            if e.kind() == io::ErrorKind::Interrupted {
-                                continue;
-                            }
-                            return (buf, Err(e));
-                        }
-                        if n == 0 {
-                            return (buf, Err(io::ErrorKind::WriteZero.into()));
-                        }
-                        done += n as usize;
-                    }
-                    (buf, Ok(()))
-                })
-                .await,
-            )
+        blocking_io(self.file.clone(), buf, offset, |f, b, o| {
+            write_all_dsync(f, b, o)
         })
     }
 
