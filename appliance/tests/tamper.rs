@@ -3,36 +3,10 @@
 
 mod common;
 
-use common::{block, Node};
-use ctxpod::record::{RecordHeader, HEADER_BYTES};
+use common::{block, flip, open_device, records, Node};
+use ctxpod::record::HEADER_BYTES;
 use ctxpod_api::Durability;
-use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
-
-const DATA_OFFSET: u64 = 1 << 20;
-
-/// Every record on the device: key → (file offset, header).
-fn records(dev: &std::fs::File) -> HashMap<Vec<u8>, (u64, RecordHeader)> {
-    let len = dev.metadata().expect("metadata").len();
-    let mut out = HashMap::new();
-    let mut buf = vec![0u8; HEADER_BYTES];
-    let mut pos = DATA_OFFSET;
-    while pos + HEADER_BYTES as u64 <= len {
-        dev.read_exact_at(&mut buf, pos).expect("read");
-        if let Ok(h) = RecordHeader::decode(&buf) {
-            out.insert(h.key.clone(), (pos, h));
-        }
-        pos += 4096;
-    }
-    out
-}
-
-fn flip(dev: &std::fs::File, at: u64) {
-    let mut b = [0u8; 1];
-    dev.read_exact_at(&mut b, at).expect("read");
-    b[0] ^= 0x5a;
-    dev.write_all_at(&b, at).expect("write");
-}
 
 #[tokio::test]
 async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
@@ -50,11 +24,7 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
     }
     node.stop();
 
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(data_dir.join("blocks.dev"))
-        .expect("open device file");
+    let dev = open_device(&data_dir);
     let recs = records(&dev);
     assert_eq!(
         recs.len(),

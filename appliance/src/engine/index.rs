@@ -111,6 +111,11 @@ pub struct RegionMeta {
     pub write_ptr: u32,
     /// Order in which regions were opened: eviction takes the lowest first.
     pub open_seq: u64,
+    /// Epoch stamped into the records written from the committed `write_ptr` on: `open_seq`
+    /// when the region opens, a fresh sequence number at every start that finds the region
+    /// open. Recovery's tail scan accepts only records of this epoch, so records left past a
+    /// hole by an earlier crash (written, never acknowledged) can never be taken for new ones.
+    pub tail_epoch: u64,
 }
 
 impl RegionMeta {
@@ -118,18 +123,30 @@ impl RegionMeta {
         state: RegionState::Free,
         write_ptr: 0,
         open_seq: 0,
+        tail_epoch: 0,
     };
 
-    pub fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
+    /// A region opened now, under `epoch`.
+    pub fn opened(epoch: u64) -> RegionMeta {
+        RegionMeta {
+            state: RegionState::Open,
+            write_ptr: 0,
+            open_seq: epoch,
+            tail_epoch: epoch,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
         b[0] = self.state as u8;
         b[4..8].copy_from_slice(&self.write_ptr.to_le_bytes());
         b[8..16].copy_from_slice(&self.open_seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.tail_epoch.to_le_bytes());
         b
     }
 
     pub fn decode(b: &[u8]) -> anyhow::Result<RegionMeta> {
-        anyhow::ensure!(b.len() == 16, "region metadata of {} bytes", b.len());
+        anyhow::ensure!(b.len() == 24, "region metadata of {} bytes", b.len());
         let state = match b[0] {
             0 => RegionState::Free,
             1 => RegionState::Open,
@@ -140,6 +157,7 @@ impl RegionMeta {
             state,
             write_ptr: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
             open_seq: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            tail_epoch: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
         })
     }
 }
@@ -282,9 +300,11 @@ mod tests {
             state: RegionState::Sealed,
             write_ptr: 77 * 4096,
             open_seq: 5,
+            tail_epoch: 9,
         };
         assert_eq!(RegionMeta::decode(&r.encode()).expect("decodes"), r);
-        assert!(RegionMeta::decode(&[9; 16]).is_err());
+        assert!(RegionMeta::decode(&[9; 24]).is_err());
+        assert!(RegionMeta::decode(&[0; 16]).is_err());
         assert!(BlockLoc::decode(&[0; 3]).is_err());
     }
 }

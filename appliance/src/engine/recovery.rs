@@ -30,7 +30,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: region metadata carries the tail epoch.
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes before region 0: the device superblock lives in the first 4 KiB.
 pub const DATA_OFFSET_BYTES: u64 = 1 << 20;
 const SUPERBLOCK_MAGIC: &[u8; 8] = b"CTXPODDV";
@@ -49,6 +50,13 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
         .transpose()
         .context("decode stored geometry")?;
     if let Some(g) = &stored {
+        ensure!(
+            g.format_version == FORMAT_VERSION,
+            "this node's data is in on-disk format {}, this ctxpod reads format {}: there is \
+             no in-place upgrade, start it on a new data dir",
+            g.format_version,
+            FORMAT_VERSION
+        );
         ensure!(
             g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
             "this node was formatted with capacity {} and regions of {} bytes; the \
@@ -106,6 +114,17 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
 
     let namespaces = load_namespaces(&index, &kek)?;
     let counters = Counters::default();
+    // The node's sequence (nonces, region epochs) resumes above everything an earlier life
+    // may have handed out; its first number goes to the open region's tail.
+    let reserved = match index.get_meta(index::META_SEQ_RESERVED)? {
+        Some(v) => u64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("bad nonce reservation in the index"))?,
+        ),
+        None => 0,
+    };
+    let next_reserved = reserved + SEQ_CHUNK;
     let mut regions = load_regions(&index, &geometry)?;
     let recovered =
         recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces).await?;
@@ -118,23 +137,24 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
             "re-indexed records past the last checkpoint from the open region's tail"
         );
     }
-    reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
-
-    let reserved = match index.get_meta(index::META_SEQ_RESERVED)? {
-        Some(v) => u64::from_le_bytes(
-            v.as_slice()
-                .try_into()
-                .map_err(|_| anyhow::anyhow!("bad nonce reservation in the index"))?,
-        ),
-        None => 0,
-    };
-    let next_reserved = reserved + SEQ_CHUNK;
-    let mut wo = rocksdb::WriteOptions::default();
-    wo.set_sync(true);
+    // One synced batch: the new reservation, and a fresh tail epoch for every open region,
+    // so that records an earlier life left past the tail are never scanned as this life's.
+    let mut wb = rocksdb::WriteBatch::default();
+    wb.put(index::META_SEQ_RESERVED, next_reserved.to_le_bytes());
+    for (r, m) in regions.iter_mut().enumerate() {
+        if m.state == index::RegionState::Open {
+            m.tail_epoch = reserved;
+            wb.put_cf(
+                index.cf(index::CF_REGIONS),
+                (r as u32).to_be_bytes(),
+                m.encode(),
+            );
+        }
+    }
     index
-        .db
-        .put_opt(index::META_SEQ_RESERVED, next_reserved.to_le_bytes(), &wo)
-        .context("persist nonce reservation")?;
+        .write(wb, index::WriteMode::Wal { sync: true })
+        .context("persist nonce reservation and tail epochs")?;
+    reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
 
     let by_name: HashMap<String, Arc<Namespace>> = namespaces
         .values()
@@ -145,7 +165,7 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
         leases: Leases::new(cfg.leases_max),
         read_bits: ReadBits::new(READ_BITS),
         seq: SeqAlloc {
-            next: AtomicU64::new(reserved),
+            next: AtomicU64::new(reserved + 1),
             reserved: Mutex::new(next_reserved),
             reserved_fast: AtomicU64::new(next_reserved),
         },
@@ -438,7 +458,7 @@ async fn recover_open_tail(
             break;
         };
         let record_len = record::record_bytes(h.len as usize) as u64;
-        if h.region_epoch != m.open_seq || pos + record_len > g.region_bytes {
+        if h.region_epoch != m.tail_epoch || pos + record_len > g.region_bytes {
             break;
         }
         let Some(dek) = namespaces.get(&h.ns_id).and_then(|ns| ns.dek(h.key_id)) else {

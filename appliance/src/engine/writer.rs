@@ -409,9 +409,11 @@ impl Writer {
     /// Space for a record of `bytes` in the open region, opening a new one when it is full;
     /// `None` when no region is free.
     ///
-    /// A region's epoch (`open_seq`) is a fresh number from the node's sequence, which is
-    /// never handed out twice, not even across crashes: records left over from any earlier
-    /// life of the region, acknowledged or not, can never carry the current epoch.
+    /// A region's epoch (`open_seq`, and the `tail_epoch` its records carry) is a fresh
+    /// number from the node's sequence, which is never handed out twice, not even across
+    /// crashes: records left over from any earlier life of the region, acknowledged or not,
+    /// can never carry the current epoch. Each start gives the open region's tail a fresh
+    /// epoch too (see `recovery::open`).
     fn alloc(&mut self, bytes: usize) -> anyhow::Result<Option<(u32, u32)>> {
         let rb = self.core.geometry.region_bytes as usize;
         loop {
@@ -435,11 +437,7 @@ impl Writer {
             let epoch = self.core.next_seq()?;
             self.free.pop_front();
             self.transition = true;
-            self.regions[r as usize] = RegionMeta {
-                state: RegionState::Open,
-                write_ptr: 0,
-                open_seq: epoch,
-            };
+            self.regions[r as usize] = RegionMeta::opened(epoch);
             self.touched.insert(r);
             self.open = Some(r);
         }
@@ -572,7 +570,7 @@ impl Writer {
                     };
                     record::stamp_region_epoch(
                         &mut p.record[..record::HEADER_BYTES],
-                        self.regions[region as usize].open_seq,
+                        self.regions[region as usize].tail_epoch,
                     );
                     wb.put_cf(cfs.0, &p.bkey, loc.encode());
                     wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
@@ -785,7 +783,7 @@ impl Writer {
             // The same record, byte for byte, but for the epoch of the region it now lives in.
             record::stamp_region_epoch(
                 &mut buf[..record::HEADER_BYTES],
-                self.regions[nr as usize].open_seq,
+                self.regions[nr as usize].tail_epoch,
             );
             written += buf.len() as u64;
             let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;

@@ -1,8 +1,11 @@
 //! Test harness: starts the real `ctxpod` binary on a temp dir and a free loopback port.
 #![allow(dead_code)]
 
+use ctxpod::record::{RecordHeader, HEADER_BYTES};
 use ctxpod_api::client::Client;
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -218,4 +221,39 @@ pub fn deny_io_uring_setup() -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Device file of a node's data dir; records start here.
+pub const DATA_OFFSET: u64 = 1 << 20;
+
+/// The device file of a node's data dir, for reading and writing while the node is down.
+pub fn open_device(data_dir: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(data_dir.join("blocks.dev"))
+        .expect("open device file")
+}
+
+/// Every record on the device: key → (file offset, header).
+pub fn records(dev: &std::fs::File) -> HashMap<Vec<u8>, (u64, RecordHeader)> {
+    let len = dev.metadata().expect("metadata").len();
+    let mut out = HashMap::new();
+    let mut buf = vec![0u8; HEADER_BYTES];
+    let mut pos = DATA_OFFSET;
+    while pos + HEADER_BYTES as u64 <= len {
+        dev.read_exact_at(&mut buf, pos).expect("read");
+        if let Ok(h) = RecordHeader::decode(&buf) {
+            out.insert(h.key.clone(), (pos, h));
+        }
+        pos += 4096;
+    }
+    out
+}
+
+pub fn flip(dev: &std::fs::File, at: u64) {
+    let mut b = [0u8; 1];
+    dev.read_exact_at(&mut b, at).expect("read");
+    b[0] ^= 0x5a;
+    dev.write_all_at(&b, at).expect("write");
 }
