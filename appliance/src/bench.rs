@@ -2,9 +2,12 @@
 //! a child process on loopback), next to the device's own sequential bandwidth measured in
 //! the same run on the same filesystem with O_DIRECT.
 //!
-//! Phases per block size: durable PUT of `--bytes` → node restarted (DRAM tier empty) →
-//! cold GET (every block from flash) → hot GET (every block from the DRAM tier). Every GET
-//! is checked byte for byte.
+//! Phases per block size: the device's own sequential write and read (through the node's
+//! device layer, just before the node runs, so that a drifting virtual disk is compared
+//! with itself) → durable PUT of `--bytes` → node restarted (DRAM tier empty) → cold GET
+//! (every block from flash) → hot GET (every block from the DRAM tier). Every GET is checked
+//! byte for byte. PUT and cold GET are also printed as a fraction of the device's write and
+//! read bandwidth; `--repeat` runs everything again and prints the medians.
 
 use crate::config::ByteSize;
 use crate::device::{self, AlignedBuf, IoEngine};
@@ -26,7 +29,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB,4MiB")]
     pub sizes: Vec<ByteSize>,
     /// Bytes written (and read back) per block size.
-    #[arg(long, default_value = "1GiB")]
+    #[arg(long, default_value = "2GiB")]
     pub bytes: ByteSize,
     /// Requests in flight.
     #[arg(long, default_value_t = 16)]
@@ -37,16 +40,24 @@ pub struct BenchArgs {
     /// Also write results as JSON lines here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Runs of the whole measurement (device baseline and node phases); with more than one,
+    /// the medians are printed too.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, Clone)]
 struct Row {
+    run: u32,
     what: String,
     size: u64,
     ops: u64,
     gb_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// This figure over the device's own bandwidth (write for PUT, read for cold GET),
+    /// measured in the same run just before.
+    of_device: Option<f64>,
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -60,6 +71,8 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Duration>) -> Row {
     lat.sort();
     Row {
+        run: 0,
+        of_device: None,
         what: what.into(),
         size,
         ops: lat.len() as u64,
@@ -182,6 +195,8 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
     let ws = run("write-sync");
     let _ = std::fs::remove_file(&path);
     let mk = |what: &str, bw: f64| Row {
+        run: 0,
+        of_device: None,
         what: what.into(),
         size: 1 << 20,
         ops: bytes >> 20,
@@ -310,86 +325,61 @@ async fn phase(
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.dir)?;
+    ensure!(a.repeat > 0, "--repeat must be at least 1");
     let mut rows = Vec::new();
-    eprintln!("device baseline: {} on {}", a.device_bytes, a.dir.display());
-    let (w, r) = device_baseline(&a.dir, a.device_bytes.0).await?;
-    rows.push(w);
-    rows.push(r);
     if let Some(fio) = fio_baseline(&a.dir, a.device_bytes.0) {
         rows.extend(fio);
     }
-    for size in &a.sizes {
-        let size = size.0 as usize;
-        let n = (a.bytes.0 / size as u64).max(1);
-        let total = n * size as u64;
-        let data_dir = a.dir.join(format!("node-{size}"));
-        let _ = std::fs::remove_dir_all(&data_dir);
-        // Room for every block plus eviction reserve. Cold reads run with a 16 MiB DRAM tier
-        // (every read from flash, the tier churning as in steady state); hot reads with a
-        // DRAM tier that holds the whole set, after an untimed pass that fills it.
-        let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
-        let dram_small = 16 << 20;
-        let dram_big = total + total / 4 + (64 << 20);
-        eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
-        let node = Node::start(&data_dir, capacity, dram_small).await?;
-        rows.push(phase(&node.client, size, n, a.concurrency, "PUT durable").await?);
-        let s = node.client.stats().await?;
-        let m = node.client.metrics().await?;
-        let metric = |name: &str| {
-            m.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        let commits = metric("ctxpod_group_commit_blocks_count").max(1.0);
-        eprintln!(
-            "  engine {} direct={} device write amplification {:.4}; {} group commits, {:.1} \
-             blocks and {:.2} ms each on average",
-            s.io_engine,
-            s.direct_io,
-            s.write_amplification,
-            commits,
-            metric("ctxpod_group_commit_blocks_sum") / commits,
-            metric("ctxpod_group_commit_duration_seconds_sum") / commits * 1e3
-        );
-        eprintln!(
-            "  device flush {:.2} ms, index commit {:.2} ms on average",
-            metric("ctxpod_device_flush_duration_seconds_sum")
-                / metric("ctxpod_device_flush_duration_seconds_count").max(1.0)
-                * 1e3,
-            metric("ctxpod_index_commit_duration_seconds_sum")
-                / metric("ctxpod_index_commit_duration_seconds_count").max(1.0)
-                * 1e3
-        );
-        node.stop()?;
-        let node = Node::start(&data_dir, capacity, dram_small).await?;
-        rows.push(phase(&node.client, size, n, a.concurrency, "GET cold (flash)").await?);
-        let s = node.client.stats().await?;
-        eprintln!(
-            "  cold: {} of {} reads from flash",
-            s.hits - s.dram_hits,
-            s.hits
-        );
-        node.stop()?;
-        let node = Node::start(&data_dir, capacity, dram_big).await?;
-        phase(&node.client, size, n, a.concurrency, "warm-up").await?;
-        rows.push(phase(&node.client, size, n, a.concurrency, "GET hot (DRAM)").await?);
-        let s = node.client.stats().await?;
-        eprintln!("  hot: {} of {} reads from DRAM", s.dram_hits, s.hits);
-        node.stop()?;
-        let _ = std::fs::remove_dir_all(&data_dir);
+    for run in 1..=a.repeat {
+        for size in &a.sizes {
+            let first = rows.len();
+            measure_size(&a, size.0 as usize, &mut rows).await?;
+            rows[first..].iter_mut().for_each(|r| r.run = run);
+        }
     }
-    println!("| what | block | ops | GB/s | p50 ms | p99 ms |");
-    println!("|---|---|---|---|---|---|");
+    println!("| run | what | block | ops | GB/s | p50 ms | p99 ms | of device |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.3} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+            r.run,
             r.what,
             ByteSize(r.size),
             r.ops,
             r.gb_per_s,
             r.p50_ms,
-            r.p99_ms
+            r.p99_ms,
+            r.of_device
+                .map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
         );
+    }
+    if a.repeat > 1 {
+        println!();
+        println!("Medians of {} runs:", a.repeat);
+        println!();
+        println!("| what | block | GB/s | p50 ms | p99 ms | of device |");
+        println!("|---|---|---|---|---|---|");
+        let mut seen: Vec<(String, u64)> = Vec::new();
+        for r in rows.iter().filter(|r| r.run > 0) {
+            if seen.contains(&(r.what.clone(), r.size)) {
+                continue;
+            }
+            seen.push((r.what.clone(), r.size));
+            let same: Vec<&Row> = rows
+                .iter()
+                .filter(|o| o.run > 0 && o.what == r.what && o.size == r.size)
+                .collect();
+            let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
+            println!(
+                "| {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+                r.what,
+                ByteSize(r.size),
+                med(&|r| Some(r.gb_per_s)).unwrap_or(0.0),
+                med(&|r| Some(r.p50_ms)).unwrap_or(0.0),
+                med(&|r| Some(r.p99_ms)).unwrap_or(0.0),
+                med(&|r| r.of_device).map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
+            );
+        }
     }
     if let Some(p) = &a.json {
         let mut out = String::new();
@@ -399,5 +389,89 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         std::fs::write(p, out)?;
     }
+    Ok(())
+}
+
+fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = it.collect();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// The device baseline, then PUT, cold GET and hot GET of one block size.
+async fn measure_size(a: &BenchArgs, size: usize, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let n = (a.bytes.0 / size as u64).max(1);
+    let total = n * size as u64;
+    eprintln!(
+        "{size} B blocks: device baseline ({} on {})",
+        a.device_bytes,
+        a.dir.display()
+    );
+    let (dev_w, dev_r) = device_baseline(&a.dir, a.device_bytes.0).await?;
+    let data_dir = a.dir.join(format!("node-{size}"));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    // Room for every block plus eviction reserve. Cold reads run with a 16 MiB DRAM tier
+    // (every read from flash, the tier churning as in steady state); hot reads with a
+    // DRAM tier that holds the whole set, after an untimed pass that fills it.
+    let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
+    let dram_small = 16 << 20;
+    let dram_big = total + total / 4 + (64 << 20);
+    eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
+    let node = Node::start(&data_dir, capacity, dram_small).await?;
+    let mut put = phase(&node.client, size, n, a.concurrency, "PUT durable").await?;
+    put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
+    let s = node.client.stats().await?;
+    let m = node.client.metrics().await?;
+    let metric = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let commits = metric("ctxpod_group_commit_blocks_count").max(1.0);
+    eprintln!(
+        "  engine {} direct={} device write amplification {:.4}; {} group commits, {:.1} \
+         blocks and {:.2} ms each on average",
+        s.io_engine,
+        s.direct_io,
+        s.write_amplification,
+        commits,
+        metric("ctxpod_group_commit_blocks_sum") / commits,
+        metric("ctxpod_group_commit_duration_seconds_sum") / commits * 1e3
+    );
+    eprintln!(
+        "  device flush {:.2} ms, index commit {:.2} ms on average",
+        metric("ctxpod_device_flush_duration_seconds_sum")
+            / metric("ctxpod_device_flush_duration_seconds_count").max(1.0)
+            * 1e3,
+        metric("ctxpod_index_commit_duration_seconds_sum")
+            / metric("ctxpod_index_commit_duration_seconds_count").max(1.0)
+            * 1e3
+    );
+    node.stop()?;
+    let node = Node::start(&data_dir, capacity, dram_small).await?;
+    let mut cold = phase(&node.client, size, n, a.concurrency, "GET cold (flash)").await?;
+    cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
+    let s = node.client.stats().await?;
+    eprintln!(
+        "  cold: {} of {} reads from flash",
+        s.hits - s.dram_hits,
+        s.hits
+    );
+    node.stop()?;
+    let node = Node::start(&data_dir, capacity, dram_big).await?;
+    phase(&node.client, size, n, a.concurrency, "warm-up").await?;
+    let hot = phase(&node.client, size, n, a.concurrency, "GET hot (DRAM)").await?;
+    let s = node.client.stats().await?;
+    eprintln!("  hot: {} of {} reads from DRAM", s.dram_hits, s.hits);
+    node.stop()?;
+    let _ = std::fs::remove_dir_all(&data_dir);
+    eprintln!(
+        "  PUT {:.3} GB/s = {:.0} % of the device's write, cold GET {:.3} GB/s = {:.0} % of its read",
+        put.gb_per_s,
+        put.of_device.unwrap_or(0.0) * 100.0,
+        cold.gb_per_s,
+        cold.of_device.unwrap_or(0.0) * 100.0
+    );
+    rows.extend([dev_w, dev_r, put, cold, hot]);
     Ok(())
 }

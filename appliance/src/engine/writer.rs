@@ -115,8 +115,14 @@ pub(crate) struct Writer {
 
 type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
 
-/// A batch whose records are written, for the committer to make durable and answer.
+/// The record writes of one batch, running: each buffer comes back with its result.
+type BatchWrites = tokio::task::JoinHandle<Vec<(AlignedBuf, std::io::Result<()>)>>;
+
+/// A batch whose records are being written, for the committer to make durable and answer.
 struct CommitJob {
+    /// The batch's record writes, submitted: they must all succeed before anything else of
+    /// the batch happens.
+    io: Option<BatchWrites>,
     /// For a checkpoint: the entries of earlier puts, written (with the WAL) before `wb`.
     checkpoint: Option<WriteBatch>,
     /// The batch's own changes: with the WAL and synced for a checkpoint, without otherwise.
@@ -137,6 +143,13 @@ enum CommitMsg {
     Drain(oneshot::Sender<()>),
 }
 
+fn count_written(core: &Core, bytes: u64) {
+    core.counters
+        .device_written_bytes
+        .fetch_add(bytes, Ordering::Relaxed);
+    core.metrics.device_written_bytes.inc_by(bytes);
+}
+
 /// Puts between two checkpoints at most.
 pub const CHECKPOINT_ENTRIES_MAX: usize = 4096;
 
@@ -144,10 +157,12 @@ pub const CHECKPOINT_ENTRIES_MAX: usize = 4096;
 /// flusher, and the flusher of the indexer.
 const COMMIT_QUEUE_DEPTH: usize = 2;
 
-/// The commit pipeline, two stages in order: the flusher makes the device durable for each
-/// batch that needs it, the indexer writes the batch's RocksDB batch and answers. The flush
-/// of batch k overlaps the index sync of batch k-1: a flush only has to precede its own
-/// batch's index write.
+/// The commit pipeline, two stages in order: the flusher waits for each batch's record
+/// writes and makes the device durable for the batch if it needs it, the indexer writes the
+/// batch's RocksDB batch and answers. The writes of batch k+1 overlap those of batch k, its
+/// flush the index sync of batch k-1: a batch's writes only have to precede its own flush
+/// and index write, and batches are answered in order, so an acknowledged batch never
+/// follows a hole.
 async fn committer(
     core: Arc<Core>,
     overlay: Arc<Mutex<VecDeque<Pending>>>,
@@ -157,8 +172,22 @@ async fn committer(
     let indexer = tokio::spawn(indexer(core.clone(), overlay, irx));
     // Records written, not durable, since the last flush (`fast` batches).
     let mut dirty = false;
-    while let Some(msg) = rx.recv().await {
-        if let CommitMsg::Job(job) = &msg {
+    while let Some(mut msg) = rx.recv().await {
+        if let CommitMsg::Job(job) = &mut msg {
+            if let Some(io) = job.io.take() {
+                let failed = match io.await {
+                    Ok(results) => results
+                        .into_iter()
+                        .find_map(|(_, r)| r.err())
+                        .map(anyhow::Error::from),
+                    Err(e) => Some(anyhow::anyhow!("device write task: {e}")),
+                };
+                match failed {
+                    // The indexer sees the node failed and answers the batch with errors.
+                    Some(e) => core.fail("device write", &e),
+                    None => count_written(&core, job.written),
+                }
+            }
             dirty |= job.written > 0 && !job.durable_writes;
             // A durable batch is on stable media already, but `fast` records written before
             // it may not be: flush them, or a power loss could leave a hole in front of an
@@ -631,23 +660,20 @@ impl Writer {
         let written: u64 = writes.iter().map(|(b, _)| b.len() as u64).sum();
         // A batch with a durable put writes its records durable (RWF_DSYNC): each is on
         // stable media when its write completes, and the batch needs no flush of its own.
-        let dev = &self.core.device;
-        let results = futures::future::join_all(writes.into_iter().map(|(buf, off)| {
-            if sync {
-                dev.write_durable_at(buf, off)
-            } else {
-                dev.write_at(buf, off)
-            }
-        }))
-        .await;
-        if let Some(e) = results.into_iter().find_map(|(_, r)| r.err()) {
-            self.core.fail("device write", &anyhow::Error::from(e));
-            replies
-                .into_iter()
-                .for_each(|r| r.send_err("device write failed"));
-            return;
-        }
-        self.count_written(written);
+        // The writes run on while the writer takes the next batch: the committer awaits them,
+        // in batch order, before anything of this batch is flushed, indexed or answered.
+        let ios: Vec<_> = writes
+            .into_iter()
+            .map(|(buf, off)| {
+                let dev = &self.core.device;
+                if sync {
+                    dev.write_durable_at(buf, off)
+                } else {
+                    dev.write_at(buf, off)
+                }
+            })
+            .collect();
+        let io = (!ios.is_empty()).then(|| tokio::spawn(futures::future::join_all(ios)));
         let checkpoint = needs_checkpoint
             || self.transition
             || self.uncheckpointed.len() + new_entries.len() >= CHECKPOINT_ENTRIES_MAX;
@@ -661,6 +687,7 @@ impl Writer {
         self.publish();
         self.overlay.lock().push_back(pending);
         let job = CommitJob {
+            io,
             checkpoint: checkpoint.then(|| earlier.unwrap_or_default()),
             wb,
             replies,
@@ -683,11 +710,7 @@ impl Writer {
     }
 
     fn count_written(&self, bytes: u64) {
-        self.core
-            .counters
-            .device_written_bytes
-            .fetch_add(bytes, Ordering::Relaxed);
-        self.core.metrics.device_written_bytes.inc_by(bytes);
+        count_written(&self.core, bytes);
     }
 
     /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
