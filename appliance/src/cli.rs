@@ -100,9 +100,14 @@ pub struct ServeArgs {
     /// DRAM tier size [default: 256MiB].
     #[arg(long)]
     pub dram: Option<ByteSize>,
-    /// Device path (file or raw block device) [default: <data-dir>/blocks.dev].
+    /// Device path (file or raw block device), or `sim:<profile>` for a simulated flash
+    /// device (tlc, qlc, tlc-noplp, qlc-noplp, or a profile TOML file)
+    /// [default: <data-dir>/blocks.dev].
     #[arg(long)]
     pub device: Option<PathBuf>,
+    /// Fault plan (TOML) for a simulated device.
+    #[arg(long)]
+    pub sim_faults: Option<PathBuf>,
     /// I/O engine: auto, io_uring, sync [default: auto].
     #[arg(long)]
     pub io_engine: Option<IoEngine>,
@@ -137,6 +142,9 @@ impl ServeArgs {
         }
         if let Some(d) = &self.device {
             o.insert("device".into(), serde_json::json!(d));
+        }
+        if let Some(f) = &self.sim_faults {
+            o.insert("sim_faults".into(), serde_json::json!(f));
         }
         if let Some(e) = self.io_engine {
             o.insert("io_engine".into(), serde_json::to_value(e)?);

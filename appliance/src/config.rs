@@ -100,9 +100,13 @@ pub struct Config {
     pub capacity: ByteSize,
     /// Bytes of decrypted blocks the DRAM tier may hold.
     pub dram: ByteSize,
-    /// Device path: a file (created and preallocated) or a raw block device. Default
-    /// `<data_dir>/blocks.dev`.
+    /// Device path: a file (created and preallocated) or a raw block device; or
+    /// `sim:<profile>` for a simulated flash device (firmware-sim: `tlc`, `qlc`, their
+    /// `-noplp` variants, or a profile TOML file) whose medium is `<data_dir>/blocks.sim`.
+    /// Default `<data_dir>/blocks.dev`.
     pub device: Option<PathBuf>,
+    /// Fault plan (TOML, see docs/FIRMWARE-SIM.md) for a simulated device.
+    pub sim_faults: Option<PathBuf>,
     /// Size of one region (the unit of eviction), a multiple of 4 KiB. Default: capacity / 32
     /// clamped to 16..=64 MiB.
     pub region_bytes: Option<ByteSize>,
@@ -145,6 +149,7 @@ impl Default for Config {
             capacity: ByteSize(2 << 30),
             dram: ByteSize(256 << 20),
             device: None,
+            sim_faults: None,
             region_bytes: None,
             io_engine: IoEngine::Auto,
             zero_fill: true,
@@ -203,9 +208,18 @@ impl Config {
     }
 
     pub fn device_path(&self) -> PathBuf {
+        if self.sim_profile().is_some() {
+            return self.data_dir.join("blocks.sim");
+        }
         self.device
             .clone()
             .unwrap_or_else(|| self.data_dir.join("blocks.dev"))
+    }
+
+    /// The firmware-sim profile when the device is `sim:<profile>`.
+    pub fn sim_profile(&self) -> Option<String> {
+        let d = self.device.as_ref()?.to_str()?;
+        d.strip_prefix("sim:").map(str::to_string)
     }
 
     pub fn kek_path(&self) -> PathBuf {

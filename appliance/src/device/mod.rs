@@ -5,6 +5,7 @@
 //! open time and reported by [`Device::engine`].
 
 mod aligned;
+pub mod sim;
 pub mod sync;
 pub mod uring;
 
@@ -44,6 +45,10 @@ pub trait Device: Send + Sync + 'static {
     }
     /// `io_uring` or `sync`.
     fn engine(&self) -> &'static str;
+    /// The simulated device behind this one, if it is simulated (firmware-sim).
+    fn sim(&self) -> Option<&Arc<ctxpod_firmware_sim::SimDevice>> {
+        None
+    }
     /// Whether I/O bypasses the page cache (O_DIRECT).
     fn direct(&self) -> bool;
 }

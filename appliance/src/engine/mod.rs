@@ -376,7 +376,16 @@ enum PutPrep {
 impl Engine {
     /// Opens (formatting on first start) and recovers the node's state, then starts the writer.
     pub async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<Engine> {
-        let core = recovery::open(cfg, metrics).await?;
+        Self::open_on(cfg, metrics, None).await
+    }
+
+    /// [`Engine::open`] on a device the caller made (instead of the configured one).
+    pub async fn open_on(
+        cfg: Config,
+        metrics: Arc<Metrics>,
+        device: Option<Arc<dyn crate::device::Device>>,
+    ) -> anyhow::Result<Engine> {
+        let core = recovery::open(cfg, metrics, device).await?;
         let core = Arc::new(core);
         let (tx, rx) = mpsc::channel(core.cfg.write_queue_depth);
         let w = writer::Writer::new(core.clone())?;
@@ -669,6 +678,18 @@ impl Engine {
         let ns = self.ns(ns)?;
         let bkey = block_key(ns.id, key);
         Ok(self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some())
+    }
+
+    /// Whether the index holds the block (it is on flash), whatever the DRAM tier holds.
+    pub fn on_flash(&self, ns: &str, key: &[u8]) -> Result<bool> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        Ok(self.core.index.get_block(&block_key(ns.id, key))?.is_some())
+    }
+
+    /// The simulated device under this node, if it runs on one (firmware-sim).
+    pub fn sim_device(&self) -> Option<&Arc<ctxpod_firmware_sim::SimDevice>> {
+        self.core.device.sim()
     }
 
     /// True if the block existed and is now deleted.

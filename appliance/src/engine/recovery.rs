@@ -38,7 +38,13 @@ const SUPERBLOCK_MAGIC: &[u8; 8] = b"CTXPODDV";
 /// Bits of the "recently read" table (512 KiB of memory).
 const READ_BITS: usize = 1 << 22;
 
-pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<Core> {
+/// Opens the node on the configured device, or on `device` when given (a simulated device
+/// the caller keeps, in the reliability suites).
+pub(super) async fn open(
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    device: Option<Arc<dyn Device>>,
+) -> anyhow::Result<Core> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("create data dir {}", cfg.data_dir.display()))?;
     let kek = load_or_create_kek(&cfg.kek_path())?;
@@ -68,21 +74,40 @@ pub(super) async fn open(cfg: Config, metrics: Arc<Metrics>) -> anyhow::Result<C
             wanted.region_bytes
         );
         ensure!(
-            cfg.device_path().exists(),
+            device.is_some() || cfg.device_path().exists(),
             "device {} does not exist, but the index describes a formatted node: refusing to \
              start on an empty device (its superblock is missing); move the index away to \
              start afresh",
             cfg.device_path().display()
         );
     }
-    let device = device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?;
+    let device = match (device, cfg.sim_profile()) {
+        (Some(d), _) => {
+            ensure!(
+                d.len() >= wanted.capacity_bytes,
+                "device of {} bytes is smaller than the capacity {}",
+                d.len(),
+                wanted.capacity_bytes
+            );
+            d
+        }
+        (None, Some(profile)) => Arc::new(device::sim::SimBackend::open(
+            &profile,
+            &cfg.device_path(),
+            wanted.capacity_bytes,
+            cfg.sim_faults.as_deref(),
+        )?),
+        (None, None) => device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?,
+    };
     let geometry = match stored {
         Some(g) => {
             check_superblock(&*device, &g).await?;
             g
         }
         None => {
-            let is_file = std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
+            // A simulated device has no filesystem extents to convert.
+            let is_file = device.sim().is_none()
+                && std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
             if cfg.zero_fill && is_file {
                 zero_fill(&*device, &wanted).await?;
             }

@@ -191,8 +191,11 @@ async fn committer(
             dirty |= job.written > 0 && !job.durable_writes;
             // A durable batch is on stable media already, but `fast` records written before
             // it may not be: flush them, or a power loss could leave a hole in front of an
-            // acknowledged record, where recovery's tail scan would stop.
-            if job.sync && dirty && !core.failed.load(Ordering::SeqCst) {
+            // acknowledged record, where recovery's tail scan would stop. A checkpoint
+            // makes index entries and write pointers durable: the records they point at
+            // must be durable first.
+            let needs_flush = job.sync || job.checkpoint.is_some();
+            if needs_flush && dirty && !core.failed.load(Ordering::SeqCst) {
                 let t = Instant::now();
                 match core.device.flush().await {
                     Ok(()) => {
@@ -374,6 +377,11 @@ impl Writer {
     async fn shutdown_checkpoint(&mut self) {
         self.drain_committer().await;
         if self.core.failed.load(Ordering::SeqCst) {
+            return;
+        }
+        // The checkpoint makes every entry durable: `fast` records must be durable first.
+        if let Err(e) = self.core.device.flush().await {
+            self.core.fail("device flush at shutdown", &e.into());
             return;
         }
         let mut wb = WriteBatch::default();
