@@ -8,6 +8,8 @@ use prometheus::{
 
 pub struct Metrics {
     pub registry: Registry,
+    /// Set when the node runs on a simulated device.
+    pub sim: std::sync::OnceLock<SimGauges>,
     /// Request latency per operation (`put`, `get`, `head`, `delete`, `match`, `batch_get`,
     /// `batch_put`, `pin`, `unpin`, `namespace`).
     pub request_seconds: HistogramVec,
@@ -180,6 +182,7 @@ impl Metrics {
                 "Data requests being served"
             )),
             registry: r,
+            sim: std::sync::OnceLock::new(),
         }
     }
 
@@ -189,6 +192,91 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding into a Vec cannot fail");
         String::from_utf8(buf).expect("the text encoder writes UTF-8")
+    }
+}
+
+/// Gauges of a simulated device (firmware-sim), registered when the node runs on one.
+pub struct SimGauges {
+    host_written: IntGauge,
+    nand_written: IntGauge,
+    gc_relocated: IntGauge,
+    erases: IntGauge,
+    pe_max: IntGauge,
+    power_cuts: IntGauge,
+    faults: IntGaugeVec,
+    floats: prometheus::GaugeVec,
+}
+
+impl SimGauges {
+    pub fn register(r: &Registry) -> prometheus::Result<SimGauges> {
+        let g = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
+            let m = IntGauge::new(name, help)?;
+            r.register(Box::new(m.clone()))?;
+            Ok(m)
+        };
+        let faults = IntGaugeVec::new(
+            Opts::new(
+                "ctxpod_sim_faults",
+                "Faults the simulated device injected, by kind",
+            ),
+            &["kind"],
+        )?;
+        r.register(Box::new(faults.clone()))?;
+        let floats = prometheus::GaugeVec::new(
+            Opts::new(
+                "ctxpod_sim_endurance",
+                "Simulated device wear: write_amplification, life_used (P/E used / rated), \
+                 dwpd (host writes per day / size), projected_tbw_bytes, projected_life_days",
+            ),
+            &["figure"],
+        )?;
+        r.register(Box::new(floats.clone()))?;
+        Ok(SimGauges {
+            host_written: g(
+                "ctxpod_sim_host_written_bytes",
+                "Bytes the host wrote to the simulated device",
+            )?,
+            nand_written: g(
+                "ctxpod_sim_nand_written_bytes",
+                "Bytes programmed into simulated NAND (host data, padding, GC, SLC folding)",
+            )?,
+            gc_relocated: g(
+                "ctxpod_sim_gc_relocated_bytes",
+                "Bytes moved by simulated garbage collection",
+            )?,
+            erases: g("ctxpod_sim_erases", "Simulated block erases")?,
+            pe_max: g(
+                "ctxpod_sim_pe_cycles_max",
+                "Most P/E cycles of any simulated block",
+            )?,
+            power_cuts: g("ctxpod_sim_power_cuts", "Simulated power cuts")?,
+            faults,
+            floats,
+        })
+    }
+
+    pub fn update(&self, dev: &ctxpod_firmware_sim::SimDevice) {
+        let s = dev.stats();
+        let w = &s.wear;
+        self.host_written.set(w.host_bytes_written as i64);
+        self.nand_written.set(w.nand_bytes_written as i64);
+        self.gc_relocated.set(w.gc_relocated_bytes as i64);
+        self.erases.set(w.erases as i64);
+        self.pe_max.set(w.pe_cycles_max as i64);
+        self.power_cuts.set(s.power_cuts as i64);
+        for (kind, n) in &s.faults {
+            self.faults.with_label_values(&[kind]).set(*n as i64);
+        }
+        let e = dev.endurance();
+        for (name, v) in [
+            ("write_amplification", e.write_amplification),
+            ("life_used", e.life_used),
+            ("dwpd", e.dwpd),
+            ("projected_tbw_bytes", e.projected_tbw_bytes),
+            ("projected_life_days", e.projected_life_days),
+        ] {
+            self.floats.with_label_values(&[name]).set(v);
+        }
     }
 }
 

@@ -17,17 +17,15 @@
 //! 200) and `CTXPOD_POWER_SEED` (first seed, default 1) set the run; a failing seed is
 //! printed with the command that replays it alone.
 
-use bytes::Bytes;
 use ctxpod::config::{ByteSize, Config};
-use ctxpod::device::sim::SimBackend;
-use ctxpod::engine::Engine;
-use ctxpod::metrics::Metrics;
 use ctxpod_api::Durability;
+mod common;
+
+use common::{content, life, open_on_sim};
 use ctxpod_firmware_sim::rng::Rng;
 use ctxpod_firmware_sim::{Fault, FaultPlan, Media, Profile, SimDevice};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Fate {
@@ -52,19 +50,6 @@ struct Outcome {
     failures: Vec<String>,
 }
 
-fn content(key: &[u8], len: usize) -> Bytes {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in key {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    let mut r = Rng::new(h);
-    let mut v = vec![0u8; len];
-    for c in v.chunks_mut(8) {
-        c.copy_from_slice(&r.next_u64().to_le_bytes()[..c.len()]);
-    }
-    Bytes::from(v)
-}
-
 fn config(dir: &std::path::Path, capacity: u64) -> Config {
     Config {
         data_dir: dir.to_path_buf(),
@@ -74,30 +59,6 @@ fn config(dir: &std::path::Path, capacity: u64) -> Config {
         offload_threads: 1,
         ..Config::default()
     }
-}
-
-/// Runs `f` on a runtime of its own, then tears the runtime down: whatever the node was
-/// doing is dropped, as a power cut would leave it. A node `f` returns is dropped only
-/// after that, so that nothing of it runs after the cut (not even its shutdown path).
-fn life<T>(f: impl std::future::Future<Output = T>) -> T {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let out = rt.block_on(f);
-    rt.shutdown_timeout(Duration::from_secs(30));
-    out
-}
-
-async fn open(cfg: &Config, dev: &Arc<SimDevice>) -> Engine {
-    Engine::open_on(
-        cfg.clone(),
-        Arc::new(Metrics::new()),
-        Some(Arc::new(SimBackend::new(dev.clone()))),
-    )
-    .await
-    .expect("open the node on the simulated device")
 }
 
 fn run_seed(seed: u64) -> Outcome {
@@ -135,7 +96,7 @@ fn run_seed(seed: u64) -> Outcome {
 
     // Life 1: the workload, until the first operation the power cut fails.
     let on_flash = life(async {
-        let node = open(&cfg, &dev).await;
+        let node = open_on_sim(&cfg, &dev).await;
         for i in 0..ops {
             let roll = rng.below(100);
             let acked: Vec<Vec<u8>> = ledger
@@ -214,7 +175,7 @@ fn run_seed(seed: u64) -> Outcome {
     dev.power_on();
     dev.set_plan(FaultPlan::none());
     life(async {
-        let node = open(&cfg, &dev).await;
+        let node = open_on_sim(&cfg, &dev).await;
         for (key, &(len, fate)) in &ledger {
             let name = String::from_utf8_lossy(key).into_owned();
             let got = node.get("default", key).await;

@@ -84,6 +84,22 @@ pub struct SimStats {
     pub volatile_sectors: u64,
 }
 
+/// Wear figures of a simulated device, measured and projected.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Endurance {
+    /// NAND bytes / host bytes.
+    pub write_amplification: f64,
+    /// Average P/E cycles used over the rated P/E cycles.
+    pub life_used: f64,
+    /// Host writes per day (at the rate so far, virtual time) over the device's size.
+    pub dwpd: f64,
+    /// Host bytes the device can take before its rated P/E cycles, at this write
+    /// amplification.
+    pub projected_tbw_bytes: f64,
+    /// Days until then at the write rate so far.
+    pub projected_life_days: f64,
+}
+
 struct InFlight {
     offset: u64,
     data: Vec<u8>,
@@ -243,7 +259,13 @@ impl SimDevice {
             Err(SimError::PowerOff) if st.torn_pending => {
                 // The cut happened on this very command: some of its sectors made it.
                 st.torn_pending = false;
-                st.persist_some(offset, data);
+                match st.plan.torn_keep_sectors {
+                    Some(k) => {
+                        let keep = (k as usize * st.sector_size as usize).min(data.len());
+                        let _ = st.media.write(offset, &data[..keep]);
+                    }
+                    None => st.persist_some(offset, data),
+                }
                 return Err(SimError::PowerOff);
             }
             r => r?,
@@ -399,6 +421,37 @@ impl SimDevice {
                 .map(|w| w.data.len() as u64 / sb)
                 .sum::<u64>();
         s
+    }
+
+    /// Endurance so far and projected from the write rate so far (virtual time).
+    pub fn endurance(&self) -> Endurance {
+        let s = self.stats();
+        let w = &s.wear;
+        let wa = if w.host_bytes_written > 0 {
+            w.nand_bytes_written as f64 / w.host_bytes_written as f64
+        } else {
+            1.0
+        };
+        let days = s.now_ns as f64 / 86_400e9;
+        let dwpd = if days > 0.0 {
+            w.host_bytes_written as f64 / days / self.len as f64
+        } else {
+            0.0
+        };
+        let physical = self.len as f64 * (1.0 + self.profile.over_provisioning);
+        // Host bytes the NAND can take at this write amplification before its rated P/E.
+        let tbw = self.profile.pe_cycles as f64 * physical / wa;
+        Endurance {
+            write_amplification: wa,
+            life_used: w.pe_cycles_avg / self.profile.pe_cycles as f64,
+            dwpd,
+            projected_tbw_bytes: tbw,
+            projected_life_days: if dwpd > 0.0 {
+                tbw / (dwpd * self.len as f64)
+            } else {
+                f64::INFINITY
+            },
+        }
     }
 
     /// Bytes of the durable medium (what would survive a power cut now), for tests.

@@ -57,6 +57,9 @@ pub struct FaultPlan {
     /// At a power cut, the chance that each sector of an unflushed or in-flight write was
     /// persisted anyway (independently, so in no particular order).
     pub persist_unflushed: f64,
+    /// The write a power cut tears keeps exactly its first this many sectors (instead of
+    /// each by `persist_unflushed`): to walk every tear point of a record.
+    pub torn_keep_sectors: Option<u32>,
     pub schedule: Vec<Scheduled>,
 }
 
@@ -73,6 +76,7 @@ impl Default for FaultPlan {
             latency_spike: 0.0,
             latency_spike_us: 10_000.0,
             persist_unflushed: 0.5,
+            torn_keep_sectors: None,
             schedule: Vec::new(),
         }
     }

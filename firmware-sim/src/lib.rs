@@ -20,7 +20,7 @@ pub mod nand;
 pub mod profile;
 pub mod rng;
 
-pub use device::{SimDevice, SimError, SimStats, Ticket};
+pub use device::{Endurance, SimDevice, SimError, SimStats, Ticket};
 pub use faults::{Fault, FaultPlan};
 pub use media::Media;
 pub use profile::Profile;

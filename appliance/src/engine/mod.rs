@@ -887,6 +887,17 @@ impl Engine {
     fn publish_gauges(&self) {
         let c = &self.core;
         let m = &c.metrics;
+        if let Some(dev) = c.device.sim() {
+            if m.sim.get().is_none() {
+                match crate::metrics::SimGauges::register(&m.registry) {
+                    Ok(g) => drop(m.sim.set(g)),
+                    Err(e) => tracing::warn!("simulated device metrics not registered: {e}"),
+                }
+            }
+            if let Some(g) = m.sim.get() {
+                g.update(dev);
+            }
+        }
         m.capacity_bytes.set(c.geometry.capacity_bytes as i64);
         m.used_bytes
             .set(c.counters.used_bytes.load(Ordering::Relaxed) as i64);

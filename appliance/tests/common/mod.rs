@@ -257,3 +257,46 @@ pub fn flip(dev: &std::fs::File, at: u64) {
     b[0] ^= 0x5a;
     dev.write_all_at(&b, at).expect("write");
 }
+
+/// Block contents derived from the key (so that any bytes served can be checked).
+pub fn content(key: &[u8], len: usize) -> bytes::Bytes {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &b in key {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut r = ctxpod_firmware_sim::rng::Rng::new(h);
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        c.copy_from_slice(&r.next_u64().to_le_bytes()[..c.len()]);
+    }
+    bytes::Bytes::from(v)
+}
+
+/// Runs `f` on a runtime of its own, then tears the runtime down: whatever the node was
+/// doing is dropped, as a power cut would leave it. A node `f` returns is dropped only
+/// after that, so that nothing of it runs after the cut (not even its shutdown path).
+pub fn life<T>(f: impl std::future::Future<Output = T>) -> T {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let out = rt.block_on(f);
+    rt.shutdown_timeout(Duration::from_secs(30));
+    out
+}
+
+pub async fn open_on_sim(
+    cfg: &ctxpod::config::Config,
+    dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
+) -> ctxpod::engine::Engine {
+    ctxpod::engine::Engine::open_on(
+        cfg.clone(),
+        std::sync::Arc::new(ctxpod::metrics::Metrics::new()),
+        Some(std::sync::Arc::new(ctxpod::device::sim::SimBackend::new(
+            dev.clone(),
+        ))),
+    )
+    .await
+    .expect("open the node on the simulated device")
+}
