@@ -44,11 +44,16 @@ pub struct BenchArgs {
     /// the medians are printed too.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// Devices to measure, one after the other: `file` (a file in `--dir`, O_DIRECT) or
+    /// `sim:<profile>` (firmware-sim in real time, its medium a sparse file in `--dir`).
+    #[arg(long, value_delimiter = ',', default_value = "file")]
+    pub devices: Vec<String>,
 }
 
 #[derive(serde::Serialize, Clone)]
 struct Row {
     run: u32,
+    device: String,
     what: String,
     size: u64,
     ops: u64,
@@ -72,6 +77,7 @@ fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Durati
     lat.sort();
     Row {
         run: 0,
+        device: "file".into(),
         of_device: None,
         what: what.into(),
         size,
@@ -84,10 +90,15 @@ fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Durati
 
 /// Sequential O_DIRECT write (then flush) and read of the device file, 1 MiB I/Os, 8 in
 /// flight, through the same device layer the node uses.
-async fn device_baseline(dir: &Path, bytes: u64) -> anyhow::Result<(Row, Row)> {
+async fn device_baseline(dir: &Path, bytes: u64, spec: &str) -> anyhow::Result<(Row, Row)> {
     let path = dir.join("device-baseline.dat");
     let _ = std::fs::remove_file(&path);
-    let dev = device::open(&path, bytes, IoEngine::Auto)?;
+    let dev: std::sync::Arc<dyn device::Device> = match spec.strip_prefix("sim:") {
+        Some(profile) => {
+            std::sync::Arc::new(device::sim::SimBackend::open(profile, &path, bytes, None)?)
+        }
+        None => device::open(&path, bytes, IoEngine::Auto)?,
+    };
     let chunk = 1u64 << 20;
     let n = bytes / chunk;
     let mut fill = AlignedBuf::zeroed(chunk as usize);
@@ -196,6 +207,7 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
     let _ = std::fs::remove_file(&path);
     let mk = |what: &str, bw: f64| Row {
         run: 0,
+        device: "file".into(),
         of_device: None,
         what: what.into(),
         size: 1 << 20,
@@ -220,11 +232,21 @@ struct Node {
 }
 
 impl Node {
-    async fn start(data_dir: &Path, capacity: u64, dram: u64) -> anyhow::Result<Node> {
+    async fn start(
+        data_dir: &Path,
+        capacity: u64,
+        dram: u64,
+        device: &str,
+    ) -> anyhow::Result<Node> {
         let exe = std::env::current_exe()?;
         let _ = std::fs::remove_file(data_dir.join("ctxpod.addr"));
-        let child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        let mut cmd = Command::new(exe);
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        if device != "file" {
+            cmd.args(["--device", device]);
+        }
+        let child = cmd
+            .arg("--data-dir")
             .arg(data_dir)
             .args([
                 "--capacity",
@@ -331,18 +353,24 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         rows.extend(fio);
     }
     for run in 1..=a.repeat {
-        for size in &a.sizes {
-            let first = rows.len();
-            measure_size(&a, size.0 as usize, &mut rows).await?;
-            rows[first..].iter_mut().for_each(|r| r.run = run);
+        for device in &a.devices {
+            for size in &a.sizes {
+                let first = rows.len();
+                measure_size(&a, size.0 as usize, device, &mut rows).await?;
+                rows[first..].iter_mut().for_each(|r| {
+                    r.run = run;
+                    r.device = device.clone();
+                });
+            }
         }
     }
-    println!("| run | what | block | ops | GB/s | p50 ms | p99 ms | of device |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| run | device | what | block | ops | GB/s | p50 ms | p99 ms | of device |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {} |",
             r.run,
+            r.device,
             r.what,
             ByteSize(r.size),
             r.ops,
@@ -357,21 +385,25 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!();
         println!("Medians of {} runs:", a.repeat);
         println!();
-        println!("| what | block | GB/s | p50 ms | p99 ms | of device |");
-        println!("|---|---|---|---|---|---|");
-        let mut seen: Vec<(String, u64)> = Vec::new();
+        println!("| device | what | block | GB/s | p50 ms | p99 ms | of device |");
+        println!("|---|---|---|---|---|---|---|");
+        let mut seen: Vec<(String, String, u64)> = Vec::new();
         for r in rows.iter().filter(|r| r.run > 0) {
-            if seen.contains(&(r.what.clone(), r.size)) {
+            let id = (r.device.clone(), r.what.clone(), r.size);
+            if seen.contains(&id) {
                 continue;
             }
-            seen.push((r.what.clone(), r.size));
+            seen.push(id);
             let same: Vec<&Row> = rows
                 .iter()
-                .filter(|o| o.run > 0 && o.what == r.what && o.size == r.size)
+                .filter(|o| {
+                    o.run > 0 && o.device == r.device && o.what == r.what && o.size == r.size
+                })
                 .collect();
             let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
             println!(
-                "| {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+                r.device,
                 r.what,
                 ByteSize(r.size),
                 med(&|r| Some(r.gb_per_s)).unwrap_or(0.0),
@@ -399,15 +431,20 @@ fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
 }
 
 /// The device baseline, then PUT, cold GET and hot GET of one block size.
-async fn measure_size(a: &BenchArgs, size: usize, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+async fn measure_size(
+    a: &BenchArgs,
+    size: usize,
+    device: &str,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
     let n = (a.bytes.0 / size as u64).max(1);
     let total = n * size as u64;
     eprintln!(
-        "{size} B blocks: device baseline ({} on {})",
+        "{device}, {size} B blocks: device baseline ({} on {})",
         a.device_bytes,
         a.dir.display()
     );
-    let (dev_w, dev_r) = device_baseline(&a.dir, a.device_bytes.0).await?;
+    let (dev_w, dev_r) = device_baseline(&a.dir, a.device_bytes.0, device).await?;
     let data_dir = a.dir.join(format!("node-{size}"));
     let _ = std::fs::remove_dir_all(&data_dir);
     // Room for every block plus eviction reserve. Cold reads run with a 16 MiB DRAM tier
@@ -417,7 +454,7 @@ async fn measure_size(a: &BenchArgs, size: usize, rows: &mut Vec<Row>) -> anyhow
     let dram_small = 16 << 20;
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
-    let node = Node::start(&data_dir, capacity, dram_small).await?;
+    let node = Node::start(&data_dir, capacity, dram_small, device).await?;
     let mut put = phase(&node.client, size, n, a.concurrency, "PUT durable").await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
     let s = node.client.stats().await?;
@@ -448,7 +485,7 @@ async fn measure_size(a: &BenchArgs, size: usize, rows: &mut Vec<Row>) -> anyhow
             * 1e3
     );
     node.stop()?;
-    let node = Node::start(&data_dir, capacity, dram_small).await?;
+    let node = Node::start(&data_dir, capacity, dram_small, device).await?;
     let mut cold = phase(&node.client, size, n, a.concurrency, "GET cold (flash)").await?;
     cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
     let s = node.client.stats().await?;
@@ -458,7 +495,7 @@ async fn measure_size(a: &BenchArgs, size: usize, rows: &mut Vec<Row>) -> anyhow
         s.hits
     );
     node.stop()?;
-    let node = Node::start(&data_dir, capacity, dram_big).await?;
+    let node = Node::start(&data_dir, capacity, dram_big, device).await?;
     phase(&node.client, size, n, a.concurrency, "warm-up").await?;
     let hot = phase(&node.client, size, n, a.concurrency, "GET hot (DRAM)").await?;
     let s = node.client.stats().await?;

@@ -191,12 +191,12 @@ fn bad_reads_are_misses_or_errors_never_wrong_bytes() {
     });
 }
 
-/// A failed write, a failed flush, a full device: the puts they hit are not acknowledged,
-/// nothing acknowledged before is lost, reads keep working; after a restart the node takes
-/// writes again.
+/// A failed write or flush: the put it hit is not acknowledged, nothing acknowledged before
+/// is lost, reads keep working, the node stops taking writes (a device that fails a flush
+/// cannot be trusted with the next one); after a restart it takes writes again.
 #[test]
 fn failed_writes_and_flushes_are_never_acknowledged() {
-    for fault in [Fault::ProgramFail, Fault::FlushFail, Fault::Full] {
+    for fault in [Fault::ProgramFail, Fault::FlushFail] {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = config(dir.path());
         let dev = device(FaultPlan::none());
@@ -242,7 +242,6 @@ fn failed_writes_and_flushes_are_never_acknowledged() {
             node.shutdown().await;
         });
         dev.set_plan(FaultPlan::none());
-        dev.set_full(false);
         life(async {
             let node = open_on_sim(&cfg, &dev).await;
             let got = node.get("default", b"before").await.expect("get");
@@ -262,6 +261,74 @@ fn failed_writes_and_flushes_are_never_acknowledged() {
             node.shutdown().await;
         });
     }
+}
+
+/// A full device: puts answer 507 (nothing half-stored), reads go on, and writes resume
+/// as soon as the device has room again — without a restart. Everything acknowledged, before
+/// and after, survives a power cut.
+#[test]
+fn writes_resume_when_space_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path());
+    let dev = device(FaultPlan {
+        persist_unflushed: 0.0,
+        ..FaultPlan::none()
+    });
+    let key = |i: u32| format!("blk{i}").into_bytes();
+    let node = life(async {
+        let node = open_on_sim(&cfg, &dev).await;
+        let put = |i: u32| {
+            let (k, node) = (key(i), &node);
+            async move {
+                let data = content(&k, 50_000);
+                node.put("default", &k, data, None, Durability::Durable)
+                    .await
+            }
+        };
+        for i in 0..10 {
+            put(i).await.expect("put");
+        }
+        dev.set_full(true);
+        for i in 10..14 {
+            let r = put(i).await;
+            assert!(
+                matches!(r, Err(ctxpod::engine::EngineError::NoSpace(_))),
+                "a put on a full device is refused with no space: {r:?}"
+            );
+        }
+        assert!(node.ready(), "a full device does not stop the node");
+        for i in 0..10 {
+            let got = node.get("default", &key(i)).await.expect("reads go on");
+            assert_eq!(got.map(|b| b.0), Some(content(&key(i), 50_000)));
+        }
+        dev.set_full(false);
+        for i in 14..30 {
+            put(i).await.expect("writes resume");
+        }
+        for i in 10..14 {
+            assert_eq!(node.get("default", &key(i)).await.expect("get"), None);
+        }
+        assert_eq!(node.stats().block_count, 26);
+        dev.power_cut();
+        node
+    });
+    drop(node);
+    dev.power_on();
+    life(async {
+        let node = open_on_sim(&cfg, &dev).await;
+        for i in (0..10).chain(14..30) {
+            let got = node.get("default", &key(i)).await.expect("get");
+            assert_eq!(
+                got.map(|b| b.0),
+                Some(content(&key(i), 50_000)),
+                "block {i}"
+            );
+        }
+        for i in 10..14 {
+            assert_eq!(node.get("default", &key(i)).await.expect("get"), None);
+        }
+        node.shutdown().await;
+    });
 }
 
 /// `ctxpod serve --device sim:qlc`: the daemon on a simulated device, real time, with the

@@ -18,6 +18,10 @@ pub enum Media {
         len: u64,
         file: File,
     },
+    /// Keeps nothing (reads zeros): for timing and wear runs that never look at data.
+    Discard {
+        len: u64,
+    },
 }
 
 impl Media {
@@ -44,7 +48,7 @@ impl Media {
 
     pub fn len(&self) -> u64 {
         match self {
-            Media::Memory { len, .. } | Media::File { len, .. } => *len,
+            Media::Memory { len, .. } | Media::File { len, .. } | Media::Discard { len } => *len,
         }
     }
 
@@ -55,6 +59,10 @@ impl Media {
     pub fn read(&self, mut offset: u64, mut buf: &mut [u8]) -> io::Result<()> {
         match self {
             Media::File { file, .. } => file.read_exact_at(buf, offset),
+            Media::Discard { .. } => {
+                buf.fill(0);
+                Ok(())
+            }
             Media::Memory { chunks, .. } => {
                 while !buf.is_empty() {
                     let (c, o) = (
@@ -77,6 +85,7 @@ impl Media {
     pub fn write(&mut self, mut offset: u64, mut data: &[u8]) -> io::Result<()> {
         match self {
             Media::File { file, .. } => file.write_all_at(data, offset),
+            Media::Discard { .. } => Ok(()),
             Media::Memory { chunks, .. } => {
                 while !data.is_empty() {
                     let (c, o) = (

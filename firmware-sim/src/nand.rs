@@ -66,7 +66,7 @@ pub struct Nand {
 
 impl Nand {
     /// A model of `len` logical bytes. Erase blocks are shrunk for small simulated devices so
-    /// that every die has at least 16 of them (GC needs room to work).
+    /// that every die has at least 64 of them (greedy GC needs many blocks to choose from).
     pub fn new(p: &Profile, len: u64) -> Nand {
         let dies_n = p.dies() as u64;
         let units_per_page = (p.page_bytes as u64 / UNIT) as u32;
@@ -74,9 +74,9 @@ impl Nand {
         let physical_units = (logical_units as f64 * (1.0 + p.over_provisioning)) as u64;
         let per_die = physical_units
             .div_ceil(dies_n)
-            .max(units_per_page as u64 * 32);
+            .max(units_per_page as u64 * 128);
         let pages_per_block = (p.pages_per_block as u64)
-            .min(per_die / 16 / units_per_page as u64)
+            .min(per_die / 64 / units_per_page as u64)
             .max(2) as u32;
         let units_per_block = pages_per_block * units_per_page;
         let blocks_per_die = per_die.div_ceil(units_per_block as u64) as u32;

@@ -174,6 +174,10 @@ pub(crate) struct Core {
     offload: Offload,
     pub metrics: Arc<Metrics>,
     pub counters: Counters,
+    /// A record write found the device full: batches are answered 507 until the writer
+    /// has re-read its state from the index and the device (`Writer::reopen`). Holds where
+    /// the first failed batch began.
+    no_space: Mutex<Option<(u32, u32)>>,
     failed: AtomicBool,
     /// Set by the writer after a commit that skipped the flush and sync (`fast` puts only),
     /// cleared by the next synced commit.

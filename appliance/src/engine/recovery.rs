@@ -152,7 +152,7 @@ pub(super) async fn open(
     let next_reserved = reserved + SEQ_CHUNK;
     let mut regions = load_regions(&index, &geometry)?;
     let recovered =
-        recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces).await?;
+        recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces, None).await?;
     counters
         .recovered_records
         .store(recovered, Ordering::Relaxed);
@@ -166,19 +166,7 @@ pub(super) async fn open(
     // so that records an earlier life left past the tail are never scanned as this life's.
     let mut wb = rocksdb::WriteBatch::default();
     wb.put(index::META_SEQ_RESERVED, next_reserved.to_le_bytes());
-    for (r, m) in regions.iter_mut().enumerate() {
-        if m.state == index::RegionState::Open {
-            m.tail_epoch = reserved;
-            wb.put_cf(
-                index.cf(index::CF_REGIONS),
-                (r as u32).to_be_bytes(),
-                m.encode(),
-            );
-        }
-    }
-    index
-        .write(wb, index::WriteMode::Wal { sync: true })
-        .context("persist nonce reservation and tail epochs")?;
+    fresh_tail_epochs(&index, &mut regions, reserved, wb)?;
     reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
 
     let by_name: HashMap<String, Arc<Namespace>> = namespaces
@@ -204,9 +192,71 @@ pub(super) async fn open(
         metrics,
         counters,
         failed: AtomicBool::new(false),
+        no_space: Mutex::new(None),
         unsynced: AtomicBool::new(false),
         cfg,
     })
+}
+
+/// Gives every open region's tail `epoch` (a sequence number never handed out before), in
+/// one synced write with `wb`.
+fn fresh_tail_epochs(
+    index: &Index,
+    regions: &mut [RegionMeta],
+    epoch: u64,
+    mut wb: rocksdb::WriteBatch,
+) -> anyhow::Result<()> {
+    for (r, m) in regions.iter_mut().enumerate() {
+        if m.state == index::RegionState::Open {
+            m.tail_epoch = epoch;
+            wb.put_cf(
+                index.cf(index::CF_REGIONS),
+                (r as u32).to_be_bytes(),
+                m.encode(),
+            );
+        }
+    }
+    index
+        .write(wb, index::WriteMode::Wal { sync: true })
+        .context("persist tail epochs")
+}
+
+/// After the device refused writes for lack of space: what a restart's recovery does,
+/// in place. Every batch handed to the committer is answered by now. The open region's
+/// tail is re-indexed up to where the first failed batch began (records of failed batches
+/// never become blocks), gets a fresh epoch, and the block counters are recounted from the
+/// index; the writer then reloads its regions from the index.
+pub(super) async fn reopen_after_no_space(
+    core: &Core,
+    stop_at: Option<(u32, u32)>,
+) -> anyhow::Result<()> {
+    let g = &core.geometry;
+    let mut regions = load_regions(&core.index, g)?;
+    let namespaces = core.ns_by_id.read().clone();
+    recover_open_tail(
+        &*core.device,
+        &core.index,
+        g,
+        &mut regions,
+        &namespaces,
+        stop_at,
+    )
+    .await?;
+    let epoch = core.next_seq()?;
+    fresh_tail_epochs(
+        &core.index,
+        &mut regions,
+        epoch,
+        rocksdb::WriteBatch::default(),
+    )?;
+    let c = &core.counters;
+    c.blocks.store(0, Ordering::Relaxed);
+    c.live_bytes.store(0, Ordering::Relaxed);
+    for ns in namespaces.values() {
+        ns.used_bytes.store(0, Ordering::Relaxed);
+        ns.blocks.store(0, Ordering::Relaxed);
+    }
+    reconcile_blocks(&core.index, g, &regions, &namespaces, c)
 }
 
 fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
@@ -458,6 +508,7 @@ async fn recover_open_tail(
     g: &Geometry,
     regions: &mut [RegionMeta],
     namespaces: &HashMap<u32, Arc<Namespace>>,
+    stop_at: Option<(u32, u32)>,
 ) -> anyhow::Result<u64> {
     let Some(r) = regions
         .iter()
@@ -474,7 +525,11 @@ async fn recover_open_tail(
     let mut wb = rocksdb::WriteBatch::default();
     let (cf_blocks, cf_br) = (index.cf(index::CF_BLOCKS), index.cf(index::CF_BY_REGION));
     let mut n = 0;
-    while pos + IO_ALIGN_BYTES as u64 <= g.region_bytes {
+    let end = match stop_at {
+        Some((sr, so)) if sr as usize == r => so as u64,
+        _ => g.region_bytes,
+    };
+    while pos + IO_ALIGN_BYTES as u64 <= end {
         let (buf, res) = dev
             .read_at(AlignedBuf::reused(IO_ALIGN_BYTES), base + pos)
             .await;
@@ -483,7 +538,7 @@ async fn recover_open_tail(
             break;
         };
         let record_len = record::record_bytes(h.len as usize) as u64;
-        if h.region_epoch != m.tail_epoch || pos + record_len > g.region_bytes {
+        if h.region_epoch != m.tail_epoch || pos + record_len > end {
             break;
         }
         let Some(dek) = namespaces.get(&h.ns_id).and_then(|ns| ns.dek(h.key_id)) else {

@@ -83,7 +83,10 @@ impl Reply {
     }
 
     fn send_err(self, why: &str) {
-        let e = || EngineError::Internal(anyhow::anyhow!("{why}"));
+        self.send_error(|| EngineError::Internal(anyhow::anyhow!("{why}")));
+    }
+
+    fn send_error(self, e: impl Fn() -> EngineError) {
         match self {
             Reply::Put(tx, _) => drop(tx.send(Err(e()))),
             Reply::Delete(tx, _) => drop(tx.send(Err(e()))),
@@ -132,6 +135,10 @@ struct CommitJob {
     sync: bool,
     /// The batch's records were written durable (they need no flush themselves).
     durable_writes: bool,
+    /// Where the batch's first record begins (region, offset).
+    first: Option<(u32, u32)>,
+    /// Set by the flusher: the device was full for this batch or one before it.
+    no_space: bool,
     written: u64,
     puts: u64,
     started: Instant,
@@ -182,11 +189,28 @@ async fn committer(
                         .map(anyhow::Error::from),
                     Err(e) => Some(anyhow::anyhow!("device write task: {e}")),
                 };
+                let full = |e: &anyhow::Error| {
+                    e.downcast_ref::<std::io::Error>()
+                        .and_then(|e| e.raw_os_error())
+                        == Some(libc::ENOSPC)
+                };
                 match failed {
+                    // The batch and every one behind it (written after a hole) are answered
+                    // 507; the writer re-reads its state before the next batch.
+                    Some(e) if full(&e) => {
+                        let mut ns = core.no_space.lock();
+                        if ns.is_none() {
+                            tracing::warn!("the device is full: puts answer 507 until it has room");
+                            *ns = Some(job.first.unwrap_or((u32::MAX, 0)));
+                        }
+                    }
                     // The indexer sees the node failed and answers the batch with errors.
                     Some(e) => core.fail("device write", &e),
                     None => count_written(&core, job.written),
                 }
+            }
+            if core.no_space.lock().is_some() {
+                job.no_space = true;
             }
             dirty |= job.written > 0 && !job.durable_writes;
             // A durable batch is on stable media already, but `fast` records written before
@@ -194,7 +218,7 @@ async fn committer(
             // acknowledged record, where recovery's tail scan would stop. A checkpoint
             // makes index entries and write pointers durable: the records they point at
             // must be durable first.
-            let needs_flush = job.sync || job.checkpoint.is_some();
+            let needs_flush = (job.sync || job.checkpoint.is_some()) && !job.no_space;
             if needs_flush && dirty && !core.failed.load(Ordering::SeqCst) {
                 let t = Instant::now();
                 match core.device.flush().await {
@@ -238,6 +262,12 @@ async fn indexer(
 /// or a failed flush before it, answers every command of the batch with an error; the node
 /// is read-only.
 async fn commit_index(core: &Arc<Core>, job: CommitJob) {
+    if job.no_space && !core.failed.load(Ordering::SeqCst) {
+        job.replies
+            .into_iter()
+            .for_each(|r| r.send_error(|| EngineError::NoSpace("the device is full".into())));
+        return;
+    }
     if core.failed.load(Ordering::SeqCst) {
         job.replies
             .into_iter()
@@ -420,6 +450,23 @@ impl Writer {
         Some(wb)
     }
 
+    /// After the device refused a write for lack of space: once every batch is answered,
+    /// re-reads the open region's tail and the region table as a restart would, and starts
+    /// over from them (with a new committer). Records of failed batches stay garbage past
+    /// the tail, under an old epoch.
+    async fn reopen(&mut self) -> anyhow::Result<()> {
+        self.drain_committer().await;
+        let stop_at = *self.core.no_space.lock();
+        // Entries of puts since the last checkpoint are in the index (without the WAL);
+        // the tail scan finds their records again.
+        super::recovery::reopen_after_no_space(&self.core, stop_at).await?;
+        *self = Writer::new(self.core.clone())?;
+        self.publish();
+        *self.core.no_space.lock() = None;
+        tracing::info!("writes resume after the device was full");
+        Ok(())
+    }
+
     /// Waits until every batch handed to the committer is committed.
     async fn drain_committer(&mut self) {
         let (tx, rx) = oneshot::channel();
@@ -525,6 +572,12 @@ impl Writer {
             }
             return;
         }
+        if self.core.no_space.lock().is_some() {
+            if let Err(e) = self.reopen().await {
+                self.core
+                    .fail("re-reading state after the device was full", &e);
+            }
+        }
         if let Err(e) = self.ensure_free().await {
             self.core.fail("region reclaim", &e);
             for cmd in cmds {
@@ -546,6 +599,7 @@ impl Writer {
         let mut puts = 0u64;
         let mut new_entries: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
         let mut needs_checkpoint = false;
+        let mut first_record = None;
         for cmd in cmds {
             match cmd {
                 WriteCmd::Put(mut p) => {
@@ -616,6 +670,7 @@ impl Writer {
                     self.account(&p.ns, p.len, true);
                     sync |= p.durability == Durability::Durable;
                     puts += 1;
+                    first_record.get_or_insert((region, offset));
                     writes.push((p.record, self.core.dev_offset(region, offset)));
                     replies.push(Reply::Put(p.reply, Ok(PutStatus::Created)));
                 }
@@ -666,6 +721,7 @@ impl Writer {
             }
         }
         let written: u64 = writes.iter().map(|(b, _)| b.len() as u64).sum();
+        let first = first_record;
         // A batch with a durable put writes its records durable (RWF_DSYNC): each is on
         // stable media when its write completes, and the batch needs no flush of its own.
         // The writes run on while the writer takes the next batch: the committer awaits them,
@@ -696,6 +752,8 @@ impl Writer {
         self.overlay.lock().push_back(pending);
         let job = CommitJob {
             io,
+            first,
+            no_space: false,
             checkpoint: checkpoint.then(|| earlier.unwrap_or_default()),
             wb,
             replies,

@@ -290,6 +290,17 @@ pub async fn open_on_sim(
     cfg: &ctxpod::config::Config,
     dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
 ) -> ctxpod::engine::Engine {
+    try_open_on_sim(cfg, dev)
+        .await
+        .expect("open the node on the simulated device")
+}
+
+/// The node on a simulated device, or why it could not start (e.g. power cut while it
+/// formatted the device).
+pub async fn try_open_on_sim(
+    cfg: &ctxpod::config::Config,
+    dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
+) -> anyhow::Result<ctxpod::engine::Engine> {
     ctxpod::engine::Engine::open_on(
         cfg.clone(),
         std::sync::Arc::new(ctxpod::metrics::Metrics::new()),
@@ -298,5 +309,4 @@ pub async fn open_on_sim(
         ))),
     )
     .await
-    .expect("open the node on the simulated device")
 }
