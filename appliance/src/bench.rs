@@ -99,6 +99,7 @@ async fn device_baseline(dir: &Path, bytes: u64, spec: &str) -> anyhow::Result<(
         }
         None => device::open(&path, bytes, IoEngine::Auto)?,
     };
+    let how = if spec == "file" { "O_DIRECT, " } else { "" };
     let chunk = 1u64 << 20;
     let n = bytes / chunk;
     let mut fill = AlignedBuf::zeroed(chunk as usize);
@@ -125,7 +126,7 @@ async fn device_baseline(dir: &Path, bytes: u64, spec: &str) -> anyhow::Result<(
     drop(s);
     dev.flush().await?;
     let w = row(
-        "device seq write (O_DIRECT, 1 MiB, QD8)",
+        &format!("device seq write ({how}1 MiB, QD8)"),
         chunk,
         n * chunk,
         t.elapsed(),
@@ -149,7 +150,7 @@ async fn device_baseline(dir: &Path, bytes: u64, spec: &str) -> anyhow::Result<(
     }
     drop(s);
     let r = row(
-        "device seq read (O_DIRECT, 1 MiB, QD8)",
+        &format!("device seq read ({how}1 MiB, QD8)"),
         chunk,
         n * chunk,
         t.elapsed(),
