@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// `sim:<profile>` (firmware-sim in real time, its medium a sparse file in `--dir`).
     #[arg(long, value_delimiter = ',', default_value = "file")]
     pub devices: Vec<String>,
+    /// Run the node's CRC32C and AES-GCM on its request threads instead of the offload
+    /// engines (the no-DPU baseline).
+    #[arg(long)]
+    pub offload_inline: bool,
 }
 
 #[derive(serde::Serialize, Clone)]
@@ -63,6 +67,22 @@ struct Row {
     /// This figure over the device's own bandwidth (write for PUT, read for cold GET),
     /// measured in the same run just before.
     of_device: Option<f64>,
+    /// CPU seconds the node (all its threads) spent per GiB moved in this phase.
+    node_cpu_s_per_gib: Option<f64>,
+    /// CPU seconds the bench client spent per GiB moved in this phase.
+    client_cpu_s_per_gib: Option<f64>,
+}
+
+/// CPU seconds (user + system) of process `pid` so far, from /proc.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -79,6 +99,8 @@ fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Durati
         run: 0,
         device: "file".into(),
         of_device: None,
+        node_cpu_s_per_gib: None,
+        client_cpu_s_per_gib: None,
         what: what.into(),
         size,
         ops: lat.len() as u64,
@@ -210,6 +232,8 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
         run: 0,
         device: "file".into(),
         of_device: None,
+        node_cpu_s_per_gib: None,
+        client_cpu_s_per_gib: None,
         what: what.into(),
         size: 1 << 20,
         ops: bytes >> 20,
@@ -238,6 +262,7 @@ impl Node {
         capacity: u64,
         dram: u64,
         device: &str,
+        offload_inline: bool,
     ) -> anyhow::Result<Node> {
         let exe = std::env::current_exe()?;
         let _ = std::fs::remove_file(data_dir.join("ctxpod.addr"));
@@ -245,6 +270,9 @@ impl Node {
         cmd.args(["serve", "--listen", "127.0.0.1:0"]);
         if device != "file" {
             cmd.args(["--device", device]);
+        }
+        if offload_inline {
+            cmd.env("CTXPOD_OFFLOAD_INLINE", "true");
         }
         let child = cmd
             .arg("--data-dir")
@@ -303,13 +331,12 @@ fn key(size: usize, i: u64) -> Vec<u8> {
 /// data does not take CPU from the node during a timed phase.
 const POOL: u64 = 8;
 
-async fn phase(
-    client: &Client,
-    size: usize,
-    n: u64,
-    conc: usize,
-    what: &str,
-) -> anyhow::Result<Row> {
+async fn phase(node: &Node, size: usize, n: u64, conc: usize, what: &str) -> anyhow::Result<Row> {
+    let client = &node.client;
+    let (node_cpu0, client_cpu0) = (
+        cpu_seconds(node.child.id()),
+        cpu_seconds(std::process::id()),
+    );
     let pool: Vec<(Bytes, u32)> = (0..POOL)
         .map(|i| {
             let b = block(size, i);
@@ -343,7 +370,12 @@ async fn phase(
     while let Some(r) = s.next().await {
         lat.push(r?);
     }
-    Ok(row(what, size as u64, n * size as u64, t.elapsed(), lat))
+    let mut r = row(what, size as u64, n * size as u64, t.elapsed(), lat);
+    let gib = (n * size as u64) as f64 / (1u64 << 30) as f64;
+    let per_gib = |before: Option<f64>, pid: u32| Some((cpu_seconds(pid)? - before?) / gib);
+    r.node_cpu_s_per_gib = per_gib(node_cpu0, node.child.id());
+    r.client_cpu_s_per_gib = per_gib(client_cpu0, std::process::id());
+    Ok(r)
 }
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -365,11 +397,14 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("| run | device | what | block | ops | GB/s | p50 ms | p99 ms | of device |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| run | device | what | block | ops | GB/s | p50 ms | p99 ms | of device | node CPU s/GiB | client CPU s/GiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let cpu = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} |",
             r.run,
             r.device,
             r.what,
@@ -379,15 +414,17 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.p50_ms,
             r.p99_ms,
             r.of_device
-                .map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
+                .map_or(String::new(), |f| format!("{:.0} %", f * 100.0)),
+            cpu(r.node_cpu_s_per_gib),
+            cpu(r.client_cpu_s_per_gib)
         );
     }
     if a.repeat > 1 {
         println!();
         println!("Medians of {} runs:", a.repeat);
         println!();
-        println!("| device | what | block | GB/s | p50 ms | p99 ms | of device |");
-        println!("|---|---|---|---|---|---|---|");
+        println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | node CPU s/GiB |");
+        println!("|---|---|---|---|---|---|---|---|");
         let mut seen: Vec<(String, String, u64)> = Vec::new();
         for r in rows.iter().filter(|r| r.run > 0) {
             let id = (r.device.clone(), r.what.clone(), r.size);
@@ -403,14 +440,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 .collect();
             let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
             println!(
-                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} |",
+                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} |",
                 r.device,
                 r.what,
                 ByteSize(r.size),
                 med(&|r| Some(r.gb_per_s)).unwrap_or(0.0),
                 med(&|r| Some(r.p50_ms)).unwrap_or(0.0),
                 med(&|r| Some(r.p99_ms)).unwrap_or(0.0),
-                med(&|r| r.of_device).map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
+                med(&|r| r.of_device).map_or(String::new(), |f| format!("{:.0} %", f * 100.0)),
+                cpu(med(&|r| r.node_cpu_s_per_gib))
             );
         }
     }
@@ -455,8 +493,8 @@ async fn measure_size(
     let dram_small = 16 << 20;
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
-    let node = Node::start(&data_dir, capacity, dram_small, device).await?;
-    let mut put = phase(&node.client, size, n, a.concurrency, "PUT durable").await?;
+    let node = Node::start(&data_dir, capacity, dram_small, device, a.offload_inline).await?;
+    let mut put = phase(&node, size, n, a.concurrency, "PUT durable").await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
     let s = node.client.stats().await?;
     let m = node.client.metrics().await?;
@@ -486,8 +524,8 @@ async fn measure_size(
             * 1e3
     );
     node.stop()?;
-    let node = Node::start(&data_dir, capacity, dram_small, device).await?;
-    let mut cold = phase(&node.client, size, n, a.concurrency, "GET cold (flash)").await?;
+    let node = Node::start(&data_dir, capacity, dram_small, device, a.offload_inline).await?;
+    let mut cold = phase(&node, size, n, a.concurrency, "GET cold (flash)").await?;
     cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
     let s = node.client.stats().await?;
     eprintln!(
@@ -496,9 +534,9 @@ async fn measure_size(
         s.hits
     );
     node.stop()?;
-    let node = Node::start(&data_dir, capacity, dram_big, device).await?;
-    phase(&node.client, size, n, a.concurrency, "warm-up").await?;
-    let hot = phase(&node.client, size, n, a.concurrency, "GET hot (DRAM)").await?;
+    let node = Node::start(&data_dir, capacity, dram_big, device, a.offload_inline).await?;
+    phase(&node, size, n, a.concurrency, "warm-up").await?;
+    let hot = phase(&node, size, n, a.concurrency, "GET hot (DRAM)").await?;
     let s = node.client.stats().await?;
     eprintln!("  hot: {} of {} reads from DRAM", s.dram_hits, s.hits);
     node.stop()?;

@@ -131,10 +131,13 @@ pub struct Config {
     pub group_commit_max_blocks: usize,
     /// Most payload bytes in one group commit.
     pub group_commit_max_bytes: ByteSize,
-    /// Threads of the offload stage (CRC32C, AES-GCM); 0 = one per CPU.
+    /// Worker threads of each offload engine (CRC32C, AES-GCM); 0 = one per CPU.
     pub offload_threads: usize,
-    /// Jobs queued for the offload stage; more answer 503.
+    /// Jobs queued for each offload engine; more answer 503.
     pub offload_queue_depth: usize,
+    /// Run CRC32C and AES-GCM on the request threads instead of the offload engines: the
+    /// no-DPU baseline the offload is measured against.
+    pub offload_inline: bool,
     /// Most keys pinned at once.
     pub leases_max: usize,
     /// `tracing` filter, e.g. `info` or `ctxpod=debug`.
@@ -161,6 +164,7 @@ impl Default for Config {
             group_commit_max_bytes: ByteSize(32 << 20),
             offload_threads: 0,
             offload_queue_depth: 4096,
+            offload_inline: false,
             leases_max: 1 << 20,
             log: "info".into(),
         }

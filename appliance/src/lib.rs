@@ -4,7 +4,8 @@
 //! - [`cli`] and [`server`]: the command line and HTTP API v1; the only code that knows HTTP.
 //! - [`engine`]: namespaces, the put/get paths, group commit, eviction, leases, DRAM tier,
 //!   recovery; the RocksDB index lives in [`engine::index`].
-//! - [`engine::offload`]: the CRC32C / AES-GCM stage (the "DPU firmware").
+//! - the CRC32C / AES-GCM work runs on `ctxpod_firmware_sim::offload::OffloadEngine` (the
+//!   "DPU firmware"), whatever the device.
 //! - [`record`] and [`crypto`]: sans-IO codecs of the on-device record and its envelope.
 //! - [`device`]: 4 KiB-aligned async I/O through io_uring (or pread/pwrite); nothing else
 //!   touches the device.

@@ -34,6 +34,9 @@ pub struct Metrics {
     pub index_commit_seconds: Histogram,
     pub group_commit_seconds: Histogram,
     pub busy_rejections: IntCounterVec,
+    /// Offload engines (`crc32c`, `aes-gcm`): operations run, seconds their workers were
+    /// busy, submissions refused (queue full), operations failed by injected faults.
+    pub offload: prometheus::GaugeVec,
     pub io_engine_info: IntGaugeVec,
     pub capacity_bytes: IntGauge,
     pub used_bytes: IntGauge,
@@ -158,6 +161,13 @@ impl Metrics {
                     "Requests refused with 503, by full queue"
                 ),
                 &["queue"]
+            )),
+            offload: reg!(prometheus::GaugeVec::new(
+                Opts::new(
+                    "ctxpod_offload",
+                    "Offload engines: ops, busy_seconds, rejected_busy, faults (monotonic)"
+                ),
+                &["engine", "figure"]
             )),
             io_engine_info: reg!(IntGaugeVec::new(
                 Opts::new(

@@ -23,6 +23,16 @@ fn config(dir: &std::path::Path) -> Config {
     }
 }
 
+/// Puts the block whose contents derive from `key`.
+async fn put(
+    node: &ctxpod::engine::Engine,
+    key: &[u8],
+    len: usize,
+    d: Durability,
+) -> Result<ctxpod::engine::PutStatus, ctxpod::engine::EngineError> {
+    node.put("default", key, content(key, len), None, d).await
+}
+
 fn device(plan: FaultPlan) -> Arc<SimDevice> {
     Arc::new(SimDevice::new(
         Profile::load("tlc-noplp").expect("profile"),
@@ -51,29 +61,15 @@ fn every_tear_point_of_a_record_leaves_it_whole_or_absent() {
         let dev = device(FaultPlan::none());
         let node = life(async {
             let node = open_on_sim(&cfg, &dev).await;
-            node.put(
-                "default",
-                b"base",
-                content(b"base", 5000),
-                None,
-                Durability::Durable,
-            )
-            .await
-            .expect("put base");
+            put(&node, b"base", 5000, Durability::Durable)
+                .await
+                .expect("put base");
             let plan = FaultPlan {
                 torn_keep_sectors: Some(keep as u32),
                 ..FaultPlan::none()
             };
             next_command(&dev, plan, Fault::PowerCut);
-            let r = node
-                .put(
-                    "default",
-                    b"torn",
-                    content(b"torn", len),
-                    None,
-                    Durability::Durable,
-                )
-                .await;
+            let r = put(&node, b"torn", len, Durability::Durable).await;
             assert!(
                 r.is_err(),
                 "a put whose write lost power is not acknowledged"
@@ -113,7 +109,7 @@ fn misdirected_writes_are_caught_by_the_record_identity() {
         life(async {
             let node = open_on_sim(&cfg, &dev).await;
             for k in &keys {
-                node.put("default", k, content(k, 40_000), None, Durability::Durable)
+                put(&node, k, 40_000, Durability::Durable)
                     .await
                     .expect("put");
             }
@@ -122,15 +118,9 @@ fn misdirected_writes_are_caught_by_the_record_identity() {
                 ..FaultPlan::none()
             };
             next_command(&dev, plan, Fault::Misdirect);
-            node.put(
-                "default",
-                b"stray",
-                content(b"stray", 40_000),
-                None,
-                Durability::Durable,
-            )
-            .await
-            .expect("the device said the write succeeded");
+            put(&node, b"stray", 40_000, Durability::Durable)
+                .await
+                .expect("the device said the write succeeded");
             node.shutdown().await;
         });
         dev.set_plan(FaultPlan::none());
@@ -166,7 +156,7 @@ fn bad_reads_are_misses_or_errors_never_wrong_bytes() {
     life(async {
         let node = open_on_sim(&cfg, &dev).await;
         for k in [&b"a"[..], b"b", b"c"] {
-            node.put("default", k, content(k, 30_000), None, Durability::Durable)
+            put(&node, k, 30_000, Durability::Durable)
                 .await
                 .expect("put");
         }
@@ -202,39 +192,19 @@ fn failed_writes_and_flushes_are_never_acknowledged() {
         let dev = device(FaultPlan::none());
         life(async {
             let node = open_on_sim(&cfg, &dev).await;
-            node.put(
-                "default",
-                b"before",
-                content(b"before", 9000),
-                None,
-                Durability::Durable,
-            )
-            .await
-            .expect("put");
+            put(&node, b"before", 9000, Durability::Durable)
+                .await
+                .expect("put");
             // A flush comes with a durable put after a fast one.
-            node.put(
-                "default",
-                b"fast",
-                content(b"fast", 9000),
-                None,
-                Durability::Fast,
-            )
-            .await
-            .expect("put fast");
+            put(&node, b"fast", 9000, Durability::Fast)
+                .await
+                .expect("put fast");
             // The put's record write comes first; its flush (for the fast record before
             // it) right after.
             let c = dev.stats().commands;
             let at = if fault == Fault::FlushFail { c + 1 } else { c };
             dev.set_plan(FaultPlan::none().at(at, fault));
-            let r = node
-                .put(
-                    "default",
-                    b"hit",
-                    content(b"hit", 9000),
-                    None,
-                    Durability::Durable,
-                )
-                .await;
+            let r = put(&node, b"hit", 9000, Durability::Durable).await;
             assert!(r.is_err(), "{fault:?}: the put it hit is not acknowledged");
             let got = node.get("default", b"before").await.expect("reads go on");
             assert_eq!(got.map(|b| b.0), Some(content(b"before", 9000)));
@@ -249,15 +219,9 @@ fn failed_writes_and_flushes_are_never_acknowledged() {
             if let Some((b, _)) = node.get("default", b"hit").await.expect("get") {
                 assert_eq!(b, content(b"hit", 9000), "{fault:?}: never wrong bytes");
             }
-            node.put(
-                "default",
-                b"after",
-                content(b"after", 9000),
-                None,
-                Durability::Durable,
-            )
-            .await
-            .expect("writes resume after a restart");
+            put(&node, b"after", 9000, Durability::Durable)
+                .await
+                .expect("writes resume after a restart");
             node.shutdown().await;
         });
     }
@@ -363,4 +327,57 @@ async fn the_daemon_serves_on_a_simulated_device() {
         .expect("ctxpod_sim_host_written_bytes in /metrics");
     assert!(host_written >= 20.0 * 100_000.0, "{host_written}");
     assert!(m.contains("ctxpod_sim_endurance{figure=\"write_amplification\"}"));
+}
+
+/// The offload engine reports an error for an operation: a put it hits is not acknowledged
+/// (and nothing is stored), a get it hits is an error for that request only; the node goes
+/// on serving, and nothing is ever served wrong.
+#[test]
+fn offload_engine_faults_fail_only_their_request() {
+    use ctxpod_firmware_sim::offload::OffloadFaults;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path());
+    let dev = device(FaultPlan::none());
+    life(async {
+        let node = open_on_sim(&cfg, &dev).await;
+        put(&node, b"ok", 20_000, Durability::Durable)
+            .await
+            .expect("put");
+        for (crc_error, aead_error) in [(1.0, 0.0), (0.0, 1.0)] {
+            node.offload().set_faults(OffloadFaults {
+                seed: 1,
+                crc_error,
+                aead_error,
+            });
+            let k = format!("f{crc_error}").into_bytes();
+            let r = put(&node, &k, 20_000, Durability::Durable).await;
+            assert!(r.is_err(), "a put whose offload failed is not acknowledged");
+            // The DRAM tier holds "ok": read something from flash instead.
+            assert!(node
+                .get("default", b"absent")
+                .await
+                .expect("miss")
+                .is_none());
+            node.offload().set_faults(OffloadFaults::default());
+            assert_eq!(node.get("default", &k).await.expect("get"), None);
+            assert!(node.ready(), "offload faults do not stop the node");
+        }
+        node.shutdown().await;
+    });
+    // A fresh node (empty DRAM tier): a read the AEAD engine fails is an error, then fine.
+    life(async {
+        let node = open_on_sim(&cfg, &dev).await;
+        node.offload().set_faults(OffloadFaults {
+            seed: 2,
+            crc_error: 0.0,
+            aead_error: 1.0,
+        });
+        assert!(node.get("default", b"ok").await.is_err());
+        node.offload().set_faults(OffloadFaults::default());
+        let got = node.get("default", b"ok").await.expect("get");
+        assert_eq!(got.map(|b| b.0), Some(content(b"ok", 20_000)));
+        let (crc, aead) = node.offload().stats();
+        assert!(crc.ops > 0 && aead.ops > 0 && aead.faults == 1);
+        node.shutdown().await;
+    });
 }

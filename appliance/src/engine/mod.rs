@@ -10,7 +10,6 @@
 pub mod dram;
 pub mod index;
 pub mod leases;
-pub mod offload;
 mod recovery;
 mod writer;
 
@@ -22,10 +21,10 @@ use crate::record::{self, RecordHeader, HEADER_BYTES, TAG_BYTES};
 use bytes::Bytes;
 use ctxpod_api::types::{NamespaceInfo, Stats};
 use ctxpod_api::Durability;
+use ctxpod_firmware_sim::offload::{OffloadEngine, OffloadError};
 use dram::{CacheKey, S3Fifo};
 use index::{block_key, BlockLoc, Geometry, Index, NsMeta};
 use leases::{Leases, ReadBits};
-use offload::{Offload, OffloadError};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,10 +63,8 @@ impl From<anyhow::Error> for EngineError {
 impl From<OffloadError> for EngineError {
     fn from(e: OffloadError) -> Self {
         match e {
-            OffloadError::Busy => EngineError::Busy("offload queue"),
-            OffloadError::Stopped => {
-                EngineError::Internal(anyhow::anyhow!("offload stage stopped"))
-            }
+            OffloadError::Busy(_) => EngineError::Busy("offload queue"),
+            e => EngineError::Internal(anyhow::anyhow!("{e}")),
         }
     }
 }
@@ -171,7 +168,7 @@ pub(crate) struct Core {
     pub leases: Leases,
     pub read_bits: ReadBits,
     seq: SeqAlloc,
-    offload: Offload,
+    offload: OffloadEngine,
     pub metrics: Arc<Metrics>,
     pub counters: Counters,
     /// A record write found the device full: batches are answered 507 until the writer
@@ -241,15 +238,39 @@ enum Verified {
 
 /// Checks a record read from the device against its index entry and opens it.
 fn verify_record(
-    mut buf: AlignedBuf,
+    buf: AlignedBuf,
     dek: &AeadKey,
     ns_id: u32,
     key: &[u8],
     loc: &BlockLoc,
 ) -> Verified {
+    match open_record(buf, dek, ns_id, key, loc) {
+        Ok(plain) => check_plaintext(plain, loc.crc32c),
+        Err(why) => Verified::Bad(why),
+    }
+}
+
+/// The plaintext's CRC32C against the one the index (and header) hold: the CRC engine's
+/// half of a read's checks.
+fn check_plaintext(plain: Bytes, crc: u32) -> Verified {
+    if crc32c::crc32c(&plain) != crc {
+        return Verified::Bad("plaintext CRC32C mismatch".into());
+    }
+    Verified::Ok(plain)
+}
+
+/// The record's header against its index entry, then AES-GCM open: the AEAD engine's half
+/// of a read's checks. The plaintext still needs [`check_plaintext`].
+fn open_record(
+    mut buf: AlignedBuf,
+    dek: &AeadKey,
+    ns_id: u32,
+    key: &[u8],
+    loc: &BlockLoc,
+) -> Result<Bytes, String> {
     let h = match RecordHeader::decode(&buf) {
         Ok(h) => h,
-        Err(e) => return Verified::Bad(format!("record header: {e}")),
+        Err(e) => return Err(format!("record header: {e}")),
     };
     if h.ns_id != ns_id
         || h.key != key
@@ -259,7 +280,7 @@ fn verify_record(
         || h.key_id != loc.key_id
         || h.nonce != record::nonce_for(h.seq)
     {
-        return Verified::Bad("record header does not match the index".into());
+        return Err("record header does not match the index".into());
     }
     let len = h.len as usize;
     let aad = crypto::block_aad(ns_id, h.key_id, key);
@@ -270,12 +291,9 @@ fn verify_record(
         &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES],
     ) {
         Ok(n) if n == len => {}
-        _ => return Verified::Bad("AES-GCM authentication failed".into()),
+        _ => return Err("AES-GCM authentication failed".into()),
     }
-    if crc32c::crc32c(&buf[HEADER_BYTES..HEADER_BYTES + len]) != h.crc32c {
-        return Verified::Bad("plaintext CRC32C mismatch".into());
-    }
-    Verified::Ok(Bytes::from_owner(buf).slice(HEADER_BYTES..HEADER_BYTES + len))
+    Ok(Bytes::from_owner(buf).slice(HEADER_BYTES..HEADER_BYTES + len))
 }
 
 /// A block body received straight into the buffer its record will be written from (at the
@@ -285,9 +303,6 @@ pub struct StagedBlock {
     len: usize,
     /// Payload bytes received so far.
     filled: usize,
-    /// CRC32C of the payload received so far, computed as each piece lands (while it is
-    /// still in cache), so that the bytes are not read again to check them.
-    crc: u32,
 }
 
 impl StagedBlock {
@@ -306,7 +321,6 @@ impl StagedBlock {
             buf: AlignedBuf::reused(record::record_bytes(len)),
             len,
             filled: 0,
-            crc: 0,
         })
     }
 
@@ -324,11 +338,14 @@ impl StagedBlock {
         if end > self.len {
             return false;
         }
-        let dst = &mut self.buf[HEADER_BYTES + self.filled..HEADER_BYTES + end];
-        dst.copy_from_slice(piece);
-        self.crc = crc32c::crc32c_append(self.crc, dst);
+        self.buf[HEADER_BYTES + self.filled..HEADER_BYTES + end].copy_from_slice(piece);
         self.filled = end;
         true
+    }
+
+    /// The body received so far.
+    pub fn payload(&self) -> &[u8] {
+        &self.buf[HEADER_BYTES..HEADER_BYTES + self.filled]
     }
 
     /// Whether the whole announced body has arrived.
@@ -506,32 +523,35 @@ impl Engine {
         let dek = ns
             .dek(ns.key_id)
             .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
-        let (ns2, key2) = (ns.clone(), key.to_vec());
-        let prep = self
+        // The CRC engine checksums the body, the AEAD engine seals it: the request thread
+        // only moves the buffer.
+        let (staged, crc) = self
             .core
             .offload
-            .run(move || {
-                let crc = staged.crc;
-                if client_crc.is_some_and(|c| c != crc) {
-                    return Err(crc);
-                }
-                if existing.is_some() {
-                    return Ok(PutPrep::Crc(crc));
-                }
-                Ok(PutPrep::Record(
-                    crc,
-                    staged.seal(&ns2, &dek, &key2, seq, crc),
-                ))
+            .crc(move || {
+                let crc = crc32c::crc32c(staged.payload());
+                (staged, crc)
             })
             .await?;
+        if client_crc.is_some_and(|c| c != crc) {
+            return Err(EngineError::Integrity(format!(
+                "body CRC32C is {crc:08x}, not the {:08x} the client sent",
+                client_crc.unwrap_or_default()
+            )));
+        }
+        let prep = if existing.is_some() {
+            PutPrep::Crc(crc)
+        } else {
+            let (ns2, key2) = (ns.clone(), key.to_vec());
+            let record = self
+                .core
+                .offload
+                .aead(move || staged.seal(&ns2, &dek, &key2, seq, crc))
+                .await?;
+            PutPrep::Record(crc, record)
+        };
         let (crc, record) = match prep {
-            Err(actual) => {
-                return Err(EngineError::Integrity(format!(
-                    "body CRC32C is {actual:08x}, not the {:08x} the client sent",
-                    client_crc.unwrap_or_default()
-                )))
-            }
-            Ok(PutPrep::Crc(crc)) => {
+            PutPrep::Crc(crc) => {
                 let loc = existing.expect("Crc only when the block exists");
                 if loc.crc32c != crc || loc.len as usize != len {
                     return Err(EngineError::Conflict);
@@ -546,7 +566,7 @@ impl Engine {
                 }
                 return Ok(PutStatus::Exists);
             }
-            Ok(PutPrep::Record(crc, record)) => (crc, record),
+            PutPrep::Record(crc, record) => (crc, record),
         };
         let (tx, rx) = oneshot::channel();
         let cmd = WriteCmd::Put(writer::PutReq {
@@ -647,10 +667,18 @@ impl Engine {
         r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
         c.metrics.device_read_bytes.inc_by(loc.record_len as u64);
         let (ns_id, key2) = (ns.id, key.to_vec());
-        let verdict = c
+        let opened = c
             .offload
-            .run(move || verify_record(buf, &dek, ns_id, &key2, &loc))
+            .aead(move || open_record(buf, &dek, ns_id, &key2, &loc))
             .await?;
+        let verdict = match opened {
+            Ok(plain) => {
+                c.offload
+                    .crc(move || check_plaintext(plain, loc.crc32c))
+                    .await?
+            }
+            Err(why) => Verified::Bad(why),
+        };
         match verdict {
             Verified::Ok(b) => Ok(Some(b)),
             Verified::Bad(why) => {
@@ -689,6 +717,11 @@ impl Engine {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
         Ok(self.core.index.get_block(&block_key(ns.id, key))?.is_some())
+    }
+
+    /// The offload engines (CRC32C, AES-GCM) this node's data path runs on.
+    pub fn offload(&self) -> &OffloadEngine {
+        &self.core.offload
     }
 
     /// The simulated device under this node, if it runs on one (firmware-sim).
@@ -891,6 +924,17 @@ impl Engine {
     fn publish_gauges(&self) {
         let c = &self.core;
         let m = &c.metrics;
+        let (crc, aead) = c.offload.stats();
+        for (engine, s) in [("crc32c", crc), ("aes-gcm", aead)] {
+            for (figure, v) in [
+                ("ops", s.ops as f64),
+                ("busy_seconds", s.busy_seconds),
+                ("rejected_busy", s.rejected_busy as f64),
+                ("faults", s.faults as f64),
+            ] {
+                m.offload.with_label_values(&[engine, figure]).set(v);
+            }
+        }
         if let Some(dev) = c.device.sim() {
             if m.sim.get().is_none() {
                 match crate::metrics::SimGauges::register(&m.registry) {

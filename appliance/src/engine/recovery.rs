@@ -14,7 +14,6 @@
 use super::dram::S3Fifo;
 use super::index::{self, BlockLoc, Geometry, Index, NsMeta, RegionMeta, RegionState};
 use super::leases::{Leases, ReadBits};
-use super::offload::Offload;
 use super::{Core, Counters, Namespace, SeqAlloc, SEQ_CHUNK};
 use crate::config::Config;
 use crate::crypto::{self, AeadKey};
@@ -22,6 +21,7 @@ use crate::device::{self, AlignedBuf, Device, IO_ALIGN_BYTES};
 use crate::metrics::Metrics;
 use crate::record::{self, RecordHeader};
 use anyhow::{bail, ensure, Context};
+use ctxpod_firmware_sim::offload::OffloadEngine;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::io::Write;
@@ -182,7 +182,11 @@ pub(super) async fn open(
             reserved: Mutex::new(next_reserved),
             reserved_fast: AtomicU64::new(next_reserved),
         },
-        offload: Offload::new(cfg.offload_threads, cfg.offload_queue_depth),
+        offload: OffloadEngine::new(
+            cfg.offload_threads,
+            cfg.offload_queue_depth,
+            cfg.offload_inline,
+        ),
         namespaces: RwLock::new(by_name),
         ns_by_id: RwLock::new(namespaces),
         geometry,
