@@ -343,41 +343,43 @@ fn offload_engine_faults_fail_only_their_request() {
         put(&node, b"ok", 20_000, Durability::Durable)
             .await
             .expect("put");
-        for (crc_error, aead_error) in [(1.0, 0.0), (0.0, 1.0)] {
-            node.offload().set_faults(OffloadFaults {
-                seed: 1,
-                crc_error,
-                aead_error,
-            });
-            let k = format!("f{crc_error}").into_bytes();
-            let r = put(&node, &k, 20_000, Durability::Durable).await;
-            assert!(r.is_err(), "a put whose offload failed is not acknowledged");
-            // The DRAM tier holds "ok": read something from flash instead.
-            assert!(node
-                .get("default", b"absent")
-                .await
-                .expect("miss")
-                .is_none());
-            node.offload().set_faults(OffloadFaults::default());
-            assert_eq!(node.get("default", &k).await.expect("get"), None);
-            assert!(node.ready(), "offload faults do not stop the node");
-        }
-        node.shutdown().await;
-    });
-    // A fresh node (empty DRAM tier): a read the AEAD engine fails is an error, then fine.
-    life(async {
-        let node = open_on_sim(&cfg, &dev).await;
+        // A put's work on the engines is the AES-GCM seal (its CRC32C is computed inline
+        // with the landing copy).
         node.offload().set_faults(OffloadFaults {
-            seed: 2,
+            seed: 1,
             crc_error: 0.0,
             aead_error: 1.0,
         });
-        assert!(node.get("default", b"ok").await.is_err());
+        let r = put(&node, b"failed", 20_000, Durability::Durable).await;
+        assert!(r.is_err(), "a put whose seal failed is not acknowledged");
         node.offload().set_faults(OffloadFaults::default());
-        let got = node.get("default", b"ok").await.expect("get");
-        assert_eq!(got.map(|b| b.0), Some(content(b"ok", 20_000)));
-        let (crc, aead) = node.offload().stats();
-        assert!(crc.ops > 0 && aead.ops > 0 && aead.faults == 1);
+        assert_eq!(node.get("default", b"failed").await.expect("get"), None);
+        assert!(node.ready(), "offload faults do not stop the node");
         node.shutdown().await;
     });
+    // Fresh nodes (empty DRAM tier): a read the AES-GCM engine (open) or the CRC32C engine
+    // (plaintext check) fails is an error for that request, and the block reads fine after.
+    for (crc_error, aead_error) in [(0.0, 1.0), (1.0, 0.0)] {
+        life(async {
+            let node = open_on_sim(&cfg, &dev).await;
+            node.offload().set_faults(OffloadFaults {
+                seed: 2,
+                crc_error,
+                aead_error,
+            });
+            assert!(node.get("default", b"ok").await.is_err());
+            node.offload().set_faults(OffloadFaults::default());
+            let got = node.get("default", b"ok").await.expect("get");
+            assert_eq!(got.map(|b| b.0), Some(content(b"ok", 20_000)));
+            let (crc, aead) = node.offload().stats();
+            assert_eq!(crc.faults + aead.faults, 1);
+            assert!(crc.ops > 0 && aead.ops > 0);
+            assert_eq!(
+                node.stats().integrity_errors,
+                0,
+                "an engine error is not corruption"
+            );
+            node.shutdown().await;
+        });
+    }
 }

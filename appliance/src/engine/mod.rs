@@ -303,6 +303,10 @@ pub struct StagedBlock {
     len: usize,
     /// Payload bytes received so far.
     filled: usize,
+    /// CRC32C of the payload received so far, computed inline with the landing copy (as a
+    /// DPU computes it inline with the DMA that lands the data), while the bytes are still
+    /// in cache: the body is not read again to check it.
+    crc: u32,
 }
 
 impl StagedBlock {
@@ -321,6 +325,7 @@ impl StagedBlock {
             buf: AlignedBuf::reused(record::record_bytes(len)),
             len,
             filled: 0,
+            crc: 0,
         })
     }
 
@@ -338,7 +343,9 @@ impl StagedBlock {
         if end > self.len {
             return false;
         }
-        self.buf[HEADER_BYTES + self.filled..HEADER_BYTES + end].copy_from_slice(piece);
+        let dst = &mut self.buf[HEADER_BYTES + self.filled..HEADER_BYTES + end];
+        dst.copy_from_slice(piece);
+        self.crc = crc32c::crc32c_append(self.crc, dst);
         self.filled = end;
         true
     }
@@ -523,16 +530,9 @@ impl Engine {
         let dek = ns
             .dek(ns.key_id)
             .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
-        // The CRC engine checksums the body, the AEAD engine seals it: the request thread
-        // only moves the buffer.
-        let (staged, crc) = self
-            .core
-            .offload
-            .crc(move || {
-                let crc = crc32c::crc32c(staged.payload());
-                (staged, crc)
-            })
-            .await?;
+        // The body's CRC32C was computed inline with its landing copy; the AEAD engine seals
+        // it: the request thread only hands the buffer over.
+        let crc = staged.crc;
         if client_crc.is_some_and(|c| c != crc) {
             return Err(EngineError::Integrity(format!(
                 "body CRC32C is {crc:08x}, not the {:08x} the client sent",

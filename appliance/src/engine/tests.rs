@@ -119,6 +119,7 @@ async fn staged_blocks_fill_in_pieces_and_must_be_complete() {
     assert!(!st.append(b"x"), "nothing past the announced length");
     assert!(st.is_complete());
     assert_eq!(st.payload(), &d[..]);
+    assert_eq!(st.crc, crc32c::crc32c(&d));
     assert!(matches!(StagedBlock::new(0), Err(EngineError::Invalid(_))));
     assert!(matches!(
         StagedBlock::new(ctxpod_api::BLOCK_BYTES_MAX + 1),
