@@ -2,6 +2,7 @@
 //!
 //! - `openapi.json` (beside this crate's `Cargo.toml`) is the HTTP contract, OpenAPI 3.0.3.
 //! - [`frame`] is the binary framing of `batch/get` and `batch/put` bodies (sans-IO codec).
+//! - [`proto`] is the transfer protocol (CXP1) codec, sans-IO; `PROTOCOL.md` specifies it.
 //! - [`key`] and [`namespace`] validate the identifiers that appear in URLs.
 //! - [`types`] are the JSON bodies.
 //! - [`client`] is the Rust client used by the CLI, the tests and engines' block managers.
@@ -13,6 +14,7 @@ pub mod client;
 pub mod frame;
 pub mod key;
 pub mod namespace;
+pub mod proto;
 pub mod types;
 
 /// The OpenAPI 3.0.3 document of HTTP API v1.

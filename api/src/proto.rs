@@ -1,0 +1,752 @@
+//! The transfer protocol (CXP1): a sans-IO codec. Pure functions and a streaming frame
+//! decoder over bytes; no sockets, no clocks. The wire format is specified in
+//! `api/PROTOCOL.md` precisely enough to write a client in another language; this module is
+//! its reference implementation.
+//!
+//! ```text
+//! hello   := magic "CXP1" | version: u16 | flags: u16 | max_frame_bytes: u32 | reserved: u32
+//! frame   := len: u32 | op: u8 | flags: u8 | status: u16 | request_id: u64 | body
+//!            (len counts the 12 header bytes and the body; integers little-endian)
+//! ```
+//!
+//! Every length is bounded before anything is allocated for it: a frame over the
+//! negotiated `max_frame_bytes`, a key over 128 bytes, more than
+//! [`BATCH_ENTRIES_MAX`](crate::BATCH_ENTRIES_MAX) entries or a block over
+//! [`BLOCK_BYTES_MAX`](crate::BLOCK_BYTES_MAX) is an error, never a large buffer.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+pub const MAGIC: &[u8; 4] = b"CXP1";
+pub const VERSION: u16 = 1;
+pub const HELLO_BYTES: usize = 16;
+/// Bytes of the frame header after the length prefix.
+pub const HEADER_BYTES: usize = 12;
+/// Largest frame a peer may announce: a full batch of the largest blocks.
+pub const FRAME_BYTES_MAX: u32 = 64 << 20;
+/// Longest namespace name on the wire.
+pub const NAMESPACE_BYTES_MAX: usize = 63;
+
+/// Per-block and per-frame statuses (HTTP-like numbers, so logs read the same).
+pub mod status {
+    pub const OK: u16 = 200;
+    pub const CREATED: u16 = 201;
+    pub const BAD_REQUEST: u16 = 400;
+    pub const NOT_FOUND: u16 = 404;
+    pub const CONFLICT: u16 = 409;
+    pub const TOO_LARGE: u16 = 413;
+    pub const CRC_MISMATCH: u16 = 422;
+    pub const INTERNAL: u16 = 500;
+    /// Backpressure: retry later (the HTTP API's 503 + Retry-After).
+    pub const BUSY: u16 = 503;
+    /// Past the prefetch's deadline: a miss, not a stall.
+    pub const DEADLINE: u16 = 504;
+    pub const NO_SPACE: u16 = 507;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Ping = 1,
+    Put = 2,
+    Get = 3,
+    Match = 4,
+    Pin = 5,
+    Unpin = 6,
+    RegisterRegion = 7,
+    Prefetch = 8,
+    /// Server → client: one prefetched block, to be written at its region offset.
+    Push = 9,
+    /// Server → client: a prefetch ticket is complete.
+    PrefetchDone = 10,
+    Cancel = 11,
+    /// Response to any request that failed as a whole (status + message).
+    Error = 12,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Ping,
+            2 => Op::Put,
+            3 => Op::Get,
+            4 => Op::Match,
+            5 => Op::Pin,
+            6 => Op::Unpin,
+            7 => Op::RegisterRegion,
+            8 => Op::Prefetch,
+            9 => Op::Push,
+            10 => Op::PrefetchDone,
+            11 => Op::Cancel,
+            12 => Op::Error,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("not a CXP1 peer (bad magic)")]
+    BadMagic,
+    #[error("protocol version {0} is not supported (this side speaks 1)")]
+    BadVersion(u16),
+    #[error("frame of {0} bytes is over the limit of {1}")]
+    FrameTooLarge(u32, u32),
+    #[error("frame of {0} bytes is shorter than its header")]
+    FrameTooShort(u32),
+    #[error("unknown op {0}")]
+    UnknownOp(u8),
+    #[error("op {0:?} is not a request")]
+    NotARequest(Op),
+    #[error("op {0:?} is not a response")]
+    NotAResponse(Op),
+    #[error("body of op {0:?} is truncated")]
+    Truncated(Op),
+    #[error("body of op {0:?} has {1} trailing bytes")]
+    Trailing(Op, usize),
+    #[error("key length {0} is not within 1..=128")]
+    BadKeyLength(usize),
+    #[error("namespace name of {0} bytes is not within 1..=63, or not UTF-8")]
+    BadNamespace(usize),
+    #[error("{0} entries: more than the limit")]
+    TooManyEntries(usize),
+    #[error("block of {0} bytes is over the block limit")]
+    BlockTooLarge(u32),
+    #[error("unknown durability {0}")]
+    BadDurability(u8),
+    #[error("unknown prefetch policy {0}")]
+    BadPolicy(u8),
+}
+
+/// The first 16 bytes each side sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    pub flags: u16,
+    /// Largest frame this side accepts.
+    pub max_frame_bytes: u32,
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_BYTES] {
+        let mut b = [0u8; HELLO_BYTES];
+        b[..4].copy_from_slice(MAGIC);
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.max_frame_bytes.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; HELLO_BYTES]) -> Result<Hello, ProtoError> {
+        if &b[..4] != MAGIC {
+            return Err(ProtoError::BadMagic);
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(ProtoError::BadVersion(version));
+        }
+        Ok(Hello {
+            version,
+            flags: u16::from_le_bytes([b[6], b[7]]),
+            max_frame_bytes: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    pub flags: u8,
+    pub status: u16,
+    pub request_id: u64,
+}
+
+/// A frame cut out of the stream: its header and its body (zero-copy from the stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub header: Header,
+    pub body: Bytes,
+}
+
+/// Streaming frame decoder: feed it bytes as they arrive, take frames as they complete. It
+/// never buffers more than one frame of at most `max_frame_bytes` (plus what was fed).
+pub struct FrameDecoder {
+    buf: BytesMut,
+    max_frame_bytes: u32,
+}
+
+impl FrameDecoder {
+    pub fn new(max_frame_bytes: u32) -> FrameDecoder {
+        FrameDecoder {
+            buf: BytesMut::new(),
+            max_frame_bytes: max_frame_bytes.min(FRAME_BYTES_MAX),
+        }
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes received and not yet framed.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete frame, `None` if more bytes are needed. An error poisons the
+    /// stream: the connection must be closed (its framing can no longer be trusted).
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, ProtoError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+        if len > self.max_frame_bytes {
+            return Err(ProtoError::FrameTooLarge(len, self.max_frame_bytes));
+        }
+        if (len as usize) < HEADER_BYTES {
+            return Err(ProtoError::FrameTooShort(len));
+        }
+        if self.buf.len() < 4 + len as usize {
+            self.buf.reserve(4 + len as usize - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(4);
+        let mut frame = self.buf.split_to(len as usize).freeze();
+        let op = frame.get_u8();
+        let op = Op::from_u8(op).ok_or(ProtoError::UnknownOp(op))?;
+        let header = Header {
+            op,
+            flags: frame.get_u8(),
+            status: frame.get_u16_le(),
+            request_id: frame.get_u64_le(),
+        };
+        Ok(Some(Frame {
+            header,
+            body: frame,
+        }))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Durable = 0,
+    Fast = 1,
+}
+
+/// What a prefetch does with blocks that are not ready by its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Push what is found, as soon as it is ready; a block not found is a miss at once.
+    BestEffort = 0,
+    /// Answer `PrefetchDone` only when every block is pushed or missed.
+    WaitComplete = 1,
+    /// Like best effort, and a block not pushed by the deadline is a miss (`DEADLINE`).
+    Timeout = 2,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutEntry {
+    pub key: Bytes,
+    pub crc32c: u32,
+    pub data: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefetchEntry {
+    pub key: Bytes,
+    /// Where in the client's region the block's bytes go.
+    pub offset: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Ping,
+    Put {
+        ns: String,
+        durability: Durability,
+        entries: Vec<PutEntry>,
+    },
+    Get {
+        ns: String,
+        keys: Vec<Bytes>,
+    },
+    Match {
+        ns: String,
+        keys: Vec<Bytes>,
+    },
+    Pin {
+        ns: String,
+        ttl_ms: u64,
+        keys: Vec<Bytes>,
+    },
+    Unpin {
+        ns: String,
+        keys: Vec<Bytes>,
+    },
+    RegisterRegion {
+        region_id: u32,
+        bytes: u64,
+    },
+    Prefetch {
+        ns: String,
+        region_id: u32,
+        policy: Policy,
+        deadline_ms: u32,
+        entries: Vec<PrefetchEntry>,
+    },
+    Cancel {
+        ticket: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetEntry {
+    pub status: u16,
+    pub crc32c: u32,
+    /// The block's bytes when `status` is OK.
+    pub data: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    Pong,
+    /// Per entry: status and the CRC32C of what is stored.
+    Put(Vec<(u16, u32)>),
+    Get(Vec<GetEntry>),
+    /// Leading keys present (`Match`), or keys affected (`Pin`, `Unpin`).
+    Count(u32),
+    RegionRegistered,
+    /// A prefetch was accepted: its blocks follow as `Push` frames, then `PrefetchDone`.
+    Ticket(u64),
+    Push {
+        ticket: u64,
+        index: u32,
+        status: u16,
+        crc32c: u32,
+        offset: u64,
+        data: Bytes,
+    },
+    PrefetchDone {
+        ticket: u64,
+        pushed: u32,
+        missed: u32,
+    },
+    Cancelled,
+    /// The request failed as a whole; the frame's status says how (BUSY, BAD_REQUEST, …).
+    Error(String),
+}
+
+struct Writer {
+    b: BytesMut,
+}
+
+impl Writer {
+    fn frame(op: Op, status: u16, request_id: u64, body_hint: usize) -> Writer {
+        let mut b = BytesMut::with_capacity(4 + HEADER_BYTES + body_hint);
+        b.put_u32_le(0);
+        b.put_u8(op as u8);
+        b.put_u8(0);
+        b.put_u16_le(status);
+        b.put_u64_le(request_id);
+        Writer { b }
+    }
+
+    fn ns(&mut self, ns: &str) {
+        self.b.put_u8(ns.len() as u8);
+        self.b.put_slice(ns.as_bytes());
+    }
+
+    fn key(&mut self, k: &[u8]) {
+        self.b.put_u8(k.len() as u8);
+        self.b.put_slice(k);
+    }
+
+    fn keys(&mut self, keys: &[Bytes]) {
+        self.b.put_u32_le(keys.len() as u32);
+        keys.iter().for_each(|k| self.key(k));
+    }
+
+    fn finish(mut self) -> Bytes {
+        let len = (self.b.len() - 4) as u32;
+        self.b[..4].copy_from_slice(&len.to_le_bytes());
+        self.b.freeze()
+    }
+}
+
+impl Request {
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Ping => Op::Ping,
+            Request::Put { .. } => Op::Put,
+            Request::Get { .. } => Op::Get,
+            Request::Match { .. } => Op::Match,
+            Request::Pin { .. } => Op::Pin,
+            Request::Unpin { .. } => Op::Unpin,
+            Request::RegisterRegion { .. } => Op::RegisterRegion,
+            Request::Prefetch { .. } => Op::Prefetch,
+            Request::Cancel { .. } => Op::Cancel,
+        }
+    }
+
+    /// The whole frame, length prefix included.
+    pub fn encode(&self, request_id: u64) -> Bytes {
+        let hint = match self {
+            Request::Put { entries, .. } => entries.iter().map(|e| e.data.len() + 140).sum(),
+            _ => 256,
+        };
+        let mut w = Writer::frame(self.op(), 0, request_id, hint);
+        match self {
+            Request::Ping => {}
+            Request::Put {
+                ns,
+                durability,
+                entries,
+            } => {
+                w.ns(ns);
+                w.b.put_u8(*durability as u8);
+                w.b.put_u32_le(entries.len() as u32);
+                for e in entries {
+                    w.key(&e.key);
+                    w.b.put_u32_le(e.crc32c);
+                    w.b.put_u32_le(e.data.len() as u32);
+                    w.b.put_slice(&e.data);
+                }
+            }
+            Request::Get { ns, keys }
+            | Request::Match { ns, keys }
+            | Request::Unpin { ns, keys } => {
+                w.ns(ns);
+                w.keys(keys);
+            }
+            Request::Pin { ns, ttl_ms, keys } => {
+                w.ns(ns);
+                w.b.put_u64_le(*ttl_ms);
+                w.keys(keys);
+            }
+            Request::RegisterRegion { region_id, bytes } => {
+                w.b.put_u32_le(*region_id);
+                w.b.put_u64_le(*bytes);
+            }
+            Request::Prefetch {
+                ns,
+                region_id,
+                policy,
+                deadline_ms,
+                entries,
+            } => {
+                w.ns(ns);
+                w.b.put_u32_le(*region_id);
+                w.b.put_u8(*policy as u8);
+                w.b.put_u32_le(*deadline_ms);
+                w.b.put_u32_le(entries.len() as u32);
+                for e in entries {
+                    w.key(&e.key);
+                    w.b.put_u64_le(e.offset);
+                }
+            }
+            Request::Cancel { ticket } => w.b.put_u64_le(*ticket),
+        }
+        w.finish()
+    }
+
+    pub fn decode(frame: &Frame) -> Result<Request, ProtoError> {
+        let op = frame.header.op;
+        let mut r = Reader::new(frame);
+        let req = match op {
+            Op::Ping => Request::Ping,
+            Op::Put => {
+                let ns = r.ns()?;
+                let durability = match r.u8()? {
+                    0 => Durability::Durable,
+                    1 => Durability::Fast,
+                    d => return Err(ProtoError::BadDurability(d)),
+                };
+                let entries = r.list(|r| {
+                    Ok(PutEntry {
+                        key: r.key()?,
+                        crc32c: r.u32()?,
+                        data: r.block()?,
+                    })
+                })?;
+                Request::Put {
+                    ns,
+                    durability,
+                    entries,
+                }
+            }
+            Op::Get | Op::Match | Op::Unpin => {
+                let (ns, keys) = (r.ns()?, r.keys()?);
+                match op {
+                    Op::Get => Request::Get { ns, keys },
+                    Op::Match => Request::Match { ns, keys },
+                    _ => Request::Unpin { ns, keys },
+                }
+            }
+            Op::Pin => Request::Pin {
+                ns: r.ns()?,
+                ttl_ms: r.u64()?,
+                keys: r.keys()?,
+            },
+            Op::RegisterRegion => Request::RegisterRegion {
+                region_id: r.u32()?,
+                bytes: r.u64()?,
+            },
+            Op::Prefetch => {
+                let ns = r.ns()?;
+                let region_id = r.u32()?;
+                let policy = match r.u8()? {
+                    0 => Policy::BestEffort,
+                    1 => Policy::WaitComplete,
+                    2 => Policy::Timeout,
+                    p => return Err(ProtoError::BadPolicy(p)),
+                };
+                let deadline_ms = r.u32()?;
+                let entries = r.list(|r| {
+                    Ok(PrefetchEntry {
+                        key: r.key()?,
+                        offset: r.u64()?,
+                    })
+                })?;
+                Request::Prefetch {
+                    ns,
+                    region_id,
+                    policy,
+                    deadline_ms,
+                    entries,
+                }
+            }
+            Op::Cancel => Request::Cancel { ticket: r.u64()? },
+            op => return Err(ProtoError::NotARequest(op)),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    pub fn op(&self) -> Op {
+        match self {
+            Response::Pong => Op::Ping,
+            Response::Put(_) => Op::Put,
+            Response::Get(_) => Op::Get,
+            Response::Count(_) => Op::Match,
+            Response::RegionRegistered => Op::RegisterRegion,
+            Response::Ticket(_) => Op::Prefetch,
+            Response::Push { .. } => Op::Push,
+            Response::PrefetchDone { .. } => Op::PrefetchDone,
+            Response::Cancelled => Op::Cancel,
+            Response::Error(_) => Op::Error,
+        }
+    }
+
+    /// The whole frame. `op` is the request's op for `Count` (`Match`, `Pin` or `Unpin`);
+    /// `status` is the frame's (OK, or why the request failed as a whole).
+    pub fn encode(&self, op: Op, status: u16, request_id: u64) -> Bytes {
+        let hint = match self {
+            Response::Get(es) => es.iter().map(|e| e.data.len() + 10).sum(),
+            Response::Push { data, .. } => data.len() + 32,
+            _ => 64,
+        };
+        let mut w = Writer::frame(op, status, request_id, hint);
+        match self {
+            Response::Pong | Response::RegionRegistered | Response::Cancelled => {}
+            Response::Put(es) => {
+                w.b.put_u32_le(es.len() as u32);
+                for (s, crc) in es {
+                    w.b.put_u16_le(*s);
+                    w.b.put_u32_le(*crc);
+                }
+            }
+            Response::Get(es) => {
+                w.b.put_u32_le(es.len() as u32);
+                for e in es {
+                    w.b.put_u16_le(e.status);
+                    w.b.put_u32_le(e.crc32c);
+                    w.b.put_u32_le(e.data.len() as u32);
+                    w.b.put_slice(&e.data);
+                }
+            }
+            Response::Count(n) => w.b.put_u32_le(*n),
+            Response::Ticket(t) => w.b.put_u64_le(*t),
+            Response::Push {
+                ticket,
+                index,
+                status,
+                crc32c,
+                offset,
+                data,
+            } => {
+                w.b.put_u64_le(*ticket);
+                w.b.put_u32_le(*index);
+                w.b.put_u16_le(*status);
+                w.b.put_u32_le(*crc32c);
+                w.b.put_u64_le(*offset);
+                w.b.put_u32_le(data.len() as u32);
+                w.b.put_slice(data);
+            }
+            Response::PrefetchDone {
+                ticket,
+                pushed,
+                missed,
+            } => {
+                w.b.put_u64_le(*ticket);
+                w.b.put_u32_le(*pushed);
+                w.b.put_u32_le(*missed);
+            }
+            Response::Error(msg) => {
+                let m = &msg.as_bytes()[..msg.len().min(1024)];
+                w.b.put_u16_le(m.len() as u16);
+                w.b.put_slice(m);
+            }
+        }
+        w.finish()
+    }
+
+    pub fn decode(frame: &Frame) -> Result<Response, ProtoError> {
+        let op = frame.header.op;
+        let mut r = Reader::new(frame);
+        let resp = match op {
+            Op::Ping => Response::Pong,
+            Op::RegisterRegion => Response::RegionRegistered,
+            Op::Cancel => Response::Cancelled,
+            Op::Put => Response::Put(r.list(|r| Ok((r.u16()?, r.u32()?)))?),
+            Op::Get => Response::Get(r.list(|r| {
+                Ok(GetEntry {
+                    status: r.u16()?,
+                    crc32c: r.u32()?,
+                    data: r.block()?,
+                })
+            })?),
+            Op::Match | Op::Pin | Op::Unpin => Response::Count(r.u32()?),
+            Op::Prefetch => Response::Ticket(r.u64()?),
+            Op::Push => Response::Push {
+                ticket: r.u64()?,
+                index: r.u32()?,
+                status: r.u16()?,
+                crc32c: r.u32()?,
+                offset: r.u64()?,
+                data: r.block()?,
+            },
+            Op::PrefetchDone => Response::PrefetchDone {
+                ticket: r.u64()?,
+                pushed: r.u32()?,
+                missed: r.u32()?,
+            },
+            Op::Error => {
+                let n = r.u16()? as usize;
+                let m = r.bytes(n)?;
+                Response::Error(String::from_utf8_lossy(&m).into_owned())
+            }
+        };
+        r.end()?;
+        Ok(resp)
+    }
+}
+
+/// Bounded reads from a frame body: every read checks the bytes are there.
+struct Reader {
+    b: Bytes,
+    op: Op,
+}
+
+impl Reader {
+    fn new(frame: &Frame) -> Reader {
+        Reader {
+            b: frame.body.clone(),
+            op: frame.header.op,
+        }
+    }
+
+    /// `len: u32` then that many bytes of block data, at most the block limit.
+    fn block(&mut self) -> Result<Bytes, ProtoError> {
+        let len = self.u32()?;
+        if len as usize > crate::BLOCK_BYTES_MAX {
+            return Err(ProtoError::BlockTooLarge(len));
+        }
+        self.bytes(len as usize)
+    }
+
+    fn need(&self, n: usize) -> Result<(), ProtoError> {
+        if self.b.remaining() < n {
+            Err(ProtoError::Truncated(self.op))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn u8(&mut self) -> Result<u8, ProtoError> {
+        self.need(1)?;
+        Ok(self.b.get_u8())
+    }
+
+    fn u16(&mut self) -> Result<u16, ProtoError> {
+        self.need(2)?;
+        Ok(self.b.get_u16_le())
+    }
+
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        self.need(4)?;
+        Ok(self.b.get_u32_le())
+    }
+
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        self.need(8)?;
+        Ok(self.b.get_u64_le())
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<Bytes, ProtoError> {
+        self.need(n)?;
+        Ok(self.b.split_to(n))
+    }
+
+    fn count(&mut self) -> Result<usize, ProtoError> {
+        let n = self.u32()? as usize;
+        if n > crate::MATCH_KEYS_MAX.max(crate::BATCH_ENTRIES_MAX) {
+            return Err(ProtoError::TooManyEntries(n));
+        }
+        Ok(n)
+    }
+
+    fn ns(&mut self) -> Result<String, ProtoError> {
+        let n = self.u8()? as usize;
+        if n == 0 || n > NAMESPACE_BYTES_MAX {
+            return Err(ProtoError::BadNamespace(n));
+        }
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| ProtoError::BadNamespace(n))
+    }
+
+    fn key(&mut self) -> Result<Bytes, ProtoError> {
+        let n = self.u8()? as usize;
+        if n == 0 || n > crate::KEY_BYTES_MAX {
+            return Err(ProtoError::BadKeyLength(n));
+        }
+        self.bytes(n)
+    }
+
+    fn keys(&mut self) -> Result<Vec<Bytes>, ProtoError> {
+        self.list(|r| r.key())
+    }
+
+    /// `count` then that many items read by `item`.
+    fn list<T>(
+        &mut self,
+        mut item: impl FnMut(&mut Reader) -> Result<T, ProtoError>,
+    ) -> Result<Vec<T>, ProtoError> {
+        let n = self.count()?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(item(self)?);
+        }
+        Ok(out)
+    }
+
+    fn end(&self) -> Result<(), ProtoError> {
+        match self.b.remaining() {
+            0 => Ok(()),
+            n => Err(ProtoError::Trailing(self.op, n)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
