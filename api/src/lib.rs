@@ -5,7 +5,8 @@
 //! - [`proto`] is the transfer protocol (CXP1) codec, sans-IO; `PROTOCOL.md` specifies it.
 //! - [`key`] and [`namespace`] validate the identifiers that appear in URLs.
 //! - [`types`] are the JSON bodies.
-//! - [`client`] is the Rust client used by the CLI, the tests and engines' block managers.
+//! - [`client`] is the Rust client used by the CLI, the tests and engines' block managers;
+//!   [`transfer_client`] speaks CXP1 (pipelined, one connection; pools and prefetch to come).
 //!
 //! Architecture invariant: this crate knows nothing of the engine, RocksDB or devices; the
 //! appliance depends on it, never the other way round.
@@ -15,6 +16,7 @@ pub mod frame;
 pub mod key;
 pub mod namespace;
 pub mod proto;
+pub mod transfer_client;
 pub mod types;
 
 /// The OpenAPI 3.0.3 document of HTTP API v1.

@@ -538,13 +538,20 @@ impl Response {
         }
     }
 
-    /// The whole frame. `op` is the request's op for `Count` (`Match`, `Pin` or `Unpin`);
-    /// `status` is the frame's (OK, or why the request failed as a whole).
+    /// The whole frame. `op` is the request's op (it tells `Count` answers to `Match`, `Pin`
+    /// and `Unpin` apart; an `Error` is always sent as op `Error`); `status` is the frame's
+    /// (OK, or why the request failed as a whole).
     pub fn encode(&self, op: Op, status: u16, request_id: u64) -> Bytes {
         let hint = match self {
             Response::Get(es) => es.iter().map(|e| e.data.len() + 10).sum(),
             Response::Push { data, .. } => data.len() + 32,
             _ => 64,
+        };
+        // An error travels as op `Error` whatever the request was.
+        let op = if matches!(self, Response::Error(_)) {
+            Op::Error
+        } else {
+            op
         };
         let mut w = Writer::frame(op, status, request_id, hint);
         match self {

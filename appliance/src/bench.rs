@@ -267,7 +267,13 @@ impl Node {
         let exe = std::env::current_exe()?;
         let _ = std::fs::remove_file(data_dir.join("ctxpod.addr"));
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--transfer-listen",
+            "127.0.0.1:0",
+        ]);
         if device != "file" {
             cmd.args(["--device", device]);
         }

@@ -94,6 +94,9 @@ pub struct ServeArgs {
     /// Listen address [default: 127.0.0.1:7400].
     #[arg(long)]
     pub listen: Option<String>,
+    /// CXP1 transfer protocol listener address [default: 127.0.0.1:7401].
+    #[arg(long)]
+    pub transfer_listen: Option<String>,
     /// Flash capacity, e.g. 512MiB, 4GiB [default: 2GiB].
     #[arg(long)]
     pub capacity: Option<ByteSize>,
@@ -133,6 +136,9 @@ impl ServeArgs {
         }
         if let Some(l) = &self.listen {
             o.insert("listen".into(), serde_json::json!(l));
+        }
+        if let Some(l) = &self.transfer_listen {
+            o.insert("transfer_listen".into(), serde_json::json!(l));
         }
         if let Some(c) = self.capacity {
             o.insert("capacity".into(), serde_json::json!(c.0));

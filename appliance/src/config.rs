@@ -95,6 +95,9 @@ pub struct Config {
     /// Address of the HTTP listener. Port 0 picks a free port; the bound address is written
     /// to `<data_dir>/ctxpod.addr` once the node serves.
     pub listen: SocketAddr,
+    /// Address of the CXP1 transfer protocol listener (`api/PROTOCOL.md`); none to run
+    /// without it. Port 0 picks a free port, written to `<data_dir>/ctxpod.transfer.addr`.
+    pub transfer_listen: Option<SocketAddr>,
     /// Bytes of flash the node may use: the size of the device file (or the part of the raw
     /// block device) that holds block records.
     pub capacity: ByteSize,
@@ -149,6 +152,7 @@ impl Default for Config {
         Config {
             data_dir: PathBuf::from("./ctxpod-data"),
             listen: "127.0.0.1:7400".parse().expect("a valid literal address"),
+            transfer_listen: Some("127.0.0.1:7401".parse().expect("a valid literal address")),
             capacity: ByteSize(2 << 30),
             dram: ByteSize(256 << 20),
             device: None,

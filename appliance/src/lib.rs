@@ -19,3 +19,4 @@ pub mod engine;
 pub mod metrics;
 pub mod record;
 pub mod server;
+pub mod transfer;

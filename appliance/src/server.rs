@@ -100,7 +100,7 @@ impl From<EngineError> for ApiError {
     }
 }
 
-fn status_of(e: &EngineError) -> (StatusCode, &'static str) {
+pub(crate) fn status_of(e: &EngineError) -> (StatusCode, &'static str) {
     match e {
         EngineError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
         EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "no_such_namespace"),
@@ -762,10 +762,32 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let addr_file = cfg.data_dir.join("ctxpod.addr");
     let tmp = cfg.data_dir.join("ctxpod.addr.tmp");
-    std::fs::write(&tmp, format!("{addr}\n"))?;
-    std::fs::rename(&tmp, &addr_file)?;
     tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
     println!("ctxpod listening on http://{addr}");
+    let transfer = match cfg.transfer_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("transfer listener on {at}"))?;
+            let taddr = l.local_addr()?;
+            let f = cfg.data_dir.join("ctxpod.transfer.addr");
+            std::fs::write(&tmp, format!("{taddr}\n"))?;
+            std::fs::rename(&tmp, &f)?;
+            tracing::info!(addr = %taddr, "ctxpod serving the CXP1 transfer protocol");
+            let budget = Arc::new(tokio::sync::Semaphore::new(
+                cfg.ingest_bytes_max.0.min(usize::MAX as u64 >> 4) as usize,
+            ));
+            Some(tokio::spawn(crate::transfer::serve(
+                l,
+                engine.clone(),
+                budget,
+            )))
+        }
+        None => None,
+    };
+    // The HTTP address is published last: once it is there, both listeners serve.
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, &addr_file)?;
     let app = router(
         engine.clone(),
         cfg.max_inflight_requests,
@@ -775,6 +797,9 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("HTTP server")?;
+    if let Some(t) = transfer {
+        t.abort();
+    }
     tracing::info!("shutting down: committing queued writes");
     engine.shutdown().await;
     let _ = std::fs::remove_file(&addr_file);

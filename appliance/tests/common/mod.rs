@@ -67,7 +67,12 @@ impl Node {
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(&self.dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--transfer-listen",
+                "127.0.0.1:0",
+            ])
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log);
