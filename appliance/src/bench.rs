@@ -14,6 +14,7 @@ use crate::device::{self, AlignedBuf, IoEngine};
 use anyhow::{ensure, Context};
 use bytes::Bytes;
 use ctxpod_api::client::Client;
+use ctxpod_api::transfer_client::TransferClient;
 use ctxpod_api::Durability;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,10 @@ pub struct BenchArgs {
     /// engines (the no-DPU baseline).
     #[arg(long)]
     pub offload_inline: bool,
+    /// `http` (API v1) or `cxp1` (the transfer protocol: one block per request, pipelined
+    /// over 4 connections).
+    #[arg(long, default_value = "http")]
+    pub protocol: String,
 }
 
 #[derive(serde::Serialize, Clone)]
@@ -254,6 +259,8 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
 struct Node {
     child: Child,
     client: Client,
+    /// The CXP1 listener's address.
+    transfer: Option<String>,
 }
 
 impl Node {
@@ -301,9 +308,13 @@ impl Node {
             ensure!(Instant::now() < deadline, "node did not start within 60 s");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        let transfer = std::fs::read_to_string(data_dir.join("ctxpod.transfer.addr"))
+            .ok()
+            .map(|a| a.trim().to_string());
         Ok(Node {
             child,
             client: Client::new(format!("http://{addr}")),
+            transfer,
         })
     }
 
@@ -337,8 +348,28 @@ fn key(size: usize, i: u64) -> Vec<u8> {
 /// data does not take CPU from the node during a timed phase.
 const POOL: u64 = 8;
 
-async fn phase(node: &Node, size: usize, n: u64, conc: usize, what: &str) -> anyhow::Result<Row> {
+async fn phase(
+    node: &Node,
+    size: usize,
+    n: u64,
+    conc: usize,
+    what: &str,
+    cxp1: bool,
+) -> anyhow::Result<Row> {
     let client = &node.client;
+    let transfer: Vec<std::sync::Arc<TransferClient>> = if cxp1 {
+        let addr = node
+            .transfer
+            .as_deref()
+            .context("the node has no transfer listener")?;
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(std::sync::Arc::new(TransferClient::connect(addr).await?));
+        }
+        v
+    } else {
+        Vec::new()
+    };
     let (node_cpu0, client_cpu0) = (
         cpu_seconds(node.child.id()),
         cpu_seconds(std::process::id()),
@@ -355,11 +386,34 @@ async fn phase(node: &Node, size: usize, n: u64, conc: usize, what: &str) -> any
     let put = what.starts_with("PUT");
     let mut s = futures::stream::iter((0..n).map(|i| {
         let c = client.clone();
+        let tc = transfer.get(i as usize % 4).cloned();
         let (data, crc) = pool[(i % POOL) as usize].clone();
         async move {
             let k = key(size, i);
             let t = Instant::now();
-            if put {
+            if let Some(tc) = tc {
+                let k = Bytes::from(k);
+                if put {
+                    let st = tc
+                        .put(
+                            "default",
+                            &[(k, data)],
+                            ctxpod_api::proto::Durability::Durable,
+                        )
+                        .await?;
+                    ensure!(
+                        st[0] == 201 || st[0] == 200,
+                        "put of block {i}: status {}",
+                        st[0]
+                    );
+                } else {
+                    let got = tc.get("default", &[k]).await?;
+                    ensure!(
+                        got[0].as_deref() == Some(&data[..]),
+                        "block {i} of {size} bytes came back wrong"
+                    );
+                }
+            } else if put {
                 c.put_with_crc("default", &k, data, crc, Durability::Durable)
                     .await?;
             } else {
@@ -396,9 +450,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             for size in &a.sizes {
                 let first = rows.len();
                 measure_size(&a, size.0 as usize, device, &mut rows).await?;
+                let label = match a.protocol.as_str() {
+                    "http" => device.clone(),
+                    p => format!("{device} over {p}"),
+                };
                 rows[first..].iter_mut().for_each(|r| {
                     r.run = run;
-                    r.device = device.clone();
+                    r.device = label.clone();
                 });
             }
         }
@@ -484,6 +542,11 @@ async fn measure_size(
 ) -> anyhow::Result<()> {
     let n = (a.bytes.0 / size as u64).max(1);
     let total = n * size as u64;
+    let cxp1 = match a.protocol.as_str() {
+        "http" => false,
+        "cxp1" => true,
+        p => anyhow::bail!("unknown protocol {p:?} (http, cxp1)"),
+    };
     eprintln!(
         "{device}, {size} B blocks: device baseline ({} on {})",
         a.device_bytes,
@@ -500,7 +563,7 @@ async fn measure_size(
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
     let node = Node::start(&data_dir, capacity, dram_small, device, a.offload_inline).await?;
-    let mut put = phase(&node, size, n, a.concurrency, "PUT durable").await?;
+    let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1).await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
     let s = node.client.stats().await?;
     let m = node.client.metrics().await?;
@@ -531,7 +594,7 @@ async fn measure_size(
     );
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_small, device, a.offload_inline).await?;
-    let mut cold = phase(&node, size, n, a.concurrency, "GET cold (flash)").await?;
+    let mut cold = phase(&node, size, n, a.concurrency, "GET cold (flash)", cxp1).await?;
     cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
     let s = node.client.stats().await?;
     eprintln!(
@@ -541,8 +604,8 @@ async fn measure_size(
     );
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_big, device, a.offload_inline).await?;
-    phase(&node, size, n, a.concurrency, "warm-up").await?;
-    let hot = phase(&node, size, n, a.concurrency, "GET hot (DRAM)").await?;
+    phase(&node, size, n, a.concurrency, "warm-up", cxp1).await?;
+    let hot = phase(&node, size, n, a.concurrency, "GET hot (DRAM)", cxp1).await?;
     let s = node.client.stats().await?;
     eprintln!("  hot: {} of {} reads from DRAM", s.dram_hits, s.hits);
     node.stop()?;
