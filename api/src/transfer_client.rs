@@ -1,6 +1,7 @@
-//! A CXP1 client (first part of issue #4): one connection, requests pipelined by id and
-//! answered in any order; CRC32C computed on puts and checked on gets. Connection pools,
-//! retries on BUSY, memory regions and prefetch come later.
+//! A CXP1 client (first part of issue #4): requests pipelined by id on one connection and
+//! answered in any order, a request refused BUSY retried with exponential backoff, CRC32C
+//! computed on puts and checked on gets; [`TransferPool`] spreads requests over several
+//! connections. Memory regions and prefetch come later.
 
 use crate::proto::{
     self, status, Durability, FrameDecoder, GetEntry, Hello, Op, PutEntry, Request, Response,
@@ -38,7 +39,11 @@ pub struct TransferClient {
     pending: Pending,
     next_id: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
+    busy_retries: AtomicU64,
 }
+
+/// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 128 ms between).
+pub const BUSY_ATTEMPTS: u32 = 9;
 
 impl Drop for TransferClient {
     fn drop(&mut self) {
@@ -98,10 +103,34 @@ impl TransferClient {
             pending,
             next_id: AtomicU64::new(1),
             reader,
+            busy_retries: AtomicU64::new(0),
         })
     }
 
+    /// Requests sent again because the node answered BUSY.
+    pub fn busy_retries(&self) -> u64 {
+        self.busy_retries.load(Ordering::Relaxed)
+    }
+
+    /// One request, retried with exponential backoff while the node answers BUSY.
     async fn call(&self, req: &Request) -> Result<Response, TransferError> {
+        let mut backoff = std::time::Duration::from_millis(1);
+        for attempt in 1..=BUSY_ATTEMPTS {
+            match self.call_once(req).await {
+                Err(TransferError::Refused { status, .. })
+                    if status == status::BUSY && attempt < BUSY_ATTEMPTS =>
+                {
+                    self.busy_retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_millis(128));
+                }
+                r => return r,
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    async fn call_once(&self, req: &Request) -> Result<Response, TransferError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         match self.pending.lock().expect("pending map").as_mut() {
@@ -197,5 +226,34 @@ impl TransferClient {
             Response::Count(n) => Ok(n),
             r => Err(TransferError::Unexpected(r.op())),
         }
+    }
+}
+
+/// Several connections to one node, used round robin.
+pub struct TransferPool {
+    conns: Vec<TransferClient>,
+    next: AtomicU64,
+}
+
+impl TransferPool {
+    pub async fn connect(addr: &str, connections: usize) -> Result<TransferPool, TransferError> {
+        let mut conns = Vec::with_capacity(connections.max(1));
+        for _ in 0..connections.max(1) {
+            conns.push(TransferClient::connect(addr).await?);
+        }
+        Ok(TransferPool {
+            conns,
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The next connection, round robin.
+    pub fn conn(&self) -> &TransferClient {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.conns.len();
+        &self.conns[i]
+    }
+
+    pub fn busy_retries(&self) -> u64 {
+        self.conns.iter().map(|c| c.busy_retries()).sum()
     }
 }

@@ -207,3 +207,47 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     assert_eq!(got, vec![Some(block(1, 1000))]);
     assert!(node.client.ready().await);
 }
+
+/// Far more requests in flight on one connection than the node runs at once (32): the node
+/// answers the excess BUSY, and the client retries them with backoff until every put is
+/// stored; then a pool spreads reads over several connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_is_retried_until_everything_is_stored() {
+    use ctxpod_api::transfer_client::TransferPool;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let _node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;
+    let addr = transfer_addr(&data_dir);
+    let c = TransferClient::connect(&addr).await.expect("connect");
+    let key = |i: u64| Bytes::from(format!("busy{i:04}").into_bytes());
+    let puts = (0..300u64).map(|i| {
+        let c = &c;
+        async move {
+            c.put(
+                "default",
+                &[(key(i), block(i, 30_000))],
+                Durability::Durable,
+            )
+            .await
+        }
+    });
+    for (i, r) in futures::future::join_all(puts)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r.expect("put"), vec![status::CREATED], "put {i}");
+    }
+    eprintln!(
+        "300 puts in flight at once: {} BUSY answers retried",
+        c.busy_retries()
+    );
+    let pool = TransferPool::connect(&addr, 4).await.expect("pool");
+    let gets = (0..300u64).map(|i| {
+        let pool = &pool;
+        async move { (i, pool.conn().get("default", &[key(i)]).await) }
+    });
+    for (i, got) in futures::future::join_all(gets).await {
+        assert_eq!(got.expect("get"), vec![Some(block(i, 30_000))], "block {i}");
+    }
+}
