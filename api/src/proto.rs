@@ -64,7 +64,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn from_u8(v: u8) -> Option<Op> {
+    pub fn from_u8(v: u8) -> Option<Op> {
         Some(match v {
             1 => Op::Ping,
             2 => Op::Put,

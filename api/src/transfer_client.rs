@@ -42,8 +42,9 @@ pub struct TransferClient {
     busy_retries: AtomicU64,
 }
 
-/// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 128 ms between).
-pub const BUSY_ATTEMPTS: u32 = 9;
+/// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 256 ms between:
+/// about 4 s in all).
+pub const BUSY_ATTEMPTS: u32 = 20;
 
 impl Drop for TransferClient {
     fn drop(&mut self) {
@@ -122,7 +123,7 @@ impl TransferClient {
                 {
                     self.busy_retries.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(std::time::Duration::from_millis(128));
+                    backoff = (backoff * 2).min(std::time::Duration::from_millis(256));
                 }
                 r => return r,
             }

@@ -336,6 +336,21 @@ impl StagedBlock {
         Ok(s)
     }
 
+    /// The part of the body not received yet, to receive into directly (then
+    /// [`StagedBlock::advance`]).
+    pub fn unfilled_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[HEADER_BYTES + self.filled..HEADER_BYTES + self.len]
+    }
+
+    /// Marks `n` more bytes of [`StagedBlock::unfilled_mut`] as received (and checksums
+    /// them while they are in cache).
+    pub fn advance(&mut self, n: usize) {
+        let n = n.min(self.len - self.filled);
+        let start = HEADER_BYTES + self.filled;
+        self.crc = crc32c::crc32c_append(self.crc, &self.buf[start..start + n]);
+        self.filled += n;
+    }
+
     /// Appends the next piece of the body; false (and nothing appended) if it would run
     /// past the announced length.
     pub fn append(&mut self, piece: &[u8]) -> bool {
