@@ -448,6 +448,50 @@ impl Request {
         w.finish()
     }
 
+    /// The same frame as [`Request::encode`], in pieces that reference block data instead
+    /// of copying it: written one after the other (or vectored), they are the frame.
+    pub fn encode_parts(&self, request_id: u64) -> Vec<Bytes> {
+        let Request::Put {
+            ns,
+            durability,
+            entries,
+        } = self
+        else {
+            return vec![self.encode(request_id)];
+        };
+        let body: usize = 1
+            + ns.len()
+            + 1
+            + 4
+            + entries
+                .iter()
+                .map(|e| 1 + e.key.len() + 8 + e.data.len())
+                .sum::<usize>();
+        let mut w = BytesMut::with_capacity(4 + HEADER_BYTES + 64);
+        w.put_u32_le((HEADER_BYTES + body) as u32);
+        w.put_u8(Op::Put as u8);
+        w.put_u8(0);
+        w.put_u16_le(0);
+        w.put_u64_le(request_id);
+        w.put_u8(ns.len() as u8);
+        w.put_slice(ns.as_bytes());
+        w.put_u8(*durability as u8);
+        w.put_u32_le(entries.len() as u32);
+        let mut parts = Vec::with_capacity(2 * entries.len() + 1);
+        for e in entries {
+            w.put_u8(e.key.len() as u8);
+            w.put_slice(&e.key);
+            w.put_u32_le(e.crc32c);
+            w.put_u32_le(e.data.len() as u32);
+            parts.push(w.split().freeze());
+            parts.push(e.data.clone());
+        }
+        if !w.is_empty() {
+            parts.push(w.freeze());
+        }
+        parts
+    }
+
     pub fn decode(frame: &Frame) -> Result<Request, ProtoError> {
         let op = frame.header.op;
         let mut r = Reader::new(frame);

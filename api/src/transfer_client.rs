@@ -138,8 +138,13 @@ impl TransferClient {
             Some(m) => m.insert(id, tx),
             None => return Err(TransferError::Closed),
         };
-        let frame = req.encode(id);
-        self.wr.lock().await.write_all(&frame).await?;
+        // Block data is written from the caller's buffers, not copied into a frame.
+        let parts = req.encode_parts(id);
+        let mut wr = self.wr.lock().await;
+        for p in &parts {
+            wr.write_all(p).await?;
+        }
+        drop(wr);
         let (st, resp) = rx.await.map_err(|_| TransferError::Closed)?;
         match resp {
             Response::Error(message) => Err(TransferError::Refused {

@@ -193,6 +193,17 @@ fn requests_and_responses_round_trip_through_a_streaming_decoder() {
 }
 
 #[test]
+fn encoding_in_parts_gives_the_same_frame() {
+    let mut r = rng(4);
+    for _ in 0..200 {
+        let q = request(&mut r);
+        let whole = q.encode(5);
+        let parts: Vec<u8> = q.encode_parts(5).iter().flat_map(|p| p.to_vec()).collect();
+        assert_eq!(parts, whole.to_vec(), "{:?}", q.op());
+    }
+}
+
+#[test]
 fn every_truncation_waits_for_more_or_fails_cleanly() {
     let mut r = rng(2);
     let mut tried = 0;
