@@ -17,11 +17,10 @@
 //! 200) and `CTXPOD_POWER_SEED` (first seed, default 1) set the run; a failing seed is
 //! printed with the command that replays it alone.
 
-use ctxpod::config::{ByteSize, Config};
 use ctxpod_api::Durability;
 mod common;
 
-use common::{content, life, open_on_sim, try_open_on_sim};
+use common::{content, life, open_on_sim, sim_config, try_open_on_sim};
 use ctxpod_firmware_sim::rng::Rng;
 use ctxpod_firmware_sim::{Fault, FaultPlan, Media, Profile, SimDevice};
 use std::collections::BTreeMap;
@@ -50,17 +49,6 @@ struct Outcome {
     failures: Vec<String>,
 }
 
-fn config(dir: &std::path::Path, capacity: u64) -> Config {
-    Config {
-        data_dir: dir.to_path_buf(),
-        capacity: ByteSize(capacity),
-        region_bytes: Some(ByteSize(16 << 20)),
-        dram: ByteSize(4 << 20),
-        offload_threads: 1,
-        ..Config::default()
-    }
-}
-
 fn run_seed(seed: u64, conc: usize) -> Outcome {
     let mut rng = Rng::new(seed);
     let evicting = seed.is_multiple_of(4);
@@ -70,7 +58,7 @@ fn run_seed(seed: u64, conc: usize) -> Outcome {
         (128 << 20, 300 << 10, 120)
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path(), capacity);
+    let cfg = sim_config(dir.path(), capacity, 4 << 20);
     // Power goes at a command somewhere in the run (or after it, if the run issues fewer);
     // in the second half when the run is there to evict.
     let cut_at = if evicting {

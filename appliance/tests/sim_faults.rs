@@ -5,7 +5,7 @@
 mod common;
 
 use common::{content, life, open_on_sim, Node};
-use ctxpod::config::{ByteSize, Config};
+use ctxpod::config::Config;
 use ctxpod_api::Durability;
 use ctxpod_firmware_sim::{Fault, FaultPlan, Media, Profile, SimDevice};
 use std::sync::Arc;
@@ -13,14 +13,7 @@ use std::sync::Arc;
 const CAPACITY: u64 = 80 << 20;
 
 fn config(dir: &std::path::Path) -> Config {
-    Config {
-        data_dir: dir.to_path_buf(),
-        capacity: ByteSize(CAPACITY),
-        region_bytes: Some(ByteSize(16 << 20)),
-        dram: ByteSize(1 << 20),
-        offload_threads: 1,
-        ..Config::default()
-    }
+    common::sim_config(dir, CAPACITY, 1 << 20)
 }
 
 /// Puts the block whose contents derive from `key`.

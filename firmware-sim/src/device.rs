@@ -19,7 +19,7 @@ use crate::profile::Profile;
 use crate::rng::Rng;
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,15 +56,6 @@ pub struct Ticket {
     pub done_ns: u64,
     /// Power-off generation the command was submitted in.
     life: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Event {
-    pub command: u64,
-    pub kind: Kind,
-    pub offset: u64,
-    pub len: u64,
-    pub fault: Option<Fault>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -125,8 +116,8 @@ struct State {
     life: u64,
     next_command: u64,
     clock_ns: u64,
+    /// FNV-1a over every command and every fault decision so far.
     trace_hash: u64,
-    trace: VecDeque<Event>,
     stats: SimStats,
 }
 
@@ -136,9 +127,6 @@ pub struct SimDevice {
     realtime: Option<Instant>,
     state: Mutex<State>,
 }
-
-/// Events kept for printing (the hash covers all of them).
-const TRACE_KEEP: usize = 4096;
 
 impl SimDevice {
     /// A device of `media.len()` bytes. `realtime`: completion times follow the wall clock
@@ -165,7 +153,6 @@ impl SimDevice {
                 next_command: 0,
                 clock_ns: 0,
                 trace_hash: 0xcbf2_9ce4_8422_2325,
-                trace: VecDeque::new(),
                 stats: SimStats {
                     profile: profile.name.clone(),
                     ..SimStats::default()
@@ -185,10 +172,6 @@ impl SimDevice {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    pub fn realtime(&self) -> bool {
-        self.realtime.is_some()
     }
 
     /// Virtual time now: the wall clock since start in real-time mode.
@@ -403,11 +386,6 @@ impl SimDevice {
         self.state.lock().trace_hash
     }
 
-    /// The last events (at most 4096).
-    pub fn trace(&self) -> Vec<Event> {
-        self.state.lock().trace.iter().cloned().collect()
-    }
-
     pub fn stats(&self) -> SimStats {
         let st = self.state.lock();
         let mut s = st.stats.clone();
@@ -458,11 +436,6 @@ impl SimDevice {
     pub fn read_durable(&self, offset: u64, buf: &mut [u8]) {
         let _ = self.state.lock().media.read(offset, buf);
     }
-
-    /// Writes straight to the durable medium, bypassing everything (tests that damage data).
-    pub fn write_durable(&self, offset: u64, data: &[u8]) {
-        let _ = self.state.lock().media.write(offset, data);
-    }
 }
 
 impl State {
@@ -478,13 +451,7 @@ impl State {
         self.next_command += 1;
         self.clock_ns = self.clock_ns.max(now);
         let faults: Vec<Fault> = self.plan.scheduled(cmd).collect();
-        self.event(Event {
-            command: cmd,
-            kind,
-            offset,
-            len,
-            fault: None,
-        });
+        self.event(cmd, kind, offset, len, None);
         for f in &faults {
             match f {
                 Fault::Full => self.full = true,
@@ -539,30 +506,17 @@ impl State {
             .faults
             .entry(format!("{fault:?}").to_lowercase())
             .or_default() += 1;
-        self.event(Event {
-            command: cmd,
-            kind,
-            offset: 0,
-            len: 0,
-            fault: Some(fault),
-        });
+        self.event(cmd, kind, 0, 0, Some(fault));
     }
 
-    fn event(&mut self, e: Event) {
-        let mut h = self.trace_hash;
-        let kind = e.kind as u64;
-        let fault = e.fault.map_or(0, |f| f as u64 + 1);
-        for v in [e.command, kind, e.offset, e.len, fault] {
+    /// Folds one event (a command, or a fault decided for it) into the trace hash.
+    fn event(&mut self, cmd: u64, kind: Kind, offset: u64, len: u64, fault: Option<Fault>) {
+        let fault = fault.map_or(0, |f| f as u64 + 1);
+        for v in [cmd, kind as u64, offset, len, fault] {
             for b in v.to_le_bytes() {
-                h ^= b as u64;
-                h = h.wrapping_mul(0x0100_0000_01b3);
+                self.trace_hash = (self.trace_hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
             }
         }
-        self.trace_hash = h;
-        if self.trace.len() == TRACE_KEEP {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(e);
     }
 
     /// Newest data: in flight, then cached, then durable.

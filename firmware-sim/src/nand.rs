@@ -46,7 +46,6 @@ struct Die {
 pub struct Nand {
     p: Profile,
     units_per_page: u32,
-    pages_per_block: u32,
     units_per_block: u32,
     dies: Vec<Die>,
     l2p: Vec<u32>,
@@ -92,7 +91,6 @@ impl Nand {
         Nand {
             p: p.clone(),
             units_per_page,
-            pages_per_block,
             units_per_block,
             dies,
             l2p: vec![UNMAPPED; logical_units as usize],
@@ -107,10 +105,6 @@ impl Nand {
             outstanding: BinaryHeap::new(),
             wear: Wear::default(),
         }
-    }
-
-    pub fn pages_per_block(&self) -> u32 {
-        self.pages_per_block
     }
 
     fn die_of_block(&self, b: u32) -> usize {

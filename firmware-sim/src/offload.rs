@@ -69,7 +69,6 @@ struct Stage {
     name: &'static str,
     /// None when jobs run inline.
     tx: Option<SyncSender<Job>>,
-    threads: usize,
     counters: Arc<Counters>,
 }
 
@@ -80,7 +79,6 @@ impl Stage {
             return Stage {
                 name,
                 tx: None,
-                threads: 0,
                 counters,
             };
         }
@@ -106,7 +104,6 @@ impl Stage {
         Stage {
             name,
             tx: Some(tx),
-            threads,
             counters,
         }
     }
@@ -199,10 +196,6 @@ impl OffloadEngine {
         F: FnOnce() -> T + Send + 'static,
     {
         self.aead.run(self.draw(false), f).await
-    }
-
-    pub fn threads(&self) -> usize {
-        self.crc.threads
     }
 
     pub fn inline(&self) -> bool {

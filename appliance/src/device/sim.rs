@@ -44,10 +44,6 @@ impl SimBackend {
             profile, media, plan, true,
         ))))
     }
-
-    pub fn device(&self) -> &Arc<SimDevice> {
-        &self.dev
-    }
 }
 
 fn to_io(e: SimError) -> io::Error {

@@ -775,10 +775,6 @@ impl Writer {
         }
     }
 
-    fn count_written(&self, bytes: u64) {
-        count_written(&self.core, bytes);
-    }
-
     /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
     /// sealed region is left to try).
     async fn ensure_free(&mut self) -> anyhow::Result<()> {
@@ -886,7 +882,7 @@ impl Writer {
             wb.put_cf(cf_br, by_region_key(nr, noff), &bkey);
             moved += 1;
         }
-        self.count_written(written);
+        count_written(&self.core, written);
         if written > 0 {
             core.device.flush().await?;
             core.metrics.device_flushes.inc();

@@ -277,6 +277,20 @@ pub fn content(key: &[u8], len: usize) -> bytes::Bytes {
     bytes::Bytes::from(v)
 }
 
+/// A node's configuration for the in-process suites on a simulated device: 16 MiB regions,
+/// one offload thread per engine.
+pub fn sim_config(dir: &Path, capacity: u64, dram: u64) -> ctxpod::config::Config {
+    use ctxpod::config::{ByteSize, Config};
+    Config {
+        data_dir: dir.to_path_buf(),
+        capacity: ByteSize(capacity),
+        region_bytes: Some(ByteSize(16 << 20)),
+        dram: ByteSize(dram),
+        offload_threads: 1,
+        ..Config::default()
+    }
+}
+
 /// Runs `f` on a runtime of its own, then tears the runtime down: whatever the node was
 /// doing is dropped, as a power cut would leave it. A node `f` returns is dropped only
 /// after that, so that nothing of it runs after the cut (not even its shutdown path).
