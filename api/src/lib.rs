@@ -11,11 +11,14 @@
 //! Architecture invariant: this crate knows nothing of the engine, RocksDB or devices; the
 //! appliance depends on it, never the other way round.
 
+pub mod block_hash;
 pub mod client;
 pub mod frame;
 pub mod key;
 pub mod namespace;
 pub mod proto;
+pub mod proto_io;
+pub mod region;
 pub mod transfer_client;
 pub mod types;
 

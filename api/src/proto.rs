@@ -61,6 +61,10 @@ pub enum Op {
     Cancel = 11,
     /// Response to any request that failed as a whole (status + message).
     Error = 12,
+    /// Subscribe to a namespace's KV events (stored / evicted / deleted keys).
+    Subscribe = 13,
+    /// Server → client: a batch of KV events of a subscription.
+    Event = 14,
 }
 
 impl Op {
@@ -78,6 +82,8 @@ impl Op {
             10 => Op::PrefetchDone,
             11 => Op::Cancel,
             12 => Op::Error,
+            13 => Op::Subscribe,
+            14 => Op::Event,
             _ => return None,
         })
     }
@@ -115,6 +121,8 @@ pub enum ProtoError {
     BadDurability(u8),
     #[error("unknown prefetch policy {0}")]
     BadPolicy(u8),
+    #[error("unknown event kind {0}")]
+    BadEventKind(u8),
 }
 
 /// The first 16 bytes each side sends.
@@ -235,12 +243,53 @@ pub enum Durability {
 /// What a prefetch does with blocks that are not ready by its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Push what is found, as soon as it is ready; a block not found is a miss at once.
+    /// Push what is cheap now: blocks in node DRAM, and flash reads only while the node's
+    /// staging budget has room; anything else is a miss (BUSY or NOT_FOUND) at once.
     BestEffort = 0,
-    /// Answer `PrefetchDone` only when every block is pushed or missed.
+    /// Push every block that exists, waiting for staging room and flash reads as long as
+    /// it takes (or until the deadline, if one is given).
     WaitComplete = 1,
-    /// Like best effort, and a block not pushed by the deadline is a miss (`DEADLINE`).
+    /// Wait-complete bounded by a deadline (required): a block not pushed by then is a
+    /// miss with status `DEADLINE`, never a stall.
     Timeout = 2,
+}
+
+impl Policy {
+    pub fn from_u8(v: u8) -> Option<Policy> {
+        Some(match v {
+            0 => Policy::BestEffort,
+            1 => Policy::WaitComplete,
+            2 => Policy::Timeout,
+            _ => return None,
+        })
+    }
+}
+
+/// What happened to a key, in a KV event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Stored = 1,
+    Evicted = 2,
+    Deleted = 3,
+}
+
+impl EventKind {
+    pub fn from_u8(v: u8) -> Option<EventKind> {
+        Some(match v {
+            1 => EventKind::Stored,
+            2 => EventKind::Evicted,
+            3 => EventKind::Deleted,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Stored => "stored",
+            EventKind::Evicted => "evicted",
+            EventKind::Deleted => "deleted",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +304,8 @@ pub struct PrefetchEntry {
     pub key: Bytes,
     /// Where in the client's region the block's bytes go.
     pub offset: u64,
+    /// Bytes reserved at `offset`: a longer block is not pushed (status TOO_LARGE).
+    pub max_len: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,11 +341,20 @@ pub enum Request {
         ns: String,
         region_id: u32,
         policy: Policy,
+        /// Milliseconds from receipt after which an unpushed block is a miss; 0: none.
         deadline_ms: u32,
+        /// Milliseconds the ticket's blocks stay leased on the node after the prefetch
+        /// completes (until then they are leased anyway); capped by the node.
+        lease_ms: u32,
         entries: Vec<PrefetchEntry>,
     },
+    /// Cancels a prefetch ticket (its unpushed blocks become misses and its lease ends) or
+    /// a subscription.
     Cancel {
         ticket: u64,
+    },
+    Subscribe {
+        ns: String,
     },
 }
 
@@ -315,10 +375,12 @@ pub enum Response {
     /// Leading keys present (`Match`), or keys affected (`Pin`, `Unpin`).
     Count(u32),
     RegionRegistered,
-    /// A prefetch was accepted: its blocks follow as `Push` frames, then `PrefetchDone`.
+    /// A prefetch or subscription was accepted: its ticket is the request's id; `Push`
+    /// frames and then `PrefetchDone` (or `Event` frames) follow under that id.
     Ticket(u64),
+    /// One entry of a prefetch (the frame's request id is the ticket): its bytes, to be
+    /// written at `offset` of the region, or a miss (`status` not OK, no data).
     Push {
-        ticket: u64,
         index: u32,
         status: u16,
         crc32c: u32,
@@ -326,17 +388,27 @@ pub enum Response {
         data: Bytes,
     },
     PrefetchDone {
-        ticket: u64,
         pushed: u32,
         missed: u32,
     },
     Cancelled,
+    /// KV events of a subscription; `lost`: events dropped before these because the
+    /// subscriber fell behind (it should resynchronise, e.g. by MATCH).
+    Events {
+        lost: u64,
+        events: Vec<(EventKind, Bytes)>,
+    },
     /// The request failed as a whole; the frame's status says how (BUSY, BAD_REQUEST, …).
     Error(String),
 }
 
 struct Writer {
     b: BytesMut,
+    /// With `by_ref`: the frame so far, as pieces (the first one still open for the
+    /// length prefix), block data referenced rather than copied.
+    first: Option<BytesMut>,
+    parts: Vec<Bytes>,
+    by_ref: bool,
 }
 
 impl Writer {
@@ -347,7 +419,42 @@ impl Writer {
         b.put_u8(0);
         b.put_u16_le(status);
         b.put_u64_le(request_id);
-        Writer { b }
+        Writer {
+            b,
+            first: None,
+            parts: Vec::new(),
+            by_ref: false,
+        }
+    }
+
+    /// Block data: copied into the frame, or (`by_ref`) referenced as a piece of it.
+    fn data(&mut self, d: &Bytes) {
+        if !self.by_ref || d.is_empty() {
+            self.b.put_slice(d);
+            return;
+        }
+        let head = self.b.split();
+        match self.first {
+            None => self.first = Some(head),
+            Some(_) => self.parts.push(head.freeze()),
+        }
+        self.parts.push(d.clone());
+    }
+
+    /// The frame as pieces that, written one after the other, are the frame.
+    fn finish_parts(mut self) -> Vec<Bytes> {
+        let Some(mut first) = self.first.take() else {
+            return vec![self.finish()];
+        };
+        let total = first.len() + self.parts.iter().map(|p| p.len()).sum::<usize>() + self.b.len();
+        first[..4].copy_from_slice(&((total - 4) as u32).to_le_bytes());
+        let mut out = Vec::with_capacity(self.parts.len() + 2);
+        out.push(first.freeze());
+        out.append(&mut self.parts);
+        if !self.b.is_empty() {
+            out.push(self.b.freeze());
+        }
+        out
     }
 
     fn ns(&mut self, ns: &str) {
@@ -384,6 +491,7 @@ impl Request {
             Request::RegisterRegion { .. } => Op::RegisterRegion,
             Request::Prefetch { .. } => Op::Prefetch,
             Request::Cancel { .. } => Op::Cancel,
+            Request::Subscribe { .. } => Op::Subscribe,
         }
     }
 
@@ -408,7 +516,7 @@ impl Request {
                     w.key(&e.key);
                     w.b.put_u32_le(e.crc32c);
                     w.b.put_u32_le(e.data.len() as u32);
-                    w.b.put_slice(&e.data);
+                    w.data(&e.data);
                 }
             }
             Request::Get { ns, keys }
@@ -431,19 +539,23 @@ impl Request {
                 region_id,
                 policy,
                 deadline_ms,
+                lease_ms,
                 entries,
             } => {
                 w.ns(ns);
                 w.b.put_u32_le(*region_id);
                 w.b.put_u8(*policy as u8);
                 w.b.put_u32_le(*deadline_ms);
+                w.b.put_u32_le(*lease_ms);
                 w.b.put_u32_le(entries.len() as u32);
                 for e in entries {
                     w.key(&e.key);
                     w.b.put_u64_le(e.offset);
+                    w.b.put_u32_le(e.max_len);
                 }
             }
             Request::Cancel { ticket } => w.b.put_u64_le(*ticket),
+            Request::Subscribe { ns } => w.ns(ns),
         }
         w.finish()
     }
@@ -537,17 +649,15 @@ impl Request {
             Op::Prefetch => {
                 let ns = r.ns()?;
                 let region_id = r.u32()?;
-                let policy = match r.u8()? {
-                    0 => Policy::BestEffort,
-                    1 => Policy::WaitComplete,
-                    2 => Policy::Timeout,
-                    p => return Err(ProtoError::BadPolicy(p)),
-                };
+                let p = r.u8()?;
+                let policy = Policy::from_u8(p).ok_or(ProtoError::BadPolicy(p))?;
                 let deadline_ms = r.u32()?;
+                let lease_ms = r.u32()?;
                 let entries = r.list(|r| {
                     Ok(PrefetchEntry {
                         key: r.key()?,
                         offset: r.u64()?,
+                        max_len: r.u32()?,
                     })
                 })?;
                 Request::Prefetch {
@@ -555,10 +665,12 @@ impl Request {
                     region_id,
                     policy,
                     deadline_ms,
+                    lease_ms,
                     entries,
                 }
             }
             Op::Cancel => Request::Cancel { ticket: r.u64()? },
+            Op::Subscribe => Request::Subscribe { ns: r.ns()? },
             op => return Err(ProtoError::NotARequest(op)),
         };
         r.end()?;
@@ -578,6 +690,7 @@ impl Response {
             Response::Push { .. } => Op::Push,
             Response::PrefetchDone { .. } => Op::PrefetchDone,
             Response::Cancelled => Op::Cancel,
+            Response::Events { .. } => Op::Event,
             Response::Error(_) => Op::Error,
         }
     }
@@ -586,6 +699,16 @@ impl Response {
     /// and `Unpin` apart; an `Error` is always sent as op `Error`); `status` is the frame's
     /// (OK, or why the request failed as a whole).
     pub fn encode(&self, op: Op, status: u16, request_id: u64) -> Bytes {
+        self.writer(op, status, request_id, false).finish()
+    }
+
+    /// The same frame as [`Response::encode`], in pieces that reference block data instead
+    /// of copying it.
+    pub fn encode_parts(&self, op: Op, status: u16, request_id: u64) -> Vec<Bytes> {
+        self.writer(op, status, request_id, true).finish_parts()
+    }
+
+    fn writer(&self, op: Op, status: u16, request_id: u64, by_ref: bool) -> Writer {
         let hint = match self {
             Response::Get(es) => es.iter().map(|e| e.data.len() + 10).sum(),
             Response::Push { data, .. } => data.len() + 32,
@@ -597,7 +720,8 @@ impl Response {
         } else {
             op
         };
-        let mut w = Writer::frame(op, status, request_id, hint);
+        let mut w = Writer::frame(op, status, request_id, if by_ref { 64 } else { hint });
+        w.by_ref = by_ref;
         match self {
             Response::Pong | Response::RegionRegistered | Response::Cancelled => {}
             Response::Put(es) => {
@@ -613,35 +737,36 @@ impl Response {
                     w.b.put_u16_le(e.status);
                     w.b.put_u32_le(e.crc32c);
                     w.b.put_u32_le(e.data.len() as u32);
-                    w.b.put_slice(&e.data);
+                    w.data(&e.data);
                 }
             }
             Response::Count(n) => w.b.put_u32_le(*n),
             Response::Ticket(t) => w.b.put_u64_le(*t),
             Response::Push {
-                ticket,
                 index,
                 status,
                 crc32c,
                 offset,
                 data,
             } => {
-                w.b.put_u64_le(*ticket);
                 w.b.put_u32_le(*index);
                 w.b.put_u16_le(*status);
                 w.b.put_u32_le(*crc32c);
                 w.b.put_u64_le(*offset);
                 w.b.put_u32_le(data.len() as u32);
-                w.b.put_slice(data);
+                w.data(data);
             }
-            Response::PrefetchDone {
-                ticket,
-                pushed,
-                missed,
-            } => {
-                w.b.put_u64_le(*ticket);
+            Response::PrefetchDone { pushed, missed } => {
                 w.b.put_u32_le(*pushed);
                 w.b.put_u32_le(*missed);
+            }
+            Response::Events { lost, events } => {
+                w.b.put_u64_le(*lost);
+                w.b.put_u32_le(events.len() as u32);
+                for (kind, key) in events {
+                    w.b.put_u8(*kind as u8);
+                    w.key(key);
+                }
             }
             Response::Error(msg) => {
                 let m = &msg.as_bytes()[..msg.len().min(1024)];
@@ -649,7 +774,7 @@ impl Response {
                 w.b.put_slice(m);
             }
         }
-        w.finish()
+        w
     }
 
     pub fn decode(frame: &Frame) -> Result<Response, ProtoError> {
@@ -668,9 +793,8 @@ impl Response {
                 })
             })?),
             Op::Match | Op::Pin | Op::Unpin => Response::Count(r.u32()?),
-            Op::Prefetch => Response::Ticket(r.u64()?),
+            Op::Prefetch | Op::Subscribe => Response::Ticket(r.u64()?),
             Op::Push => Response::Push {
-                ticket: r.u64()?,
                 index: r.u32()?,
                 status: r.u16()?,
                 crc32c: r.u32()?,
@@ -678,9 +802,16 @@ impl Response {
                 data: r.block()?,
             },
             Op::PrefetchDone => Response::PrefetchDone {
-                ticket: r.u64()?,
                 pushed: r.u32()?,
                 missed: r.u32()?,
+            },
+            Op::Event => Response::Events {
+                lost: r.u64()?,
+                events: r.list(|r| {
+                    let k = r.u8()?;
+                    let kind = EventKind::from_u8(k).ok_or(ProtoError::BadEventKind(k))?;
+                    Ok((kind, r.key()?))
+                })?,
             },
             Op::Error => {
                 let n = r.u16()? as usize;

@@ -1,20 +1,25 @@
-//! A CXP1 client (first part of issue #4): requests pipelined by id on one connection and
-//! answered in any order, a request refused BUSY retried with exponential backoff, CRC32C
-//! computed on puts and checked on gets; [`TransferPool`] spreads requests over several
-//! connections. Memory regions and prefetch come later.
+//! The CXP1 client for KV block managers: requests pipelined by id on one connection and
+//! answered in any order; a request refused BUSY retried with exponential backoff; CRC32C
+//! computed on puts and checked on gets and pushes; memory regions into which prefetched
+//! blocks are read straight from the socket ([`TransferClient::prefetch`] returns a
+//! [`Ticket`] to await whole, block by block, poll or cancel); KV event subscriptions.
+//! [`TransferPool`] spreads requests over several connections.
 
 use crate::proto::{
-    self, status, Durability, FrameDecoder, GetEntry, Hello, Op, PutEntry, Request, Response,
-    HELLO_BYTES,
+    self, status, Durability, EventKind, GetEntry, Hello, Op, Policy, PrefetchEntry, PutEntry,
+    Request, Response, HELLO_BYTES,
 };
+use crate::proto_io::{FrameInput, InputError};
+use crate::region::{Region, RegionError, RegionInner};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot, watch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -30,25 +35,140 @@ pub enum TransferError {
     Corrupt(usize),
     #[error("unexpected response {0:?}")]
     Unexpected(Op),
-}
-
-type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<(u16, Response)>>>>>;
-
-pub struct TransferClient {
-    wr: tokio::sync::Mutex<OwnedWriteHalf>,
-    pending: Pending,
-    next_id: AtomicU64,
-    reader: tokio::task::JoinHandle<()>,
-    busy_retries: AtomicU64,
+    #[error("region: {0}")]
+    Region(#[from] RegionError),
+    #[error("region {0} is not registered on this connection")]
+    UnknownRegion(u32),
 }
 
 /// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 256 ms between:
 /// about 4 s in all).
 pub const BUSY_ATTEMPTS: u32 = 20;
+/// KV events buffered per subscription in the client; beyond it they are counted as lost.
+pub const EVENTS_BUFFER: usize = 64;
+
+type Pending = HashMap<u64, oneshot::Sender<(u16, Response)>>;
+
+/// What the connection's reader and its callers share.
+struct Shared {
+    /// Requests waiting for their response; `None` once the connection is gone.
+    pending: Mutex<Option<Pending>>,
+    /// Live prefetch tickets and subscriptions, by id.
+    streams: Mutex<HashMap<u64, Stream>>,
+    regions: Mutex<HashMap<u32, Region>>,
+}
+
+enum Stream {
+    Prefetch(Arc<TicketState>),
+    Events(mpsc::Sender<EventBatch>, Arc<AtomicU64>),
+}
+
+struct ClientInner {
+    wr: tokio::sync::Mutex<OwnedWriteHalf>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    busy_retries: AtomicU64,
+}
+
+pub struct TransferClient {
+    inner: Arc<ClientInner>,
+    reader: tokio::task::JoinHandle<()>,
+}
 
 impl Drop for TransferClient {
     fn drop(&mut self) {
         self.reader.abort();
+    }
+}
+
+impl ClientInner {
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends `req` under `id` and waits for its response.
+    async fn call_as(&self, id: u64, req: &Request) -> Result<Response, TransferError> {
+        let (tx, rx) = oneshot::channel();
+        match self.shared.pending.lock().expect("pending map").as_mut() {
+            Some(m) => m.insert(id, tx),
+            None => return Err(TransferError::Closed),
+        };
+        // Block data is written from the caller's buffers, not copied into a frame.
+        let parts = req.encode_parts(id);
+        let mut wr = self.wr.lock().await;
+        for p in &parts {
+            if let Err(e) = wr.write_all(p).await {
+                drop(wr);
+                self.shared
+                    .pending
+                    .lock()
+                    .expect("pending map")
+                    .as_mut()
+                    .map(|m| m.remove(&id));
+                return Err(e.into());
+            }
+        }
+        drop(wr);
+        let (st, resp) = rx.await.map_err(|_| TransferError::Closed)?;
+        match resp {
+            Response::Error(message) => Err(TransferError::Refused {
+                status: st,
+                message,
+            }),
+            r => Ok(r),
+        }
+    }
+
+    /// Runs `attempt` with a fresh id until the node stops answering BUSY (backoff 1 → 256
+    /// ms, [`BUSY_ATTEMPTS`] attempts).
+    async fn retry_busy<T, F, Fut>(&self, mut attempt: F) -> Result<T, TransferError>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, TransferError>>,
+    {
+        let mut backoff = Duration::from_millis(1);
+        for n in 1..=BUSY_ATTEMPTS {
+            match attempt(self.id()).await {
+                Err(TransferError::Refused { status, .. })
+                    if status == status::BUSY && n < BUSY_ATTEMPTS =>
+                {
+                    self.busy_retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(256));
+                }
+                r => return r,
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    async fn call(&self, req: &Request) -> Result<Response, TransferError> {
+        self.retry_busy(|id| self.call_as(id, req)).await
+    }
+
+    /// Sends a request that opens a ticket or subscription (answered `Ticket`), with its
+    /// stream registered under the request's id before the request leaves (its frames may
+    /// follow the answer at once); the id.
+    async fn open_stream(
+        &self,
+        req: &Request,
+        stream: impl Fn() -> Stream,
+    ) -> Result<u64, TransferError> {
+        let streams = &self.shared.streams;
+        self.retry_busy(|id| {
+            streams.lock().expect("streams").insert(id, stream());
+            async move {
+                let r = self.call_as(id, req).await;
+                if r.is_err() {
+                    streams.lock().expect("streams").remove(&id);
+                }
+                match r? {
+                    Response::Ticket(_) => Ok(id),
+                    r => Err(TransferError::Unexpected(r.op())),
+                }
+            }
+        })
+        .await
     }
 }
 
@@ -66,93 +186,33 @@ impl TransferClient {
         let mut h = [0u8; HELLO_BYTES];
         rd.read_exact(&mut h).await?;
         Hello::decode(&h)?;
-        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-        let p2 = pending.clone();
-        let reader = tokio::spawn(async move {
-            let mut dec = FrameDecoder::new(proto::FRAME_BYTES_MAX);
-            let mut buf = vec![0u8; 256 << 10];
-            'read: loop {
-                loop {
-                    match dec.next_frame() {
-                        Ok(Some(f)) => {
-                            let Ok(resp) = Response::decode(&f) else {
-                                break 'read;
-                            };
-                            let tx = p2
-                                .lock()
-                                .expect("pending map")
-                                .as_mut()
-                                .and_then(|m| m.remove(&f.header.request_id));
-                            if let Some(tx) = tx {
-                                let _ = tx.send((f.header.status, resp));
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(_) => break 'read,
-                    }
-                }
-                match rd.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => dec.push(&buf[..n]),
-                }
-            }
-            // Every request still waiting learns that the connection is gone.
-            p2.lock().expect("pending map").take();
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Some(HashMap::new())),
+            streams: Mutex::new(HashMap::new()),
+            regions: Mutex::new(HashMap::new()),
         });
+        let reader = tokio::spawn(read_loop(
+            FrameInput::new(rd, proto::FRAME_BYTES_MAX),
+            shared.clone(),
+        ));
         Ok(TransferClient {
-            wr: tokio::sync::Mutex::new(wr),
-            pending,
-            next_id: AtomicU64::new(1),
+            inner: Arc::new(ClientInner {
+                wr: tokio::sync::Mutex::new(wr),
+                shared,
+                next_id: AtomicU64::new(1),
+                busy_retries: AtomicU64::new(0),
+            }),
             reader,
-            busy_retries: AtomicU64::new(0),
         })
     }
 
     /// Requests sent again because the node answered BUSY.
     pub fn busy_retries(&self) -> u64 {
-        self.busy_retries.load(Ordering::Relaxed)
+        self.inner.busy_retries.load(Ordering::Relaxed)
     }
 
-    /// One request, retried with exponential backoff while the node answers BUSY.
     async fn call(&self, req: &Request) -> Result<Response, TransferError> {
-        let mut backoff = std::time::Duration::from_millis(1);
-        for attempt in 1..=BUSY_ATTEMPTS {
-            match self.call_once(req).await {
-                Err(TransferError::Refused { status, .. })
-                    if status == status::BUSY && attempt < BUSY_ATTEMPTS =>
-                {
-                    self.busy_retries.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(std::time::Duration::from_millis(256));
-                }
-                r => return r,
-            }
-        }
-        unreachable!("the last attempt returns")
-    }
-
-    async fn call_once(&self, req: &Request) -> Result<Response, TransferError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        match self.pending.lock().expect("pending map").as_mut() {
-            Some(m) => m.insert(id, tx),
-            None => return Err(TransferError::Closed),
-        };
-        // Block data is written from the caller's buffers, not copied into a frame.
-        let parts = req.encode_parts(id);
-        let mut wr = self.wr.lock().await;
-        for p in &parts {
-            wr.write_all(p).await?;
-        }
-        drop(wr);
-        let (st, resp) = rx.await.map_err(|_| TransferError::Closed)?;
-        match resp {
-            Response::Error(message) => Err(TransferError::Refused {
-                status: st,
-                message,
-            }),
-            r => Ok(r),
-        }
+        self.inner.call(req).await
     }
 
     pub async fn ping(&self) -> Result<(), TransferError> {
@@ -228,11 +288,498 @@ impl TransferClient {
             ns: ns.into(),
             keys: chain.to_vec(),
         };
-        match self.call(&req).await? {
+        self.count(&req).await
+    }
+
+    /// Pins the present keys for `ttl`; how many were pinned.
+    pub async fn pin(&self, ns: &str, keys: &[Bytes], ttl: Duration) -> Result<u32, TransferError> {
+        let req = Request::Pin {
+            ns: ns.into(),
+            ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
+            keys: keys.to_vec(),
+        };
+        self.count(&req).await
+    }
+
+    pub async fn unpin(&self, ns: &str, keys: &[Bytes]) -> Result<u32, TransferError> {
+        let req = Request::Unpin {
+            ns: ns.into(),
+            keys: keys.to_vec(),
+        };
+        self.count(&req).await
+    }
+
+    async fn count(&self, req: &Request) -> Result<u32, TransferError> {
+        match self.call(req).await? {
             Response::Count(n) => Ok(n),
             r => Err(TransferError::Unexpected(r.op())),
         }
     }
+
+    /// Registers `region` with the node on this connection: prefetches on this connection
+    /// may then push into it.
+    pub async fn register_region(&self, region: &Region) -> Result<(), TransferError> {
+        let req = Request::RegisterRegion {
+            region_id: region.id(),
+            bytes: region.len() as u64,
+        };
+        match self.call(&req).await? {
+            Response::RegionRegistered => {}
+            r => return Err(TransferError::Unexpected(r.op())),
+        }
+        self.inner
+            .shared
+            .regions
+            .lock()
+            .expect("regions")
+            .insert(region.id(), region.clone());
+        Ok(())
+    }
+
+    /// Asks the node to push the blocks of `entries` into `region` (registered on this
+    /// connection): entry `i` lands at `entries[i].offset`, at most `max_len` bytes. Returns
+    /// at once with a ticket; the blocks arrive in order, each read from the socket straight
+    /// into the region and its CRC32C checked.
+    pub async fn prefetch(
+        &self,
+        ns: &str,
+        region: &Region,
+        entries: Vec<PrefetchEntry>,
+        opts: PrefetchOptions,
+    ) -> Result<Ticket, TransferError> {
+        if !self
+            .inner
+            .shared
+            .regions
+            .lock()
+            .expect("regions")
+            .contains_key(&region.id())
+        {
+            return Err(TransferError::UnknownRegion(region.id()));
+        }
+        let ranges: Vec<(u64, u64)> = entries
+            .iter()
+            .map(|e| (e.offset, e.max_len as u64))
+            .collect();
+        region.inner.reserve(&ranges)?;
+        let state = Arc::new(TicketState {
+            region: region.inner.clone(),
+            ranges,
+            progress: watch::channel(Progress::new(entries.len())).0,
+        });
+        let req = Request::Prefetch {
+            ns: ns.into(),
+            region_id: region.id(),
+            policy: opts.policy,
+            deadline_ms: opts
+                .deadline
+                .map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32),
+            lease_ms: opts.lease.as_millis().min(u32::MAX as u128) as u32,
+            entries,
+        };
+        let id = self
+            .inner
+            .open_stream(&req, || Stream::Prefetch(state.clone()))
+            .await?;
+        Ok(Ticket {
+            id,
+            state,
+            client: self.inner.clone(),
+        })
+    }
+
+    /// KV events (stored, evicted, deleted keys) of namespace `ns`, from now on.
+    pub async fn subscribe(&self, ns: &str) -> Result<Subscription, TransferError> {
+        let req = Request::Subscribe { ns: ns.into() };
+        let (tx, rx) = mpsc::channel(EVENTS_BUFFER);
+        let lost = Arc::new(AtomicU64::new(0));
+        let id = self
+            .inner
+            .open_stream(&req, || Stream::Events(tx.clone(), lost.clone()))
+            .await?;
+        Ok(Subscription {
+            id,
+            rx,
+            lost,
+            client: self.inner.clone(),
+        })
+    }
+}
+
+/// How a prefetch behaves; see `api/PROTOCOL.md` ("Prefetch policies").
+#[derive(Debug, Clone, Copy)]
+pub struct PrefetchOptions {
+    pub policy: Policy,
+    /// After this long, blocks not yet pushed are misses (status 504). Required by
+    /// [`Policy::Timeout`].
+    pub deadline: Option<Duration>,
+    /// How long the blocks stay leased on the node after the ticket completes.
+    pub lease: Duration,
+}
+
+impl Default for PrefetchOptions {
+    fn default() -> Self {
+        PrefetchOptions {
+            policy: Policy::WaitComplete,
+            deadline: None,
+            lease: Duration::from_secs(10),
+        }
+    }
+}
+
+impl PrefetchOptions {
+    /// The timeout policy with SGLang HiCache's budget: a base plus a time per block.
+    pub fn timeout(base: Duration, per_block: Duration, blocks: usize) -> PrefetchOptions {
+        PrefetchOptions {
+            policy: Policy::Timeout,
+            deadline: Some(base + per_block * blocks as u32),
+            ..Default::default()
+        }
+    }
+}
+
+/// What became of one prefetch entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Not pushed yet.
+    Pending,
+    /// Its `len` bytes are in the region at the entry's offset, CRC32C checked.
+    Landed { len: u32 },
+    /// Not delivered: 404 not on the node, 504 past the deadline, 499 cancelled, 503 no
+    /// staging room (best effort), 413 longer than the entry's `max_len`, 500 node error.
+    Missed { status: u16 },
+    /// Arrived with a CRC32C that does not match its bytes: do not use.
+    Corrupt,
+    /// The connection closed before the node answered for this entry.
+    Lost,
+}
+
+impl BlockState {
+    pub fn is_final(&self) -> bool {
+        !matches!(self, BlockState::Pending)
+    }
+}
+
+/// A ticket's progress: per entry, its state; and whether the node has finished it.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub blocks: Vec<BlockState>,
+    pub landed: u32,
+    pub missed: u32,
+    /// Entry indices in the order they became final (landed or missed).
+    pub order: Vec<u32>,
+    /// The node sent `PrefetchDone` (or the connection closed): no more pushes.
+    pub done: bool,
+}
+
+impl Progress {
+    fn new(n: usize) -> Progress {
+        Progress {
+            blocks: vec![BlockState::Pending; n],
+            landed: 0,
+            missed: 0,
+            order: Vec::new(),
+            done: false,
+        }
+    }
+
+    fn set(&mut self, i: usize, s: BlockState) {
+        if self.blocks[i].is_final() {
+            return;
+        }
+        match s {
+            BlockState::Landed { .. } => self.landed += 1,
+            BlockState::Pending => return,
+            _ => self.missed += 1,
+        }
+        self.blocks[i] = s;
+        self.order.push(i as u32);
+    }
+}
+
+struct TicketState {
+    region: Arc<RegionInner>,
+    /// Per entry: offset and reserved length.
+    ranges: Vec<(u64, u64)>,
+    progress: watch::Sender<Progress>,
+}
+
+impl Drop for TicketState {
+    fn drop(&mut self) {
+        self.region.unreserve(&self.ranges);
+    }
+}
+
+/// A live prefetch. Dropping it cancels what the node has not pushed yet and ends its lease.
+pub struct Ticket {
+    id: u64,
+    state: Arc<TicketState>,
+    client: Arc<ClientInner>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // The ticket's life ends here: the node stops pushing (if it still is) and releases
+        // the lease; the region's ranges are free once the node has sent `PrefetchDone`.
+        let client = self.client.clone();
+        let id = self.id;
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = client.call(&Request::Cancel { ticket: id }).await;
+            });
+        }
+    }
+}
+
+impl Ticket {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The ticket's state now.
+    pub fn poll(&self) -> Progress {
+        self.state.progress.borrow().clone()
+    }
+
+    /// Waits until `pred` holds of the progress.
+    async fn until(&self, mut pred: impl FnMut(&Progress) -> bool) -> Progress {
+        let mut rx = self.state.progress.subscribe();
+        loop {
+            {
+                let p = rx.borrow_and_update();
+                if pred(&p) {
+                    return p.clone();
+                }
+            }
+            if rx.changed().await.is_err() {
+                return self.poll();
+            }
+        }
+    }
+
+    /// Waits for entry `i` to land or miss (decode can start on the first blocks while
+    /// the rest stream in).
+    pub async fn block(&self, i: usize) -> BlockState {
+        self.until(|p| p.blocks.get(i).is_none_or(|b| b.is_final()) || p.done)
+            .await
+            .blocks
+            .get(i)
+            .copied()
+            .unwrap_or(BlockState::Lost)
+    }
+
+    /// Waits until the node has finished the ticket (every entry landed or missed).
+    pub async fn wait(&self) -> Progress {
+        self.until(|p| p.done).await
+    }
+
+    /// Like [`Ticket::wait`], but returns at `timeout` with what has landed by then (the
+    /// client side of a timeout policy; the node goes on unless cancelled).
+    pub async fn wait_for(&self, timeout: Duration) -> Progress {
+        tokio::time::timeout(timeout, self.wait())
+            .await
+            .unwrap_or_else(|_| self.poll())
+    }
+
+    /// The bytes of entry `i` in the region, once landed.
+    pub fn data(&self, i: usize) -> Option<&[u8]> {
+        let BlockState::Landed { len } = *self.state.progress.borrow().blocks.get(i)? else {
+            return None;
+        };
+        let (offset, _) = self.state.ranges[i];
+        // SAFETY: a landed entry of a live ticket is never written again (module docs of
+        // `region`), and this ticket keeps the range reserved while `self` is borrowed.
+        Some(unsafe { self.state.region.slice(offset, len as usize) })
+    }
+
+    /// Asks the node to stop: entries not pushed yet become misses (status 499), and the
+    /// lease ends. Pushes already on the wire may still land; [`Ticket::wait`] then returns.
+    pub async fn cancel(&self) -> Result<(), TransferError> {
+        match self.client.call(&Request::Cancel { ticket: self.id }).await {
+            Ok(_) => Ok(()),
+            // The ticket already ended on the node.
+            Err(TransferError::Refused { status, .. }) if status == status::NOT_FOUND => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// One `Event` frame's worth of KV events.
+#[derive(Debug, Clone)]
+pub struct EventBatch {
+    /// Events the node or this client dropped before these (a slow subscriber): resync.
+    pub lost: u64,
+    pub events: Vec<(EventKind, Bytes)>,
+}
+
+/// A live KV event subscription; dropping it cancels it on the node.
+pub struct Subscription {
+    id: u64,
+    rx: mpsc::Receiver<EventBatch>,
+    lost: Arc<AtomicU64>,
+    client: Arc<ClientInner>,
+}
+
+impl Subscription {
+    /// The next batch of events; `None` when the subscription ended (namespace deleted,
+    /// connection closed).
+    pub async fn next(&mut self) -> Option<EventBatch> {
+        let mut b = self.rx.recv().await?;
+        b.lost += self.lost.swap(0, Ordering::Relaxed);
+        Some(b)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let id = self.id;
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = client.call(&Request::Cancel { ticket: id }).await;
+                client.shared.streams.lock().expect("streams").remove(&id);
+            });
+        }
+    }
+}
+
+/// Reads frames until the connection ends: responses go to their callers, `Push` payloads
+/// straight into their region, events to their subscription.
+async fn read_loop(mut input: FrameInput<OwnedReadHalf>, shared: Arc<Shared>) {
+    while let Ok(true) = read_one(&mut input, &shared).await {}
+    // Every request still waiting learns that the connection is gone; tickets end.
+    shared.pending.lock().expect("pending map").take();
+    let streams: Vec<Stream> = shared
+        .streams
+        .lock()
+        .expect("streams")
+        .drain()
+        .map(|(_, s)| s)
+        .collect();
+    for s in streams {
+        if let Stream::Prefetch(t) = s {
+            t.progress.send_modify(|p| {
+                for i in 0..p.blocks.len() {
+                    p.set(i, BlockState::Lost);
+                }
+                p.done = true;
+            });
+        }
+    }
+}
+
+/// Bytes of a `Push` body before its data.
+const PUSH_HEAD_BYTES: usize = 4 + 2 + 4 + 8 + 4;
+
+async fn read_one(
+    input: &mut FrameInput<OwnedReadHalf>,
+    shared: &Shared,
+) -> Result<bool, InputError> {
+    let Some((header, body_len)) = input.next_header().await? else {
+        return Ok(false);
+    };
+    let id = header.request_id;
+    if header.op == Op::Push {
+        if body_len < PUSH_HEAD_BYTES {
+            return Err(proto::ProtoError::Truncated(Op::Push).into());
+        }
+        let h = input.take(PUSH_HEAD_BYTES).await?;
+        let index = u32::from_le_bytes(h[0..4].try_into().expect("4")) as usize;
+        let st = u16::from_le_bytes(h[4..6].try_into().expect("2"));
+        let crc = u32::from_le_bytes(h[6..10].try_into().expect("4"));
+        let offset = u64::from_le_bytes(h[10..18].try_into().expect("8"));
+        let len = u32::from_le_bytes(h[18..22].try_into().expect("4")) as usize;
+        if body_len != PUSH_HEAD_BYTES + len {
+            return Err(proto::ProtoError::Trailing(Op::Push, body_len).into());
+        }
+        let ticket = match shared.streams.lock().expect("streams").get(&id) {
+            Some(Stream::Prefetch(t)) => Some(t.clone()),
+            _ => None,
+        };
+        let Some(t) = ticket else {
+            input.skip(len).await?;
+            return Ok(true);
+        };
+        let slot = t.ranges.get(index).copied();
+        let pending = t
+            .progress
+            .borrow()
+            .blocks
+            .get(index)
+            .is_some_and(|b| !b.is_final());
+        let state = match slot {
+            Some((off, max))
+                if pending && st == status::OK && off == offset && len as u64 <= max =>
+            {
+                // SAFETY: the range is reserved by this live ticket and the entry has not
+                // landed, so nobody holds a slice of it (module docs of `region`).
+                let dst = unsafe { t.region.slice_mut(offset, len) };
+                input.read_into(dst).await?;
+                if crate::crc32c(dst) == crc {
+                    BlockState::Landed { len: len as u32 }
+                } else {
+                    BlockState::Corrupt
+                }
+            }
+            _ => {
+                input.skip(len).await?;
+                if st == status::OK {
+                    // Data that does not match what was asked for is not used.
+                    BlockState::Corrupt
+                } else {
+                    BlockState::Missed { status: st }
+                }
+            }
+        };
+        if pending {
+            t.progress.send_modify(|p| p.set(index, state));
+        }
+        return Ok(true);
+    }
+    let body = input.take(body_len).await?;
+    let frame = proto::Frame { header, body };
+    let resp = Response::decode(&frame)?;
+    match resp {
+        Response::PrefetchDone { .. } => {
+            if let Some(Stream::Prefetch(t)) = shared.streams.lock().expect("streams").remove(&id) {
+                t.progress.send_modify(|p| {
+                    for i in 0..p.blocks.len() {
+                        p.set(i, BlockState::Lost);
+                    }
+                    p.done = true;
+                });
+            }
+        }
+        Response::Events { lost, events } => {
+            if let Some(Stream::Events(tx, dropped)) =
+                shared.streams.lock().expect("streams").get(&id)
+            {
+                let n = events.len() as u64;
+                if tx.try_send(EventBatch { lost, events }).is_err() {
+                    dropped.fetch_add(n + lost, Ordering::Relaxed);
+                }
+            }
+        }
+        resp => {
+            let tx = shared
+                .pending
+                .lock()
+                .expect("pending map")
+                .as_mut()
+                .and_then(|m| m.remove(&id));
+            match tx {
+                Some(tx) => {
+                    let _ = tx.send((header.status, resp));
+                }
+                // An error under a live stream's id ends it (a subscription whose
+                // namespace was deleted).
+                None => {
+                    shared.streams.lock().expect("streams").remove(&id);
+                }
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Several connections to one node, used round robin.
@@ -257,6 +804,11 @@ impl TransferPool {
     pub fn conn(&self) -> &TransferClient {
         let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.conns.len();
         &self.conns[i]
+    }
+
+    /// Every connection (a region is registered on one; prefetch into it through that one).
+    pub fn conns(&self) -> &[TransferClient] {
+        &self.conns
     }
 
     pub fn busy_retries(&self) -> u64 {

@@ -143,6 +143,9 @@ pub struct Config {
     pub offload_inline: bool,
     /// Most keys pinned at once.
     pub leases_max: usize,
+    /// Bytes of blocks staged in node memory for prefetch pushes at once (node-wide);
+    /// wait-complete and timeout prefetches wait for room, best-effort ones miss (BUSY).
+    pub prefetch_staging_bytes: ByteSize,
     /// `tracing` filter, e.g. `info` or `ctxpod=debug`.
     pub log: String,
 }
@@ -170,6 +173,7 @@ impl Default for Config {
             offload_queue_depth: 4096,
             offload_inline: false,
             leases_max: 1 << 20,
+            prefetch_staging_bytes: ByteSize(256 << 20),
             log: "info".into(),
         }
     }

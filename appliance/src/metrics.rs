@@ -47,6 +47,9 @@ pub struct Metrics {
     pub regions_free: IntGauge,
     pub leases: IntGauge,
     pub inflight_requests: IntGauge,
+    pub prefetch_blocks: IntCounterVec,
+    pub prefetch_pushed_bytes: IntCounter,
+    pub prefetch_tickets: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -190,6 +193,21 @@ impl Metrics {
             inflight_requests: reg!(gauge(
                 "ctxpod_inflight_requests",
                 "Data requests being served"
+            )),
+            prefetch_blocks: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_prefetch_blocks_total",
+                    "Prefetch entries by outcome: pushed, miss, deadline, cancelled, busy, too_large, error"
+                ),
+                &["outcome"]
+            )),
+            prefetch_pushed_bytes: reg!(counter(
+                "ctxpod_prefetch_pushed_bytes_total",
+                "Block bytes pushed into clients' memory regions"
+            )),
+            prefetch_tickets: reg!(counter(
+                "ctxpod_prefetch_tickets_total",
+                "Prefetch tickets completed (every entry pushed or missed)"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

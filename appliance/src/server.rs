@@ -774,13 +774,19 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             std::fs::write(&tmp, format!("{taddr}\n"))?;
             std::fs::rename(&tmp, &f)?;
             tracing::info!(addr = %taddr, "ctxpod serving the CXP1 transfer protocol");
-            let budget = Arc::new(tokio::sync::Semaphore::new(
-                cfg.ingest_bytes_max.0.min(usize::MAX as u64 >> 4) as usize,
-            ));
+            let sem = |b: u64| {
+                Arc::new(tokio::sync::Semaphore::new(
+                    b.min(usize::MAX as u64 >> 4) as usize
+                ))
+            };
+            let budgets = crate::transfer::Budgets {
+                ingest: sem(cfg.ingest_bytes_max.0),
+                staging: sem(cfg.prefetch_staging_bytes.0),
+            };
             Some(tokio::spawn(crate::transfer::serve(
                 l,
                 engine.clone(),
-                budget,
+                budgets,
             )))
         }
         None => None,

@@ -1,35 +1,64 @@
 //! The CXP1 transfer listener (`api/PROTOCOL.md`): pipelined PUT / GET / MATCH / PIN /
-//! UNPIN over one TCP connection, answered out of order. Memory regions, prefetch and push
-//! are not served yet (answered with an error; issue #4).
+//! UNPIN answered out of order, memory regions and PREFETCH tickets whose blocks are staged
+//! from flash into node memory ahead of being PUSHed into the client's region, and KV event
+//! subscriptions.
 //!
-//! Bounds: one connection decodes at most one frame of `max_frame_bytes` at a time, runs at
-//! most [`INFLIGHT_PER_CONNECTION`] requests (more are answered BUSY), and stops reading its
-//! socket while its responses wait to be written — a client that never reads only stalls
-//! itself. Request bodies count against the node's ingest byte budget, like HTTP bodies.
+//! Bounds, per connection: one frame of `max_frame_bytes` decoded at a time, at most
+//! [`INFLIGHT_PER_CONNECTION`] requests running (more are answered BUSY), at most
+//! [`OUT_BYTES_PER_CONNECTION`] of frames waiting for the socket (a client that never reads
+//! stalls only its own requests, tickets and subscriptions), at most [`TICKETS_PER_CONNECTION`]
+//! live tickets and subscriptions and [`REGIONS_PER_CONNECTION`] regions. Node-wide: request
+//! bodies count against the ingest byte budget (as HTTP bodies do), and blocks staged for
+//! pushes against the staging budget (`prefetch_staging_bytes`).
 
+use crate::engine::events::{KvEvent, KvEventKind};
 use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
+use bytes::Buf;
 use bytes::Bytes;
-use bytes::{Buf, BytesMut};
 use ctxpod_api::proto::{
-    status, Frame, GetEntry, Header, Hello, Op, ProtoError, Request, Response, HEADER_BYTES,
-    HELLO_BYTES, NAMESPACE_BYTES_MAX, VERSION,
+    status, EventKind, Frame, GetEntry, Header, Hello, Op, Policy, PrefetchEntry, ProtoError,
+    Request, Response, HELLO_BYTES, NAMESPACE_BYTES_MAX, VERSION,
 };
+use ctxpod_api::proto_io::{FrameInput, InputError};
 use ctxpod_api::Durability;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Requests one connection runs at once; more are answered BUSY.
 pub const INFLIGHT_PER_CONNECTION: usize = 32;
+/// Bytes of frames one connection may have waiting for its socket.
+pub const OUT_BYTES_PER_CONNECTION: usize = 64 << 20;
+/// Live prefetch tickets (pushing, or holding their lease) and subscriptions per connection.
+pub const TICKETS_PER_CONNECTION: usize = 1024;
+pub const REGIONS_PER_CONNECTION: usize = 256;
+/// Blocks of one ticket staged (read and verified) ahead of the one being pushed.
+pub const STAGE_AHEAD: usize = 8;
+/// Events sent in one `Event` frame at most.
+const EVENTS_PER_FRAME: usize = 256;
 /// Largest frame this node accepts and announces.
 pub const MAX_FRAME_BYTES: u32 = ctxpod_api::proto::FRAME_BYTES_MAX;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Node-wide budgets shared by every connection.
+#[derive(Clone)]
+pub struct Budgets {
+    /// Bytes of request bodies being received or stored.
+    pub ingest: Arc<Semaphore>,
+    /// Bytes of blocks staged in node memory for pushes.
+    pub staging: Arc<Semaphore>,
+}
+
 /// Accepts connections until the task is dropped.
-pub async fn serve(listener: TcpListener, engine: Arc<Engine>, ingest: Arc<Semaphore>) {
+pub async fn serve(listener: TcpListener, engine: Arc<Engine>, budgets: Budgets) {
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -39,20 +68,94 @@ pub async fn serve(listener: TcpListener, engine: Arc<Engine>, ingest: Arc<Semap
                 continue;
             }
         };
-        let (engine, ingest) = (engine.clone(), ingest.clone());
+        let (engine, budgets) = (engine.clone(), budgets.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(sock, engine, ingest).await {
+            if let Err(e) = connection(sock, engine, budgets).await {
                 tracing::debug!(%peer, "transfer connection closed: {e}");
             }
         });
     }
 }
 
-async fn connection(
-    sock: TcpStream,
+/// A frame on its way to the socket, holding its share of the connection's output budget.
+struct Out {
+    parts: Vec<Bytes>,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+/// What every task of one connection shares.
+struct Conn {
     engine: Arc<Engine>,
-    ingest: Arc<Semaphore>,
-) -> anyhow::Result<()> {
+    budgets: Budgets,
+    out: mpsc::Sender<Out>,
+    out_bytes: Arc<Semaphore>,
+    /// Region id → size in bytes.
+    regions: Mutex<HashMap<u32, u64>>,
+    /// Live tickets and subscriptions, by id.
+    tickets: Mutex<HashMap<u64, CancellationToken>>,
+    /// Cancelled when the connection ends: every ticket and subscription stops.
+    closed: CancellationToken,
+    peer_max: usize,
+}
+
+impl Conn {
+    /// Queues a frame, waiting while the connection's output budget is spent. False once
+    /// the connection is closing.
+    async fn send(&self, parts: Vec<Bytes>) -> bool {
+        let bytes: usize = parts.iter().map(|p| p.len()).sum();
+        let want = bytes.clamp(1, OUT_BYTES_PER_CONNECTION) as u32;
+        let permit = tokio::select! {
+            p = self.out_bytes.clone().acquire_many_owned(want) => p.ok(),
+            _ = self.closed.cancelled() => None,
+        };
+        if permit.is_none() {
+            return false;
+        }
+        self.out
+            .send(Out {
+                parts,
+                _budget: permit,
+            })
+            .await
+            .is_ok()
+    }
+
+    async fn send_one(&self, frame: Bytes) -> bool {
+        self.send(vec![frame]).await
+    }
+
+    /// Registers a ticket or subscription id; an Error frame if it cannot be.
+    fn open_ticket(&self, op: Op, id: u64) -> Result<CancellationToken, Bytes> {
+        let mut t = self.tickets.lock();
+        if t.contains_key(&id) {
+            return Err(
+                Response::Error(format!("ticket {id} is already live on this connection")).encode(
+                    op,
+                    status::BAD_REQUEST,
+                    id,
+                ),
+            );
+        }
+        if t.len() >= TICKETS_PER_CONNECTION {
+            return Err(
+                Response::Error("busy: too many live tickets on this connection".into()).encode(
+                    op,
+                    status::BUSY,
+                    id,
+                ),
+            );
+        }
+        let token = self.closed.child_token();
+        t.insert(id, token.clone());
+        Ok(token)
+    }
+
+    fn close_ticket(&self, id: u64) {
+        self.tickets.lock().remove(&id);
+    }
+}
+
+async fn connection(sock: TcpStream, engine: Arc<Engine>, budgets: Budgets) -> anyhow::Result<()> {
     sock.set_nodelay(true)?;
     let (mut rd, mut wr) = sock.into_split();
     let mut hello = [0u8; HELLO_BYTES];
@@ -64,121 +167,127 @@ async fn connection(
         max_frame_bytes: MAX_FRAME_BYTES,
     };
     wr.write_all(&ours.encode()).await?;
-    let peer_max = peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize;
-    let (tx, mut rx) = mpsc::channel::<Bytes>(INFLIGHT_PER_CONNECTION);
+    let (tx, mut rx) = mpsc::channel::<Out>(1024);
     let writer = tokio::spawn(async move {
-        while let Some(frame) = rx.recv().await {
-            if wr.write_all(&frame).await.is_err() {
-                break;
+        while let Some(out) = rx.recv().await {
+            for p in &out.parts {
+                if wr.write_all(p).await.is_err() {
+                    return;
+                }
             }
         }
     });
+    let conn = Arc::new(Conn {
+        engine,
+        budgets,
+        out: tx,
+        out_bytes: Arc::new(Semaphore::new(OUT_BYTES_PER_CONNECTION)),
+        regions: Mutex::new(HashMap::new()),
+        tickets: Mutex::new(HashMap::new()),
+        closed: CancellationToken::new(),
+        peer_max: peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize,
+    });
+    let result = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES)).await;
+    conn.closed.cancel();
+    drop(conn);
+    let _ = writer.await;
+    result
+}
+
+async fn read_requests(
+    conn: &Arc<Conn>,
+    mut input: FrameInput<OwnedReadHalf>,
+) -> anyhow::Result<()> {
     let inflight = Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION));
-    let mut input = Input {
-        rd,
-        buf: BytesMut::with_capacity(256 << 10),
-    };
-    let result: anyhow::Result<()> = loop {
+    loop {
         // A framing error (over the limit, unknown op) ends the connection: its byte stream
         // can no longer be trusted.
-        match input.fill(4).await {
-            Ok(true) => {}
-            Ok(false) => break Ok(()),
-            Err(e) => break Err(e.into()),
-        }
-        let len = u32::from_le_bytes(input.buf[..4].try_into().expect("4 bytes"));
-        if len > MAX_FRAME_BYTES {
-            break Err(ProtoError::FrameTooLarge(len, MAX_FRAME_BYTES).into());
-        }
-        if (len as usize) < HEADER_BYTES {
-            break Err(ProtoError::FrameTooShort(len).into());
-        }
-        if let Err(e) = input.fill(4 + HEADER_BYTES).await {
-            break Err(e.into());
-        }
-        let Some(op) = Op::from_u8(input.buf[4]) else {
-            break Err(ProtoError::UnknownOp(input.buf[4]).into());
+        let (header, body_len) = match input.next_header().await {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(InputError::Io(e)) => return Err(e.into()),
+            Err(InputError::Framing(e)) => return Err(e.into()),
         };
-        let id = u64::from_le_bytes(input.buf[8..16].try_into().expect("8 bytes"));
-        input.buf.advance(4 + HEADER_BYTES);
-        let body_len = len as usize - HEADER_BYTES;
+        let (op, id) = (header.op, header.request_id);
         let slot = inflight.clone().try_acquire_owned();
-        let budget = ingest
+        let budget = conn
+            .budgets
+            .ingest
             .clone()
             .try_acquire_many_owned(body_len.max(1) as u32);
         let (Ok(slot), Ok(budget)) = (slot, budget) else {
-            if let Err(e) = input.skip(body_len).await {
-                break Err(e.into());
-            }
+            input.skip(body_len).await?;
             let f = Response::Error("busy: too many requests in flight, retry later".into())
                 .encode(op, status::BUSY, id);
-            if tx.send(f).await.is_err() {
-                break Ok(());
+            if !conn.send_one(f).await {
+                return Ok(());
             }
             continue;
         };
         // PUT bodies are received straight into their records' buffers; other requests
         // are small and decoded whole.
         let req = if op == Op::Put {
-            match read_put(&mut input, body_len).await {
-                Ok(Ok(put)) => Parsed::Put(put),
-                Ok(Err(e)) => Parsed::Bad(e),
-                Err(e) => break Err(e.into()),
+            match read_put(&mut input, body_len).await? {
+                Ok(put) => Parsed::Put(put),
+                Err(e) => Parsed::Bad(e),
             }
         } else {
-            if let Err(e) = input.fill(body_len).await {
-                break Err(e.into());
-            }
             let frame = Frame {
                 header: Header {
-                    op,
-                    flags: 0,
                     status: 0,
-                    request_id: id,
+                    ..header
                 },
-                body: input.buf.split_to(body_len).freeze(),
+                body: input.take(body_len).await?,
             };
             match Request::decode(&frame) {
                 Ok(r) => Parsed::Other(r),
                 Err(e) => Parsed::Bad(e),
             }
         };
-        let (engine, tx) = (engine.clone(), tx.clone());
+        let conn = conn.clone();
         tokio::spawn(async move {
-            let f = match req {
-                Parsed::Put(p) => handle_put(&engine, p, op, id).await,
-                Parsed::Other(r) => handle(&engine, r, op, id, peer_max).await,
+            let parts = match req {
+                Parsed::Put(p) => vec![handle_put(&conn.engine, p, op, id).await],
+                Parsed::Other(r) => match handle(&conn, r, op, id).await {
+                    Some(parts) => parts,
+                    None => return,
+                },
                 Parsed::Bad(e) => {
-                    Response::Error(e.to_string()).encode(op, status::BAD_REQUEST, id)
+                    vec![Response::Error(e.to_string()).encode(op, status::BAD_REQUEST, id)]
                 }
             };
             drop(budget);
-            let _ = tx.send(f).await;
+            conn.send(parts).await;
             drop(slot);
         });
-    };
-    drop(tx);
-    let _ = writer.await;
-    result
+    }
 }
 
 fn code(e: &EngineError) -> u16 {
     crate::server::status_of(e).0.as_u16()
 }
 
-async fn handle(engine: &Engine, req: Request, op: Op, id: u64, peer_max: usize) -> Bytes {
-    let fail = |e: &EngineError| Response::Error(e.to_string()).encode(op, code(e), id);
-    match req {
-        Request::Ping => Response::Pong.encode(op, status::OK, id),
+fn error(op: Op, id: u64, st: u16, msg: impl Into<String>) -> Vec<Bytes> {
+    vec![Response::Error(msg.into()).encode(op, st, id)]
+}
+
+/// The response's frame (as pieces), or `None` when the handler sends its own frames.
+async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<Bytes>> {
+    let engine = &conn.engine;
+    let fail = |e: &EngineError| error(op, id, code(e), e.to_string());
+    let count = |r: crate::engine::Result<u64>| match r {
+        Ok(n) => vec![Response::Count(n as u32).encode(op, status::OK, id)],
+        Err(e) => fail(&e),
+    };
+    Some(match req {
+        Request::Ping => vec![Response::Pong.encode(op, status::OK, id)],
         // PUT bodies never get here: `read_put` stages them as they arrive.
-        Request::Put { .. } => {
-            Response::Error("internal: PUT decoded whole".into()).encode(op, status::INTERNAL, id)
-        }
+        Request::Put { .. } => error(op, id, status::INTERNAL, "internal: PUT decoded whole"),
         Request::Get { ns, keys } => {
             let results = futures::future::join_all(keys.iter().map(|k| engine.get(&ns, k))).await;
             // The response must fit the client's frame limit: blocks past it answer 413 and
             // are fetched again in a smaller batch.
-            let mut room = peer_max.saturating_sub(64 + keys.len() * 10);
+            let mut room = conn.peer_max.saturating_sub(64 + keys.len() * 10);
             let out = results
                 .into_iter()
                 .map(|r| match r {
@@ -195,41 +304,135 @@ async fn handle(engine: &Engine, req: Request, op: Op, id: u64, peer_max: usize)
                     Err(e) => entry(code(&e)),
                 })
                 .collect();
-            Response::Get(out).encode(op, status::OK, id)
+            Response::Get(out).encode_parts(op, status::OK, id)
         }
-        Request::Match { ns, keys } => {
-            match engine
+        Request::Match { ns, keys } => count(
+            engine
                 .match_prefix(&ns, keys.iter().map(|k| k.to_vec()).collect())
-                .await
-            {
-                Ok(n) => Response::Count(n as u32).encode(op, status::OK, id),
-                Err(e) => fail(&e),
-            }
-        }
+                .await,
+        ),
         Request::Pin { ns, ttl_ms, keys } => {
             let ttl = Duration::from_millis(ttl_ms.min(ctxpod_api::LEASE_MS_MAX));
-            match engine
-                .pin(&ns, keys.iter().map(|k| k.to_vec()).collect(), ttl)
-                .await
-            {
-                Ok(n) => Response::Count(n as u32).encode(op, status::OK, id),
-                Err(e) => fail(&e),
-            }
+            count(
+                engine
+                    .pin(&ns, keys.iter().map(|k| k.to_vec()).collect(), ttl)
+                    .await,
+            )
         }
-        Request::Unpin { ns, keys } => {
-            match engine
+        Request::Unpin { ns, keys } => count(
+            engine
                 .unpin(&ns, keys.iter().map(|k| k.to_vec()).collect())
-                .await
-            {
-                Ok(n) => Response::Count(n as u32).encode(op, status::OK, id),
-                Err(e) => fail(&e),
+                .await,
+        ),
+        Request::RegisterRegion { region_id, bytes } => {
+            let mut r = conn.regions.lock();
+            if bytes == 0 {
+                r.remove(&region_id);
+            } else if r.len() >= REGIONS_PER_CONNECTION && !r.contains_key(&region_id) {
+                return Some(error(
+                    op,
+                    id,
+                    status::BAD_REQUEST,
+                    format!("at most {REGIONS_PER_CONNECTION} regions per connection"),
+                ));
+            } else {
+                r.insert(region_id, bytes);
             }
+            vec![Response::RegionRegistered.encode(op, status::OK, id)]
         }
-        Request::RegisterRegion { .. } | Request::Prefetch { .. } | Request::Cancel { .. } => {
-            Response::Error("memory regions and prefetch are not served by this node yet".into())
-                .encode(op, status::BAD_REQUEST, id)
+        Request::Prefetch {
+            ns,
+            region_id,
+            policy,
+            deadline_ms,
+            lease_ms,
+            entries,
+        } => {
+            let Some(region_bytes) = conn.regions.lock().get(&region_id).copied() else {
+                return Some(error(
+                    op,
+                    id,
+                    status::NOT_FOUND,
+                    format!("region {region_id} is not registered on this connection"),
+                ));
+            };
+            if let Some((i, e)) = entries.iter().enumerate().find(|(_, e)| {
+                e.offset
+                    .checked_add(e.max_len as u64)
+                    .is_none_or(|end| end > region_bytes)
+            }) {
+                return Some(error(
+                    op,
+                    id,
+                    status::BAD_REQUEST,
+                    format!(
+                        "entry {i}: {} bytes at offset {} do not fit region {region_id} of {region_bytes} bytes",
+                        e.max_len, e.offset
+                    ),
+                ));
+            }
+            if policy == Policy::Timeout && deadline_ms == 0 {
+                return Some(error(
+                    op,
+                    id,
+                    status::BAD_REQUEST,
+                    "the timeout policy needs a deadline",
+                ));
+            }
+            let token = match conn.open_ticket(op, id) {
+                Ok(t) => t,
+                Err(f) => return Some(vec![f]),
+            };
+            let p = Prefetch {
+                ns,
+                policy,
+                deadline: (deadline_ms > 0)
+                    .then(|| Instant::now() + Duration::from_millis(deadline_ms as u64)),
+                lease: Duration::from_millis((lease_ms as u64).min(ctxpod_api::LEASE_MS_MAX)),
+                entries,
+            };
+            // The ticket outlives this request (its pushes, then its lease).
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                prefetch(&conn, id, p, token).await;
+                conn.close_ticket(id);
+            });
+            return None;
         }
-    }
+        Request::Cancel { ticket } => match conn.tickets.lock().get(&ticket) {
+            Some(t) => {
+                t.cancel();
+                vec![Response::Cancelled.encode(op, status::OK, id)]
+            }
+            None => error(
+                op,
+                id,
+                status::NOT_FOUND,
+                format!("no live ticket {ticket} on this connection"),
+            ),
+        },
+        Request::Subscribe { ns } => {
+            let (ns_id, rx) = match engine.subscribe(&ns) {
+                Ok(s) => s,
+                Err(e) => return Some(fail(&e)),
+            };
+            let token = match conn.open_ticket(op, id) {
+                Ok(t) => t,
+                Err(f) => return Some(vec![f]),
+            };
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                if conn
+                    .send_one(Response::Ticket(id).encode(op, status::OK, id))
+                    .await
+                {
+                    subscription(&conn, id, ns_id, rx, token).await;
+                }
+                conn.close_ticket(id);
+            });
+            return None;
+        }
+    })
 }
 
 fn entry(status: u16) -> GetEntry {
@@ -240,54 +443,224 @@ fn entry(status: u16) -> GetEntry {
     }
 }
 
-/// The read side of a connection: a buffer in front of the socket, from which bodies can
-/// also be received straight into their destination.
-struct Input {
-    rd: OwnedReadHalf,
-    buf: BytesMut,
+struct Prefetch {
+    ns: String,
+    policy: Policy,
+    deadline: Option<Instant>,
+    lease: Duration,
+    entries: Vec<PrefetchEntry>,
 }
 
-impl Input {
-    /// At least `n` bytes buffered; false if the peer closed cleanly before any of them.
-    async fn fill(&mut self, n: usize) -> std::io::Result<bool> {
-        while self.buf.len() < n {
-            self.buf.reserve(n - self.buf.len());
-            let empty = self.buf.is_empty();
-            if self.rd.read_buf(&mut self.buf).await? == 0 {
-                return if empty {
-                    Ok(false)
-                } else {
-                    Err(std::io::ErrorKind::UnexpectedEof.into())
-                };
+/// Status of an entry that a cancel stopped before it was pushed.
+pub const CANCELLED: u16 = 499;
+
+/// Runs one prefetch ticket: holds its blocks, answers the ticket, pushes every entry (its
+/// block or a miss) in order while up to [`STAGE_AHEAD`] later blocks are read from flash
+/// and verified into node memory, sends `PrefetchDone`, then keeps the blocks leased for
+/// `lease` unless the ticket is cancelled or the connection ends.
+async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: CancellationToken) {
+    let engine = &conn.engine;
+    let keys = p.entries.iter().map(|e| e.key.clone()).collect();
+    let (held, present) = match engine.hold(&p.ns, keys).await {
+        Ok(h) => h,
+        Err(e) => {
+            conn.send(error(Op::Prefetch, id, code(&e), e.to_string()))
+                .await;
+            return;
+        }
+    };
+    let m = engine.metrics();
+    if !conn
+        .send_one(Response::Ticket(id).encode(Op::Prefetch, status::OK, id))
+        .await
+    {
+        return;
+    }
+    let push = |i: usize, st: u16, crc: u32, data: Bytes| {
+        let outcome = match st {
+            status::OK => "pushed",
+            status::NOT_FOUND => "miss",
+            status::DEADLINE => "deadline",
+            CANCELLED => "cancelled",
+            status::BUSY => "busy",
+            status::TOO_LARGE => "too_large",
+            _ => "error",
+        };
+        m.prefetch_blocks.with_label_values(&[outcome]).inc();
+        let e = &p.entries[i];
+        Response::Push {
+            index: i as u32,
+            status: st,
+            crc32c: crc,
+            offset: e.offset,
+            data,
+        }
+        .encode_parts(Op::Push, status::OK, id)
+    };
+    let (mut pushed, mut missed) = (0u32, 0u32);
+    // Keys the node does not hold are misses at once, whatever the policy.
+    for i in (0..present.len()).filter(|&i| !present[i]) {
+        missed += 1;
+        if !conn.send(push(i, status::NOT_FOUND, 0, Bytes::new())).await {
+            return;
+        }
+    }
+    let staging = &conn.budgets.staging;
+    let pr = &p;
+    let stage = |i: usize| {
+        let (p, e) = (pr, &pr.entries[i]);
+        let want = (e.max_len as usize).clamp(1, ctxpod_api::BLOCK_BYTES_MAX) as u32;
+        async move {
+            let permit = match p.policy {
+                Policy::BestEffort => staging.clone().try_acquire_many_owned(want).ok(),
+                _ => staging.clone().acquire_many_owned(want).await.ok(),
+            };
+            let Some(permit) = permit else {
+                return (i, Err(status::BUSY), None);
+            };
+            let r = match engine.get(&p.ns, &e.key).await {
+                Ok(Some((b, _))) if b.len() > e.max_len as usize => Err(status::TOO_LARGE),
+                Ok(Some(found)) => Ok(found),
+                Ok(None) => Err(status::NOT_FOUND),
+                Err(e) => Err(code(&e)),
+            };
+            (i, r, Some(permit))
+        }
+    };
+    let here: Vec<usize> = (0..present.len()).filter(|&i| present[i]).collect();
+    let mut staged = futures::stream::iter(here.clone())
+        .map(stage)
+        .buffered(STAGE_AHEAD);
+    let deadline = async {
+        match p.deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let mut left: Vec<usize> = here.into_iter().rev().collect();
+    // Why the rest of the entries will not be pushed, if they will not.
+    let mut stop = None;
+    while !left.is_empty() {
+        let next = tokio::select! {
+            biased;
+            _ = token.cancelled() => { stop = Some(CANCELLED); break; }
+            _ = &mut deadline => { stop = Some(status::DEADLINE); break; }
+            n = staged.next() => n,
+        };
+        let Some((i, r, _permit)) = next else { break };
+        left.pop();
+        let frame = match r {
+            Ok((data, crc)) => {
+                pushed += 1;
+                m.prefetch_pushed_bytes.inc_by(data.len() as u64);
+                push(i, status::OK, crc, data)
+            }
+            Err(st) => {
+                missed += 1;
+                push(i, st, 0, Bytes::new())
+            }
+        };
+        if !conn.send(frame).await {
+            return;
+        }
+    }
+    drop(staged);
+    if let Some(st) = stop {
+        for i in left.into_iter().rev() {
+            missed += 1;
+            if !conn.send(push(i, st, 0, Bytes::new())).await {
+                return;
             }
         }
-        Ok(true)
     }
+    m.prefetch_tickets.inc();
+    let done = Response::PrefetchDone { pushed, missed }.encode(Op::PrefetchDone, status::OK, id);
+    if !conn.send_one(done).await {
+        return;
+    }
+    // The lease: the blocks stay on the node while decode may still ask for them again.
+    tokio::select! {
+        _ = tokio::time::sleep(p.lease) => {}
+        _ = token.cancelled() => {}
+    }
+    drop(held);
+}
 
-    /// Fills `dst`: first from the buffer, then from the socket directly into `dst`.
-    async fn read_into(&mut self, dst: &mut [u8]) -> std::io::Result<()> {
-        let n = self.buf.len().min(dst.len());
-        dst[..n].copy_from_slice(&self.buf[..n]);
-        self.buf.advance(n);
-        if n < dst.len() {
-            self.rd.read_exact(&mut dst[n..]).await?;
+/// Streams the KV events of namespace `ns_id` until cancelled, the connection ends or the
+/// namespace is deleted.
+async fn subscription(
+    conn: &Arc<Conn>,
+    id: u64,
+    ns_id: u32,
+    mut rx: broadcast::Receiver<KvEvent>,
+    token: CancellationToken,
+) {
+    let mut lost = 0u64;
+    loop {
+        let first = tokio::select! {
+            _ = token.cancelled() => return,
+            r = rx.recv() => r,
+        };
+        let mut events = Vec::new();
+        let mut gone = false;
+        let mut take = |r: Result<KvEvent, _>, events: &mut Vec<(EventKind, Bytes)>| match r {
+            Ok(KvEvent { ns_id: n, .. }) if n != ns_id => true,
+            Ok(KvEvent {
+                kind: KvEventKind::NamespaceDeleted,
+                ..
+            }) => {
+                gone = true;
+                false
+            }
+            Ok(KvEvent { kind, key, .. }) => {
+                let kind = match kind {
+                    KvEventKind::Stored => EventKind::Stored,
+                    KvEventKind::Evicted => EventKind::Evicted,
+                    _ => EventKind::Deleted,
+                };
+                events.push((kind, key));
+                true
+            }
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                lost += n;
+                true
+            }
+            Err(broadcast::error::RecvError::Closed) => false,
+        };
+        let mut more = take(first, &mut events);
+        while more && events.len() < EVENTS_PER_FRAME {
+            match rx.try_recv() {
+                Ok(e) => more = take(Ok(e), &mut events),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    more = take(Err(broadcast::error::RecvError::Lagged(n)), &mut events)
+                }
+                Err(_) => break,
+            }
         }
-        Ok(())
-    }
-
-    async fn skip(&mut self, mut n: usize) -> std::io::Result<()> {
-        let mut sink = vec![0u8; (64 << 10).min(n)];
-        while n > 0 {
-            let k = n.min(sink.len());
-            self.read_into(&mut sink[..k]).await?;
-            n -= k;
+        if !events.is_empty() || lost > 0 {
+            let f = Response::Events {
+                lost,
+                events: std::mem::take(&mut events),
+            }
+            .encode(Op::Event, status::OK, id);
+            lost = 0;
+            if !conn.send_one(f).await {
+                return;
+            }
         }
-        Ok(())
-    }
-
-    async fn take(&mut self, n: usize) -> std::io::Result<Bytes> {
-        self.fill(n).await?;
-        Ok(self.buf.split_to(n).freeze())
+        if gone {
+            conn.send_one(Response::Error("the namespace was deleted".into()).encode(
+                Op::Subscribe,
+                status::NOT_FOUND,
+                id,
+            ))
+            .await;
+            return;
+        }
+        if !more {
+            return;
+        }
     }
 }
 
@@ -306,10 +679,13 @@ struct StagedPut {
 /// Receives a PUT body of `len` bytes, each block straight into the buffer its record will
 /// be written from. `Ok(Err(_))`: the body was consumed but is malformed (the connection
 /// goes on); `Err(_)`: the connection failed, or the body does not fit its frame.
-async fn read_put(input: &mut Input, len: usize) -> std::io::Result<Result<StagedPut, ProtoError>> {
+async fn read_put<R: tokio::io::AsyncRead + Unpin>(
+    input: &mut FrameInput<R>,
+    len: usize,
+) -> std::io::Result<Result<StagedPut, ProtoError>> {
     let bad = |e: ProtoError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
     let mut left = len;
-    let take = async |input: &mut Input, n: usize, left: &mut usize| {
+    let take = async |input: &mut FrameInput<R>, n: usize, left: &mut usize| {
         if n > *left {
             return Err(bad(ProtoError::Truncated(Op::Put)));
         }

@@ -6,18 +6,11 @@ mod common;
 
 use bytes::Bytes;
 use common::{block, Node};
-use ctxpod_api::proto::{self, status, Durability, FrameDecoder, Hello, Op, Request, Response};
+use ctxpod_api::proto::{self, status, Durability, FrameDecoder, Op, Request, Response};
 use ctxpod_api::transfer_client::TransferClient;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn transfer_addr(dir: &std::path::Path) -> String {
-    std::fs::read_to_string(dir.join("ctxpod.transfer.addr"))
-        .expect("the node publishes its transfer address")
-        .trim()
-        .to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_puts_and_gets_over_cxp1() {
@@ -25,7 +18,7 @@ async fn pipelined_puts_and_gets_over_cxp1() {
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;
     let c = Arc::new(
-        TransferClient::connect(&transfer_addr(&data_dir))
+        TransferClient::connect(&node.transfer_addr())
             .await
             .expect("connect"),
     );
@@ -88,18 +81,6 @@ async fn pipelined_puts_and_gets_over_cxp1() {
     assert_eq!(r.expect("put"), vec![status::NOT_FOUND]);
 }
 
-async fn hello(s: &mut TcpStream) {
-    let h = Hello {
-        version: proto::VERSION,
-        flags: 0,
-        max_frame_bytes: proto::FRAME_BYTES_MAX,
-    };
-    s.write_all(&h.encode()).await.expect("hello");
-    let mut back = [0u8; proto::HELLO_BYTES];
-    s.read_exact(&mut back).await.expect("server hello");
-    Hello::decode(&back).expect("a CXP1 server");
-}
-
 /// Reads until the server closes the connection (bounded in time).
 async fn closed(s: &mut TcpStream) -> bool {
     let mut buf = vec![0u8; 4096];
@@ -121,7 +102,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "256MiB"]).await;
-    let addr = transfer_addr(&data_dir);
+    let addr = node.transfer_addr();
     let good = TransferClient::connect(&addr).await.expect("connect");
     good.put(
         "default",
@@ -138,7 +119,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
 
     // A frame announcing more than the limit.
     let mut s = TcpStream::connect(&addr).await.expect("connect");
-    hello(&mut s).await;
+    common::cxp1_hello(&mut s).await;
     s.write_all(&(proto::FRAME_BYTES_MAX + 1).to_le_bytes())
         .await
         .expect("write");
@@ -149,7 +130,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
 
     // An unknown op.
     let mut s = TcpStream::connect(&addr).await.expect("connect");
-    hello(&mut s).await;
+    common::cxp1_hello(&mut s).await;
     let mut f = (proto::HEADER_BYTES as u32).to_le_bytes().to_vec();
     f.push(200);
     f.extend_from_slice(&[0; 11]);
@@ -158,7 +139,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
 
     // A malformed body (a key of length 0): an error answer, and the connection goes on.
     let mut s = TcpStream::connect(&addr).await.expect("connect");
-    hello(&mut s).await;
+    common::cxp1_hello(&mut s).await;
     let body = [7u8, b'd', b'e', b'f', b'a', b'u', b'l', b't', 1, 0, 0, 0, 0];
     let mut f = ((proto::HEADER_BYTES + body.len()) as u32)
         .to_le_bytes()
@@ -194,7 +175,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
 
     // Truncated: half a frame, then the peer goes away.
     let mut s = TcpStream::connect(&addr).await.expect("connect");
-    hello(&mut s).await;
+    common::cxp1_hello(&mut s).await;
     let f = Request::Ping.encode(1);
     s.write_all(&f[..f.len() / 2]).await.expect("write");
     drop(s);
@@ -216,8 +197,8 @@ async fn busy_is_retried_until_everything_is_stored() {
     use ctxpod_api::transfer_client::TransferPool;
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
-    let _node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;
-    let addr = transfer_addr(&data_dir);
+    let node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;
+    let addr = node.transfer_addr();
     let c = TransferClient::connect(&addr).await.expect("connect");
     let key = |i: u64| Bytes::from(format!("busy{i:04}").into_bytes());
     let puts = (0..300u64).map(|i| {

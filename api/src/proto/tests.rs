@@ -34,7 +34,7 @@ fn ns(r: &mut impl Rng) -> String {
 }
 
 fn request(r: &mut impl Rng) -> Request {
-    match r.gen_range(0..9) {
+    match r.gen_range(0..10) {
         0 => Request::Ping,
         1 => Request::Put {
             ns: ns(r),
@@ -80,19 +80,22 @@ fn request(r: &mut impl Rng) -> Request {
             region_id: r.gen(),
             policy: [Policy::BestEffort, Policy::WaitComplete, Policy::Timeout][r.gen_range(0..3)],
             deadline_ms: r.gen(),
+            lease_ms: r.gen(),
             entries: (0..r.gen_range(0..20))
                 .map(|_| PrefetchEntry {
                     key: key(r),
                     offset: r.gen(),
+                    max_len: r.gen(),
                 })
                 .collect(),
         },
+        8 => Request::Subscribe { ns: ns(r) },
         _ => Request::Cancel { ticket: r.gen() },
     }
 }
 
 fn response(r: &mut impl Rng) -> (Response, Op) {
-    let resp = match r.gen_range(0..10) {
+    let resp = match r.gen_range(0..11) {
         0 => Response::Pong,
         1 => Response::Put(
             (0..r.gen_range(0..10))
@@ -112,7 +115,6 @@ fn response(r: &mut impl Rng) -> (Response, Op) {
         4 => Response::RegionRegistered,
         5 => Response::Ticket(r.gen()),
         6 => Response::Push {
-            ticket: r.gen(),
             index: r.gen(),
             status: r.gen(),
             crc32c: r.gen(),
@@ -120,11 +122,19 @@ fn response(r: &mut impl Rng) -> (Response, Op) {
             data: data(r),
         },
         7 => Response::PrefetchDone {
-            ticket: r.gen(),
             pushed: r.gen(),
             missed: r.gen(),
         },
         8 => Response::Cancelled,
+        9 => Response::Events {
+            lost: r.gen(),
+            events: (0..r.gen_range(0..8))
+                .map(|_| {
+                    let kind = [EventKind::Stored, EventKind::Evicted, EventKind::Deleted];
+                    (kind[r.gen_range(0..3)], key(r))
+                })
+                .collect(),
+        },
         _ => Response::Error("busy: the offload queue is full".into()),
     };
     let op = match &resp {
@@ -200,6 +210,14 @@ fn encoding_in_parts_gives_the_same_frame() {
         let whole = q.encode(5);
         let parts: Vec<u8> = q.encode_parts(5).iter().flat_map(|p| p.to_vec()).collect();
         assert_eq!(parts, whole.to_vec(), "{:?}", q.op());
+        let (p, op) = response(&mut r);
+        let whole = p.encode(op, 200, 9);
+        let parts: Vec<u8> = p
+            .encode_parts(op, 200, 9)
+            .iter()
+            .flat_map(|p| p.to_vec())
+            .collect();
+        assert_eq!(parts, whole.to_vec(), "{:?}", p.op());
     }
 }
 

@@ -8,6 +8,7 @@
 //! - Only the writer task ([`writer`]) mutates the block index and region table.
 
 pub mod dram;
+pub mod events;
 pub mod index;
 pub mod leases;
 mod recovery;
@@ -166,6 +167,7 @@ pub(crate) struct Core {
     ns_by_id: RwLock<HashMap<u32, Arc<Namespace>>>,
     dram: Mutex<S3Fifo>,
     pub leases: Leases,
+    pub events: events::Events,
     pub read_bits: ReadBits,
     seq: SeqAlloc,
     offload: OffloadEngine,
@@ -411,6 +413,21 @@ impl StagedBlock {
     }
 }
 
+/// Holds on blocks (see [`Engine::hold`]), released when dropped.
+pub struct Held {
+    core: Arc<Core>,
+    bkeys: Vec<Vec<u8>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for b in &self.bkeys {
+            self.core.leases.release(b);
+        }
+        self.core.metrics.leases.set(self.core.leases.len() as i64);
+    }
+}
+
 enum PutPrep {
     Crc(u32),
     Record(u32, AlignedBuf),
@@ -600,6 +617,7 @@ impl Engine {
             .await
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
         if status == PutStatus::Created {
+            self.core.events.block(&bkey, events::KvEventKind::Stored);
             self.core
                 .counters
                 .user_written_bytes
@@ -764,6 +782,9 @@ impl Engine {
             d.remove(&bkey);
             had
         };
+        if existed || in_dram {
+            self.core.events.block(&bkey, events::KvEventKind::Deleted);
+        }
         Ok(existed || in_dram)
     }
 
@@ -813,6 +834,51 @@ impl Engine {
         }
         self.core.metrics.leases.set(self.core.leases.len() as i64);
         Ok(n)
+    }
+
+    /// Holds the present keys among `keys` against eviction until the returned guard is
+    /// dropped (a prefetch ticket's lease); per key, whether it is present and held. A key
+    /// the lease table has no room for is reported absent.
+    pub async fn hold(&self, ns: &str, keys: Vec<Bytes>) -> Result<(Held, Vec<bool>)> {
+        for k in &keys {
+            Self::check_key(k)?;
+        }
+        let ns = self.ns(ns)?;
+        let core = self.core.clone();
+        let (held, present) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let bkeys: Vec<Vec<u8>> = keys.iter().map(|k| block_key(ns.id, k)).collect();
+            let mut held = Held {
+                core: core.clone(),
+                bkeys: Vec::new(),
+            };
+            let mut present = Vec::with_capacity(bkeys.len());
+            for chunk in bkeys.chunks(256) {
+                let locs = core.index.multi_get_blocks(chunk)?;
+                for (bkey, loc) in chunk.iter().zip(locs) {
+                    let here = loc.is_some() || core.dram.lock().contains(bkey);
+                    let ok = here && core.leases.hold(bkey).is_ok();
+                    if ok {
+                        held.bkeys.push(bkey.clone());
+                    }
+                    present.push(ok);
+                }
+            }
+            Ok((held, present))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("hold task: {e}"))??;
+        self.core.metrics.leases.set(self.core.leases.len() as i64);
+        Ok((held, present))
+    }
+
+    /// KV events of namespace `ns` (see [`events`]): its id, to filter the node-wide stream
+    /// by, and a receiver.
+    pub fn subscribe(
+        &self,
+        ns: &str,
+    ) -> Result<(u32, tokio::sync::broadcast::Receiver<events::KvEvent>)> {
+        let ns = self.ns(ns)?;
+        Ok((ns.id, self.core.events.subscribe()))
     }
 
     pub async fn unpin(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<u64> {
@@ -929,6 +995,7 @@ impl Engine {
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
         self.core.namespaces.write().remove(name);
         self.core.ns_by_id.write().remove(&ns.id);
+        self.core.events.namespace_deleted(ns.id);
         drop(_g);
         if name == ctxpod_api::namespace::DEFAULT_NAMESPACE {
             self.create_namespace(name, None).await?;

@@ -21,6 +21,7 @@
 //! written (checkpoints synced) → acknowledgement. A failed write, flush or index write is never retried-and-acknowledged:
 //! the node stops taking writes.
 
+use super::events::KvEventKind;
 use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
 use super::{Core, EngineError, Namespace, PutStatus, Result};
 use crate::device::AlignedBuf;
@@ -835,6 +836,7 @@ impl Writer {
                 self.account_bkey(&bkey, loc.len);
                 core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
                 core.metrics.evicted_blocks.inc();
+                core.events.block(&bkey, KvEventKind::Evicted);
                 continue;
             }
             let buf = AlignedBuf::reused(loc.record_len as usize);
@@ -853,6 +855,7 @@ impl Writer {
                 self.account_bkey(&bkey, loc.len);
                 core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
                 core.metrics.evicted_blocks.inc();
+                core.events.block(&bkey, KvEventKind::Evicted);
                 if !intact {
                     core.counters
                         .integrity_errors

@@ -43,6 +43,19 @@ impl Node {
         n
     }
 
+    /// The node's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the node runs").id()
+    }
+
+    /// The address the node's CXP1 listener publishes.
+    pub fn transfer_addr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ctxpod.transfer.addr"))
+            .expect("the node publishes its transfer address")
+            .trim()
+            .to_string()
+    }
+
     pub async fn start(dir: &Path, args: &[&str]) -> Node {
         Self::start_with(dir, args, &[]).await
     }
@@ -328,4 +341,29 @@ pub async fn try_open_on_sim(
         ))),
     )
     .await
+}
+
+/// Resident memory of a process, from `/proc/<pid>/status` (VmRSS).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS in kB")
+        * 1024
+}
+
+/// Sends a CXP1 hello on a raw connection and checks the node's.
+pub async fn cxp1_hello(s: &mut tokio::net::TcpStream) {
+    use ctxpod_api::proto::{self, Hello};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Hello {
+        version: proto::VERSION,
+        flags: 0,
+        max_frame_bytes: proto::FRAME_BYTES_MAX,
+    };
+    s.write_all(&h.encode()).await.expect("hello");
+    let mut back = [0u8; proto::HELLO_BYTES];
+    s.read_exact(&mut back).await.expect("server hello");
+    Hello::decode(&back).expect("a CXP1 server");
 }
