@@ -195,6 +195,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/namespaces/{ns}/batch/put", batch_put)
         .add(M::POST, "/v1/namespaces/{ns}/pin", pin)
         .add(M::POST, "/v1/namespaces/{ns}/unpin", unpin)
+        .add(M::GET, "/v1/namespaces/{ns}/events", events)
 }
 
 pub fn router(engine: Arc<Engine>, max_inflight: usize, ingest_bytes_max: u64) -> Router {
@@ -242,6 +243,7 @@ fn op_name(method: &Method, path: &str) -> &'static str {
         (_, p) if p.ends_with("/batch/put") => "batch_put",
         (_, p) if p.ends_with("/unpin") => "unpin",
         (_, p) if p.ends_with("/pin") => "pin",
+        (_, p) if p.ends_with("/events") => "events",
         (_, p) if p.starts_with("/v1/namespaces") => "namespace",
         _ => "admin",
     }
@@ -713,6 +715,49 @@ async fn batch_put(
         );
     }
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+/// KV events of a namespace as server-sent events: `stored`, `evicted` and `deleted` with
+/// `{"key": "<hex>"}`, `lost` with `{"count": n}` when this subscriber fell behind (resync
+/// with MATCH), and a last `namespace-deleted` when the namespace goes.
+async fn events(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+) -> ApiResult<
+    axum::response::sse::Sse<
+        impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+    >,
+> {
+    use crate::engine::events::KvEventKind;
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use tokio::sync::broadcast::error::RecvError;
+    parse_ns(&ns)?;
+    let (ns_id, rx) = st.engine.subscribe(&ns)?;
+    // State: the receiver, or `None` once the namespace is gone (the stream then ends).
+    let stream = futures::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
+        loop {
+            let (name, data) = match rx.recv().await {
+                Ok(e) if e.ns_id != ns_id => continue,
+                Ok(e) if e.kind == KvEventKind::NamespaceDeleted => {
+                    let ev = Event::default().event("namespace-deleted").data("{}");
+                    return Some((Ok(ev), None));
+                }
+                Ok(e) => {
+                    let name = match e.kind {
+                        KvEventKind::Stored => "stored",
+                        KvEventKind::Evicted => "evicted",
+                        _ => "deleted",
+                    };
+                    (name, format!("{{\"key\":\"{}\"}}", hex::encode(&e.key)))
+                }
+                Err(RecvError::Lagged(n)) => ("lost", format!("{{\"count\":{n}}}")),
+                Err(RecvError::Closed) => return None,
+            };
+            return Some((Ok(Event::default().event(name).data(data)), Some(rx)));
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
 async fn pin(
