@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 2: build and run the whole test suite (unit, integration against the real
 # binary, crash loop, tamper, eviction) and validate the OpenAPI document.
+# Then fuzzes the CXP1 frame decoder for 30 s (scripts/fuzz.sh).
 # CTXPOD_CRASH_CYCLES sets the crash-loop length (default 50); extra arguments go to
 # `cargo nextest run` (e.g. a filter).
 set -euo pipefail
@@ -13,3 +14,5 @@ venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 "$venv/bin/python" -m openapi_spec_validator api/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 cargo test --workspace --doc
+# The CXP1 frame decoder's fuzz target, briefly (CTXPOD_FUZZ_SECONDS, default 30).
+bash scripts/fuzz.sh

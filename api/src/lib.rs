@@ -12,13 +12,17 @@
 //! appliance depends on it, never the other way round.
 
 pub mod block_hash;
+#[cfg(feature = "client")]
 pub mod client;
 pub mod frame;
 pub mod key;
 pub mod namespace;
 pub mod proto;
+#[cfg(feature = "client")]
 pub mod proto_io;
+#[cfg(feature = "client")]
 pub mod region;
+#[cfg(feature = "client")]
 pub mod transfer_client;
 pub mod types;
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Fuzzes the CXP1 frame decoder (api/fuzz, libFuzzer through libfuzzer-sys) for
+# CTXPOD_FUZZ_SECONDS (default 30; CI runs the default). Builds on stable Rust with
+# libFuzzer's coverage instrumentation (no sanitizer: the codec is safe Rust), in a target
+# directory of its own so the instrumented build never invalidates the main one. The corpus
+# persists under that directory between runs. A long run:
+#   CTXPOD_FUZZ_SECONDS=3600 bash scripts/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-$HOME/.cache/ctxpod-target}/fuzz"
+seconds="${CTXPOD_FUZZ_SECONDS:-30}"
+export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
+ -Cllvm-args=-sanitizer-coverage-level=4 \
+ -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+ -Cllvm-args=-sanitizer-coverage-pc-table \
+ -Cllvm-args=-sanitizer-coverage-trace-compares \
+ -Cdebug-assertions -Coverflow-checks"
+# An explicit --target keeps RUSTFLAGS off build scripts and proc macros.
+host="$(rustc -vV | sed -n 's/^host: //p')"
+cargo build --quiet --release --manifest-path api/fuzz/Cargo.toml --target-dir "$target" \
+  --target "$host"
+corpus="$target/corpus/frame_decoder"
+mkdir -p "$corpus"
+"$target/$host/release/frame_decoder" -max_total_time="$seconds" -max_len=4096 \
+  -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -n 20
