@@ -366,6 +366,8 @@ impl TransferClient {
             region: region.inner.clone(),
             ranges,
             progress: watch::channel(Progress::new(entries.len())).0,
+            holders: std::sync::atomic::AtomicU8::new(2),
+            released: std::sync::atomic::AtomicBool::new(false),
         });
         let req = Request::Prefetch {
             ns: ns.into(),
@@ -502,11 +504,42 @@ struct TicketState {
     /// Per entry: offset and reserved length.
     ranges: Vec<(u64, u64)>,
     progress: watch::Sender<Progress>,
+    /// The caller's `Ticket` and the node's pushes: the ranges are freed when both are
+    /// over, by whichever ends last, before it wakes anyone.
+    holders: std::sync::atomic::AtomicU8,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl TicketState {
+    fn release_one(&self) {
+        if self.holders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.unreserve();
+        }
+    }
+
+    fn unreserve(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.region.unreserve(&self.ranges);
+        }
+    }
+
+    /// The node is done with the ticket (or the connection closed): entries not answered
+    /// are lost; the ranges are released (if the caller is done too) before waking waiters.
+    fn finish(&self) {
+        self.release_one();
+        self.progress.send_modify(|p| {
+            for i in 0..p.blocks.len() {
+                p.set(i, BlockState::Lost);
+            }
+            p.done = true;
+        });
+    }
 }
 
 impl Drop for TicketState {
     fn drop(&mut self) {
-        self.region.unreserve(&self.ranges);
+        // A prefetch the node refused never had a `Ticket`.
+        self.unreserve();
     }
 }
 
@@ -521,6 +554,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         // The ticket's life ends here: the node stops pushing (if it still is) and releases
         // the lease; the region's ranges are free once the node has sent `PrefetchDone`.
+        self.state.release_one();
         let client = self.client.clone();
         let id = self.id;
         if let Ok(h) = tokio::runtime::Handle::try_current() {
@@ -658,12 +692,7 @@ async fn read_loop(mut input: FrameInput<OwnedReadHalf>, shared: Arc<Shared>) {
         .collect();
     for s in streams {
         if let Stream::Prefetch(t) = s {
-            t.progress.send_modify(|p| {
-                for i in 0..p.blocks.len() {
-                    p.set(i, BlockState::Lost);
-                }
-                p.done = true;
-            });
+            t.finish();
         }
     }
 }
@@ -741,13 +770,9 @@ async fn read_one(
     let resp = Response::decode(&frame)?;
     match resp {
         Response::PrefetchDone { .. } => {
-            if let Some(Stream::Prefetch(t)) = shared.streams.lock().expect("streams").remove(&id) {
-                t.progress.send_modify(|p| {
-                    for i in 0..p.blocks.len() {
-                        p.set(i, BlockState::Lost);
-                    }
-                    p.done = true;
-                });
+            let t = shared.streams.lock().expect("streams").remove(&id);
+            if let Some(Stream::Prefetch(t)) = t {
+                t.finish();
             }
         }
         Response::Events { lost, events } => {

@@ -54,7 +54,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub offload_inline: bool,
     /// `http` (API v1) or `cxp1` (the transfer protocol: one block per request, pipelined
-    /// over 4 connections).
+    /// over 4 connections), or `compare`: per size, one PUT, then cold batch GET over HTTP,
+    /// cold batch GET over CXP1 and cold PREFETCH into client memory regions, on the same
+    /// data in the same run; and MATCH latency of a 1,000-key chain over both.
     #[arg(long, default_value = "http")]
     pub protocol: String,
 }
@@ -447,6 +449,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     for run in 1..=a.repeat {
         for device in &a.devices {
+            if a.protocol == "compare" {
+                let first = rows.len();
+                compare_transfer(&a, device, &mut rows).await?;
+                rows[first..].iter_mut().for_each(|r| {
+                    r.run = run;
+                    r.device = device.clone();
+                });
+                continue;
+            }
             for size in &a.sizes {
                 let first = rows.len();
                 measure_size(&a, size.0 as usize, device, &mut rows).await?;
@@ -619,4 +630,189 @@ async fn measure_size(
     );
     rows.extend([dev_w, dev_r, put, cold, hot]);
     Ok(())
+}
+
+/// Blocks per batch request and per prefetch ticket: 16, fewer for blocks so large that 16
+/// would not fit one 64 MiB frame.
+fn batch_of(size: usize) -> usize {
+    (32usize << 20).div_ceil(size).clamp(1, 16)
+}
+
+/// `--protocol compare`: per size, the device baseline and one PUT (CXP1), then three cold
+/// reads of the same blocks, each on a freshly started node (16 MiB DRAM tier): batch GET
+/// over HTTP, batch GET over CXP1, PREFETCH over CXP1 into registered regions (every block
+/// checked byte for byte in the region); then MATCH of a 1,000-key chain over both.
+async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    for size in &a.sizes {
+        let size = size.0 as usize;
+        let n = (a.bytes.0 / size as u64).max(1);
+        let total = n * size as u64;
+        eprintln!("{device}, {size} B blocks: device baseline");
+        let (_, dev_r) = device_baseline(&a.dir, a.device_bytes.0, device).await?;
+        let data_dir = a.dir.join(format!("node-{size}"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
+        let dram = 16 << 20;
+        let node = Node::start(&data_dir, capacity, dram, device, a.offload_inline).await?;
+        phase(&node, size, n, a.concurrency, "PUT durable", true).await?;
+        node.stop()?;
+        let mut got = Vec::new();
+        for what in [
+            "batch GET cold, HTTP",
+            "batch GET cold, CXP1",
+            "PREFETCH cold, CXP1",
+        ] {
+            let node = Node::start(&data_dir, capacity, dram, device, a.offload_inline).await?;
+            let mut r = batch_phase(&node, size, n, what).await?;
+            r.of_device = Some(r.gb_per_s / dev_r.gb_per_s);
+            eprintln!(
+                "  {what}: {:.3} GB/s ({:.0} % of the device's read)",
+                r.gb_per_s,
+                r.of_device.unwrap_or(0.0) * 100.0
+            );
+            got.push(r);
+            node.stop()?;
+        }
+        eprintln!(
+            "  PREFETCH = {:.0} % of cold batch GET over CXP1, {:.0} % of cold batch GET over HTTP",
+            got[2].gb_per_s / got[1].gb_per_s * 100.0,
+            got[2].gb_per_s / got[0].gb_per_s * 100.0
+        );
+        let _ = std::fs::remove_dir_all(&data_dir);
+        rows.push(dev_r);
+        rows.extend(got);
+    }
+    // MATCH: a chain of 1,000 small blocks, asked 2,000 times, one request at a time.
+    let data_dir = a.dir.join("node-match");
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let node = Node::start(&data_dir, 1 << 30, 16 << 20, device, a.offload_inline).await?;
+    let addr = node.transfer.clone().context("no transfer listener")?;
+    let tc = TransferClient::connect(&addr).await?;
+    let chain: Vec<Bytes> = (0..1000u64)
+        .map(|i| Bytes::from(format!("chain-{i:04}").into_bytes()))
+        .collect();
+    for part in chain.chunks(100) {
+        let blocks: Vec<(Bytes, Bytes)> =
+            part.iter().map(|k| (k.clone(), block(4096, 1))).collect();
+        tc.put("default", &blocks, ctxpod_api::proto::Durability::Durable)
+            .await?;
+    }
+    let raw: Vec<Vec<u8>> = chain.iter().map(|k| k.to_vec()).collect();
+    for over in ["CXP1", "HTTP"] {
+        let mut lat = Vec::with_capacity(2000);
+        let t = Instant::now();
+        for _ in 0..2000 {
+            let t = Instant::now();
+            let m = if over == "CXP1" {
+                tc.match_prefix("default", &chain).await? as u64
+            } else {
+                node.client.match_prefix("default", &raw).await?
+            };
+            ensure!(m == 1000, "MATCH found {m} of 1000");
+            lat.push(t.elapsed());
+        }
+        let r = row(
+            &format!("MATCH 1000-key chain, {over}"),
+            0,
+            0,
+            t.elapsed(),
+            lat,
+        );
+        eprintln!(
+            "  MATCH over {over}: p50 {:.3} ms, p99 {:.3} ms",
+            r.p50_ms, r.p99_ms
+        );
+        rows.push(r);
+    }
+    node.stop()?;
+    let _ = std::fs::remove_dir_all(&data_dir);
+    Ok(())
+}
+
+/// Reads blocks `0..n` of `size` back in batches (HTTP batch GET, CXP1 GET, or CXP1
+/// PREFETCH into regions), 4 connections with 2 batches in flight on each, every block
+/// checked.
+async fn batch_phase(node: &Node, size: usize, n: u64, what: &str) -> anyhow::Result<Row> {
+    use ctxpod_api::proto::PrefetchEntry;
+    use ctxpod_api::region::Region;
+    use ctxpod_api::transfer_client::{BlockState, PrefetchOptions};
+    const CONNS: u64 = 4;
+    const DEPTH: usize = 2;
+    let batch = batch_of(size) as u64;
+    let addr = node.transfer.clone().context("no transfer listener")?;
+    let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
+    let (node_cpu0, client_cpu0) = (
+        cpu_seconds(node.child.id()),
+        cpu_seconds(std::process::id()),
+    );
+    let batches = n.div_ceil(batch);
+    let t = Instant::now();
+    let lanes = (0..CONNS).map(|lane| {
+        let (pool, addr, http) = (&pool, addr.clone(), node.client.clone());
+        async move {
+            let tc = TransferClient::connect(&addr).await?;
+            let region = Region::new(DEPTH * batch as usize * size)?;
+            tc.register_region(&region).await?;
+            let (tc, region, http) = (&tc, &region, &http);
+            let jobs = (lane..batches).step_by(CONNS as usize).enumerate();
+            let mut s = futures::stream::iter(jobs.map(|(j, b)| async move {
+                let ids: Vec<u64> = (b * batch..((b + 1) * batch).min(n)).collect();
+                let keys: Vec<Bytes> = ids.iter().map(|&i| Bytes::from(key(size, i))).collect();
+                let want = |i: u64| &pool[(i % POOL) as usize][..];
+                let t = Instant::now();
+                if what.ends_with("HTTP") {
+                    let raw: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+                    for ((_, got), &i) in http.batch_get("default", &raw).await?.iter().zip(&ids) {
+                        ensure!(got.as_deref() == Some(want(i)), "block {i} came back wrong");
+                    }
+                } else if what.starts_with("batch") {
+                    for (got, &i) in tc.get("default", &keys).await?.iter().zip(&ids) {
+                        ensure!(got.as_deref() == Some(want(i)), "block {i} came back wrong");
+                    }
+                } else {
+                    // Slot j % DEPTH of the region: the ordered stream below starts batch
+                    // j + DEPTH only after batch j has been yielded (its ticket dropped).
+                    let base = ((j % DEPTH) * batch as usize * size) as u64;
+                    let entries = keys
+                        .iter()
+                        .enumerate()
+                        .map(|(e, k)| PrefetchEntry {
+                            key: k.clone(),
+                            offset: base + (e * size) as u64,
+                            max_len: size as u32,
+                        })
+                        .collect();
+                    let ticket = tc
+                        .prefetch("default", region, entries, PrefetchOptions::default())
+                        .await?;
+                    let p = ticket.wait().await;
+                    for (e, &i) in ids.iter().enumerate() {
+                        ensure!(
+                            p.blocks[e] == BlockState::Landed { len: size as u32 }
+                                && ticket.data(e) == Some(want(i)),
+                            "block {i}: {:?}",
+                            p.blocks[e]
+                        );
+                    }
+                }
+                anyhow::Ok(t.elapsed())
+            }))
+            .buffered(DEPTH);
+            let mut lat = Vec::new();
+            while let Some(r) = s.next().await {
+                lat.push(r?);
+            }
+            anyhow::Ok(lat)
+        }
+    });
+    let mut lat = Vec::new();
+    for l in futures::future::join_all(lanes).await {
+        lat.extend(l?);
+    }
+    let mut r = row(what, size as u64, n * size as u64, t.elapsed(), lat);
+    let gib = (n * size as u64) as f64 / (1u64 << 30) as f64;
+    let per_gib = |before: Option<f64>, pid: u32| Some((cpu_seconds(pid)? - before?) / gib);
+    r.node_cpu_s_per_gib = per_gib(node_cpu0, node.child.id());
+    r.client_cpu_s_per_gib = per_gib(client_cpu0, std::process::id());
+    Ok(r)
 }

@@ -41,7 +41,7 @@ pub const OUT_BYTES_PER_CONNECTION: usize = 64 << 20;
 pub const TICKETS_PER_CONNECTION: usize = 1024;
 pub const REGIONS_PER_CONNECTION: usize = 256;
 /// Blocks of one ticket staged (read and verified) ahead of the one being pushed.
-pub const STAGE_AHEAD: usize = 8;
+pub const STAGE_AHEAD: usize = 32;
 /// Events sent in one `Event` frame at most.
 const EVENTS_PER_FRAME: usize = 256;
 /// Largest frame this node accepts and announces.

@@ -788,7 +788,7 @@ impl Engine {
         Ok(existed || in_dram)
     }
 
-    /// Number of leading keys of `chain` present.
+    /// Number of leading keys of `chain` present (in the index, or in the DRAM tier only).
     pub async fn match_prefix(&self, ns: &str, chain: Vec<Vec<u8>>) -> Result<u64> {
         for k in &chain {
             Self::check_key(k)?;
@@ -796,18 +796,32 @@ impl Engine {
         let ns = self.ns(ns)?;
         let core = self.core.clone();
         tokio::task::spawn_blocking(move || -> Result<u64> {
-            let mut matched = 0u64;
-            for chunk in chain.chunks(256) {
-                let bkeys: Vec<Vec<u8>> = chunk.iter().map(|k| block_key(ns.id, k)).collect();
-                let locs = core.index.multi_get_blocks(&bkeys)?;
-                for (bkey, loc) in bkeys.iter().zip(locs) {
-                    if loc.is_none() && !core.dram.lock().contains(bkey) {
-                        return Ok(matched);
-                    }
-                    matched += 1;
+            // Block keys as slices of one buffer: one allocation for the whole chain.
+            let mut buf = Vec::with_capacity(chain.iter().map(|k| k.len() + 4).sum());
+            let mut ends = Vec::with_capacity(chain.len());
+            for k in &chain {
+                buf.extend_from_slice(&ns.id.to_be_bytes());
+                buf.extend_from_slice(k);
+                ends.push(buf.len());
+            }
+            let bkeys: Vec<&[u8]> = ends
+                .iter()
+                .scan(0, |start, &end| {
+                    let s = &buf[*start..end];
+                    *start = end;
+                    Some(s)
+                })
+                .collect();
+            let mut matched = 0usize;
+            while matched < bkeys.len() {
+                match core.index.leading_present(&bkeys[matched..])? {
+                    Ok(n) => matched += n,
+                    // A block evicted from flash may still be in the DRAM tier.
+                    Err(i) if core.dram.lock().contains(bkeys[matched + i]) => matched += i + 1,
+                    Err(i) => return Ok((matched + i) as u64),
                 }
             }
-            Ok(matched)
+            Ok(matched as u64)
         })
         .await
         .map_err(|e| anyhow::anyhow!("match task: {e}"))?
