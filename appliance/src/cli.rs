@@ -1,4 +1,5 @@
-//! The `ctxpod` command line: `serve`, client subcommands (`put`, `get`, `stat`, `ns`) and
+//! The `ctxpod` command line: `serve`, client subcommands over HTTP (`put`, `get`, `stat`,
+//! `ns`) and over CXP1 (`match`, `prefetch`, `events`), `hash` (chained block hashes) and
 //! `bench`.
 
 use crate::config::{ByteSize, Config};
@@ -6,7 +7,9 @@ use crate::device::IoEngine;
 use anyhow::Context;
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
+use ctxpod_api::block_hash;
 use ctxpod_api::client::{Client, PutOutcome};
+use ctxpod_api::transfer_client::TransferClient;
 use ctxpod_api::Durability;
 use figment::providers::Serialized;
 use figment::Figment;
@@ -81,6 +84,66 @@ enum Cmd {
     },
     /// Measure PUT/GET throughput and latency against the device's own bandwidth.
     Bench(crate::bench::BenchArgs),
+    /// How many leading keys of a chain the node holds (over CXP1).
+    Match {
+        #[command(flatten)]
+        t: Wire,
+        /// Keys of the chain, lowercase hex, in order.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Prefetch a chain into host memory over CXP1 (a region of `keys × --max-len` bytes),
+    /// showing blocks as they land; `-o DIR` writes each landed block to DIR/<key>.
+    Prefetch {
+        #[command(flatten)]
+        t: Wire,
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// best-effort, wait-complete or timeout.
+        #[arg(long, default_value = "wait-complete")]
+        policy: String,
+        /// Deadline in milliseconds (required by the timeout policy).
+        #[arg(long)]
+        deadline_ms: Option<u64>,
+        /// Bytes reserved per block in the region.
+        #[arg(long, default_value = "8MiB")]
+        max_len: ByteSize,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Print a namespace's KV events (stored / evicted / deleted keys) as they happen
+    /// (over CXP1), until interrupted or `--count` events.
+    Events {
+        #[command(flatten)]
+        t: Wire,
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Chained block hashes (Dynamo's XXH3-64 sequence hashes) of token ids, as keys.
+    Hash {
+        /// Tokens per block.
+        #[arg(long, default_value_t = 16)]
+        block_size: usize,
+        /// Salt (model, tenant or cache namespace).
+        #[arg(long)]
+        salt: Option<String>,
+        /// LoRA adapter name.
+        #[arg(long)]
+        lora: Option<String>,
+        /// Token ids.
+        #[arg(required = true)]
+        tokens: Vec<u32>,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct Wire {
+    /// Node's CXP1 transfer address.
+    #[arg(long, env = "CTXPOD_TRANSFER_ADDR", default_value = "127.0.0.1:7401")]
+    transfer: String,
+    /// Namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    ns: String,
 }
 
 #[derive(clap::Args, Default)]
@@ -273,5 +336,128 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             crate::bench::run(args).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Match { t, keys } => {
+            let keys = keys
+                .iter()
+                .map(|k| parse_key(k).map(Bytes::from))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let c = TransferClient::connect(&t.transfer).await?;
+            println!("{}", c.match_prefix(&t.ns, &keys).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Prefetch {
+            t,
+            keys,
+            policy,
+            deadline_ms,
+            max_len,
+            output,
+        } => prefetch(t, keys, &policy, deadline_ms, max_len, output).await,
+        Cmd::Events { t, count } => {
+            let c = TransferClient::connect(&t.transfer).await?;
+            let mut sub = c.subscribe(&t.ns).await?;
+            let mut seen = 0u64;
+            while let Some(b) = sub.next().await {
+                if b.lost > 0 {
+                    println!("lost {}", b.lost);
+                }
+                for (kind, key) in b.events {
+                    println!("{} {}", kind.name(), hex::encode(&key));
+                    seen += 1;
+                    if count.is_some_and(|c| seen >= c) {
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                }
+            }
+            eprintln!("the subscription ended (namespace deleted or connection closed)");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Hash {
+            block_size,
+            salt,
+            lora,
+            tokens,
+        } => {
+            anyhow::ensure!(block_size > 0, "--block-size must be at least 1");
+            let seed = block_hash::salt_hash(salt.as_deref(), lora.as_deref());
+            for h in block_hash::sequence_hashes(&tokens, block_size, seed) {
+                println!("{}", hex::encode(block_hash::key_of(h)));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+async fn prefetch(
+    t: Wire,
+    keys: Vec<String>,
+    policy: &str,
+    deadline_ms: Option<u64>,
+    max_len: ByteSize,
+    output: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use ctxpod_api::proto::{Policy, PrefetchEntry};
+    use ctxpod_api::region::Region;
+    use ctxpod_api::transfer_client::{BlockState, PrefetchOptions};
+    let policy = match policy {
+        "best-effort" => Policy::BestEffort,
+        "wait-complete" => Policy::WaitComplete,
+        "timeout" => Policy::Timeout,
+        p => anyhow::bail!("unknown policy {p:?} (best-effort, wait-complete, timeout)"),
+    };
+    let slot = max_len.0.clamp(1, ctxpod_api::BLOCK_BYTES_MAX as u64) as usize;
+    let raw = keys
+        .iter()
+        .map(|k| parse_key(k).map(Bytes::from))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let c = TransferClient::connect(&t.transfer).await?;
+    let region = Region::new(slot * raw.len())?;
+    c.register_region(&region).await?;
+    let entries = raw
+        .iter()
+        .enumerate()
+        .map(|(i, k)| PrefetchEntry {
+            key: k.clone(),
+            offset: (i * slot) as u64,
+            max_len: slot as u32,
+        })
+        .collect();
+    let opts = PrefetchOptions {
+        policy,
+        deadline: deadline_ms.map(std::time::Duration::from_millis),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let ticket = c.prefetch(&t.ns, &region, entries, opts).await?;
+    let mut bytes = 0u64;
+    for (i, k) in keys.iter().enumerate() {
+        let st = ticket.block(i).await;
+        match st {
+            BlockState::Landed { len } => {
+                bytes += len as u64;
+                eprintln!("[{}/{}] {k}: {len} bytes landed", i + 1, keys.len());
+                if let Some(dir) = &output {
+                    std::fs::create_dir_all(dir)?;
+                    let data = ticket.data(i).context("a landed block has bytes")?;
+                    std::fs::write(dir.join(k), data)?;
+                }
+            }
+            other => eprintln!("[{}/{}] {k}: {other:?}", i + 1, keys.len()),
+        }
+    }
+    let p = ticket.wait().await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{} landed, {} missed, {} bytes in {:.3} s ({:.3} GB/s)",
+        p.landed,
+        p.missed,
+        bytes,
+        secs,
+        bytes as f64 / secs / 1e9
+    );
+    Ok(if p.missed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(4)
+    })
 }

@@ -510,3 +510,98 @@ async fn a_client_that_never_reads_costs_bounded_memory_and_others_are_served() 
     // The stalled connections are gone: their tickets end and the node serves on.
     c.ping().await.expect("ping");
 }
+
+/// Runs the `ctxpod` CLI; its exit code and stdout.
+fn cli(args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .args(args)
+        .output()
+        .expect("run ctxpod");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_match_prefetch_events_and_hash_over_cxp1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let addr = node.transfer_addr();
+    // Keys from the chained block hash of 48 tokens, 16 per block.
+    let tokens: Vec<String> = (0..48).map(|t| t.to_string()).collect();
+    let mut args = vec!["hash", "--block-size", "16", "--salt", "model-a"];
+    args.extend(tokens.iter().map(|s| s.as_str()));
+    let (code, out) = cli(&args);
+    assert_eq!(code, 0);
+    let keys: Vec<&str> = out.lines().collect();
+    assert_eq!(keys.len(), 3);
+    let t: Vec<u32> = (0..48).collect();
+    let want = ctxpod_api::block_hash::sequence_hashes(
+        &t,
+        16,
+        ctxpod_api::block_hash::salt_hash(Some("model-a"), None),
+    );
+    assert_eq!(
+        keys[2],
+        hex::encode(ctxpod_api::block_hash::key_of(want[2]))
+    );
+    let c = TransferClient::connect(&addr).await.expect("connect");
+    let mut sub = c.subscribe("default").await.expect("subscribe");
+    let blocks: Vec<(Bytes, Bytes)> = keys[..2]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            (
+                Bytes::from(hex::decode(k).expect("hex")),
+                block(i as u64, 5000),
+            )
+        })
+        .collect();
+    c.put("default", &blocks, Durability::Durable)
+        .await
+        .expect("put");
+    let (code, out) = cli(&["match", "--transfer", &addr, keys[0], keys[1], keys[2]]);
+    assert_eq!((code, out.trim()), (0, "2"));
+    let got = dir.path().join("out");
+    let (code, out) = cli(&[
+        "prefetch",
+        "--transfer",
+        &addr,
+        "--max-len",
+        "64KiB",
+        "-o",
+        got.to_str().expect("utf-8"),
+        keys[0],
+        keys[1],
+        keys[2],
+    ]);
+    assert_eq!(code, 4, "one block missed: {out}");
+    assert!(out.starts_with("2 landed, 1 missed"), "{out}");
+    for (i, k) in keys[..2].iter().enumerate() {
+        let b = std::fs::read(got.join(k)).expect("landed block file");
+        assert_eq!(b, block(i as u64, 5000));
+    }
+    assert!(!got.join(keys[2]).exists());
+    let b = sub.next().await.expect("events");
+    assert_eq!(b.events.len(), 2);
+    let events = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || cli(&["events", "--transfer", &addr, "--count", "1"])
+    });
+    // The CLI subscribes, then sees the next stored key.
+    let mut tries = 0;
+    let (code, out) = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let k = Bytes::from(format!("late{tries}").into_bytes());
+        c.put("default", &[(k, block(9, 10))], Durability::Durable)
+            .await
+            .expect("put");
+        tries += 1;
+        if events.is_finished() || tries > 100 {
+            break events.await.expect("cli task");
+        }
+    };
+    assert_eq!(code, 0);
+    assert!(out.starts_with("stored 6c617465"), "{out}");
+}
