@@ -271,22 +271,6 @@ impl Index {
             .collect()
     }
 
-    /// How many leading keys of `bkeys` the index holds, or, at the first it does not, that
-    /// key's position (`Err(i)`) — one batched lookup, nothing decoded.
-    pub fn leading_present<K: AsRef<[u8]>>(
-        &self,
-        bkeys: &[K],
-    ) -> anyhow::Result<Result<usize, usize>> {
-        let cf = self.cf(CF_BLOCKS);
-        let found = self.db.batched_multi_get_cf(cf, bkeys.iter(), false);
-        for (i, r) in found.into_iter().enumerate() {
-            if r.context("read block index")?.is_none() {
-                return Ok(Err(i));
-            }
-        }
-        Ok(Ok(bkeys.len()))
-    }
-
     pub fn get_meta(&self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
         self.db.get(key).context("read index metadata")
     }

@@ -11,6 +11,7 @@ pub mod dram;
 pub mod events;
 pub mod index;
 pub mod leases;
+pub mod presence;
 mod recovery;
 mod writer;
 
@@ -168,6 +169,7 @@ pub(crate) struct Core {
     dram: Mutex<S3Fifo>,
     pub leases: Leases,
     pub events: events::Events,
+    pub presence: presence::Presence,
     pub read_bits: ReadBits,
     seq: SeqAlloc,
     offload: OffloadEngine,
@@ -446,6 +448,13 @@ impl Engine {
         device: Option<Arc<dyn crate::device::Device>>,
     ) -> anyhow::Result<Engine> {
         let core = recovery::open(cfg, metrics, device).await?;
+        let t = Instant::now();
+        let n = core.presence.rebuild(&core.index)?;
+        tracing::info!(
+            blocks = n,
+            ms = t.elapsed().as_millis() as u64,
+            "presence set built"
+        );
         let core = Arc::new(core);
         let (tx, rx) = mpsc::channel(core.cfg.write_queue_depth);
         let w = writer::Writer::new(core.clone())?;
@@ -795,36 +804,17 @@ impl Engine {
         }
         let ns = self.ns(ns)?;
         let core = self.core.clone();
-        tokio::task::spawn_blocking(move || -> Result<u64> {
-            // Block keys as slices of one buffer: one allocation for the whole chain.
-            let mut buf = Vec::with_capacity(chain.iter().map(|k| k.len() + 4).sum());
-            let mut ends = Vec::with_capacity(chain.len());
-            for k in &chain {
-                buf.extend_from_slice(&ns.id.to_be_bytes());
-                buf.extend_from_slice(k);
-                ends.push(buf.len());
+        // The in-memory presence set first (no RocksDB lookup per key); a key it lacks may
+        // still be in the DRAM tier only.
+        let mut matched = 0usize;
+        while matched < chain.len() {
+            matched += core.presence.leading(ns.id, &chain[matched..]);
+            match chain.get(matched) {
+                Some(k) if core.dram.lock().contains(&block_key(ns.id, k)) => matched += 1,
+                _ => break,
             }
-            let bkeys: Vec<&[u8]> = ends
-                .iter()
-                .scan(0, |start, &end| {
-                    let s = &buf[*start..end];
-                    *start = end;
-                    Some(s)
-                })
-                .collect();
-            let mut matched = 0usize;
-            while matched < bkeys.len() {
-                match core.index.leading_present(&bkeys[matched..])? {
-                    Ok(n) => matched += n,
-                    // A block evicted from flash may still be in the DRAM tier.
-                    Err(i) if core.dram.lock().contains(bkeys[matched + i]) => matched += i + 1,
-                    Err(i) => return Ok((matched + i) as u64),
-                }
-            }
-            Ok(matched as u64)
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("match task: {e}"))?
+        }
+        Ok(matched as u64)
     }
 
     /// Pins the present keys among `keys` for `ttl`; returns how many were pinned.

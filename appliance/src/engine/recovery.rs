@@ -177,6 +177,7 @@ pub(super) async fn open(
         dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
         leases: Leases::new(cfg.leases_max),
         events: Default::default(),
+        presence: Default::default(),
         read_bits: ReadBits::new(READ_BITS),
         seq: SeqAlloc {
             next: AtomicU64::new(reserved + 1),

@@ -461,6 +461,8 @@ impl Writer {
         // Entries of puts since the last checkpoint are in the index (without the WAL);
         // the tail scan finds their records again.
         super::recovery::reopen_after_no_space(&self.core, stop_at).await?;
+        // Puts of the failed batches entered the presence set but not the index.
+        self.core.presence.rebuild(&self.core.index)?;
         *self = Writer::new(self.core.clone())?;
         self.publish();
         *self.core.no_space.lock() = None;
@@ -666,6 +668,7 @@ impl Writer {
                     );
                     wb.put_cf(cfs.0, &p.bkey, loc.encode());
                     wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
+                    self.core.presence.insert(&p.bkey);
                     new_entries.push((p.bkey.clone(), loc));
                     pending.insert(p.bkey, Some(loc));
                     self.account(&p.ns, p.len, true);
@@ -678,6 +681,7 @@ impl Writer {
                 WriteCmd::Delete { ns, bkey, reply } => match self.lookup(&pending, &bkey) {
                     Ok(Some(loc)) => {
                         wb.delete_cf(cfs.0, &bkey);
+                        self.core.presence.remove(&bkey);
                         needs_checkpoint = true;
                         self.account(&ns, loc.len, false);
                         pending.insert(bkey, None);
@@ -690,6 +694,7 @@ impl Writer {
                     if let Ok(Some(cur)) = self.lookup(&pending, &bkey) {
                         if cur == loc {
                             wb.delete_cf(cfs.0, &bkey);
+                            self.core.presence.remove(&bkey);
                             wb.put_cf(cfs.2, &bkey, loc.encode());
                             needs_checkpoint = true;
                             self.account_bkey(&bkey, loc.len);
@@ -702,6 +707,7 @@ impl Writer {
                     let lo = ns.id.to_be_bytes();
                     let hi = (ns.id + 1).to_be_bytes();
                     wb.delete_range_cf(cfs.0, lo, hi);
+                    self.core.presence.drop_namespace(ns.id);
                     needs_checkpoint = true;
                     wb.delete_range_cf(core.index.cf(index::CF_KEYS), lo, hi);
                     wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
@@ -837,6 +843,7 @@ impl Writer {
                 core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
                 core.metrics.evicted_blocks.inc();
                 core.events.block(&bkey, KvEventKind::Evicted);
+                core.presence.remove(&bkey);
                 continue;
             }
             let buf = AlignedBuf::reused(loc.record_len as usize);
@@ -856,6 +863,7 @@ impl Writer {
                 core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
                 core.metrics.evicted_blocks.inc();
                 core.events.block(&bkey, KvEventKind::Evicted);
+                core.presence.remove(&bkey);
                 if !intact {
                     core.counters
                         .integrity_errors
