@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the CXP1 frame decoder (api/fuzz, libFuzzer through libfuzzer-sys) for
-# CTXPOD_FUZZ_SECONDS (default 30; CI runs the default). Builds on stable Rust with
+# Fuzzes the decoders of untrusted input (api/fuzz, libFuzzer through libfuzzer-sys): the
+# CXP1 frame and body decoders (`frame_decoder`) and the HTTP API's CXB1 batch frames
+# (`batch_frame`), CTXPOD_FUZZ_SECONDS each (default 30; CI runs the default). Builds on stable Rust with
 # libFuzzer's coverage instrumentation (no sanitizer: the codec is safe Rust), in a target
 # directory of its own so the instrumented build never invalidates the main one. The corpus
 # persists under that directory between runs. A long run:
@@ -19,7 +20,10 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
 host="$(rustc -vV | sed -n 's/^host: //p')"
 cargo build --quiet --release --manifest-path api/fuzz/Cargo.toml --target-dir "$target" \
   --target "$host"
-corpus="$target/corpus/frame_decoder"
-mkdir -p "$corpus"
-"$target/$host/release/frame_decoder" -max_total_time="$seconds" -max_len=4096 \
-  -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -n 20
+for t in frame_decoder batch_frame; do
+  corpus="$target/corpus/$t"
+  mkdir -p "$corpus"
+  echo "fuzz: $t for $seconds s"
+  "$target/$host/release/$t" -max_total_time="$seconds" -max_len=4096 \
+    -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -n 6
+done
