@@ -146,6 +146,9 @@ pub struct Config {
     /// Bytes of blocks staged in node memory for prefetch pushes at once (node-wide);
     /// wait-complete and timeout prefetches wait for room, best-effort ones miss (BUSY).
     pub prefetch_staging_bytes: ByteSize,
+    /// Writes under one namespace data key after which the node rotates it (default
+    /// 2^31, well before the 2^32 that AES-GCM guidance allows per key).
+    pub dek_rotate_after_writes: u64,
     /// `tracing` filter, e.g. `info` or `ctxpod=debug`.
     pub log: String,
 }
@@ -174,6 +177,7 @@ impl Default for Config {
             offload_inline: false,
             leases_max: 1 << 20,
             prefetch_staging_bytes: ByteSize(256 << 20),
+            dek_rotate_after_writes: crate::engine::DEK_ROTATE_AFTER_WRITES,
             log: "info".into(),
         }
     }

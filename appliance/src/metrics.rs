@@ -50,6 +50,7 @@ pub struct Metrics {
     pub prefetch_blocks: IntCounterVec,
     pub prefetch_pushed_bytes: IntCounter,
     pub prefetch_tickets: IntCounter,
+    pub dek_rotations: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -208,6 +209,10 @@ impl Metrics {
             prefetch_tickets: reg!(counter(
                 "ctxpod_prefetch_tickets_total",
                 "Prefetch tickets completed (every entry pushed or missed)"
+            )),
+            dek_rotations: reg!(counter(
+                "ctxpod_dek_rotations_total",
+                "Namespace data keys rotated (on request, or after dek_rotate_after_writes writes)"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

@@ -196,6 +196,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/namespaces/{ns}/pin", pin)
         .add(M::POST, "/v1/namespaces/{ns}/unpin", unpin)
         .add(M::GET, "/v1/namespaces/{ns}/events", events)
+        .add(M::POST, "/v1/namespaces/{ns}/rotate-key", rotate_key)
 }
 
 pub fn router(engine: Arc<Engine>, max_inflight: usize, ingest_bytes_max: u64) -> Router {
@@ -715,6 +716,18 @@ async fn batch_put(
         );
     }
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+/// Makes a new data key current for the namespace (older records stay readable).
+async fn rotate_key(
+    State(st): State<AppState>,
+    Path(ns): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    parse_ns(&ns)?;
+    let key_id = st.engine.rotate_data_key(&ns).await?;
+    Ok(Json(
+        serde_json::json!({ "namespace": ns, "key_id": key_id }),
+    ))
 }
 
 /// KV events of a namespace as server-sent events: `stored`, `evicted` and `deleted` with

@@ -169,6 +169,10 @@ pub struct NsMeta {
     /// Generation of the namespace's current data key.
     pub key_id: u32,
     pub created_ms: u64,
+    /// The node's write sequence number when `key_id` became current: every write under a
+    /// key takes a fresh sequence number, so `next seq - key_seq` bounds the writes under it.
+    #[serde(default)]
+    pub key_seq: u64,
 }
 
 /// Device layout, fixed when the node is first formatted.

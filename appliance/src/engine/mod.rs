@@ -85,16 +85,28 @@ pub struct Namespace {
     pub name: String,
     /// Quota in bytes; [`NO_QUOTA`] when unbounded.
     quota: AtomicU64,
-    pub key_id: u32,
     created_ms: u64,
-    /// Data keys by key id (all generations still readable).
-    deks: HashMap<u32, Arc<AeadKey>>,
+    keys: parking_lot::RwLock<NsKeys>,
     used_bytes: AtomicU64,
     blocks: AtomicU64,
     deleted: AtomicBool,
 }
 
 const NO_QUOTA: u64 = u64::MAX;
+
+/// A namespace's data keys: the current generation (new writes) and every generation still
+/// readable, by key id.
+struct NsKeys {
+    current: u32,
+    /// Sequence number when `current` became current ([`NsMeta::key_seq`]).
+    since_seq: u64,
+    deks: HashMap<u32, Arc<AeadKey>>,
+}
+
+/// Writes under one data key after which the node rotates it on its own: well before 2^32
+/// (the bound NIST SP 800-38D sets for random 96-bit nonces; ctxpod's nonces are counters,
+/// unique per node, so this is margin, not necessity).
+pub const DEK_ROTATE_AFTER_WRITES: u64 = 1 << 31;
 
 impl Namespace {
     pub fn quota_bytes(&self) -> Option<u64> {
@@ -115,9 +127,12 @@ impl Namespace {
             id: meta.id,
             name: name.to_string(),
             quota: AtomicU64::new(meta.quota_bytes.unwrap_or(NO_QUOTA)),
-            key_id: meta.key_id,
             created_ms: meta.created_ms,
-            deks,
+            keys: parking_lot::RwLock::new(NsKeys {
+                current: meta.key_id,
+                since_seq: meta.key_seq,
+                deks,
+            }),
             used_bytes: AtomicU64::new(0),
             blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
@@ -125,7 +140,29 @@ impl Namespace {
     }
 
     fn dek(&self, key_id: u32) -> Option<Arc<AeadKey>> {
-        self.deks.get(&key_id).cloned()
+        self.keys.read().deks.get(&key_id).cloned()
+    }
+
+    /// The current key generation and its key, for a new write.
+    fn current_key(&self) -> Option<(u32, Arc<AeadKey>)> {
+        let k = self.keys.read();
+        Some((k.current, k.deks.get(&k.current)?.clone()))
+    }
+
+    /// Generation of the data key new writes use.
+    pub fn key_id(&self) -> u32 {
+        self.keys.read().current
+    }
+
+    fn meta(&self) -> NsMeta {
+        let k = self.keys.read();
+        NsMeta {
+            id: self.id,
+            quota_bytes: self.quota_bytes(),
+            key_id: k.current,
+            created_ms: self.created_ms,
+            key_seq: k.since_seq,
+        }
     }
 }
 
@@ -388,10 +425,17 @@ impl StagedBlock {
     }
 
     /// Seals the payload in place and completes the record: header, tag, zero padding.
-    fn seal(mut self, ns: &Namespace, dek: &AeadKey, key: &[u8], seq: u64, crc: u32) -> AlignedBuf {
+    fn seal(
+        mut self,
+        ns_id: u32,
+        (key_id, dek): (u32, &AeadKey),
+        key: &[u8],
+        seq: u64,
+        crc: u32,
+    ) -> AlignedBuf {
         let len = self.len;
         let nonce = record::nonce_for(seq);
-        let aad = crypto::block_aad(ns.id, ns.key_id, key);
+        let aad = crypto::block_aad(ns_id, key_id, key);
         let tag = crypto::seal(
             dek,
             nonce,
@@ -401,8 +445,8 @@ impl StagedBlock {
         self.buf[HEADER_BYTES + len..HEADER_BYTES + len + TAG_BYTES].copy_from_slice(&tag);
         self.buf[HEADER_BYTES + len + TAG_BYTES..].fill(0);
         RecordHeader {
-            ns_id: ns.id,
-            key_id: ns.key_id,
+            ns_id,
+            key_id,
             len: len as u32,
             crc32c: crc,
             seq,
@@ -568,8 +612,11 @@ impl Engine {
         } else {
             0
         };
-        let dek = ns
-            .dek(ns.key_id)
+        if existing.is_none() {
+            self.rotate_if_worn(&ns, seq).await?;
+        }
+        let (key_id, dek) = ns
+            .current_key()
             .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
         // The body's CRC32C was computed inline with its landing copy; the AEAD engine seals
         // it: the request thread only hands the buffer over.
@@ -583,11 +630,11 @@ impl Engine {
         let prep = if existing.is_some() {
             PutPrep::Crc(crc)
         } else {
-            let (ns2, key2) = (ns.clone(), key.to_vec());
+            let (ns_id, key2) = (ns.id, key.to_vec());
             let record = self
                 .core
                 .offload
-                .aead(move || staged.seal(&ns2, &dek, &key2, seq, crc))
+                .aead(move || staged.seal(ns_id, (key_id, &dek), &key2, seq, crc))
                 .await?;
             PutPrep::Record(crc, record)
         };
@@ -615,7 +662,7 @@ impl Engine {
             bkey: bkey.clone(),
             len: len as u32,
             crc,
-            key_id: ns.key_id,
+            key_id,
             seq,
             record,
             durability,
@@ -913,10 +960,8 @@ impl Engine {
         if let Some(ns) = existing {
             if ns.quota_bytes() != quota_bytes {
                 let meta = NsMeta {
-                    id: ns.id,
                     quota_bytes,
-                    key_id: ns.key_id,
-                    created_ms: ns.created_ms,
+                    ..ns.meta()
                 };
                 let mut wb = rocksdb::WriteBatch::default();
                 wb.put_cf(
@@ -945,6 +990,7 @@ impl Engine {
             quota_bytes,
             key_id,
             created_ms: now_ms(),
+            key_seq: c.seq.next.load(Ordering::Relaxed),
         };
         let mut wb = rocksdb::WriteBatch::default();
         wb.put_cf(
@@ -967,6 +1013,69 @@ impl Engine {
         c.namespaces.write().insert(name.to_string(), ns.clone());
         c.ns_by_id.write().insert(ns.id, ns.clone());
         Ok((true, ns.info()))
+    }
+
+    /// Makes a new data key current for namespace `name`: new writes use it, records under
+    /// older keys stay readable by their key id. Returns the new key id.
+    pub async fn rotate_data_key(&self, name: &str) -> Result<u32> {
+        let _g = self.ns_lock.lock().await;
+        let ns = self.ns(name)?;
+        let next = self.core.seq.next.load(Ordering::Relaxed);
+        self.rotate_locked(&ns, next, "requested")
+    }
+
+    /// Rotates `ns`'s data key if `seq` (a write about to be sealed) is
+    /// `dek_rotate_after_writes` or more past the sequence number at which the key became
+    /// current.
+    async fn rotate_if_worn(&self, ns: &Arc<Namespace>, seq: u64) -> Result<()> {
+        let limit = self.core.cfg.dek_rotate_after_writes.max(1);
+        let worn = || seq.saturating_sub(ns.keys.read().since_seq) >= limit;
+        if !worn() {
+            return Ok(());
+        }
+        let _g = self.ns_lock.lock().await;
+        // Another write may have rotated it while this one waited.
+        if worn() && !ns.deleted.load(Ordering::SeqCst) {
+            // This write is the new key's first.
+            self.rotate_locked(ns, seq, "worn")?;
+        }
+        Ok(())
+    }
+
+    /// Under `ns_lock`: a fresh DEK, wrapped by the KEK, and the namespace's metadata naming
+    /// it current from sequence number `from_seq` on, in one synced index write; then the
+    /// in-memory switch.
+    fn rotate_locked(&self, ns: &Namespace, from_seq: u64, why: &str) -> Result<u32> {
+        let c = &self.core;
+        let mut meta = ns.meta();
+        let key_id = meta
+            .key_id
+            .checked_add(1)
+            .ok_or_else(|| anyhow::anyhow!("namespace {} ran out of key ids", ns.name))?;
+        let dek = crypto::random_key();
+        meta.key_id = key_id;
+        meta.key_seq = from_seq;
+        let mut wb = rocksdb::WriteBatch::default();
+        wb.put_cf(
+            c.index.cf(index::CF_KEYS),
+            index::keys_key(ns.id, key_id),
+            crypto::wrap_dek(&c.kek, ns.id, key_id, &dek),
+        );
+        wb.put_cf(
+            c.index.cf(index::CF_NAMESPACES),
+            &ns.name,
+            serde_json::to_vec(&meta).map_err(anyhow::Error::from)?,
+        );
+        c.index.write(wb, index::WriteMode::Wal { sync: true })?;
+        {
+            let mut k = ns.keys.write();
+            k.deks.insert(key_id, Arc::new(AeadKey::new(&dek)));
+            k.current = key_id;
+            k.since_seq = meta.key_seq;
+        }
+        c.metrics.dek_rotations.inc();
+        tracing::info!(namespace = %ns.name, key_id, reason = why, "data key rotated");
+        Ok(key_id)
     }
 
     pub fn namespace(&self, name: &str) -> Result<NamespaceInfo> {
