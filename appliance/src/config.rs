@@ -123,6 +123,11 @@ pub struct Config {
     /// File holding the 32-byte key-encryption key. Default `<data_dir>/kek`, created with
     /// mode 0600 on first start when absent.
     pub kek_file: Option<PathBuf>,
+    /// The previous key-encryption key, during a KEK rotation: data keys that the KEK does
+    /// not unwrap but this one does are re-wrapped under the KEK at start. Needed only if
+    /// the KEK file was replaced while the node was down (an online rotation,
+    /// `POST /v1/admin/rotate-kek`, needs nothing else).
+    pub kek_previous_file: Option<PathBuf>,
     /// Requests served at once on the data routes; more answer 503 with `Retry-After`.
     pub max_inflight_requests: usize,
     /// Bytes of PUT and batch/put bodies received and being stored at once; beyond it
@@ -167,6 +172,7 @@ impl Default for Config {
             io_engine: IoEngine::Auto,
             zero_fill: true,
             kek_file: None,
+            kek_previous_file: None,
             max_inflight_requests: 1024,
             ingest_bytes_max: ByteSize(1 << 30),
             write_queue_depth: 512,

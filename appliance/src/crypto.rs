@@ -34,6 +34,15 @@ pub fn random_key() -> [u8; KEY_BYTES] {
     k
 }
 
+/// A short public identifier of a key (SHA-256 of a domain tag and the key, first 8 bytes),
+/// to tell whether a key file changed without keeping its bytes around.
+pub fn fingerprint(key: &[u8; KEY_BYTES]) -> [u8; 8] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    ctx.update(b"ctxpod/kek-fingerprint/v1");
+    ctx.update(key);
+    ctx.finish().as_ref()[..8].try_into().expect("8 bytes")
+}
+
 pub fn block_aad(ns_id: u32, key_id: u32, key: &[u8]) -> Vec<u8> {
     let mut aad = Vec::with_capacity(15 + 9 + key.len());
     aad.extend_from_slice(b"ctxpod/block/v1");

@@ -51,6 +51,7 @@ pub struct Metrics {
     pub prefetch_pushed_bytes: IntCounter,
     pub prefetch_tickets: IntCounter,
     pub dek_rotations: IntCounter,
+    pub kek_rotations: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -213,6 +214,10 @@ impl Metrics {
             dek_rotations: reg!(counter(
                 "ctxpod_dek_rotations_total",
                 "Namespace data keys rotated (on request, or after dek_rotate_after_writes writes)"
+            )),
+            kek_rotations: reg!(counter(
+                "ctxpod_kek_rotations_total",
+                "Key-encryption key rotations (every data key re-wrapped under the new KEK)"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

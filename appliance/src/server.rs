@@ -197,6 +197,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/namespaces/{ns}/unpin", unpin)
         .add(M::GET, "/v1/namespaces/{ns}/events", events)
         .add(M::POST, "/v1/namespaces/{ns}/rotate-key", rotate_key)
+        .add(M::POST, "/v1/admin/rotate-kek", rotate_kek)
 }
 
 pub fn router(engine: Arc<Engine>, max_inflight: usize, ingest_bytes_max: u64) -> Router {
@@ -728,6 +729,12 @@ async fn rotate_key(
     Ok(Json(
         serde_json::json!({ "namespace": ns, "key_id": key_id }),
     ))
+}
+
+/// Re-reads the KEK file and, if it changed, re-wraps every data key under the new KEK.
+async fn rotate_kek(State(st): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
+    let n = st.engine.rotate_kek().await?;
+    Ok(Json(serde_json::json!({ "rewrapped": n })))
 }
 
 /// KV events of a namespace as server-sent events: `stored`, `evicted` and `deleted` with

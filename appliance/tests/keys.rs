@@ -104,3 +104,115 @@ async fn a_worn_key_is_rotated_by_the_node() {
     }
     node.stop();
 }
+
+fn write_kek(path: &std::path::Path, byte: u8) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("{}\n", hex::encode([byte; 32]))).expect("write kek");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kek_rotates_online_and_an_unfinished_rotation_completes_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let kek = dir.path().join("kek");
+    let previous = dir.path().join("kek.previous");
+    write_kek(&kek, 0xa1);
+    let kek_arg = kek.to_str().expect("utf-8").to_string();
+    let mut node = Node::start_with(
+        &data_dir,
+        &["--capacity", "256MiB"],
+        &[("CTXPOD_KEK_FILE", &kek_arg)],
+    )
+    .await;
+    let c = node.client.clone();
+    c.create_namespace("tenant-b", None)
+        .await
+        .expect("namespace");
+    for (ns, i) in [("default", 0), ("tenant-b", 1)] {
+        c.put(ns, &key(i), block(i, 4000), Durability::Durable)
+            .await
+            .expect("put");
+    }
+    let http = reqwest::Client::new();
+    let post = async |path: &str| -> serde_json::Value {
+        let r = http
+            .post(format!("{}{path}", node.url))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 200, "{path}");
+        r.json().await.expect("json")
+    };
+    post("/v1/namespaces/tenant-b/rotate-key").await;
+    c.put("tenant-b", &key(2), block(2, 4000), Durability::Durable)
+        .await
+        .expect("put");
+    // Unchanged file: nothing to do.
+    assert_eq!(post("/v1/admin/rotate-kek").await["rewrapped"], 0);
+    // Online: a new KEK in the file; three data keys (default 1, tenant-b 1 and 2).
+    write_kek(&kek, 0xb2);
+    assert_eq!(post("/v1/admin/rotate-kek").await["rewrapped"], 3);
+    let all = [("default", 0), ("tenant-b", 1), ("tenant-b", 2)];
+    for (ns, i) in all {
+        assert_eq!(c.get(ns, &key(i)).await.expect("get"), Some(block(i, 4000)));
+    }
+    node.stop();
+    node.restart().await;
+    for (ns, i) in all {
+        let got = node.client.get(ns, &key(i)).await.expect("get");
+        assert_eq!(got, Some(block(i, 4000)), "after restart under the new KEK");
+    }
+    node.stop();
+    // Offline: the file replaced while the node is down. Without the previous KEK the node
+    // refuses to start; with it, it re-wraps at start and serves.
+    write_kek(&kek, 0xc3);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--transfer-listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "256MiB",
+        ])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .env("CTXPOD_KEK_FILE", &kek_arg)
+        .output()
+        .expect("run ctxpod");
+    assert!(
+        !out.status.success(),
+        "a node whose KEK unwraps nothing must not start"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot unwrap data key"), "{err}");
+    write_kek(&previous, 0xb2);
+    let prev_arg = previous.to_str().expect("utf-8").to_string();
+    let mut node = Node::start_with(
+        &data_dir,
+        &["--capacity", "256MiB"],
+        &[
+            ("CTXPOD_KEK_FILE", &kek_arg),
+            ("CTXPOD_KEK_PREVIOUS_FILE", &prev_arg),
+        ],
+    )
+    .await;
+    node.stop();
+    std::fs::remove_file(&previous).expect("rm previous");
+    let node = Node::start_with(
+        &data_dir,
+        &["--capacity", "256MiB"],
+        &[("CTXPOD_KEK_FILE", &kek_arg)],
+    )
+    .await;
+    for (ns, i) in all {
+        let got = node.client.get(ns, &key(i)).await.expect("get");
+        assert_eq!(
+            got,
+            Some(block(i, 4000)),
+            "after the rotation finished at start"
+        );
+    }
+}

@@ -200,7 +200,9 @@ pub(crate) struct Core {
     pub geometry: Geometry,
     pub device: Arc<dyn Device>,
     pub index: Index,
-    kek: AeadKey,
+    kek: parking_lot::RwLock<Arc<AeadKey>>,
+    /// [`crypto::fingerprint`] of the KEK in use.
+    kek_fingerprint: parking_lot::Mutex<[u8; 8]>,
     namespaces: RwLock<HashMap<String, Arc<Namespace>>>,
     ns_by_id: RwLock<HashMap<u32, Arc<Namespace>>>,
     dram: Mutex<S3Fifo>,
@@ -1001,7 +1003,7 @@ impl Engine {
         wb.put_cf(
             c.index.cf(index::CF_KEYS),
             index::keys_key(id, key_id),
-            crypto::wrap_dek(&c.kek, id, key_id, &dek),
+            crypto::wrap_dek(&c.kek.read(), id, key_id, &dek),
         );
         wb.put(index::META_NEXT_NS_ID, (id + 1).to_le_bytes());
         c.index.write(wb, index::WriteMode::Wal { sync: true })?;
@@ -1059,7 +1061,7 @@ impl Engine {
         wb.put_cf(
             c.index.cf(index::CF_KEYS),
             index::keys_key(ns.id, key_id),
-            crypto::wrap_dek(&c.kek, ns.id, key_id, &dek),
+            crypto::wrap_dek(&c.kek.read(), ns.id, key_id, &dek),
         );
         wb.put_cf(
             c.index.cf(index::CF_NAMESPACES),
@@ -1076,6 +1078,49 @@ impl Engine {
         c.metrics.dek_rotations.inc();
         tracing::info!(namespace = %ns.name, key_id, reason = why, "data key rotated");
         Ok(key_id)
+    }
+
+    /// Re-reads the key-encryption key file; if it holds a new KEK, re-wraps every data key
+    /// of every namespace under it in one synced index write, then uses it. Returns how many
+    /// data keys were re-wrapped (0: the file is unchanged). Until the write lands the old
+    /// KEK stays in use; a node stopped before it needs `kek_previous_file` to start.
+    pub async fn rotate_kek(&self) -> Result<usize> {
+        let _g = self.ns_lock.lock().await;
+        let c = &self.core;
+        let path = c.cfg.kek_path();
+        let bytes = recovery::read_kek(&path).map_err(EngineError::Internal)?;
+        let fp = crypto::fingerprint(&bytes);
+        if *c.kek_fingerprint.lock() == fp {
+            return Ok(0);
+        }
+        let new = Arc::new(AeadKey::new(&bytes));
+        let old = c.kek.read().clone();
+        let cf_keys = c.index.cf(index::CF_KEYS);
+        let mut wb = rocksdb::WriteBatch::default();
+        let mut n = 0;
+        for item in c
+            .index
+            .db
+            .iterator_cf(cf_keys, rocksdb::IteratorMode::Start)
+        {
+            let (k, wrapped) = item.map_err(anyhow::Error::from)?;
+            if k.len() != 8 {
+                continue;
+            }
+            let ns_id = u32::from_be_bytes(k[..4].try_into().expect("4 bytes"));
+            let key_id = u32::from_be_bytes(k[4..8].try_into().expect("4 bytes"));
+            let dek = crypto::unwrap_dek(&old, ns_id, key_id, &wrapped).map_err(|_| {
+                anyhow::anyhow!("data key {key_id} of namespace id {ns_id} does not unwrap")
+            })?;
+            wb.put_cf(cf_keys, &k, crypto::wrap_dek(&new, ns_id, key_id, &dek));
+            n += 1;
+        }
+        c.index.write(wb, index::WriteMode::Wal { sync: true })?;
+        *c.kek.write() = new;
+        *c.kek_fingerprint.lock() = fp;
+        c.metrics.kek_rotations.inc();
+        tracing::info!(rewrapped = n, path = %path.display(), "key-encryption key rotated");
+        Ok(n)
     }
 
     pub fn namespace(&self, name: &str) -> Result<NamespaceInfo> {

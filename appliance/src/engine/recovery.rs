@@ -47,8 +47,23 @@ pub(super) async fn open(
 ) -> anyhow::Result<Core> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("create data dir {}", cfg.data_dir.display()))?;
-    let kek = load_or_create_kek(&cfg.kek_path())?;
+    let kek_bytes = load_or_create_kek(&cfg.kek_path())?;
+    let kek = AeadKey::new(&kek_bytes);
+    // A rotation of the KEK file that the node did not finish (the file was replaced while
+    // the node was down, or it stopped mid-way): data keys still wrapped by the previous KEK
+    // are unwrapped with `kek_previous_file` and re-wrapped under the current one.
+    let previous = match &cfg.kek_previous_file {
+        Some(p) => Some(AeadKey::new(&read_kek(p)?)),
+        None => None,
+    };
     let index = Index::open(&cfg.index_path())?;
+    let rewrapped = rewrap_with_previous(&index, &kek, previous.as_ref())?;
+    if rewrapped > 0 {
+        tracing::info!(
+            rewrapped,
+            "data keys re-wrapped under the current key-encryption key"
+        );
+    }
     let wanted = geometry_for(&cfg)?;
     let stored: Option<Geometry> = index
         .get_meta(index::META_GEOMETRY)?
@@ -194,7 +209,8 @@ pub(super) async fn open(
         geometry,
         device,
         index,
-        kek,
+        kek: parking_lot::RwLock::new(Arc::new(kek)),
+        kek_fingerprint: parking_lot::Mutex::new(crypto::fingerprint(&kek_bytes)),
         metrics,
         counters,
         failed: AtomicBool::new(false),
@@ -286,7 +302,7 @@ fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
 }
 
 /// The KEK file holds 64 hex digits (or 32 raw bytes). Created 0600 on first start.
-fn load_or_create_kek(path: &Path) -> anyhow::Result<AeadKey> {
+fn load_or_create_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
     if !path.exists() {
         let key = crypto::random_key();
         let mut f = std::fs::OpenOptions::new()
@@ -299,7 +315,13 @@ fn load_or_create_kek(path: &Path) -> anyhow::Result<AeadKey> {
         f.sync_all()?;
         tracing::info!(path = %path.display(), "created a new key-encryption key (mode 0600)");
     }
-    let meta = std::fs::metadata(path)?;
+    read_kek(path)
+}
+
+/// Reads a KEK file: 64 hex digits or 32 raw bytes.
+pub(super) fn read_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("key-encryption key {}", path.display()))?;
     if meta.permissions().mode() & 0o077 != 0 {
         tracing::warn!(path = %path.display(), "key-encryption key file is readable by group or others");
     }
@@ -317,7 +339,7 @@ fn load_or_create_kek(path: &Path) -> anyhow::Result<AeadKey> {
             )
         })?
     };
-    Ok(AeadKey::new(&key))
+    Ok(key)
 }
 
 /// Writes zeros over the regions of a new file-backed device. A preallocated file's extents
@@ -392,6 +414,43 @@ async fn check_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> 
         );
     }
     Ok(())
+}
+
+/// Re-wraps under `kek` every data key that only `previous` unwraps; how many.
+fn rewrap_with_previous(
+    index: &Index,
+    kek: &AeadKey,
+    previous: Option<&AeadKey>,
+) -> anyhow::Result<usize> {
+    let Some(previous) = previous else {
+        return Ok(0);
+    };
+    let cf_keys = index.cf(index::CF_KEYS);
+    let mut wb = rocksdb::WriteBatch::default();
+    let mut n = 0;
+    for item in index.db.iterator_cf(cf_keys, rocksdb::IteratorMode::Start) {
+        let (k, wrapped) = item?;
+        if k.len() != 8 {
+            continue;
+        }
+        let ns_id = u32::from_be_bytes(k[..4].try_into()?);
+        let key_id = u32::from_be_bytes(k[4..8].try_into()?);
+        if crypto::unwrap_dek(kek, ns_id, key_id, &wrapped).is_ok() {
+            continue;
+        }
+        let dek = crypto::unwrap_dek(previous, ns_id, key_id, &wrapped).map_err(|_| {
+            anyhow::anyhow!(
+                "data key {key_id} of namespace id {ns_id} unwraps with neither the \
+                 key-encryption key nor the previous one"
+            )
+        })?;
+        wb.put_cf(cf_keys, &k, crypto::wrap_dek(kek, ns_id, key_id, &dek));
+        n += 1;
+    }
+    if n > 0 {
+        index.write(wb, index::WriteMode::Wal { sync: true })?;
+    }
+    Ok(n)
 }
 
 fn load_namespaces(index: &Index, kek: &AeadKey) -> anyhow::Result<HashMap<u32, Arc<Namespace>>> {
