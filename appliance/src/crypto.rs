@@ -9,6 +9,10 @@
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 
 pub const KEY_BYTES: usize = 32;
+
+/// Raw key bytes, wiped when dropped. (Expanded keys live in aws-lc's heap-allocated
+/// `EVP_AEAD_CTX`, which `OPENSSL_free` cleanses when an [`AeadKey`] is dropped.)
+pub type KeyBytes = zeroize::Zeroizing<[u8; KEY_BYTES]>;
 /// Wrapped DEK: nonce (12) ‖ ciphertext (32) ‖ tag (16).
 pub const WRAPPED_DEK_BYTES: usize = 12 + KEY_BYTES + 16;
 
@@ -28,9 +32,9 @@ impl AeadKey {
 }
 
 /// Fresh random key material from the system's CSPRNG.
-pub fn random_key() -> [u8; KEY_BYTES] {
-    let mut k = [0u8; KEY_BYTES];
-    aws_lc_rs::rand::fill(&mut k).expect("the system CSPRNG does not fail");
+pub fn random_key() -> KeyBytes {
+    let mut k = KeyBytes::new([0u8; KEY_BYTES]);
+    aws_lc_rs::rand::fill(&mut *k).expect("the system CSPRNG does not fail");
     k
 }
 
@@ -85,11 +89,11 @@ fn wrap_aad(ns_id: u32, key_id: u32) -> Vec<u8> {
 pub fn wrap_dek(kek: &AeadKey, ns_id: u32, key_id: u32, dek: &[u8; KEY_BYTES]) -> Vec<u8> {
     let mut nonce = [0u8; 12];
     aws_lc_rs::rand::fill(&mut nonce).expect("the system CSPRNG does not fail");
-    let mut ct = *dek;
-    let tag = seal(kek, nonce, &wrap_aad(ns_id, key_id), &mut ct);
+    let mut ct = KeyBytes::new(*dek);
+    let tag = seal(kek, nonce, &wrap_aad(ns_id, key_id), &mut *ct);
     let mut out = Vec::with_capacity(WRAPPED_DEK_BYTES);
     out.extend_from_slice(&nonce);
-    out.extend_from_slice(&ct);
+    out.extend_from_slice(&*ct);
     out.extend_from_slice(&tag);
     out
 }
@@ -99,14 +103,15 @@ pub fn unwrap_dek(
     ns_id: u32,
     key_id: u32,
     wrapped: &[u8],
-) -> Result<[u8; KEY_BYTES], AuthError> {
+) -> Result<KeyBytes, AuthError> {
     if wrapped.len() != WRAPPED_DEK_BYTES {
         return Err(AuthError);
     }
     let nonce: [u8; 12] = wrapped[..12].try_into().expect("12 bytes");
-    let mut buf = wrapped[12..].to_vec();
+    let mut buf = zeroize::Zeroizing::new(wrapped[12..].to_vec());
     let n = open(kek, nonce, &wrap_aad(ns_id, key_id), &mut buf)?;
-    buf[..n].try_into().map_err(|_| AuthError)
+    let key: [u8; KEY_BYTES] = buf[..n].try_into().map_err(|_| AuthError)?;
+    Ok(KeyBytes::new(key))
 }
 
 #[cfg(test)]

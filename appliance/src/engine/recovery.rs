@@ -53,7 +53,7 @@ pub(super) async fn open(
     // the node was down, or it stopped mid-way): data keys still wrapped by the previous KEK
     // are unwrapped with `kek_previous_file` and re-wrapped under the current one.
     let previous = match &cfg.kek_previous_file {
-        Some(p) => Some(AeadKey::new(&read_kek(p)?)),
+        Some(p) => Some(AeadKey::new(&*read_kek(p)?)),
         None => None,
     };
     let index = Index::open(&cfg.index_path())?;
@@ -302,7 +302,7 @@ fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
 }
 
 /// The KEK file holds 64 hex digits (or 32 raw bytes). Created 0600 on first start.
-fn load_or_create_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
+fn load_or_create_kek(path: &Path) -> anyhow::Result<crypto::KeyBytes> {
     if !path.exists() {
         let key = crypto::random_key();
         let mut f = std::fs::OpenOptions::new()
@@ -311,7 +311,11 @@ fn load_or_create_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
             .mode(0o600)
             .open(path)
             .with_context(|| format!("create key-encryption key {}", path.display()))?;
-        writeln!(f, "{}", hex::encode(key))?;
+        writeln!(
+            f,
+            "{}",
+            zeroize::Zeroizing::new(hex::encode(key.as_slice())).as_str()
+        )?;
         f.sync_all()?;
         tracing::info!(path = %path.display(), "created a new key-encryption key (mode 0600)");
     }
@@ -319,17 +323,20 @@ fn load_or_create_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
 }
 
 /// Reads a KEK file: 64 hex digits or 32 raw bytes.
-pub(super) fn read_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
+pub(super) fn read_kek(path: &Path) -> anyhow::Result<crypto::KeyBytes> {
     let meta = std::fs::metadata(path)
         .with_context(|| format!("key-encryption key {}", path.display()))?;
     if meta.permissions().mode() & 0o077 != 0 {
         tracing::warn!(path = %path.display(), "key-encryption key file is readable by group or others");
     }
-    let raw = std::fs::read(path)
-        .with_context(|| format!("read key-encryption key {}", path.display()))?;
-    let text = String::from_utf8_lossy(&raw);
-    let key: [u8; 32] = if let Ok(k) = hex::decode(text.trim()) {
-        k.try_into()
+    let raw = zeroize::Zeroizing::new(
+        std::fs::read(path)
+            .with_context(|| format!("read key-encryption key {}", path.display()))?,
+    );
+    let text = zeroize::Zeroizing::new(String::from_utf8_lossy(&raw).into_owned());
+    let key: [u8; 32] = if let Ok(k) = hex::decode(text.trim()).map(zeroize::Zeroizing::new) {
+        k.as_slice()
+            .try_into()
             .map_err(|_| anyhow::anyhow!("key-encryption key {} is not 32 bytes", path.display()))?
     } else {
         raw.as_slice().try_into().map_err(|_| {
@@ -339,7 +346,7 @@ pub(super) fn read_kek(path: &Path) -> anyhow::Result<[u8; crypto::KEY_BYTES]> {
             )
         })?
     };
-    Ok(key)
+    Ok(crypto::KeyBytes::new(key))
 }
 
 /// Writes zeros over the regions of a new file-backed device. A preallocated file's extents
