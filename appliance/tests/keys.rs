@@ -216,3 +216,88 @@ async fn the_kek_rotates_online_and_an_unfinished_rotation_completes_at_start() 
         );
     }
 }
+
+/// Every file under `dir` (recursively) that contains `needle`.
+fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_holding(&p, needle));
+        } else if let Ok(b) = std::fs::read(&p) {
+            if b.windows(needle.len()).any(|w| w == needle) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The wrapped data keys of namespace `name` in a stopped node's index.
+fn wrapped_deks(data_dir: &std::path::Path, name: &str) -> Vec<Vec<u8>> {
+    let index = data_dir.join("index");
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), &index).expect("list cfs");
+    let db = rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), &index, &cfs, false)
+        .expect("open the index read-only");
+    let meta = db
+        .get_cf(db.cf_handle("namespaces").expect("cf"), name)
+        .expect("read")
+        .expect("namespace meta");
+    let id = serde_json::from_slice::<serde_json::Value>(&meta).expect("json")["id"]
+        .as_u64()
+        .expect("id") as u32;
+    db.prefix_iterator_cf(db.cf_handle("keys").expect("cf"), id.to_be_bytes())
+        .map(|r| r.expect("iterate"))
+        .take_while(|(k, _)| k[..4] == id.to_be_bytes())
+        .map(|(_, v)| v.to_vec())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_namespace_leaves_no_copy_of_its_wrapped_keys_in_the_index_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let mut node = Node::start(&data_dir, &["--capacity", "256MiB"]).await;
+    node.client
+        .create_namespace("shred", None)
+        .await
+        .expect("namespace");
+    node.client
+        .put("shred", &key(1), block(1, 4000), Durability::Durable)
+        .await
+        .expect("put");
+    reqwest::Client::new()
+        .post(format!("{}/v1/namespaces/shred/rotate-key", node.url))
+        .send()
+        .await
+        .expect("rotate");
+    node.stop();
+    let deks = wrapped_deks(&data_dir, "shred");
+    assert_eq!(deks.len(), 2, "two key generations");
+    let index = data_dir.join("index");
+    for d in &deks {
+        assert!(
+            !files_holding(&index, d).is_empty(),
+            "the wrapped key is in the index files"
+        );
+    }
+    node.restart().await;
+    node.client
+        .delete_namespace("shred")
+        .await
+        .expect("delete namespace");
+    // Obsolete files are deleted by RocksDB in the background: wait for them (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left: Vec<_> = deks.iter().flat_map(|d| files_holding(&index, d)).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "wrapped data keys still in {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    node.stop();
+}

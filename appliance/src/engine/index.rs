@@ -245,6 +245,26 @@ impl Index {
         Ok(Index { db })
     }
 
+    /// Removes every trace of namespace `ns_id`'s wrapped data keys from the index's files,
+    /// after their deletion was written: memtables are flushed (so no WAL still holds the
+    /// keys' puts and the WAL files become obsolete) and the keys' range is compacted down
+    /// to the bottom level, where the tombstones drop the old values. Crypto-shred.
+    pub fn purge_keys(&self, ns_id: u32) -> anyhow::Result<()> {
+        let cfs: Vec<&rocksdb::ColumnFamily> = CFS.iter().map(|n| self.cf(n)).collect();
+        let mut fo = rocksdb::FlushOptions::default();
+        fo.set_wait(true);
+        self.db
+            .flush_cfs_opt(&cfs, &fo)
+            .context("flush the index before purging data keys")?;
+        self.db.flush_wal(true).context("flush the index WAL")?;
+        let mut co = rocksdb::CompactOptions::default();
+        co.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        let (lo, hi) = (ns_id.to_be_bytes(), (ns_id + 1).to_be_bytes());
+        self.db
+            .compact_range_cf_opt(self.cf(CF_KEYS), Some(&lo[..]), Some(&hi[..]), &co);
+        Ok(())
+    }
+
     pub fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
         self.db
             .cf_handle(name)

@@ -1154,6 +1154,11 @@ impl Engine {
         self.core.namespaces.write().remove(name);
         self.core.ns_by_id.write().remove(&ns.id);
         self.core.events.namespace_deleted(ns.id);
+        // The wrapped DEKs were deleted in the index; now out of its files too.
+        let (core, id) = (self.core.clone(), ns.id);
+        tokio::task::spawn_blocking(move || core.index.purge_keys(id))
+            .await
+            .map_err(|e| anyhow::anyhow!("purge task: {e}"))??;
         drop(_g);
         if name == ctxpod_api::namespace::DEFAULT_NAMESPACE {
             self.create_namespace(name, None).await?;
