@@ -92,6 +92,29 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / hz)
 }
 
+/// CPU seconds of the node and of this process at the start of a phase.
+struct CpuMark {
+    node: Option<f64>,
+    client: Option<f64>,
+}
+
+impl CpuMark {
+    fn now(node: &Node) -> CpuMark {
+        CpuMark {
+            node: cpu_seconds(node.child.id()),
+            client: cpu_seconds(std::process::id()),
+        }
+    }
+
+    /// Fills `r`'s CPU seconds per GiB for a phase that moved `bytes`.
+    fn per_gib(&self, node: &Node, bytes: u64, r: &mut Row) {
+        let gib = bytes as f64 / (1u64 << 30) as f64;
+        let per_gib = |before: Option<f64>, pid: u32| Some((cpu_seconds(pid)? - before?) / gib);
+        r.node_cpu_s_per_gib = per_gib(self.node, node.child.id());
+        r.client_cpu_s_per_gib = per_gib(self.client, std::process::id());
+    }
+}
+
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -372,10 +395,7 @@ async fn phase(
     } else {
         Vec::new()
     };
-    let (node_cpu0, client_cpu0) = (
-        cpu_seconds(node.child.id()),
-        cpu_seconds(std::process::id()),
-    );
+    let cpu0 = CpuMark::now(node);
     let pool: Vec<(Bytes, u32)> = (0..POOL)
         .map(|i| {
             let b = block(size, i);
@@ -433,10 +453,7 @@ async fn phase(
         lat.push(r?);
     }
     let mut r = row(what, size as u64, n * size as u64, t.elapsed(), lat);
-    let gib = (n * size as u64) as f64 / (1u64 << 30) as f64;
-    let per_gib = |before: Option<f64>, pid: u32| Some((cpu_seconds(pid)? - before?) / gib);
-    r.node_cpu_s_per_gib = per_gib(node_cpu0, node.child.id());
-    r.client_cpu_s_per_gib = per_gib(client_cpu0, std::process::id());
+    cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
 }
 
@@ -741,10 +758,7 @@ async fn batch_phase(node: &Node, size: usize, n: u64, what: &str) -> anyhow::Re
     let batch = batch_of(size) as u64;
     let addr = node.transfer.clone().context("no transfer listener")?;
     let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
-    let (node_cpu0, client_cpu0) = (
-        cpu_seconds(node.child.id()),
-        cpu_seconds(std::process::id()),
-    );
+    let cpu0 = CpuMark::now(node);
     let batches = n.div_ceil(batch);
     let t = Instant::now();
     let lanes = (0..CONNS).map(|lane| {
@@ -810,9 +824,6 @@ async fn batch_phase(node: &Node, size: usize, n: u64, what: &str) -> anyhow::Re
         lat.extend(l?);
     }
     let mut r = row(what, size as u64, n * size as u64, t.elapsed(), lat);
-    let gib = (n * size as u64) as f64 / (1u64 << 30) as f64;
-    let per_gib = |before: Option<f64>, pid: u32| Some((cpu_seconds(pid)? - before?) / gib);
-    r.node_cpu_s_per_gib = per_gib(node_cpu0, node.child.id());
-    r.client_cpu_s_per_gib = per_gib(client_cpu0, std::process::id());
+    cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
 }

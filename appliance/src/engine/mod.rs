@@ -1095,27 +1095,7 @@ impl Engine {
         }
         let new = Arc::new(AeadKey::new(&bytes));
         let old = c.kek.read().clone();
-        let cf_keys = c.index.cf(index::CF_KEYS);
-        let mut wb = rocksdb::WriteBatch::default();
-        let mut n = 0;
-        for item in c
-            .index
-            .db
-            .iterator_cf(cf_keys, rocksdb::IteratorMode::Start)
-        {
-            let (k, wrapped) = item.map_err(anyhow::Error::from)?;
-            if k.len() != 8 {
-                continue;
-            }
-            let ns_id = u32::from_be_bytes(k[..4].try_into().expect("4 bytes"));
-            let key_id = u32::from_be_bytes(k[4..8].try_into().expect("4 bytes"));
-            let dek = crypto::unwrap_dek(&old, ns_id, key_id, &wrapped).map_err(|_| {
-                anyhow::anyhow!("data key {key_id} of namespace id {ns_id} does not unwrap")
-            })?;
-            wb.put_cf(cf_keys, &k, crypto::wrap_dek(&new, ns_id, key_id, &dek));
-            n += 1;
-        }
-        c.index.write(wb, index::WriteMode::Wal { sync: true })?;
+        let n = recovery::rewrap_deks(&c.index, &new, Some(&old))?;
         *c.kek.write() = new;
         *c.kek_fingerprint.lock() = fp;
         c.metrics.kek_rotations.inc();

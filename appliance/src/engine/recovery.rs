@@ -57,7 +57,7 @@ pub(super) async fn open(
         None => None,
     };
     let index = Index::open(&cfg.index_path())?;
-    let rewrapped = rewrap_with_previous(&index, &kek, previous.as_ref())?;
+    let rewrapped = rewrap_deks(&index, &kek, previous.as_ref())?;
     if rewrapped > 0 {
         tracing::info!(
             rewrapped,
@@ -423,8 +423,9 @@ async fn check_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Re-wraps under `kek` every data key that only `previous` unwraps; how many.
-fn rewrap_with_previous(
+/// Re-wraps under `kek`, in one synced write, every data key that only `previous` unwraps
+/// (a KEK rotation, online or finished at start); how many.
+pub(super) fn rewrap_deks(
     index: &Index,
     kek: &AeadKey,
     previous: Option<&AeadKey>,
