@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Fuzzes the decoders of untrusted input (api/fuzz, libFuzzer through libfuzzer-sys): the
-# CXP1 frame and body decoders (`frame_decoder`) and the HTTP API's CXB1 batch frames
-# (`batch_frame`), CTXPOD_FUZZ_SECONDS each (default 30; CI runs the default). Builds on stable Rust with
+# Fuzzes the parsers of untrusted input (api/fuzz, libFuzzer through libfuzzer-sys): the
+# CXP1 frame and body decoders (`frame_decoder`), the HTTP API's CXB1 batch frames
+# (`batch_frame`), record headers read back from the device (`record_header`), bearer
+# tokens, token hashes and token files (`token`) and the configuration file (`config`),
+# CTXPOD_FUZZ_SECONDS each (default 20; CI runs the default). Builds on stable Rust with
 # libFuzzer's coverage instrumentation (no sanitizer: the codec is safe Rust), in a target
 # directory of its own so the instrumented build never invalidates the main one. The corpus
 # persists under that directory between runs. A long run:
@@ -9,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-$HOME/.cache/ctxpod-target}/fuzz"
-seconds="${CTXPOD_FUZZ_SECONDS:-30}"
+seconds="${CTXPOD_FUZZ_SECONDS:-20}"
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
  -Cllvm-args=-sanitizer-coverage-level=4 \
  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
@@ -20,7 +22,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
 host="$(rustc -vV | sed -n 's/^host: //p')"
 cargo build --quiet --release --manifest-path api/fuzz/Cargo.toml --target-dir "$target" \
   --target "$host"
-for t in frame_decoder batch_frame; do
+for t in frame_decoder batch_frame record_header token config; do
   corpus="$target/corpus/$t"
   mkdir -p "$corpus"
   echo "fuzz: $t for $seconds s"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command 2: build and run the whole test suite (unit, integration against the real
 # binary, crash loop, tamper, eviction) and validate the OpenAPI document.
-# Then fuzzes the CXP1 frame decoder for 30 s (scripts/fuzz.sh).
+# Then fuzzes every parser of untrusted input for 20 s each (scripts/fuzz.sh).
 # CTXPOD_CRASH_CYCLES sets the crash-loop length (default 50); extra arguments go to
 # `cargo nextest run` (e.g. a filter).
 set -euo pipefail
@@ -13,6 +13,12 @@ venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator==0.9.0
 "$venv/bin/python" -m openapi_spec_validator api/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
+# The HTTP API, CXP1 and KV-event suites again over TLS, then over mTLS (the harness makes a
+# CA, the node's certificate and an admin client certificate with rcgen).
+for transport in tls mtls; do
+  CTXPOD_TEST_TRANSPORT=$transport cargo nextest run --workspace --no-fail-fast \
+    --failure-output final -E 'binary(api) | binary(transfer) | binary(events)' "$@"
+done
 cargo test --workspace --doc
-# The CXP1 frame decoder's fuzz target, briefly (CTXPOD_FUZZ_SECONDS, default 30).
+# The fuzz targets, briefly (CTXPOD_FUZZ_SECONDS each, default 20).
 bash scripts/fuzz.sh

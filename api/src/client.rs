@@ -20,6 +20,8 @@ pub enum ClientError {
     Integrity { key: String },
     #[error("malformed response: {0}")]
     Malformed(String),
+    #[error("invalid client setting: {0}")]
+    Invalid(String),
 }
 
 impl ClientError {
@@ -51,16 +53,44 @@ pub struct Client {
 }
 
 impl Client {
-    /// `base` is the node's URL, e.g. `http://127.0.0.1:7400`.
+    /// `base` is the node's URL, e.g. `http://127.0.0.1:7400`: plain HTTP, no token.
     pub fn new(base: impl Into<String>) -> Self {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(256)
-            .build()
-            .expect("a plain HTTP client always builds");
-        Client {
-            base: base.into().trim_end_matches('/').to_string(),
-            http,
+        Self::connect(base, &crate::connect::Connect::default())
+            .expect("a plain HTTP client always builds")
+    }
+
+    /// A client with a bearer token and/or TLS (`https://` URLs).
+    pub fn connect(
+        base: impl Into<String>,
+        how: &crate::connect::Connect,
+    ) -> Result<Self, ClientError> {
+        let mut b = reqwest::Client::builder().pool_max_idle_per_host(256);
+        if let Some(t) = &how.token {
+            let mut h = reqwest::header::HeaderMap::new();
+            let mut v =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    ClientError::Invalid("the token is not a valid header value".into())
+                })?;
+            v.set_sensitive(true);
+            h.insert(reqwest::header::AUTHORIZATION, v);
+            b = b.default_headers(h);
         }
+        // Always a configuration of ours (aws-lc-rs, and no trusted roots unless given): plain
+        // `http://` never uses it, and `https://` without a CA fails to verify, as it should.
+        let tls = match &how.tls {
+            Some(tls) => (**tls).clone(),
+            None => crate::connect::untrusting_tls_config(),
+        };
+        b = b.use_preconfigured_tls(tls);
+        Ok(Client {
+            base: base.into().trim_end_matches('/').to_string(),
+            http: b.build()?,
+        })
+    }
+
+    /// The underlying HTTP client (it carries the token and TLS settings).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     pub fn base(&self) -> &str {

@@ -14,6 +14,8 @@
 pub mod block_hash;
 #[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "client")]
+pub mod connect;
 pub mod frame;
 pub mod key;
 pub mod namespace;
@@ -46,6 +48,8 @@ pub const LEASE_MS_MAX: u64 = 3_600_000;
 pub const HEADER_CRC32C: &str = "x-ctxpod-crc32c";
 /// Request header choosing durability: `durable` (default) or `fast`.
 pub const HEADER_DURABILITY: &str = "x-ctxpod-durability";
+/// Request header with which an admin acts in a tenant's namespaces.
+pub const HEADER_TENANT: &str = "x-ctxpod-tenant";
 
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {

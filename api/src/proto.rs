@@ -25,16 +25,30 @@ pub const HEADER_BYTES: usize = 12;
 pub const FRAME_BYTES_MAX: u32 = 64 << 20;
 /// Longest namespace name on the wire.
 pub const NAMESPACE_BYTES_MAX: usize = 63;
+/// Longest bearer token an `Auth` request may carry.
+pub const TOKEN_BYTES_MAX: usize = 512;
+/// Hello flag (server → client): every op but `Auth` is refused until the connection has
+/// authenticated (by an `Auth` request, or by its TLS client certificate).
+pub const HELLO_AUTH_REQUIRED: u16 = 1;
+/// Hello flag (server → client): the connection is already authenticated by its TLS client
+/// certificate.
+pub const HELLO_AUTHENTICATED: u16 = 2;
 
 /// Per-block and per-frame statuses (HTTP-like numbers, so logs read the same).
 pub mod status {
     pub const OK: u16 = 200;
     pub const CREATED: u16 = 201;
     pub const BAD_REQUEST: u16 = 400;
+    /// No valid credentials: the connection has not authenticated (or failed to).
+    pub const UNAUTHORIZED: u16 = 401;
+    /// Authenticated, but the role does not allow the op.
+    pub const FORBIDDEN: u16 = 403;
     pub const NOT_FOUND: u16 = 404;
     pub const CONFLICT: u16 = 409;
     pub const TOO_LARGE: u16 = 413;
     pub const CRC_MISMATCH: u16 = 422;
+    /// The tenant's request rate is spent: retry later.
+    pub const TOO_MANY_REQUESTS: u16 = 429;
     pub const INTERNAL: u16 = 500;
     /// Backpressure: retry later (the HTTP API's 503 + Retry-After).
     pub const BUSY: u16 = 503;
@@ -65,6 +79,8 @@ pub enum Op {
     Subscribe = 13,
     /// Server → client: a batch of KV events of a subscription.
     Event = 14,
+    /// Presents a bearer token; answered with the tenant and role it grants.
+    Auth = 15,
 }
 
 impl Op {
@@ -84,6 +100,7 @@ impl Op {
             12 => Op::Error,
             13 => Op::Subscribe,
             14 => Op::Event,
+            15 => Op::Auth,
             _ => return None,
         })
     }
@@ -123,6 +140,10 @@ pub enum ProtoError {
     BadPolicy(u8),
     #[error("unknown event kind {0}")]
     BadEventKind(u8),
+    #[error("token of {0} bytes is not within 1..=512")]
+    BadToken(usize),
+    #[error("unknown role {0}")]
+    BadRole(u8),
 }
 
 /// The first 16 bytes each side sends.
@@ -356,6 +377,46 @@ pub enum Request {
     Subscribe {
         ns: String,
     },
+    /// Authenticates the connection with a bearer token (`api/PROTOCOL.md`, "Auth").
+    Auth {
+        token: Bytes,
+    },
+}
+
+/// What an authenticated connection may do (the HTTP API's roles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Everything, in every tenant, and the admin operations.
+    Admin = 1,
+    /// Read and write the tenant's namespaces.
+    TenantRw = 2,
+    /// Read the tenant's namespaces.
+    TenantRo = 3,
+}
+
+impl Role {
+    pub fn from_u8(v: u8) -> Option<Role> {
+        Some(match v {
+            1 => Role::Admin,
+            2 => Role::TenantRw,
+            3 => Role::TenantRo,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::TenantRw => "tenant-rw",
+            Role::TenantRo => "tenant-ro",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Admin, Role::TenantRw, Role::TenantRo]
+            .into_iter()
+            .find(|r| r.name() == s)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -400,6 +461,11 @@ pub enum Response {
     },
     /// The request failed as a whole; the frame's status says how (BUSY, BAD_REQUEST, …).
     Error(String),
+    /// The connection is authenticated: as this role, in this tenant (empty for an admin).
+    Authenticated {
+        role: Role,
+        tenant: String,
+    },
 }
 
 struct Writer {
@@ -492,6 +558,7 @@ impl Request {
             Request::Prefetch { .. } => Op::Prefetch,
             Request::Cancel { .. } => Op::Cancel,
             Request::Subscribe { .. } => Op::Subscribe,
+            Request::Auth { .. } => Op::Auth,
         }
     }
 
@@ -556,6 +623,10 @@ impl Request {
             }
             Request::Cancel { ticket } => w.b.put_u64_le(*ticket),
             Request::Subscribe { ns } => w.ns(ns),
+            Request::Auth { token } => {
+                w.b.put_u16_le(token.len() as u16);
+                w.b.put_slice(token);
+            }
         }
         w.finish()
     }
@@ -671,6 +742,13 @@ impl Request {
             }
             Op::Cancel => Request::Cancel { ticket: r.u64()? },
             Op::Subscribe => Request::Subscribe { ns: r.ns()? },
+            Op::Auth => {
+                let n = r.u16()? as usize;
+                if n == 0 || n > TOKEN_BYTES_MAX {
+                    return Err(ProtoError::BadToken(n));
+                }
+                Request::Auth { token: r.bytes(n)? }
+            }
             op => return Err(ProtoError::NotARequest(op)),
         };
         r.end()?;
@@ -692,6 +770,7 @@ impl Response {
             Response::Cancelled => Op::Cancel,
             Response::Events { .. } => Op::Event,
             Response::Error(_) => Op::Error,
+            Response::Authenticated { .. } => Op::Auth,
         }
     }
 
@@ -773,6 +852,10 @@ impl Response {
                 w.b.put_u16_le(m.len() as u16);
                 w.b.put_slice(m);
             }
+            Response::Authenticated { role, tenant } => {
+                w.b.put_u8(*role as u8);
+                w.ns(tenant);
+            }
         }
         w
     }
@@ -817,6 +900,13 @@ impl Response {
                 let n = r.u16()? as usize;
                 let m = r.bytes(n)?;
                 Response::Error(String::from_utf8_lossy(&m).into_owned())
+            }
+            Op::Auth => {
+                let r8 = r.u8()?;
+                Response::Authenticated {
+                    role: Role::from_u8(r8).ok_or(ProtoError::BadRole(r8))?,
+                    tenant: r.name()?,
+                }
             }
         };
         r.end()?;
@@ -891,6 +981,16 @@ impl Reader {
     fn ns(&mut self) -> Result<String, ProtoError> {
         let n = self.u8()? as usize;
         if n == 0 || n > NAMESPACE_BYTES_MAX {
+            return Err(ProtoError::BadNamespace(n));
+        }
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| ProtoError::BadNamespace(n))
+    }
+
+    /// A tenant name: like a namespace name, but may be empty (an admin has none).
+    fn name(&mut self) -> Result<String, ProtoError> {
+        let n = self.u8()? as usize;
+        if n > NAMESPACE_BYTES_MAX {
             return Err(ProtoError::BadNamespace(n));
         }
         let b = self.bytes(n)?;

@@ -17,8 +17,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+
+/// The read and write halves of a connection, plain or TLS.
+type Rd = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Wr = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 use tokio::sync::{mpsc, oneshot, watch};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +42,10 @@ pub enum TransferError {
     Region(#[from] RegionError),
     #[error("region {0} is not registered on this connection")]
     UnknownRegion(u32),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("the node requires authentication: give a token or a client certificate")]
+    AuthRequired,
 }
 
 /// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 256 ms between:
@@ -64,7 +71,7 @@ enum Stream {
 }
 
 struct ClientInner {
-    wr: tokio::sync::Mutex<OwnedWriteHalf>,
+    wr: tokio::sync::Mutex<Wr>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     busy_retries: AtomicU64,
@@ -173,10 +180,39 @@ impl ClientInner {
 }
 
 impl TransferClient {
+    /// A plain TCP connection without credentials.
     pub async fn connect(addr: &str) -> Result<TransferClient, TransferError> {
+        Self::connect_with(addr, &crate::connect::Connect::default()).await
+    }
+
+    /// A connection with a bearer token and/or TLS (`addr` is `host:port`; the host is the
+    /// name the node's certificate must carry).
+    pub async fn connect_with(
+        addr: &str,
+        how: &crate::connect::Connect,
+    ) -> Result<TransferClient, TransferError> {
         let sock = TcpStream::connect(addr).await?;
         sock.set_nodelay(true)?;
-        let (mut rd, mut wr) = sock.into_split();
+        let (mut rd, mut wr): (Rd, Wr) = match &how.tls {
+            None => {
+                let (r, w) = sock.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(cfg) => {
+                let host = addr
+                    .rsplit_once(':')
+                    .map_or(addr, |(h, _)| h)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let name = rustls_pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| TransferError::Tls(format!("server name {host:?}: {e}")))?;
+                let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, sock)
+                    .await?;
+                let (r, w) = tokio::io::split(tls);
+                (Box::new(r), Box::new(w))
+            }
+        };
         let ours = Hello {
             version: proto::VERSION,
             flags: 0,
@@ -185,7 +221,10 @@ impl TransferClient {
         wr.write_all(&ours.encode()).await?;
         let mut h = [0u8; HELLO_BYTES];
         rd.read_exact(&mut h).await?;
-        Hello::decode(&h)?;
+        let theirs = Hello::decode(&h)?;
+        if theirs.flags & proto::HELLO_AUTH_REQUIRED != 0 && how.token.is_none() {
+            return Err(TransferError::AuthRequired);
+        }
         let shared = Arc::new(Shared {
             pending: Mutex::new(Some(HashMap::new())),
             streams: Mutex::new(HashMap::new()),
@@ -195,7 +234,7 @@ impl TransferClient {
             FrameInput::new(rd, proto::FRAME_BYTES_MAX),
             shared.clone(),
         ));
-        Ok(TransferClient {
+        let client = TransferClient {
             inner: Arc::new(ClientInner {
                 wr: tokio::sync::Mutex::new(wr),
                 shared,
@@ -203,7 +242,23 @@ impl TransferClient {
                 busy_retries: AtomicU64::new(0),
             }),
             reader,
-        })
+        };
+        if let Some(t) = &how.token {
+            client.authenticate(t.as_bytes()).await?;
+        }
+        Ok(client)
+    }
+
+    /// Presents a bearer token; the role and tenant it grants. A refused token closes the
+    /// connection.
+    pub async fn authenticate(&self, token: &[u8]) -> Result<(proto::Role, String), TransferError> {
+        let req = Request::Auth {
+            token: Bytes::copy_from_slice(token),
+        };
+        match self.inner.call_as(self.inner.id(), &req).await? {
+            Response::Authenticated { role, tenant } => Ok((role, tenant)),
+            r => Err(TransferError::Unexpected(r.op())),
+        }
     }
 
     /// Requests sent again because the node answered BUSY.
@@ -679,7 +734,7 @@ impl Drop for Subscription {
 
 /// Reads frames until the connection ends: responses go to their callers, `Push` payloads
 /// straight into their region, events to their subscription.
-async fn read_loop(mut input: FrameInput<OwnedReadHalf>, shared: Arc<Shared>) {
+async fn read_loop(mut input: FrameInput<Rd>, shared: Arc<Shared>) {
     while let Ok(true) = read_one(&mut input, &shared).await {}
     // Every request still waiting learns that the connection is gone; tickets end.
     shared.pending.lock().expect("pending map").take();
@@ -700,10 +755,7 @@ async fn read_loop(mut input: FrameInput<OwnedReadHalf>, shared: Arc<Shared>) {
 /// Bytes of a `Push` body before its data.
 const PUSH_HEAD_BYTES: usize = 4 + 2 + 4 + 8 + 4;
 
-async fn read_one(
-    input: &mut FrameInput<OwnedReadHalf>,
-    shared: &Shared,
-) -> Result<bool, InputError> {
+async fn read_one(input: &mut FrameInput<Rd>, shared: &Shared) -> Result<bool, InputError> {
     let Some((header, body_len)) = input.next_header().await? else {
         return Ok(false);
     };
@@ -815,9 +867,17 @@ pub struct TransferPool {
 
 impl TransferPool {
     pub async fn connect(addr: &str, connections: usize) -> Result<TransferPool, TransferError> {
+        Self::connect_with(addr, connections, &crate::connect::Connect::default()).await
+    }
+
+    pub async fn connect_with(
+        addr: &str,
+        connections: usize,
+        how: &crate::connect::Connect,
+    ) -> Result<TransferPool, TransferError> {
         let mut conns = Vec::with_capacity(connections.max(1));
         for _ in 0..connections.max(1) {
-            conns.push(TransferClient::connect(addr).await?);
+            conns.push(TransferClient::connect_with(addr, how).await?);
         }
         Ok(TransferPool {
             conns,

@@ -30,12 +30,54 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct Target {
-    /// Node URL.
+    /// Node URL (`https://…` when the node serves TLS).
     #[arg(long, env = "CTXPOD_ADDR", default_value = "http://127.0.0.1:7400")]
     addr: String,
     /// Namespace.
     #[arg(long, short = 'n', default_value = "default")]
     ns: String,
+    #[command(flatten)]
+    creds: Creds,
+}
+
+/// How to authenticate and secure the connection.
+#[derive(clap::Args, Clone, Default)]
+struct Creds {
+    /// Bearer token (`<id>.<secret>`); prefer the environment variable to the flag.
+    #[arg(long, env = "CTXPOD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificates (PEM) to trust: connect with TLS.
+    #[arg(long, env = "CTXPOD_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mTLS, with --key-file.
+    #[arg(long, env = "CTXPOD_CERT_FILE", requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// Client private key (PEM) for mTLS.
+    #[arg(long, env = "CTXPOD_KEY_FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
+}
+
+impl Creds {
+    fn connect(&self) -> anyhow::Result<ctxpod_api::connect::Connect> {
+        anyhow::ensure!(
+            self.ca_file.is_some() || self.cert_file.is_none(),
+            "--cert-file needs --ca-file (mTLS is TLS)"
+        );
+        let id = self.cert_file.as_deref().zip(self.key_file.as_deref());
+        Ok(ctxpod_api::connect::Connect::from_files(
+            self.token.clone(),
+            self.ca_file.as_deref(),
+            id,
+        )?)
+    }
+
+    fn http(&self, addr: &str) -> anyhow::Result<Client> {
+        Ok(Client::connect(addr, &self.connect()?)?)
+    }
+
+    async fn wire(&self, addr: &str) -> anyhow::Result<TransferClient> {
+        Ok(TransferClient::connect_with(addr, &self.connect()?).await?)
+    }
 }
 
 #[derive(Subcommand)]
@@ -119,6 +161,11 @@ enum Cmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Credentials: `token create` makes a bearer token and the salted hash the node keeps.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
     /// Chained block hashes (Dynamo's XXH3-64 sequence hashes) of token ids, as keys.
     Hash {
         /// Tokens per block.
@@ -136,6 +183,27 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Make a token: prints the token (give it to the client) on stdout and the entry for
+    /// the node's configuration on stderr, or writes the entry to `--dir/<id>` (a token
+    /// directory, the shape a Kubernetes Secret mounts).
+    Create {
+        /// Token id, `[a-z0-9-]{1,32}` (not secret: it names the token in logs).
+        #[arg(long)]
+        id: String,
+        /// admin, tenant-rw or tenant-ro.
+        #[arg(long)]
+        role: String,
+        /// The tenant of a tenant role.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Write the entry as `<dir>/<id>` (mode 0600) instead of printing it.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
 #[derive(clap::Args, Clone)]
 struct Wire {
     /// Node's CXP1 transfer address.
@@ -144,6 +212,8 @@ struct Wire {
     /// Namespace.
     #[arg(long, short = 'n', default_value = "default")]
     ns: String,
+    #[command(flatten)]
+    creds: Creds,
 }
 
 #[derive(clap::Args, Default)]
@@ -177,18 +247,6 @@ pub struct ServeArgs {
     /// I/O engine: auto, io_uring, sync [default: auto].
     #[arg(long)]
     pub io_engine: Option<IoEngine>,
-}
-
-impl std::str::FromStr for IoEngine {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(IoEngine::Auto),
-            "io_uring" | "io-uring" | "uring" => Ok(IoEngine::IoUring),
-            "sync" => Ok(IoEngine::Sync),
-            _ => Err(format!("unknown I/O engine {s:?} (auto, io_uring, sync)")),
-        }
-    }
 }
 
 impl ServeArgs {
@@ -281,7 +339,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Durability::Durable
             };
             let n = data.len();
-            let out = Client::new(&t.addr)
+            let out = t
+                .creds
+                .http(&t.addr)?
                 .put(&t.ns, &key, Bytes::from(data), d)
                 .await?;
             let what = match out {
@@ -293,7 +353,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Get { t, key, output } => {
             let key = parse_key(&key)?;
-            match Client::new(&t.addr).get(&t.ns, &key).await? {
+            match t.creds.http(&t.addr)?.get(&t.ns, &key).await? {
                 Some(b) => {
                     match output {
                         Some(p) => std::fs::write(&p, &b)
@@ -309,7 +369,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Cmd::Stat { t } => {
-            let s = Client::new(&t.addr).stats().await?;
+            let s = t.creds.http(&t.addr)?.stats().await?;
             println!("{}", serde_json::to_string_pretty(&s)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -319,7 +379,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             delete,
             quota,
         } => {
-            let c = Client::new(&t.addr);
+            let c = t.creds.http(&t.addr)?;
             if create {
                 let info = c.create_namespace(&t.ns, quota.map(|q| q.0)).await?;
                 println!("{}", serde_json::to_string_pretty(&info)?);
@@ -341,7 +401,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|k| parse_key(k).map(Bytes::from))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let c = TransferClient::connect(&t.transfer).await?;
+            let c = t.creds.wire(&t.transfer).await?;
             println!("{}", c.match_prefix(&t.ns, &keys).await?);
             Ok(ExitCode::SUCCESS)
         }
@@ -354,7 +414,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output,
         } => prefetch(t, keys, &policy, deadline_ms, max_len, output).await,
         Cmd::Events { t, count } => {
-            let c = TransferClient::connect(&t.transfer).await?;
+            let c = t.creds.wire(&t.transfer).await?;
             let mut sub = c.subscribe(&t.ns).await?;
             let mut seen = 0u64;
             while let Some(b) = sub.next().await {
@@ -370,6 +430,51 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             eprintln!("the subscription ended (namespace deleted or connection closed)");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Token {
+            cmd:
+                TokenCmd::Create {
+                    id,
+                    role,
+                    tenant,
+                    dir,
+                },
+        } => {
+            anyhow::ensure!(
+                ctxpod_api::proto::Role::parse(&role).is_some(),
+                "--role must be admin, tenant-rw or tenant-ro"
+            );
+            anyhow::ensure!(
+                (role == "admin") == tenant.is_none(),
+                "a tenant role needs --tenant; an admin has none"
+            );
+            if let Some(t) = &tenant {
+                ctxpod_api::namespace::check_tenant_name(t)?;
+            }
+            let (token, hash) = crate::auth::new_token(&id).map_err(anyhow::Error::msg)?;
+            let tenant_line = tenant
+                .as_ref()
+                .map(|t| format!("tenant = \"{t}\"\n"))
+                .unwrap_or_default();
+            let entry = format!("role = \"{role}\"\n{tenant_line}hash = \"{hash}\"\n");
+            match dir {
+                Some(d) => {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::create_dir_all(&d)?;
+                    let path = d.join(&id);
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .with_context(|| format!("create {}", path.display()))?;
+                    f.write_all(entry.as_bytes())?;
+                    eprintln!("wrote {} (send the node SIGHUP to load it)", path.display());
+                }
+                None => eprintln!("[[auth.tokens]]\nid = \"{id}\"\n{entry}"),
+            }
+            println!("{}", &*token);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Hash {
@@ -410,7 +515,7 @@ async fn prefetch(
         .iter()
         .map(|k| parse_key(k).map(Bytes::from))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let c = TransferClient::connect(&t.transfer).await?;
+    let c = t.creds.wire(&t.transfer).await?;
     let region = Region::new(slot * raw.len())?;
     c.register_region(&region).await?;
     let entries = raw

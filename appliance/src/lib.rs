@@ -10,13 +10,15 @@
 //! - [`device`]: 4 KiB-aligned async I/O through io_uring (or pread/pwrite); nothing else
 //!   touches the device.
 
+pub mod auth;
 pub mod bench;
 pub mod cli;
-pub mod config;
+pub use ctxpod_sansio::config;
 pub mod crypto;
 pub mod device;
 pub mod engine;
 pub mod metrics;
-pub mod record;
+pub use ctxpod_sansio::record;
 pub mod server;
+pub mod tls;
 pub mod transfer;

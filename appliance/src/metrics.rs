@@ -52,6 +52,16 @@ pub struct Metrics {
     pub prefetch_tickets: IntCounter,
     pub dek_rotations: IntCounter,
     pub kek_rotations: IntCounter,
+    /// Credentials refused, by reason (`missing`, `malformed`, `wrong`, `unknown_identity`).
+    pub auth_failures: IntCounterVec,
+    /// Authenticated requests refused for their role (403).
+    pub forbidden: IntCounter,
+    /// Requests refused for a tenant's limits, by tenant and kind (`rate`: 429, `bytes`: 507).
+    pub quota_rejections: IntCounterVec,
+    /// TLS handshakes that failed (bad or missing client certificate, protocol errors).
+    pub tls_handshake_failures: IntCounter,
+    /// Successful reloads of the TLS certificate, key and client CA.
+    pub tls_reloads: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -218,6 +228,32 @@ impl Metrics {
             kek_rotations: reg!(counter(
                 "ctxpod_kek_rotations_total",
                 "Key-encryption key rotations (every data key re-wrapped under the new KEK)"
+            )),
+            auth_failures: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_auth_failures_total",
+                    "Credentials refused (401), by reason"
+                ),
+                &["reason"]
+            )),
+            forbidden: reg!(counter(
+                "ctxpod_forbidden_total",
+                "Authenticated requests refused for their role (403)"
+            )),
+            quota_rejections: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_quota_rejections_total",
+                    "Requests refused for a tenant's limits: rate (429) or bytes (507)"
+                ),
+                &["tenant", "kind"]
+            )),
+            tls_handshake_failures: reg!(counter(
+                "ctxpod_tls_handshake_failures_total",
+                "TLS handshakes that failed (client certificate refused, protocol errors)"
+            )),
+            tls_reloads: reg!(counter(
+                "ctxpod_tls_reloads_total",
+                "Reloads of the TLS certificate, key and client CA"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

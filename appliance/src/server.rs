@@ -5,6 +5,7 @@
 //! input, maps [`EngineError`] kinds one to one to statuses, and never touches the device or
 //! the index directly.
 
+use crate::auth::{Access, AuthError, Authenticator, Limited, Principal};
 use crate::config::Config;
 use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
 use crate::metrics::Metrics;
@@ -15,7 +16,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use ctxpod_api::types::*;
 use ctxpod_api::{frame, Durability};
@@ -38,12 +39,20 @@ pub struct AppState {
     max_inflight: usize,
     /// KiB of request bodies being received or stored at once (PUT and batch/put).
     ingest: Arc<Semaphore>,
+    pub auth: Arc<Authenticator>,
 }
 
 /// Holds a share of the ingest budget until the body is stored (or refused).
 type IngestPermit = tokio::sync::OwnedSemaphorePermit;
 
 impl AppState {
+    /// Refuses (507) a write that would take the caller's tenant over its byte quota.
+    fn check_tenant_bytes(&self, p: &Principal, bytes: usize) -> ApiResult<()> {
+        self.auth
+            .check_tenant_bytes(&self.engine, p, bytes as u64)
+            .map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "quota", m))
+    }
+
     /// Reserves room for a body of `bytes`, or answers 503 when the ingest budget is spent.
     fn admit_body(&self, bytes: usize) -> ApiResult<IngestPermit> {
         let kib = bytes.div_ceil(1024).max(1) as u32;
@@ -200,7 +209,12 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/admin/rotate-kek", rotate_kek)
 }
 
-pub fn router(engine: Arc<Engine>, max_inflight: usize, ingest_bytes_max: u64) -> Router {
+pub fn router(
+    engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
+    max_inflight: usize,
+    ingest_bytes_max: u64,
+) -> Router {
     let ingest_kib = (ingest_bytes_max / 1024).clamp(
         ctxpod_api::BATCH_BODY_BYTES_MAX as u64 / 1024,
         Semaphore::MAX_PERMITS as u64,
@@ -210,11 +224,13 @@ pub fn router(engine: Arc<Engine>, max_inflight: usize, ingest_bytes_max: u64) -
         limiter: Arc::new(Semaphore::new(max_inflight)),
         max_inflight,
         ingest: Arc::new(Semaphore::new(ingest_kib)),
+        auth,
     };
     routes()
         .into_router()
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             admit_and_measure,
@@ -249,6 +265,129 @@ fn op_name(method: &Method, path: &str) -> &'static str {
         (_, p) if p.starts_with("/v1/namespaces") => "namespace",
         _ => "admin",
     }
+}
+
+/// What each route needs ([`Access`]); `None` for a (method, path) the route table does not
+/// have (the router answers 405 to an authenticated caller). A unit test checks that every
+/// route of the table is here.
+pub fn access_of(method: &Method, path: &str) -> Option<Access> {
+    use Access::*;
+    const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
+    Some(match (method.as_str(), path) {
+        ("GET" | "HEAD", "/healthz" | "/readyz") => Public,
+        ("GET" | "HEAD", "/metrics" | "/v1/stats") => Admin,
+        ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
+        ("GET" | "HEAD", "/v1/namespaces" | "/v1/namespaces/{ns}") => Read,
+        ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,
+        ("GET" | "HEAD", BLOCK) => Read,
+        ("PUT" | "DELETE", BLOCK) => Write,
+        ("POST", "/v1/namespaces/{ns}/match" | "/v1/namespaces/{ns}/batch/get") => Read,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}/events") => Read,
+        (
+            "POST",
+            "/v1/namespaces/{ns}/batch/put"
+            | "/v1/namespaces/{ns}/pin"
+            | "/v1/namespaces/{ns}/unpin",
+        ) => Write,
+        _ => return None,
+    })
+}
+
+fn unauthorized(e: AuthError) -> Response {
+    let mut r = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        format!("authentication required: {e}"),
+    )
+    .into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"ctxpod\""),
+    );
+    r
+}
+
+/// Who is calling: a bearer token (`Authorization: Bearer <token>`) or the connection's
+/// verified client certificate; `x-ctxpod-tenant` lets an admin act in a tenant's namespaces.
+fn principal_of(st: &AppState, req: &Request) -> Result<Principal, Box<Response>> {
+    if !st.auth.enabled() {
+        return Ok(Principal::anonymous_admin());
+    }
+    let mut p = if let Some(h) = req.headers().get(header::AUTHORIZATION) {
+        let b = h.as_bytes();
+        let token = b
+            .strip_prefix(b"Bearer ")
+            .or_else(|| b.strip_prefix(b"bearer "))
+            .ok_or(AuthError::Malformed);
+        token
+            .and_then(|t| st.auth.bearer(t))
+            .map_err(|e| Box::new(unauthorized(e)))?
+    } else if let Some(s) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::tls::PeerInfo>>()
+        .and_then(|c| c.0.subject.clone())
+    {
+        st.auth
+            .identity(&s)
+            .map_err(|e| Box::new(unauthorized(e)))?
+    } else {
+        return Err(Box::new(unauthorized(AuthError::Missing)));
+    };
+    if let Some(t) = req.headers().get(ctxpod_api::HEADER_TENANT) {
+        if p.role != crate::auth::Role::Admin {
+            return Err(Box::new(forbidden(
+                &st.engine,
+                "only an admin may act for another tenant",
+            )));
+        }
+        let t = t
+            .to_str()
+            .ok()
+            .filter(|t| ctxpod_api::namespace::check_tenant_name(t).is_ok())
+            .ok_or_else(|| {
+                Box::new(ApiError::invalid("x-ctxpod-tenant must be a tenant name").into_response())
+            })?;
+        p.tenant = Some(Arc::from(t));
+    }
+    Ok(p)
+}
+
+fn forbidden(engine: &Engine, why: &str) -> Response {
+    engine.metrics().forbidden.inc();
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", why).into_response()
+}
+
+/// Authentication, authorisation by route ([`access_of`]) and the tenant's request rate.
+async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+    let access = req
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|p| access_of(req.method(), p.as_str()))
+        // No such route (or method): only an authenticated caller learns that.
+        .unwrap_or(Access::Read);
+    if access == Access::Public {
+        return next.run(req).await;
+    }
+    let p = match principal_of(&st, &req) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    if !p.may(access) {
+        return forbidden(&st.engine, "this role may not do that");
+    }
+    if let Err(Limited::Rate) = st.auth.admit(&p) {
+        let mut r = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "the tenant's request rate is spent; retry later",
+        )
+        .into_response();
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
+    }
+    req.extensions_mut().insert(p);
+    next.run(req).await
 }
 
 /// Admission (a bounded number of data requests at once, else 503) and per-op metrics.
@@ -311,8 +450,17 @@ fn parse_keys(keys: &[String], max: usize) -> ApiResult<Vec<Vec<u8>>> {
     keys.iter().map(|k| parse_key(k)).collect()
 }
 
-fn parse_ns(ns: &str) -> ApiResult<()> {
-    ctxpod_api::namespace::check_namespace_name(ns).map_err(|e| ApiError::invalid(e.to_string()))
+/// The node's name of the caller's namespace `ns` (its tenant's, see [`Principal::scope`]).
+fn scope(p: &Principal, ns: &str) -> ApiResult<String> {
+    p.scope(ns).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// A namespace's info under the caller's name for it.
+fn present(p: &Principal, mut info: NamespaceInfo) -> NamespaceInfo {
+    if let Some(n) = p.unscope(&info.name) {
+        info.name = n.to_string();
+    }
+    info
 }
 
 fn durability(h: &HeaderMap) -> ApiResult<Durability> {
@@ -428,19 +576,29 @@ async fn stats(State(st): State<AppState>) -> Json<Stats> {
     Json(s)
 }
 
-async fn list_namespaces(State(st): State<AppState>) -> Json<NamespaceList> {
+async fn list_namespaces(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+) -> Json<NamespaceList> {
     Json(NamespaceList {
-        namespaces: st.engine.namespaces(),
+        namespaces: st
+            .engine
+            .namespaces()
+            .into_iter()
+            .filter(|n| p.unscope(&n.name).is_some())
+            .map(|n| present(&p, n))
+            .collect(),
     })
 }
 
 async fn put_namespace(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
         CreateNamespace::default()
@@ -448,6 +606,7 @@ async fn put_namespace(
         serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
     };
     let (created, info) = st.engine.create_namespace(&ns, req.quota_bytes).await?;
+    let info = present(&p, info);
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -458,28 +617,31 @@ async fn put_namespace(
 
 async fn get_namespace(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
 ) -> ApiResult<Json<NamespaceInfo>> {
-    parse_ns(&ns)?;
-    Ok(Json(st.engine.namespace(&ns)?))
+    let ns = scope(&p, &ns)?;
+    Ok(Json(present(&p, st.engine.namespace(&ns)?)))
 }
 
 async fn delete_namespace(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
 ) -> ApiResult<StatusCode> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     st.engine.delete_namespace(&ns).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn put_block(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path((ns, key)): Path<(String, String)>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let key = parse_key(&key)?;
     let dur = durability(&h)?;
     let crc = match h.get(ctxpod_api::HEADER_CRC32C) {
@@ -492,6 +654,7 @@ async fn put_block(
         ),
     };
     let declared = content_length(&h);
+    st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     let _permit = st.admit_body(
         declared
             .unwrap_or(ctxpod_api::BLOCK_BYTES_MAX)
@@ -518,9 +681,10 @@ async fn put_block(
 
 async fn get_block(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path((ns, key)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let key = parse_key(&key)?;
     match st.engine.get(&ns, &key).await? {
         Some((data, crc)) => {
@@ -547,9 +711,10 @@ async fn get_block(
 
 async fn head_block(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path((ns, key)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let key = parse_key(&key)?;
     if st.engine.contains(&ns, &key).await? {
         Ok(StatusCode::OK)
@@ -560,9 +725,10 @@ async fn head_block(
 
 async fn delete_block(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path((ns, key)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let key = parse_key(&key)?;
     if st.engine.delete(&ns, &key).await? {
         Ok(StatusCode::NO_CONTENT)
@@ -577,11 +743,12 @@ async fn delete_block(
 
 async fn match_prefix(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<MatchResponse>> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
     Ok(Json(MatchResponse {
@@ -591,11 +758,12 @@ async fn match_prefix(
 
 async fn batch_get(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
     st.engine.namespace(&ns)?;
@@ -658,14 +826,16 @@ async fn batch_get(
 
 async fn batch_put(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let dur = durability(&h)?;
     st.engine.namespace(&ns)?;
     let declared = content_length(&h);
+    st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     // Room for the frame and for each block's staged copy.
     let budget = 2 * declared
         .unwrap_or(ctxpod_api::BATCH_BODY_BYTES_MAX)
@@ -722,9 +892,10 @@ async fn batch_put(
 /// Makes a new data key current for the namespace (older records stay readable).
 async fn rotate_key(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let key_id = st.engine.rotate_data_key(&ns).await?;
     Ok(Json(
         serde_json::json!({ "namespace": ns, "key_id": key_id }),
@@ -742,6 +913,7 @@ async fn rotate_kek(State(st): State<AppState>) -> ApiResult<Json<serde_json::Va
 /// with MATCH), and a last `namespace-deleted` when the namespace goes.
 async fn events(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
 ) -> ApiResult<
     axum::response::sse::Sse<
@@ -751,7 +923,7 @@ async fn events(
     use crate::engine::events::KvEventKind;
     use axum::response::sse::{Event, KeepAlive, Sse};
     use tokio::sync::broadcast::error::RecvError;
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let (ns_id, rx) = st.engine.subscribe(&ns)?;
     // State: the receiver, or `None` once the namespace is gone (the stream then ends).
     let stream = futures::stream::unfold(Some(rx), move |rx| async move {
@@ -782,11 +954,12 @@ async fn events(
 
 async fn pin(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<PinResponse>> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let req: PinRequest = read_json(&h, body).await?;
     if req.ttl_ms == 0 || req.ttl_ms > ctxpod_api::LEASE_MS_MAX {
         return Err(ApiError::invalid(format!(
@@ -804,11 +977,12 @@ async fn pin(
 
 async fn unpin(
     State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<UnpinResponse>> {
-    parse_ns(&ns)?;
+    let ns = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
     Ok(Json(UnpinResponse {
@@ -820,7 +994,30 @@ async fn unpin(
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     use anyhow::Context;
     let metrics = Arc::new(Metrics::new());
+    let auth = Arc::new(Authenticator::new(&cfg, metrics.clone())?);
     let engine = Arc::new(Engine::open(cfg.clone(), metrics).await?);
+    if auth.enabled() {
+        tracing::info!("authentication is on: every request needs a token or a client certificate");
+    } else {
+        tracing::warn!(
+            "authentication is OFF: every client is an admin of this node (allowed on loopback; \
+             configure auth tokens or identities to turn it on)"
+        );
+    }
+    let tls = crate::tls::Tls::load(&cfg.tls, engine.metrics().clone())?;
+    match &tls {
+        Some(t) => {
+            tracing::info!(
+                mtls = cfg.tls.client_ca_file.is_some(),
+                "TLS on both listeners (files re-read on SIGHUP and on change)"
+            );
+            tokio::spawn(t.clone().watch());
+        }
+        None => tracing::warn!(
+            "TLS is off: plain TCP (allowed on loopback, or with tls.allow_plaintext)"
+        ),
+    }
+    tokio::spawn(reload_on_sighup(auth.clone(), tls.clone()));
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listen on {}", cfg.listen))?;
@@ -828,7 +1025,8 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let addr_file = cfg.data_dir.join("ctxpod.addr");
     let tmp = cfg.data_dir.join("ctxpod.addr.tmp");
     tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
-    println!("ctxpod listening on http://{addr}");
+    let scheme = if cfg.tls.enabled() { "https" } else { "http" };
+    println!("ctxpod listening on {scheme}://{addr}");
     let transfer = match cfg.transfer_listen {
         Some(at) => {
             let l = tokio::net::TcpListener::bind(at)
@@ -851,6 +1049,8 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             Some(tokio::spawn(crate::transfer::serve(
                 l,
                 engine.clone(),
+                auth.clone(),
+                tls.clone(),
                 budgets,
             )))
         }
@@ -861,13 +1061,26 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::rename(&tmp, &addr_file)?;
     let app = router(
         engine.clone(),
+        auth.clone(),
         cfg.max_inflight_requests,
         cfg.ingest_bytes_max.0,
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server")?;
+    match tls {
+        Some(tls) => {
+            let l = crate::tls::TlsListener::new(listener, tls)?;
+            axum::serve(
+                l,
+                app.into_make_service_with_connect_info::<crate::tls::PeerInfo>(),
+            )
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("HTTP server")?;
+        }
+        None => axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("HTTP server")?,
+    }
     if let Some(t) = transfer {
         t.abort();
     }
@@ -875,6 +1088,30 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     engine.shutdown().await;
     let _ = std::fs::remove_file(&addr_file);
     Ok(())
+}
+
+/// Re-reads credentials (and TLS files) on SIGHUP; a bad reload keeps what was loaded.
+async fn reload_on_sighup(auth: Arc<Authenticator>, tls: Option<Arc<crate::tls::Tls>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        if let Some(t) = &tls {
+            match t.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded"),
+                Err(e) => {
+                    tracing::error!("SIGHUP: TLS files not reloaded, keeping the old ones: {e:#}")
+                }
+            }
+        }
+        match auth.reload() {
+            Ok(n) => tracing::info!(tokens = n, "SIGHUP: credentials reloaded"),
+            Err(e) => {
+                tracing::error!("SIGHUP: credentials not reloaded, keeping the old ones: {e}")
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -917,5 +1154,18 @@ mod tests {
         from_spec.sort();
         from_router.sort();
         assert_eq!(from_router, from_spec);
+    }
+
+    /// Every route says what access it needs; only the probes are public.
+    #[test]
+    fn every_route_has_an_access_rule() {
+        for (m, p) in routes().list {
+            let a = access_of(&m, p).unwrap_or_else(|| panic!("{m} {p} has no access rule"));
+            assert_eq!(
+                a == Access::Public,
+                p == "/healthz" || p == "/readyz",
+                "{m} {p}"
+            );
+        }
     }
 }

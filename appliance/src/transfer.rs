@@ -11,13 +11,15 @@
 //! bodies count against the ingest byte budget (as HTTP bodies do), and blocks staged for
 //! pushes against the staging budget (`prefetch_staging_bytes`).
 
+use crate::auth::{Access, Authenticator, Principal};
 use crate::engine::events::{KvEvent, KvEventKind};
 use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
 use bytes::Buf;
 use bytes::Bytes;
 use ctxpod_api::proto::{
     status, EventKind, Frame, GetEntry, Header, Hello, Op, Policy, PrefetchEntry, ProtoError,
-    Request, Response, HELLO_BYTES, NAMESPACE_BYTES_MAX, VERSION,
+    Request, Response, HELLO_AUTHENTICATED, HELLO_AUTH_REQUIRED, HELLO_BYTES, NAMESPACE_BYTES_MAX,
+    TOKEN_BYTES_MAX, VERSION,
 };
 use ctxpod_api::proto_io::{FrameInput, InputError};
 use ctxpod_api::Durability;
@@ -27,8 +29,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
+
+/// The read and write halves of a connection, plain or TLS.
+type Rd = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Wr = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -58,7 +63,13 @@ pub struct Budgets {
 }
 
 /// Accepts connections until the task is dropped.
-pub async fn serve(listener: TcpListener, engine: Arc<Engine>, budgets: Budgets) {
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
+    tls: Option<Arc<crate::tls::Tls>>,
+    budgets: Budgets,
+) {
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -68,9 +79,10 @@ pub async fn serve(listener: TcpListener, engine: Arc<Engine>, budgets: Budgets)
                 continue;
             }
         };
-        let (engine, budgets) = (engine.clone(), budgets.clone());
+        let (engine, auth, budgets) = (engine.clone(), auth.clone(), budgets.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(sock, engine, budgets).await {
+            if let Err(e) = connection(sock, tls, engine, auth, budgets).await {
                 tracing::debug!(%peer, "transfer connection closed: {e}");
             }
         });
@@ -86,6 +98,7 @@ struct Out {
 /// What every task of one connection shares.
 struct Conn {
     engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
     budgets: Budgets,
     out: mpsc::Sender<Out>,
     out_bytes: Arc<Semaphore>,
@@ -155,15 +168,42 @@ impl Conn {
     }
 }
 
-async fn connection(sock: TcpStream, engine: Arc<Engine>, budgets: Budgets) -> anyhow::Result<()> {
+async fn connection(
+    sock: TcpStream,
+    tls: Option<Arc<crate::tls::Tls>>,
+    engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
+    budgets: Budgets,
+) -> anyhow::Result<()> {
     sock.set_nodelay(true)?;
-    let (mut rd, mut wr) = sock.into_split();
+    // Who the connection is before any `Auth`: everyone's admin when authentication is off,
+    // else the identity of its verified client certificate, if it maps to one.
+    let mut who = (!auth.enabled()).then(Principal::anonymous_admin);
+    let (mut rd, mut wr): (Rd, Wr) = match tls {
+        None => {
+            let (r, w) = sock.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Some(tls) => {
+            let (stream, peer) = tls.accept(sock).await?;
+            if let (None, Some(s)) = (&who, &peer.subject) {
+                who = auth.identity(s).ok();
+            }
+            let (r, w) = tokio::io::split(stream);
+            (Box::new(r), Box::new(w))
+        }
+    };
     let mut hello = [0u8; HELLO_BYTES];
     tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello)).await??;
     let peer = Hello::decode(&hello)?;
+    let flags = match &who {
+        _ if !auth.enabled() => 0,
+        Some(_) => HELLO_AUTHENTICATED,
+        None => HELLO_AUTH_REQUIRED,
+    };
     let ours = Hello {
         version: VERSION,
-        flags: 0,
+        flags,
         max_frame_bytes: MAX_FRAME_BYTES,
     };
     wr.write_all(&ours.encode()).await?;
@@ -179,6 +219,7 @@ async fn connection(sock: TcpStream, engine: Arc<Engine>, budgets: Budgets) -> a
     });
     let conn = Arc::new(Conn {
         engine,
+        auth,
         budgets,
         out: tx,
         out_bytes: Arc::new(Semaphore::new(OUT_BYTES_PER_CONNECTION)),
@@ -187,16 +228,107 @@ async fn connection(sock: TcpStream, engine: Arc<Engine>, budgets: Budgets) -> a
         closed: CancellationToken::new(),
         peer_max: peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize,
     });
-    let result = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES)).await;
+    let result = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who).await;
     conn.closed.cancel();
     drop(conn);
     let _ = writer.await;
     result
 }
 
+/// What each request op needs.
+pub fn access_of_op(op: Op) -> Access {
+    match op {
+        Op::Put | Op::Pin | Op::Unpin => Access::Write,
+        _ => Access::Read,
+    }
+}
+
+/// Puts a request's namespace in the caller's tenant ([`Principal::scope`]).
+fn scope_request(req: &mut Request, p: &Principal) -> Result<(), String> {
+    let ns = match req {
+        Request::Get { ns, .. }
+        | Request::Match { ns, .. }
+        | Request::Pin { ns, .. }
+        | Request::Unpin { ns, .. }
+        | Request::Put { ns, .. }
+        | Request::Prefetch { ns, .. }
+        | Request::Subscribe { ns } => ns,
+        Request::Ping
+        | Request::RegisterRegion { .. }
+        | Request::Cancel { .. }
+        | Request::Auth { .. } => return Ok(()),
+    };
+    *ns = p.scope(ns).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Answers one frame with an error after discarding its body.
+async fn refuse(
+    conn: &Conn,
+    input: &mut FrameInput<Rd>,
+    body_len: usize,
+    op: Op,
+    id: u64,
+    st: u16,
+    msg: &str,
+) -> anyhow::Result<bool> {
+    input.skip(body_len).await?;
+    Ok(conn
+        .send_one(Response::Error(msg.into()).encode(op, st, id))
+        .await)
+}
+
+/// The `Auth` exchange: the principal, or `None` once a refusal is queued (the connection
+/// then closes).
+async fn authenticate(
+    conn: &Conn,
+    input: &mut FrameInput<Rd>,
+    header: Header,
+    body_len: usize,
+) -> anyhow::Result<Option<Principal>> {
+    let id = header.request_id;
+    if body_len > 2 + TOKEN_BYTES_MAX {
+        conn.send_one(Response::Error("token too long".into()).encode(
+            Op::Auth,
+            status::BAD_REQUEST,
+            id,
+        ))
+        .await;
+        return Ok(None);
+    }
+    let frame = Frame {
+        header,
+        body: input.take(body_len).await?,
+    };
+    let token = match Request::decode(&frame) {
+        Ok(Request::Auth { token }) => token,
+        _ => Bytes::new(),
+    };
+    match conn.auth.bearer(&token) {
+        Ok(p) => {
+            let ok = Response::Authenticated {
+                role: p.role,
+                tenant: p.tenant.as_deref().unwrap_or("").to_string(),
+            };
+            conn.send_one(ok.encode(Op::Auth, status::OK, id)).await;
+            Ok(Some(p))
+        }
+        Err(e) => {
+            conn.send_one(Response::Error(format!("unauthorized: {e}")).encode(
+                Op::Auth,
+                status::UNAUTHORIZED,
+                id,
+            ))
+            .await;
+            Ok(None)
+        }
+    }
+}
+
 async fn read_requests(
     conn: &Arc<Conn>,
-    mut input: FrameInput<OwnedReadHalf>,
+    mut input: FrameInput<Rd>,
+    mut who: Option<Principal>,
 ) -> anyhow::Result<()> {
     let inflight = Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION));
     loop {
@@ -209,6 +341,41 @@ async fn read_requests(
             Err(InputError::Framing(e)) => return Err(e.into()),
         };
         let (op, id) = (header.op, header.request_id);
+        if op == Op::Auth {
+            match authenticate(conn, &mut input, header, body_len).await? {
+                Some(p) => who = Some(p),
+                // A wrong credential ends the connection: no guessing on one connection.
+                None => return Ok(()),
+            }
+            continue;
+        }
+        // Nothing but `Auth` before authentication: refused, and the connection closed
+        // without reading the body.
+        let Some(p) = who.clone() else {
+            let f = Response::Error("unauthorized: authenticate first (Auth)".into()).encode(
+                op,
+                status::UNAUTHORIZED,
+                id,
+            );
+            conn.send_one(f).await;
+            return Ok(());
+        };
+        if !p.may(access_of_op(op)) {
+            conn.engine.metrics().forbidden.inc();
+            let msg = "forbidden: this role may not do that";
+            if refuse(conn, &mut input, body_len, op, id, status::FORBIDDEN, msg).await? {
+                continue;
+            }
+            return Ok(());
+        }
+        if conn.auth.admit(&p).is_err() {
+            let msg = "rate limited: the tenant's request rate is spent; retry later";
+            let st = status::TOO_MANY_REQUESTS;
+            if refuse(conn, &mut input, body_len, op, id, st, msg).await? {
+                continue;
+            }
+            return Ok(());
+        }
         let slot = inflight.clone().try_acquire_owned();
         let budget = conn
             .budgets
@@ -228,7 +395,13 @@ async fn read_requests(
         // are small and decoded whole.
         let req = if op == Op::Put {
             match read_put(&mut input, body_len).await? {
-                Ok(put) => Parsed::Put(put),
+                Ok(mut put) => match p.scope(&put.ns) {
+                    Ok(ns) => {
+                        put.ns = ns;
+                        Parsed::Put(put)
+                    }
+                    Err(e) => Parsed::Invalid(e.to_string()),
+                },
                 Err(e) => Parsed::Bad(e),
             }
         } else {
@@ -240,14 +413,23 @@ async fn read_requests(
                 body: input.take(body_len).await?,
             };
             match Request::decode(&frame) {
-                Ok(r) => Parsed::Other(r),
+                Ok(mut r) => match scope_request(&mut r, &p) {
+                    Ok(()) => Parsed::Other(r),
+                    Err(e) => Parsed::Invalid(e),
+                },
                 Err(e) => Parsed::Bad(e),
             }
         };
         let conn = conn.clone();
         tokio::spawn(async move {
             let parts = match req {
-                Parsed::Put(p) => vec![handle_put(&conn.engine, p, op, id).await],
+                Parsed::Put(put) => {
+                    let bytes = put.entries.iter().map(|e| e.2.len() as u64).sum();
+                    match conn.auth.check_tenant_bytes(&conn.engine, &p, bytes) {
+                        Ok(()) => vec![handle_put(&conn.engine, put, op, id).await],
+                        Err(m) => error(op, id, status::NO_SPACE, m),
+                    }
+                }
                 Parsed::Other(r) => match handle(&conn, r, op, id).await {
                     Some(parts) => parts,
                     None => return,
@@ -255,6 +437,7 @@ async fn read_requests(
                 Parsed::Bad(e) => {
                     vec![Response::Error(e.to_string()).encode(op, status::BAD_REQUEST, id)]
                 }
+                Parsed::Invalid(m) => error(op, id, status::BAD_REQUEST, m),
             };
             drop(budget);
             conn.send(parts).await;
@@ -411,6 +594,7 @@ async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<B
                 format!("no live ticket {ticket} on this connection"),
             ),
         },
+        Request::Auth { .. } => error(op, id, status::INTERNAL, "internal: Auth is handled first"),
         Request::Subscribe { ns } => {
             let (ns_id, rx) = match engine.subscribe(&ns) {
                 Ok(s) => s,
@@ -668,6 +852,8 @@ enum Parsed {
     Put(StagedPut),
     Other(Request),
     Bad(ProtoError),
+    /// Well-formed, but naming something the caller may not (a bad namespace name).
+    Invalid(String),
 }
 
 struct StagedPut {

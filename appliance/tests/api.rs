@@ -7,8 +7,8 @@ use common::{block, Node};
 use ctxpod_api::client::{ClientError, PutOutcome};
 use ctxpod_api::{frame, Durability};
 use rand::{Rng, SeedableRng};
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A key of 129 bytes, one over the limit.
 const LONG_KEY_PATH: &str = concat!(
@@ -105,7 +105,7 @@ async fn put_semantics_and_error_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
     let c = &node.client;
-    let http = reqwest::Client::new();
+    let http = node.client.http().clone();
     let url = |p: &str| format!("{}{p}", node.url);
     let data = block(7, 100_000);
 
@@ -322,15 +322,14 @@ async fn busy_answers_503_with_retry_after() {
         &[("CTXPOD_MAX_INFLIGHT_REQUESTS", "1")],
     )
     .await;
-    let addr = node.url.trim_start_matches("http://").to_string();
     // A PUT whose body never finishes holds the only slot.
-    let mut slow = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(
-        slow,
-        "PUT /v1/namespaces/default/blocks/aa HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n0123456789"
+    let mut slow = node.raw_http().await;
+    slow.write_all(
+        b"PUT /v1/namespaces/default/blocks/aa HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n0123456789",
     )
+    .await
     .expect("write");
-    slow.flush().expect("flush");
+    slow.flush().await.expect("flush");
     let deadline = Instant::now() + Duration::from_secs(20);
     while node.client.stats().await.expect("stats").inflight_requests != 1 {
         assert!(
@@ -339,7 +338,11 @@ async fn busy_answers_503_with_retry_after() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let r = reqwest::get(format!("{}/v1/namespaces/default/blocks/aa", node.url))
+    let r = node
+        .client
+        .http()
+        .get(format!("{}/v1/namespaces/default/blocks/aa", node.url))
+        .send()
         .await
         .expect("send");
     assert_eq!(r.status(), 503);
@@ -349,9 +352,9 @@ async fn busy_answers_503_with_retry_after() {
         "busy"
     );
     // Finish the slow request: it is stored, and the slot frees.
-    slow.write_all(&[b'x'; 990]).expect("write rest");
+    slow.write_all(&[b'x'; 990]).await.expect("write rest");
     let mut buf = [0u8; 12];
-    slow.read_exact(&mut buf).expect("read status");
+    slow.read_exact(&mut buf).await.expect("read status");
     assert_eq!(&buf, b"HTTP/1.1 201");
     drop(slow);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -528,7 +531,7 @@ async fn batches_match_pins_and_namespaces() {
 async fn live_routes_match_the_spec() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
-    let http = reqwest::Client::new();
+    let http = node.client.http().clone();
     let spec: serde_json::Value = serde_json::from_str(ctxpod_api::OPENAPI_JSON).expect("spec");
     let all = ["GET", "PUT", "POST", "DELETE", "HEAD", "PATCH"];
     for (path, item) in spec["paths"].as_object().expect("paths") {
@@ -574,7 +577,7 @@ async fn malformed_batch_frames() {
         .expect("put");
     let d = block(2, 3000);
     let good = frame::encode(&[frame::Entry::put(b"x1", &d), frame::Entry::put(b"x2", &d)]);
-    let http = reqwest::Client::new();
+    let http = node.client.http().clone();
     let url = format!("{}/v1/namespaces/default/batch/put", node.url);
     for cut in [0, 3, 8, 15, 20, good.len() - 1] {
         let r = http
@@ -647,17 +650,16 @@ async fn ingest_budget_answers_503() {
         &[("CTXPOD_INGEST_BYTES_MAX", "64MiB")],
     )
     .await;
-    let addr = node.url.trim_start_matches("http://").to_string();
     // Eight 8 MiB bodies that never finish spend the 64 MiB budget.
     let mut held = Vec::new();
     for i in 0..8 {
-        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
-        write!(
-            s,
+        let mut s = node.raw_http().await;
+        let head = format!(
             "PUT /v1/namespaces/default/blocks/{i:02x} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\nabc",
             8 << 20
-        )
-        .expect("write");
+        );
+        s.write_all(head.as_bytes()).await.expect("write");
+        s.flush().await.expect("flush");
         held.push(s);
     }
     let deadline = Instant::now() + Duration::from_secs(20);

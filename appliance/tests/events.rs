@@ -7,14 +7,18 @@ mod common;
 use bytes::Bytes;
 use common::{block, Node};
 use ctxpod_api::proto::{Durability, EventKind};
-use ctxpod_api::transfer_client::{Subscription, TransferClient};
+use ctxpod_api::transfer_client::Subscription;
 use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::Duration;
 
 /// Reads SSE events from `/v1/namespaces/{ns}/events` into a channel (name, data).
-async fn sse(url: &str, ns: &str) -> tokio::sync::mpsc::Receiver<(String, String)> {
-    let resp = reqwest::get(format!("{url}/v1/namespaces/{ns}/events"))
+async fn sse(node: &Node, ns: &str) -> tokio::sync::mpsc::Receiver<(String, String)> {
+    let resp = node
+        .client
+        .http()
+        .get(format!("{}/v1/namespaces/{ns}/events", node.url))
+        .send()
         .await
         .expect("events request");
     assert_eq!(resp.status(), 200);
@@ -79,11 +83,9 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
         .create_namespace("tenant-a", None)
         .await
         .expect("namespace");
-    let c = TransferClient::connect(&node.transfer_addr())
-        .await
-        .expect("connect");
+    let c = node.wire().await;
     let mut sub = c.subscribe("tenant-a").await.expect("subscribe");
-    let mut http = sse(&node.url, "tenant-a").await;
+    let mut http = sse(&node, "tenant-a").await;
     // Another namespace's traffic is not seen.
     c.put("default", &[(key(0), block(0, 100))], Durability::Durable)
         .await
@@ -169,7 +171,11 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
     .expect("both streams end");
     // Subscribing to a namespace that does not exist is refused on both carriers.
     assert!(c.subscribe("nosuch").await.is_err());
-    let r = reqwest::get(format!("{}/v1/namespaces/nosuch/events", node.url))
+    let r = node
+        .client
+        .http()
+        .get(format!("{}/v1/namespaces/nosuch/events", node.url))
+        .send()
         .await
         .expect("request");
     assert_eq!(r.status(), 404);

@@ -28,7 +28,7 @@ async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
             .await
             .expect("put");
     }
-    let r: serde_json::Value = reqwest::Client::new()
+    let r: serde_json::Value = node.client.http().clone()
         .post(format!("{}/v1/namespaces/default/rotate-key", node.url))
         .send()
         .await
@@ -42,7 +42,7 @@ async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
             .await
             .expect("put");
     }
-    let missing = reqwest::Client::new()
+    let missing = node.client.http().clone()
         .post(format!("{}/v1/namespaces/nosuch/rotate-key", node.url))
         .send()
         .await
@@ -134,7 +134,7 @@ async fn the_kek_rotates_online_and_an_unfinished_rotation_completes_at_start() 
             .await
             .expect("put");
     }
-    let http = reqwest::Client::new();
+    let http = node.client.http().clone();
     let post = async |path: &str| -> serde_json::Value {
         let r = http
             .post(format!("{}{path}", node.url))
@@ -266,7 +266,7 @@ async fn deleting_a_namespace_leaves_no_copy_of_its_wrapped_keys_in_the_index_fi
         .put("shred", &key(1), block(1, 4000), Durability::Durable)
         .await
         .expect("put");
-    reqwest::Client::new()
+    node.client.http().clone()
         .post(format!("{}/v1/namespaces/shred/rotate-key", node.url))
         .send()
         .await

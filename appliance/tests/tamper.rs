@@ -156,3 +156,245 @@ async fn a_replaced_device_file_is_refused() {
     let err = refused_start(&data_dir, "256MiB");
     assert!(err.contains("resizing is not supported"), "{err}");
 }
+
+/// Every record of the device, in device order (all generations of a key).
+fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod::record::RecordHeader)> {
+    use ctxpod::record::RecordHeader;
+    let len = dev.metadata().expect("metadata").len();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; HEADER_BYTES];
+    let mut pos = common::DATA_OFFSET;
+    while pos + HEADER_BYTES as u64 <= len {
+        dev.read_exact_at(&mut buf, pos).expect("read");
+        if let Ok(h) = RecordHeader::decode(&buf) {
+            out.push((pos, h));
+        }
+        pos += 4096;
+    }
+    out
+}
+
+/// `CTXPOD_TAMPER_CASES` (default 10 000) blocks, each damaged on the device in one of
+/// twelve ways: a flipped byte of ciphertext, tag, nonce or header; a consistent header (its
+/// CRC recomputed) claiming another data-key generation, length or namespace; another
+/// record copied whole over it; another record's ciphertext and tag under its header, from
+/// the same namespace, another namespace of the tenant, and another tenant; its own older
+/// generation replayed (whole, or under the current header). Every one answers a miss and
+/// counts as an integrity error: 0 plaintext bytes are released. Donor blocks stay readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tamper_cases_release_no_plaintext() {
+    use ctxpod::record::RecordHeader;
+    use rand::{Rng, SeedableRng};
+    let cases: usize = std::env::var("CTXPOD_TAMPER_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let seed = common::seed_from_env("CTXPOD_TEST_SEED", 5);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let creds = [
+        ("root", "admin", None),
+        ("a", "tenant-rw", Some("a")),
+        ("b", "tenant-rw", Some("b")),
+    ];
+    let (mut node, tokens) = common::node_with_tokens(
+        &data_dir,
+        &["--capacity", "512MiB", "--dram", "16MiB"],
+        &creds,
+        "[[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"b\"\n",
+    )
+    .await;
+    let a = common::client_with(&node, &tokens["a"]);
+    let b = common::client_with(&node, &tokens["b"]);
+    a.create_namespace("data", None).await.expect("ns");
+    a.create_namespace("other", None).await.expect("ns");
+    b.create_namespace("data", None).await.expect("ns");
+    const LEN: usize = 1000;
+    let victim = |i: usize| format!("v{i:06}").into_bytes();
+    let content = |k: &[u8], generation: u8| {
+        let mut d = common::content(k, LEN).to_vec();
+        d[0] ^= generation;
+        bytes::Bytes::from(d)
+    };
+    const KINDS: usize = 12;
+    let all: Vec<Vec<u8>> = (0..cases).map(victim).collect();
+    // Batches of up to 1000; entries answered 503 (the write queue was full) are sent again.
+    let store = |blocks: Vec<(Vec<u8>, bytes::Bytes)>| {
+        let a = &a;
+        async move {
+            let mut left = blocks;
+            for _ in 0..1000 {
+                if left.is_empty() {
+                    return;
+                }
+                let st = a
+                    .batch_put("data", &left, Durability::Fast)
+                    .await
+                    .expect("batch put");
+                assert!(st.iter().all(|&s| s == 201 || s == 503), "{st:?}");
+                left = left
+                    .into_iter()
+                    .zip(st)
+                    .filter(|(_, s)| *s == 503)
+                    .map(|(b, _)| b)
+                    .collect();
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            panic!("the node stayed busy");
+        }
+    };
+    for chunk in all.chunks(1000) {
+        store(chunk.iter().map(|k| (k.clone(), content(k, 1))).collect()).await;
+    }
+    // Older generations: the kind-11 victims are deleted and stored again.
+    let regen: Vec<Vec<u8>> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % KINDS == 11)
+        .map(|(_, k)| k.clone())
+        .collect();
+    for k in &regen {
+        assert!(a.delete("data", k).await.expect("delete"));
+    }
+    for chunk in regen.chunks(1000) {
+        store(chunk.iter().map(|k| (k.clone(), content(k, 2))).collect()).await;
+    }
+    // (namespace, of tenant b, key)
+    let donors: Vec<(&str, bool, Vec<u8>)> = (0..32)
+        .flat_map(|j| {
+            [
+                ("data", false, format!("da{j:03}").into_bytes()),
+                ("other", false, format!("oa{j:03}").into_bytes()),
+                ("data", true, format!("ob{j:03}").into_bytes()),
+            ]
+        })
+        .collect();
+    for (ns, of_b, k) in &donors {
+        let c = if *of_b { &b } else { &a };
+        c.put(ns, k, content(k, 0), Durability::Durable)
+            .await
+            .expect("donor");
+    }
+    node.stop();
+
+    let dev = open_device(&data_dir);
+    let recs = all_records(&dev);
+    // Per key: (offset, header) of its current (newest) and oldest record.
+    let mut newest: std::collections::HashMap<Vec<u8>, (u64, RecordHeader)> = Default::default();
+    let mut oldest: std::collections::HashMap<Vec<u8>, (u64, RecordHeader)> = Default::default();
+    for (at, h) in recs {
+        let n = newest.entry(h.key.clone()).or_insert((at, h.clone()));
+        if h.seq > n.1.seq {
+            *n = (at, h.clone());
+        }
+        let o = oldest.entry(h.key.clone()).or_insert((at, h.clone()));
+        if h.seq < o.1.seq {
+            *o = (at, h);
+        }
+    }
+    let hb = HEADER_BYTES as u64;
+    let sealed = (LEN + ctxpod::record::TAG_BYTES) as u64;
+    let read = |at: u64, n: u64| {
+        let mut v = vec![0u8; n as usize];
+        dev.read_exact_at(&mut v, at).expect("read");
+        v
+    };
+    let write_header = |at: u64, h: &RecordHeader| {
+        let mut buf = vec![0u8; HEADER_BYTES];
+        h.encode(&mut buf);
+        dev.write_all_at(&buf, at).expect("write");
+    };
+    let other_ns_id = newest[&b"oa000".to_vec()].1.ns_id;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut per_kind = [0usize; KINDS];
+    for (i, k) in all.iter().enumerate() {
+        let (at, h) = newest[k].clone();
+        let kind = i % KINDS;
+        let donor = |prefix: &str, rng: &mut rand::rngs::StdRng| {
+            newest[&format!("{prefix}{:03}", rng.gen_range(0..32)).into_bytes()].0
+        };
+        match kind {
+            0 => flip(&dev, at + hb + rng.gen_range(0..LEN as u64)),
+            1 => flip(&dev, at + hb + LEN as u64 + rng.gen_range(0..16)),
+            2 => flip(&dev, at + 32 + rng.gen_range(0..12)),
+            3 => flip(&dev, at + rng.gen_range(0..hb)),
+            4 => write_header(
+                at,
+                &RecordHeader {
+                    key_id: h.key_id + 1,
+                    ..h.clone()
+                },
+            ),
+            5 => write_header(
+                at,
+                &RecordHeader {
+                    len: h.len - 1 - rng.gen_range(0..16),
+                    ..h.clone()
+                },
+            ),
+            6 => write_header(
+                at,
+                &RecordHeader {
+                    ns_id: other_ns_id,
+                    ..h.clone()
+                },
+            ),
+            7 => dev
+                .write_all_at(&read(donor("da", &mut rng), 4096), at)
+                .expect("copy"),
+            8..=10 => {
+                let prefix = ["da", "oa", "ob"][kind - 8];
+                let from = donor(prefix, &mut rng);
+                dev.write_all_at(&read(from + hb, sealed), at + hb)
+                    .expect("copy");
+            }
+            _ => {
+                let (old_at, old) = oldest[k].clone();
+                assert!(
+                    old.seq < h.seq,
+                    "an older generation of {k:?} is on the device"
+                );
+                if rng.gen() {
+                    dev.write_all_at(&read(old_at, 4096), at).expect("replay");
+                } else {
+                    dev.write_all_at(&read(old_at + hb, sealed), at + hb)
+                        .expect("replay");
+                }
+            }
+        }
+        per_kind[kind] += 1;
+    }
+    dev.sync_all().expect("sync");
+    drop(dev);
+
+    node.restart().await;
+    let a = common::client_with(&node, &tokens["a"]);
+    let b = common::client_with(&node, &tokens["b"]);
+    let mut released = 0usize;
+    for chunk in all.chunks(1000) {
+        for (k, got) in a.batch_get("data", chunk).await.expect("batch get") {
+            if let Some(d) = got {
+                released += d.len();
+                eprintln!("tampered block {} was served", String::from_utf8_lossy(&k));
+            }
+        }
+    }
+    assert_eq!(
+        released, 0,
+        "plaintext bytes released from tampered records"
+    );
+    let s = node.client.stats().await.expect("stats");
+    assert_eq!(
+        s.integrity_errors, cases as u64,
+        "every case is an integrity error"
+    );
+    for (ns, of_b, k) in &donors {
+        let c = if *of_b { &b } else { &a };
+        assert_eq!(
+            c.get(ns, k).await.expect("get"),
+            Some(content(k, 0)),
+            "donor intact"
+        );
+    }
+    eprintln!("{cases} tamper cases rejected, by kind: {per_kind:?}");
+}

@@ -7,21 +7,15 @@ mod common;
 use bytes::Bytes;
 use common::{block, Node};
 use ctxpod_api::proto::{self, status, Durability, FrameDecoder, Op, Request, Response};
-use ctxpod_api::transfer_client::TransferClient;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_puts_and_gets_over_cxp1() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;
-    let c = Arc::new(
-        TransferClient::connect(&node.transfer_addr())
-            .await
-            .expect("connect"),
-    );
+    let c = Arc::new(node.wire().await);
     c.ping().await.expect("ping");
     let key = |i: u64| Bytes::from(format!("cxp{i:03}").into_bytes());
     let len = |i: u64| 1 + (i as usize * 37_301) % 600_000;
@@ -82,7 +76,7 @@ async fn pipelined_puts_and_gets_over_cxp1() {
 }
 
 /// Reads until the server closes the connection (bounded in time).
-async fn closed(s: &mut TcpStream) -> bool {
+async fn closed(s: &mut Box<dyn common::Io>) -> bool {
     let mut buf = vec![0u8; 4096];
     let deadline = std::time::Duration::from_secs(10);
     tokio::time::timeout(deadline, async {
@@ -102,8 +96,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "256MiB"]).await;
-    let addr = node.transfer_addr();
-    let good = TransferClient::connect(&addr).await.expect("connect");
+    let good = node.wire().await;
     good.put(
         "default",
         &[(Bytes::from_static(b"k"), block(1, 1000))],
@@ -113,12 +106,12 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     .expect("put");
 
     // Not CXP1 at all.
-    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let mut s = node.raw_wire().await;
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.expect("write");
     assert!(closed(&mut s).await, "a non-CXP1 peer is disconnected");
 
     // A frame announcing more than the limit.
-    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let mut s = node.raw_wire().await;
     common::cxp1_hello(&mut s).await;
     s.write_all(&(proto::FRAME_BYTES_MAX + 1).to_le_bytes())
         .await
@@ -129,7 +122,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     );
 
     // An unknown op.
-    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let mut s = node.raw_wire().await;
     common::cxp1_hello(&mut s).await;
     let mut f = (proto::HEADER_BYTES as u32).to_le_bytes().to_vec();
     f.push(200);
@@ -138,7 +131,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     assert!(closed(&mut s).await, "an unknown op ends the connection");
 
     // A malformed body (a key of length 0): an error answer, and the connection goes on.
-    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let mut s = node.raw_wire().await;
     common::cxp1_hello(&mut s).await;
     let body = [7u8, b'd', b'e', b'f', b'a', b'u', b'l', b't', 1, 0, 0, 0, 0];
     let mut f = ((proto::HEADER_BYTES + body.len()) as u32)
@@ -174,7 +167,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     assert!(matches!(got[1], (43, status::OK, Ok(Response::Pong))));
 
     // Truncated: half a frame, then the peer goes away.
-    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let mut s = node.raw_wire().await;
     common::cxp1_hello(&mut s).await;
     let f = Request::Ping.encode(1);
     s.write_all(&f[..f.len() / 2]).await.expect("write");
@@ -199,7 +192,7 @@ async fn busy_is_retried_until_everything_is_stored() {
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;
     let addr = node.transfer_addr();
-    let c = TransferClient::connect(&addr).await.expect("connect");
+    let c = node.wire().await;
     let key = |i: u64| Bytes::from(format!("busy{i:04}").into_bytes());
     let puts = (0..300u64).map(|i| {
         let c = &c;
@@ -223,7 +216,9 @@ async fn busy_is_retried_until_everything_is_stored() {
         "300 puts in flight at once: {} BUSY answers retried",
         c.busy_retries()
     );
-    let pool = TransferPool::connect(&addr, 4).await.expect("pool");
+    let pool = TransferPool::connect_with(&addr, 4, &node.how)
+        .await
+        .expect("pool");
     let gets = (0..300u64).map(|i| {
         let pool = &pool;
         async move { (i, pool.conn().get("default", &[key(i)]).await) }

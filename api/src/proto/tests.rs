@@ -34,7 +34,7 @@ fn ns(r: &mut impl Rng) -> String {
 }
 
 fn request(r: &mut impl Rng) -> Request {
-    match r.gen_range(0..10) {
+    match r.gen_range(0..11) {
         0 => Request::Ping,
         1 => Request::Put {
             ns: ns(r),
@@ -90,12 +90,15 @@ fn request(r: &mut impl Rng) -> Request {
                 .collect(),
         },
         8 => Request::Subscribe { ns: ns(r) },
+        9 => Request::Auth {
+            token: Bytes::from(format!("tok-{}.{:064x}", r.gen::<u16>(), r.gen::<u128>())),
+        },
         _ => Request::Cancel { ticket: r.gen() },
     }
 }
 
 fn response(r: &mut impl Rng) -> (Response, Op) {
-    let resp = match r.gen_range(0..11) {
+    let resp = match r.gen_range(0..12) {
         0 => Response::Pong,
         1 => Response::Put(
             (0..r.gen_range(0..10))
@@ -134,6 +137,10 @@ fn response(r: &mut impl Rng) -> (Response, Op) {
                     (kind[r.gen_range(0..3)], key(r))
                 })
                 .collect(),
+        },
+        10 => Response::Authenticated {
+            role: [Role::Admin, Role::TenantRw, Role::TenantRo][r.gen_range(0..3)],
+            tenant: if r.gen() { String::new() } else { ns(r) },
         },
         _ => Response::Error("busy: the offload queue is full".into()),
     };

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 /// Every device I/O is a multiple of this, at an offset that is a multiple of this.
-pub const IO_ALIGN_BYTES: usize = 4096;
+pub const IO_ALIGN_BYTES: usize = ctxpod_sansio::IO_ALIGN_BYTES;
 
 /// Result of a read or write: the buffer comes back whatever happened.
 pub type IoFuture = Pin<Box<dyn Future<Output = (AlignedBuf, io::Result<()>)> + Send>>;
@@ -53,18 +53,7 @@ pub trait Device: Send + Sync + 'static {
     fn direct(&self) -> bool;
 }
 
-/// Which I/O engine to use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum IoEngine {
-    /// io_uring, falling back to pread/pwrite (with a warning) where io_uring is refused.
-    #[default]
-    Auto,
-    /// io_uring or fail.
-    IoUring,
-    /// pread/pwrite on a blocking thread pool.
-    Sync,
-}
+pub use ctxpod_sansio::config::IoEngine;
 
 /// Opens (creating and preallocating if needed) the device at `path` of `len` bytes.
 ///

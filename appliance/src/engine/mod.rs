@@ -103,10 +103,7 @@ struct NsKeys {
     deks: HashMap<u32, Arc<AeadKey>>,
 }
 
-/// Writes under one data key after which the node rotates it on its own: well before 2^32
-/// (the bound NIST SP 800-38D sets for random 96-bit nonces; ctxpod's nonces are counters,
-/// unique per node, so this is margin, not necessity).
-pub const DEK_ROTATE_AFTER_WRITES: u64 = 1 << 31;
+pub use ctxpod_sansio::config::DEK_ROTATE_AFTER_WRITES;
 
 impl Namespace {
     pub fn quota_bytes(&self) -> Option<u64> {
@@ -953,7 +950,7 @@ impl Engine {
         name: &str,
         quota_bytes: Option<u64>,
     ) -> Result<(bool, NamespaceInfo)> {
-        ctxpod_api::namespace::check_namespace_name(name)
+        ctxpod_api::namespace::check_scoped_name(name)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let _g = self.ns_lock.lock().await;
         let c = &self.core;
@@ -1105,6 +1102,18 @@ impl Engine {
 
     pub fn namespace(&self, name: &str) -> Result<NamespaceInfo> {
         Ok(self.ns(name)?.info())
+    }
+
+    /// Bytes of live blocks in every namespace whose node-side name starts with `prefix`
+    /// (`tenant/`: a tenant's usage, for its quota).
+    pub fn used_bytes_under(&self, prefix: &str) -> u64 {
+        self.core
+            .namespaces
+            .read()
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, n)| n.used_bytes.load(Ordering::Relaxed))
+            .sum()
     }
 
     pub fn namespaces(&self) -> Vec<NamespaceInfo> {

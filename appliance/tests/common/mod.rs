@@ -1,8 +1,12 @@
 //! Test harness: starts the real `ctxpod` binary on a temp dir and a free loopback port.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use ctxpod::record::{RecordHeader, HEADER_BYTES};
 use ctxpod_api::client::Client;
+use ctxpod_api::connect::Connect;
+use ctxpod_api::transfer_client::TransferClient;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
@@ -18,11 +22,27 @@ pub struct Node {
     args: Vec<String>,
     envs: Vec<(String, String)>,
     deny_io_uring: bool,
+    /// How clients reach it: token and TLS.
+    pub how: Connect,
+    https: bool,
+    /// Configuration file contents, if any (written beside the data dir).
+    config: Option<String>,
+}
+
+/// A connection's byte stream, plain or TLS.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// The transport the suites run over: `CTXPOD_TEST_TRANSPORT` = `plain` (default), `tls`
+/// or `mtls` (the harness then makes a CA, the node's certificate and, for mTLS, an admin
+/// client certificate, and every client of the harness uses them).
+pub fn transport() -> String {
+    std::env::var("CTXPOD_TEST_TRANSPORT").unwrap_or_else(|_| "plain".into())
 }
 
 impl Node {
     fn unstarted(dir: &Path, args: &[&str], envs: &[(&str, &str)], deny_io_uring: bool) -> Node {
-        Node {
+        let mut n = Node {
             child: None,
             dir: dir.to_path_buf(),
             url: String::new(),
@@ -33,6 +53,90 @@ impl Node {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             deny_io_uring,
+            how: Connect::default(),
+            https: false,
+            config: None,
+        };
+        match transport().as_str() {
+            "plain" => {}
+            "tls" => n.secure(false),
+            "mtls" => n.secure(true),
+            t => panic!("CTXPOD_TEST_TRANSPORT={t}: not plain, tls or mtls"),
+        }
+        n
+    }
+
+    /// TLS with certificates made here; `mutual`: the node also requires a client
+    /// certificate, which maps to an admin.
+    fn secure(&mut self, mutual: bool) {
+        let pki_dir = self.dir.with_extension("pki");
+        std::fs::create_dir_all(&pki_dir).expect("pki dir");
+        let ca = pki::Ca::new("ctxpod suite CA");
+        let ca_file = ca.write(&pki_dir.join("ca.crt"));
+        let server = ca.server(&pki_dir, "node");
+        let mut toml = format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            server.cert, server.key
+        );
+        let identity = mutual.then(|| {
+            toml += &format!("client_ca_file = {ca_file:?}\n");
+            toml += "[[auth.identities]]\nsubject = \"suite-admin\"\nrole = \"admin\"\n";
+            ca.client(&pki_dir, "suite-admin", false)
+        });
+        self.config = Some(toml);
+        self.how = Connect {
+            token: None,
+            tls: Some(pki::client_tls(&ca, identity.as_ref())),
+        };
+        self.https = true;
+    }
+
+    /// Starts a node with a configuration file, reached the way `how` says.
+    pub async fn start_configured(
+        dir: &Path,
+        args: &[&str],
+        config: &str,
+        how: Connect,
+        https: bool,
+    ) -> Node {
+        let mut n = Self::unstarted(dir, args, &[], false);
+        n.config = Some(config.to_string());
+        n.how = how;
+        n.https = https;
+        n.spawn().await;
+        n
+    }
+
+    /// A CXP1 client, connected the way the harness's clients are.
+    pub async fn wire(&self) -> TransferClient {
+        TransferClient::connect_with(&self.transfer_addr(), &self.how)
+            .await
+            .expect("connect over CXP1")
+    }
+
+    /// A raw connection to the HTTP listener (TLS when the node serves it).
+    pub async fn raw_http(&self) -> Box<dyn Io> {
+        let addr = self.url.split_once("://").expect("url").1.to_string();
+        self.raw(&addr).await
+    }
+
+    /// A raw connection to the CXP1 listener (TLS when the node serves it).
+    pub async fn raw_wire(&self) -> Box<dyn Io> {
+        self.raw(&self.transfer_addr()).await
+    }
+
+    async fn raw(&self, addr: &str) -> Box<dyn Io> {
+        let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        match &self.how.tls {
+            None => Box::new(s),
+            Some(cfg) => {
+                let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+                let t = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, s)
+                    .await
+                    .expect("TLS handshake");
+                Box::new(t)
+            }
         }
     }
 
@@ -87,6 +191,16 @@ impl Node {
                 "127.0.0.1:0",
             ])
             .args(&self.args)
+            .args(
+                self.config
+                    .as_ref()
+                    .map(|c| {
+                        let f = self.dir.with_extension("toml");
+                        std::fs::write(&f, c).expect("write config");
+                        vec!["--config".into(), f.into_os_string()]
+                    })
+                    .unwrap_or_default(),
+            )
             .stdout(Stdio::null())
             .stderr(log);
         for (k, v) in &self.envs {
@@ -119,8 +233,9 @@ impl Node {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        self.url = format!("http://{addr}");
-        self.client = Client::new(self.url.clone());
+        let scheme = if self.https { "https" } else { "http" };
+        self.url = format!("{scheme}://{addr}");
+        self.client = Client::connect(self.url.clone(), &self.how).expect("client");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.client.ready().await {
@@ -354,7 +469,7 @@ pub fn rss_bytes(pid: u32) -> u64 {
 }
 
 /// Sends a CXP1 hello on a raw connection and checks the node's.
-pub async fn cxp1_hello(s: &mut tokio::net::TcpStream) {
+pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S) {
     use ctxpod_api::proto::{self, Hello};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let h = Hello {
@@ -366,4 +481,44 @@ pub async fn cxp1_hello(s: &mut tokio::net::TcpStream) {
     let mut back = [0u8; proto::HELLO_BYTES];
     s.read_exact(&mut back).await.expect("server hello");
     Hello::decode(&back).expect("a CXP1 server");
+}
+
+/// A node whose clients authenticate: one token per `(id, role, tenant)`, tenants declared
+/// (with `tenants_toml` appended to the configuration). The harness's own client uses the
+/// first token. Returns the node and each id's token.
+pub async fn node_with_tokens(
+    dir: &Path,
+    args: &[&str],
+    creds: &[(&str, &str, Option<&str>)],
+    tenants_toml: &str,
+) -> (Node, HashMap<String, String>) {
+    let mut toml = String::new();
+    let mut tokens = HashMap::new();
+    for (id, role, tenant) in creds {
+        let (tok, hash) = ctxpod::auth::new_token(id).expect("token");
+        toml += &format!("[[auth.tokens]]\nid = \"{id}\"\nrole = \"{role}\"\nhash = \"{hash}\"\n");
+        if let Some(t) = tenant {
+            toml += &format!("tenant = \"{t}\"\n");
+        }
+        tokens.insert(id.to_string(), tok.to_string());
+    }
+    toml += tenants_toml;
+    let how = Connect {
+        token: Some(tokens[creds[0].0].clone()),
+        tls: None,
+    };
+    let n = Node::start_configured(dir, args, &toml, how, false).await;
+    (n, tokens)
+}
+
+/// An HTTP client of `node` with `token`.
+pub fn client_with(node: &Node, token: &str) -> Client {
+    Client::connect(
+        node.url.clone(),
+        &Connect {
+            token: Some(token.to_string()),
+            tls: node.how.tls.clone(),
+        },
+    )
+    .expect("client")
 }

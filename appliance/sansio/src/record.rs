@@ -29,7 +29,7 @@
 //! by the writer when it places the record ([`stamp_region_epoch`]); it is not part of the
 //! AEAD's associated data, so placing a record (or moving it at eviction) re-seals nothing.
 
-use crate::device::IO_ALIGN_BYTES;
+use crate::IO_ALIGN_BYTES;
 
 pub const RECORD_MAGIC: [u8; 4] = *b"CXPR";
 pub const RECORD_VERSION: u16 = 1;

@@ -1,7 +1,6 @@
 //! The one configuration of a node: defaults → TOML file (`--config`) → `CTXPOD_*` environment
 //! → command-line flags, later layers winning.
 
-use crate::device::IoEngine;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -84,6 +83,36 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// Which I/O engine to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IoEngine {
+    /// io_uring, falling back to pread/pwrite (with a warning) where io_uring is refused.
+    #[default]
+    Auto,
+    /// io_uring or fail.
+    IoUring,
+    /// pread/pwrite on a blocking thread pool.
+    Sync,
+}
+
+impl std::str::FromStr for IoEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoEngine::Auto),
+            "io_uring" | "io-uring" | "uring" => Ok(IoEngine::IoUring),
+            "sync" => Ok(IoEngine::Sync),
+            _ => Err(format!("unknown I/O engine {s:?} (auto, io_uring, sync)")),
+        }
+    }
+}
+
+/// Writes under one data key after which the node rotates it on its own: well before 2^32
+/// (the bound NIST SP 800-38D sets for random 96-bit nonces; ctxpod's nonces are counters,
+/// unique per node, so this is margin, not necessity).
+pub const DEK_ROTATE_AFTER_WRITES: u64 = 1 << 31;
+
 /// Node configuration. Every field can be set in the TOML file, as `CTXPOD_<FIELD>` in the
 /// environment (e.g. `CTXPOD_CAPACITY=4GiB`), and the main ones as `ctxpod serve` flags.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -156,6 +185,93 @@ pub struct Config {
     pub dek_rotate_after_writes: u64,
     /// `tracing` filter, e.g. `info` or `ctxpod=debug`.
     pub log: String,
+    /// Who may call the node (docs/SECURITY.md, "Tenants and roles").
+    pub auth: AuthConfig,
+    /// Tenants' limits: bytes stored across their namespaces, request rate.
+    pub tenants: Vec<TenantConfig>,
+    /// TLS on both listeners (docs/SECURITY.md, "TLS").
+    pub tls: TlsConfig,
+}
+
+/// Credentials: bearer tokens (from this file or a directory of token files) and TLS client
+/// identities, each granting a role in a tenant.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// On when any token, token directory or identity is configured; `false` turns it off
+    /// (every caller is an admin), which the node allows only on loopback listeners unless
+    /// `allow_unauthenticated` is set.
+    pub enabled: Option<bool>,
+    /// Serve without authentication on non-loopback listeners anyway.
+    pub allow_unauthenticated: bool,
+    pub tokens: Vec<TokenConfig>,
+    /// A directory with one file per token (the file name is the token id; TOML with `role`,
+    /// `tenant`, `hash`): the shape a Kubernetes Secret mounts. Re-read on SIGHUP.
+    pub tokens_dir: Option<PathBuf>,
+    /// TLS client certificate subjects (common name) and what they grant.
+    pub identities: Vec<IdentityConfig>,
+}
+
+/// A bearer token: only its salted hash is configured (`ctxpod token create` makes both).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub id: String,
+    /// `admin`, `tenant-rw` or `tenant-ro`.
+    pub role: String,
+    /// The tenant of a tenant role (an admin has none).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// `sha256:<salt hex>:<digest hex>`.
+    pub hash: String,
+}
+
+/// A TLS client identity: the common name of a certificate the client CA signed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    pub subject: String,
+    pub role: String,
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// Bytes the tenant's namespaces may hold together; writes beyond answer 507.
+    #[serde(default)]
+    pub quota_bytes: Option<ByteSize>,
+    /// Requests per second (HTTP requests and CXP1 frames); beyond answer 429.
+    #[serde(default)]
+    pub requests_per_second: Option<u32>,
+    /// Requests allowed at once above the rate (default: one second's worth).
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+/// TLS for the HTTP and CXP1 listeners. Certificate, key and client CA are PEM files,
+/// re-read on SIGHUP and when they change; live connections keep their session.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// CA of client certificates (mTLS). With it, clients must present a certificate it
+    /// signed, unless `client_auth = "optional"`.
+    pub client_ca_file: Option<PathBuf>,
+    /// `required` (default with a client CA) or `optional` (a certificate is verified when
+    /// presented; clients without one use bearer tokens).
+    pub client_auth: Option<String>,
+    /// Serve plain TCP on non-loopback addresses (by default only loopback may be plain).
+    pub allow_plaintext: bool,
+}
+
+impl TlsConfig {
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() || self.key_file.is_some()
+    }
 }
 
 impl Default for Config {
@@ -183,8 +299,11 @@ impl Default for Config {
             offload_inline: false,
             leases_max: 1 << 20,
             prefetch_staging_bytes: ByteSize(256 << 20),
-            dek_rotate_after_writes: crate::engine::DEK_ROTATE_AFTER_WRITES,
+            dek_rotate_after_writes: DEK_ROTATE_AFTER_WRITES,
             log: "info".into(),
+            auth: AuthConfig::default(),
+            tenants: Vec::new(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -203,6 +322,15 @@ impl Config {
         }
         fig = fig.merge(Env::prefixed("CTXPOD_")).merge(overrides);
         let cfg: Config = fig.extract()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// A configuration from TOML text over the defaults (no environment, no flags), checked.
+    pub fn from_toml(text: &str) -> anyhow::Result<Config> {
+        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(text))
+            .extract()?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -226,7 +354,50 @@ impl Config {
             self.group_commit_max_bytes.0 >= ctxpod_api::BLOCK_BYTES_MAX as u64,
             "group_commit_max_bytes must hold at least one largest block (8 MiB)"
         );
+        let t = &self.tls;
+        anyhow::ensure!(
+            t.cert_file.is_some() == t.key_file.is_some(),
+            "tls.cert_file and tls.key_file go together"
+        );
+        anyhow::ensure!(
+            t.client_ca_file.is_none() || t.enabled(),
+            "tls.client_ca_file needs tls.cert_file and tls.key_file"
+        );
+        if let Some(m) = &t.client_auth {
+            anyhow::ensure!(
+                m == "required" || m == "optional",
+                "tls.client_auth must be required or optional"
+            );
+            anyhow::ensure!(
+                t.client_ca_file.is_some(),
+                "tls.client_auth needs tls.client_ca_file"
+            );
+        }
+        let mut addrs = vec![self.listen];
+        addrs.extend(self.transfer_listen);
+        for a in addrs {
+            if a.ip().is_loopback() {
+                continue;
+            }
+            anyhow::ensure!(
+                t.enabled() || t.allow_plaintext,
+                "refusing to serve plain TCP on {a}: configure tls.cert_file and \
+                 tls.key_file, or set tls.allow_plaintext = true"
+            );
+            anyhow::ensure!(
+                self.auth_configured() || self.auth.allow_unauthenticated,
+                "refusing to serve without authentication on {a}: configure auth tokens \
+                 or identities, or set auth.allow_unauthenticated = true"
+            );
+        }
         Ok(())
+    }
+
+    /// Whether callers must authenticate (see [`AuthConfig::enabled`]).
+    pub fn auth_configured(&self) -> bool {
+        let a = &self.auth;
+        a.enabled
+            .unwrap_or(!a.tokens.is_empty() || a.tokens_dir.is_some() || !a.identities.is_empty())
     }
 
     pub fn device_path(&self) -> PathBuf {
@@ -284,7 +455,7 @@ mod tests {
     fn example_config_is_true() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("example.toml");
-        std::fs::write(&f, include_str!("../../docs/ctxpod.example.toml")).expect("write");
+        std::fs::write(&f, include_str!("../../../docs/ctxpod.example.toml")).expect("write");
         let c: Config = Figment::from(Toml::file(&f))
             .extract()
             .expect("example parses");
