@@ -103,8 +103,14 @@ impl ClientInner {
         // Block data is written from the caller's buffers, not copied into a frame.
         let parts = req.encode_parts(id);
         let mut wr = self.wr.lock().await;
-        for p in &parts {
-            if let Err(e) = wr.write_all(p).await {
+        // The flush matters over TLS: a write may leave records in the TLS session's buffer,
+        // and only a flush (or a later write) sends them.
+        for p in parts.iter().map(Some).chain([None]) {
+            let r = match p {
+                Some(p) => wr.write_all(p).await,
+                None => wr.flush().await,
+            };
+            if let Err(e) = r {
                 drop(wr);
                 self.shared
                     .pending
@@ -219,6 +225,7 @@ impl TransferClient {
             max_frame_bytes: proto::FRAME_BYTES_MAX,
         };
         wr.write_all(&ours.encode()).await?;
+        wr.flush().await?;
         let mut h = [0u8; HELLO_BYTES];
         rd.read_exact(&mut h).await?;
         let theirs = Hello::decode(&h)?;

@@ -207,6 +207,7 @@ async fn connection(
         max_frame_bytes: MAX_FRAME_BYTES,
     };
     wr.write_all(&ours.encode()).await?;
+    wr.flush().await?;
     let (tx, mut rx) = mpsc::channel::<Out>(1024);
     let writer = tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
@@ -214,6 +215,11 @@ async fn connection(
                 if wr.write_all(p).await.is_err() {
                     return;
                 }
+            }
+            // Over TLS a write may leave records in the session's buffer until a flush:
+            // flush whenever no further frame is queued (a no-op on plain TCP).
+            if rx.is_empty() && wr.flush().await.is_err() {
+                return;
             }
         }
     });

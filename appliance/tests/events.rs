@@ -114,7 +114,11 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
     // The same over HTTP.
     let mut seen = Vec::new();
     for _ in 0..4 {
-        seen.push(http.recv().await.expect("an SSE event"));
+        let e = tokio::time::timeout(Duration::from_secs(60), http.recv()).await;
+        seen.push(
+            e.expect("an SSE event within a minute")
+                .expect("an SSE event"),
+        );
     }
     assert_eq!(
         seen.iter().filter(|(n, _)| n == "stored").count(),

@@ -28,7 +28,10 @@ async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
             .await
             .expect("put");
     }
-    let r: serde_json::Value = node.client.http().clone()
+    let r: serde_json::Value = node
+        .client
+        .http()
+        .clone()
         .post(format!("{}/v1/namespaces/default/rotate-key", node.url))
         .send()
         .await
@@ -42,7 +45,10 @@ async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
             .await
             .expect("put");
     }
-    let missing = node.client.http().clone()
+    let missing = node
+        .client
+        .http()
+        .clone()
         .post(format!("{}/v1/namespaces/nosuch/rotate-key", node.url))
         .send()
         .await
@@ -266,7 +272,9 @@ async fn deleting_a_namespace_leaves_no_copy_of_its_wrapped_keys_in_the_index_fi
         .put("shred", &key(1), block(1, 4000), Durability::Durable)
         .await
         .expect("put");
-    node.client.http().clone()
+    node.client
+        .http()
+        .clone()
         .post(format!("{}/v1/namespaces/shred/rotate-key", node.url))
         .send()
         .await
