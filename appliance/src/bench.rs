@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// data in the same run; and MATCH latency of a 1,000-key chain over both.
     #[arg(long, default_value = "http")]
     pub protocol: String,
+    /// Serve both listeners over TLS and connect the clients with it (a CA and a server
+    /// certificate for 127.0.0.1 are made for the run with rcgen).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(serde::Serialize, Clone)]
@@ -286,6 +290,32 @@ struct Node {
     client: Client,
     /// The CXP1 listener's address.
     transfer: Option<String>,
+    /// How clients reach it (TLS with `--tls`).
+    how: ctxpod_api::connect::Connect,
+}
+
+/// A CA and a server certificate for 127.0.0.1, written under `dir`; the TOML that serves
+/// them, and a client TLS configuration that trusts the CA.
+fn bench_tls(dir: &Path) -> anyhow::Result<(String, std::sync::Arc<rustls::ClientConfig>)> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    std::fs::create_dir_all(dir)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "ctxpod bench CA");
+    let ca_key = KeyPair::generate()?;
+    let ca = ca.self_signed(&ca_key)?;
+    let mut srv = CertificateParams::new(vec!["127.0.0.1".to_string()])?;
+    srv.distinguished_name
+        .push(DnType::CommonName, "ctxpod bench node");
+    let key = KeyPair::generate()?;
+    let cert = srv.signed_by(&key, &ca, &ca_key)?;
+    let (cf, kf) = (dir.join("node.crt"), dir.join("node.key"));
+    std::fs::write(&cf, cert.pem())?;
+    std::fs::write(&kf, key.serialize_pem())?;
+    let toml = format!("[tls]\ncert_file = {cf:?}\nkey_file = {kf:?}\n");
+    let client = ctxpod_api::connect::tls_client_config(ca.pem().as_bytes(), None)?;
+    Ok((toml, std::sync::Arc::new(client)))
 }
 
 impl Node {
@@ -294,8 +324,9 @@ impl Node {
         capacity: u64,
         dram: u64,
         device: &str,
-        offload_inline: bool,
+        a: &BenchArgs,
     ) -> anyhow::Result<Node> {
+        let offload_inline = a.offload_inline;
         let exe = std::env::current_exe()?;
         let _ = std::fs::remove_file(data_dir.join("ctxpod.addr"));
         let mut cmd = Command::new(exe);
@@ -311,6 +342,14 @@ impl Node {
         }
         if offload_inline {
             cmd.env("CTXPOD_OFFLOAD_INLINE", "true");
+        }
+        let mut how = ctxpod_api::connect::Connect::default();
+        if a.tls {
+            let (toml, client) = bench_tls(&data_dir.with_extension("pki"))?;
+            let f = data_dir.with_extension("toml");
+            std::fs::write(&f, toml)?;
+            cmd.arg("--config").arg(f);
+            how.tls = Some(client);
         }
         let child = cmd
             .arg("--data-dir")
@@ -336,10 +375,12 @@ impl Node {
         let transfer = std::fs::read_to_string(data_dir.join("ctxpod.transfer.addr"))
             .ok()
             .map(|a| a.trim().to_string());
+        let scheme = if a.tls { "https" } else { "http" };
         Ok(Node {
             child,
-            client: Client::new(format!("http://{addr}")),
+            client: Client::connect(format!("{scheme}://{addr}"), &how)?,
             transfer,
+            how,
         })
     }
 
@@ -389,7 +430,9 @@ async fn phase(
             .context("the node has no transfer listener")?;
         let mut v = Vec::new();
         for _ in 0..4 {
-            v.push(std::sync::Arc::new(TransferClient::connect(addr).await?));
+            v.push(std::sync::Arc::new(
+                TransferClient::connect_with(addr, &node.how).await?,
+            ));
         }
         v
     } else {
@@ -590,7 +633,7 @@ async fn measure_size(
     let dram_small = 16 << 20;
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
-    let node = Node::start(&data_dir, capacity, dram_small, device, a.offload_inline).await?;
+    let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
     let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1).await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
     let s = node.client.stats().await?;
@@ -621,7 +664,7 @@ async fn measure_size(
             * 1e3
     );
     node.stop()?;
-    let node = Node::start(&data_dir, capacity, dram_small, device, a.offload_inline).await?;
+    let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
     let mut cold = phase(&node, size, n, a.concurrency, "GET cold (flash)", cxp1).await?;
     cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
     let s = node.client.stats().await?;
@@ -631,7 +674,7 @@ async fn measure_size(
         s.hits
     );
     node.stop()?;
-    let node = Node::start(&data_dir, capacity, dram_big, device, a.offload_inline).await?;
+    let node = Node::start(&data_dir, capacity, dram_big, device, a).await?;
     phase(&node, size, n, a.concurrency, "warm-up", cxp1).await?;
     let hot = phase(&node, size, n, a.concurrency, "GET hot (DRAM)", cxp1).await?;
     let s = node.client.stats().await?;
@@ -670,7 +713,7 @@ async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> a
         let _ = std::fs::remove_dir_all(&data_dir);
         let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
         let dram = 16 << 20;
-        let node = Node::start(&data_dir, capacity, dram, device, a.offload_inline).await?;
+        let node = Node::start(&data_dir, capacity, dram, device, a).await?;
         phase(&node, size, n, a.concurrency, "PUT durable", true).await?;
         node.stop()?;
         let mut got = Vec::new();
@@ -679,7 +722,7 @@ async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> a
             "batch GET cold, CXP1",
             "PREFETCH cold, CXP1",
         ] {
-            let node = Node::start(&data_dir, capacity, dram, device, a.offload_inline).await?;
+            let node = Node::start(&data_dir, capacity, dram, device, a).await?;
             let mut r = batch_phase(&node, size, n, what).await?;
             r.of_device = Some(r.gb_per_s / dev_r.gb_per_s);
             eprintln!(
@@ -702,9 +745,9 @@ async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> a
     // MATCH: a chain of 1,000 small blocks, asked 2,000 times, one request at a time.
     let data_dir = a.dir.join("node-match");
     let _ = std::fs::remove_dir_all(&data_dir);
-    let node = Node::start(&data_dir, 1 << 30, 16 << 20, device, a.offload_inline).await?;
+    let node = Node::start(&data_dir, 1 << 30, 16 << 20, device, a).await?;
     let addr = node.transfer.clone().context("no transfer listener")?;
-    let tc = TransferClient::connect(&addr).await?;
+    let tc = TransferClient::connect_with(&addr, &node.how).await?;
     let chain: Vec<Bytes> = (0..1000u64)
         .map(|i| Bytes::from(format!("chain-{i:04}").into_bytes()))
         .collect();
@@ -763,8 +806,9 @@ async fn batch_phase(node: &Node, size: usize, n: u64, what: &str) -> anyhow::Re
     let t = Instant::now();
     let lanes = (0..CONNS).map(|lane| {
         let (pool, addr, http) = (&pool, addr.clone(), node.client.clone());
+        let how = node.how.clone();
         async move {
-            let tc = TransferClient::connect(&addr).await?;
+            let tc = TransferClient::connect_with(&addr, &how).await?;
             let region = Region::new(DEPTH * batch as usize * size)?;
             tc.register_region(&region).await?;
             let (tc, region, http) = (&tc, &region, &http);

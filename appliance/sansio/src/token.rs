@@ -41,7 +41,13 @@ pub fn parse_token(token: &[u8]) -> Result<(&str, Zeroizing<[u8; SECRET_BYTES]>)
     let s = std::str::from_utf8(token).map_err(|_| AuthError::Malformed)?;
     let (id, secret) = s.rsplit_once('.').ok_or(AuthError::Malformed)?;
     check_token_id(id).map_err(|_| AuthError::Malformed)?;
-    if secret.len() != 2 * SECRET_BYTES {
+    // Exactly one spelling per token: lowercase hex (found by the `token` fuzz target,
+    // which checks that a parsed token prints back to its input).
+    if secret.len() != 2 * SECRET_BYTES
+        || !secret
+            .bytes()
+            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return Err(AuthError::Malformed);
     }
     let mut out = Zeroizing::new([0u8; SECRET_BYTES]);
@@ -139,6 +145,7 @@ mod tests {
             format!("{}.{}", "a".repeat(33), "00".repeat(32)),
             format!("a b.{}", "00".repeat(32)),
             format!("a.{}0", "00".repeat(32)),
+            format!("a.{}AB", "00".repeat(31)),
         ] {
             assert_eq!(
                 parse_token(bad.as_bytes()).map(|_| ()),
