@@ -2,11 +2,15 @@
 //!
 //! Layers, top to bottom (see docs/ARCHITECTURE.md):
 //! - [`cli`] and [`server`]: the command line and HTTP API v1; the only code that knows HTTP.
+//!   [`transfer`]: the CXP1 listener.
+//! - [`auth`] and [`tls`]: who is calling (tokens, client certificates → tenant and role),
+//!   what each request may do, tenant quotas; rustls on both listeners.
 //! - [`engine`]: namespaces, the put/get paths, group commit, eviction, leases, DRAM tier,
 //!   recovery; the RocksDB index lives in [`engine::index`].
 //! - the CRC32C / AES-GCM work runs on `ctxpod_firmware_sim::offload::OffloadEngine` (the
 //!   "DPU firmware"), whatever the device.
-//! - [`record`] and [`crypto`]: sans-IO codecs of the on-device record and its envelope.
+//! - [`record`] (from `ctxpod-sansio`, with [`config`]) and [`crypto`]: sans-IO codecs of the
+//!   on-device record and its envelope.
 //! - [`device`]: 4 KiB-aligned async I/O through io_uring (or pread/pwrite); nothing else
 //!   touches the device.
 
