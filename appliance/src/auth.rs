@@ -256,8 +256,8 @@ impl Bucket {
 
 /// A tenant's limits and their state.
 #[derive(Debug)]
-pub struct TenantLimits {
-    pub quota_bytes: Option<u64>,
+struct TenantLimits {
+    quota_bytes: Option<u64>,
     rate: Option<Mutex<Bucket>>,
 }
 
@@ -366,10 +366,6 @@ impl Authenticator {
             }),
             None => Err(self.refuse(AuthError::UnknownIdentity)),
         }
-    }
-
-    pub fn tenant_limits(&self, tenant: &str) -> Option<&TenantLimits> {
-        self.tenants.get(tenant)
     }
 
     /// Admits one request of `p` against its tenant's request rate.

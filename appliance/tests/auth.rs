@@ -9,8 +9,8 @@ use common::{block, Node};
 use ctxpod_api::client::Client;
 use ctxpod_api::connect::Connect;
 use ctxpod_api::proto::{
-    self, status, Durability as WireDurability, FrameDecoder, Hello, Op, Policy, PrefetchEntry,
-    PutEntry, Request, Response,
+    self, status, Durability as WireDurability, FrameDecoder, Op, Policy, PrefetchEntry, PutEntry,
+    Request, Response,
 };
 use ctxpod_api::transfer_client::{TransferClient, TransferError};
 use ctxpod_api::Durability;
@@ -476,15 +476,7 @@ async fn cxp1_first_answer(node: &Node, req: &Request) -> (u16, bool) {
 
 async fn cxp1_raw_answer(node: &Node, frame_bytes: &[u8]) -> (u16, bool) {
     let mut s = node.raw_wire().await;
-    let h = Hello {
-        version: proto::VERSION,
-        flags: 0,
-        max_frame_bytes: proto::FRAME_BYTES_MAX,
-    };
-    s.write_all(&h.encode()).await.expect("hello");
-    let mut back = [0u8; proto::HELLO_BYTES];
-    s.read_exact(&mut back).await.expect("server hello");
-    let theirs = Hello::decode(&back).expect("CXP1");
+    let theirs = common::cxp1_hello(&mut s).await;
     assert_ne!(
         theirs.flags & proto::HELLO_AUTH_REQUIRED,
         0,

@@ -468,8 +468,10 @@ pub fn rss_bytes(pid: u32) -> u64 {
         * 1024
 }
 
-/// Sends a CXP1 hello on a raw connection and checks the node's.
-pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S) {
+/// Sends a CXP1 hello on a raw connection and checks the node's; returns the node's.
+pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+) -> ctxpod_api::proto::Hello {
     use ctxpod_api::proto::{self, Hello};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let h = Hello {
@@ -480,7 +482,7 @@ pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>
     s.write_all(&h.encode()).await.expect("hello");
     let mut back = [0u8; proto::HELLO_BYTES];
     s.read_exact(&mut back).await.expect("server hello");
-    Hello::decode(&back).expect("a CXP1 server");
+    Hello::decode(&back).expect("a CXP1 server")
 }
 
 /// A node whose clients authenticate: one token per `(id, role, tenant)`, tenants declared
