@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// certificate for 127.0.0.1 are made for the run with rcgen).
     #[arg(long)]
     pub tls: bool,
+    /// Format the node with `encrypt_at_rest = false`: block records stored unencrypted
+    /// (the "encryption off" arm of the TLS + encryption comparison).
+    #[arg(long)]
+    pub no_encrypt_at_rest: bool,
 }
 
 #[derive(serde::Serialize, Clone)]
@@ -342,6 +346,9 @@ impl Node {
         }
         if offload_inline {
             cmd.env("CTXPOD_OFFLOAD_INLINE", "true");
+        }
+        if a.no_encrypt_at_rest {
+            cmd.env("CTXPOD_ENCRYPT_AT_REST", "false");
         }
         let mut how = ctxpod_api::connect::Connect::default();
         if a.tls {

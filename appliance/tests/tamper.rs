@@ -110,7 +110,13 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
 
 /// Runs `ctxpod serve` on `data_dir` expecting it to refuse to start; returns its stderr.
 fn refused_start(data_dir: &std::path::Path, capacity: &str) -> String {
+    refused_start_with(data_dir, capacity, &[])
+}
+
+/// [`refused_start`] with environment variables set.
+fn refused_start_with(data_dir: &std::path::Path, capacity: &str, envs: &[(&str, &str)]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .envs(envs.iter().copied())
         .args([
             "serve",
             "--listen",
@@ -175,11 +181,13 @@ fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod::record::RecordHeader)> 
 }
 
 /// `CTXPOD_TAMPER_CASES` (default 10 000) blocks, each damaged on the device in one of
-/// twelve ways: a flipped byte of ciphertext, tag, nonce or header; a consistent header (its
+/// thirteen ways: a flipped byte of ciphertext, tag, nonce or header; a consistent header (its
 /// CRC recomputed) claiming another data-key generation, length or namespace; another
 /// record copied whole over it; another record's ciphertext and tag under its header, from
 /// the same namespace, another namespace of the tenant, and another tenant; its own older
-/// generation replayed (whole, or under the current header). Every one answers a miss and
+/// generation replayed (whole, or under the current header); a plaintext forgery (the header
+/// flagged plaintext, its CRC recomputed, and the block's own expected bytes written as the
+/// body, so only the mode check stands between it and a read). Every one answers a miss and
 /// counts as an integrity error: 0 plaintext bytes are released. Donor blocks stay readable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_tamper_cases_release_no_plaintext() {
@@ -216,7 +224,7 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
         d[0] ^= generation;
         bytes::Bytes::from(d)
     };
-    const KINDS: usize = 12;
+    const KINDS: usize = 13;
     let all: Vec<Vec<u8>> = (0..cases).map(victim).collect();
     // Batches of up to 1000; entries answered 503 (the write queue was full) are sent again.
     let store = |blocks: Vec<(Vec<u8>, bytes::Bytes)>| {
@@ -348,6 +356,18 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
                 dev.write_all_at(&read(from + hb, sealed), at + hb)
                     .expect("copy");
             }
+            12 => {
+                write_header(
+                    at,
+                    &RecordHeader {
+                        plaintext: true,
+                        ..h.clone()
+                    },
+                );
+                let mut body = content(k, 1).to_vec();
+                body.extend_from_slice(&[0u8; ctxpod::record::TAG_BYTES]);
+                dev.write_all_at(&body, at + hb).expect("forge");
+            }
             _ => {
                 let (old_at, old) = oldest[k].clone();
                 assert!(
@@ -397,4 +417,95 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
         );
     }
     eprintln!("{cases} tamper cases rejected, by kind: {per_kind:?}");
+}
+
+/// A node formatted with `encrypt_at_rest = false` stores bodies as received (the device
+/// holds them verbatim), reads them back across a crash (the open region's tail re-indexed
+/// from plaintext records), still quarantines a damaged body, and refuses to start
+/// configured the other way; an encrypting node refuses to start in plaintext mode too.
+#[tokio::test]
+async fn a_plaintext_node_stores_bodies_as_received_and_keeps_its_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("plain");
+    let off = [("CTXPOD_ENCRYPT_AT_REST", "false")];
+    let mut node = Node::start_with(&data_dir, &["--capacity", "128MiB"], &off).await;
+    assert!(
+        node.log().contains("encryption at rest is OFF"),
+        "{}",
+        node.log()
+    );
+    let key = |i: u64| format!("p{i}").into_bytes();
+    let len = |i: u64| 5_000 + i as usize * 7_000;
+    for i in 0..6 {
+        // Fast puts: after the kill below, only the tail scan finds them.
+        node.client
+            .put("default", &key(i), block(i, len(i)), Durability::Fast)
+            .await
+            .expect("put");
+    }
+    node.client
+        .put("default", b"sync", block(99, 100), Durability::Durable)
+        .await
+        .expect("put");
+    node.restart().await;
+    for i in 0..6 {
+        assert_eq!(
+            node.client.get("default", &key(i)).await.expect("get"),
+            Some(block(i, len(i))),
+            "block {i} after a kill -9"
+        );
+    }
+    node.stop();
+
+    let dev = open_device(&data_dir);
+    let recs = records(&dev);
+    let hb = HEADER_BYTES as u64;
+    for i in 0..6 {
+        let (at, h) = &recs[&key(i)];
+        assert!(h.plaintext, "record {i} is flagged plaintext");
+        let mut body = vec![0u8; len(i)];
+        dev.read_exact_at(&mut body, at + hb).expect("read");
+        assert_eq!(body, block(i, len(i)), "record {i} holds the body verbatim");
+    }
+    flip(&dev, recs[&key(0)].0 + hb + 17);
+    dev.sync_all().expect("sync");
+    drop(dev);
+    node = Node::start_with(&data_dir, &["--capacity", "128MiB"], &off).await;
+    assert_eq!(
+        node.client.get("default", &key(0)).await.expect("get"),
+        None,
+        "a damaged plaintext body is a miss"
+    );
+    assert_eq!(
+        node.client.stats().await.expect("stats").integrity_errors,
+        1
+    );
+    assert_eq!(
+        node.client.get("default", &key(1)).await.expect("get"),
+        Some(block(1, len(1)))
+    );
+    node.stop();
+    drop(node);
+
+    let err = refused_start(&data_dir, "128MiB");
+    assert!(err.contains("fixed at format time"), "{err}");
+
+    // And the other way round: an encrypting node's records are never flagged plaintext,
+    // and it refuses to be restarted in plaintext mode.
+    let sealed_dir = dir.path().join("sealed");
+    let mut node = Node::start(&sealed_dir, &["--capacity", "128MiB"]).await;
+    node.client
+        .put("default", b"s", block(5, 9_000), Durability::Durable)
+        .await
+        .expect("put");
+    node.stop();
+    let dev = open_device(&sealed_dir);
+    let (at, h) = records(&dev)[&b"s".to_vec()].clone();
+    assert!(!h.plaintext);
+    let mut body = vec![0u8; 9_000];
+    dev.read_exact_at(&mut body, at + hb).expect("read");
+    assert_ne!(body, block(5, 9_000), "an encrypting node's body is sealed");
+    drop(dev);
+    let err = refused_start_with(&sealed_dir, "128MiB", &off);
+    assert!(err.contains("fixed at format time"), "{err}");
 }

@@ -152,6 +152,13 @@ pub struct Config {
     /// File holding the 32-byte key-encryption key. Default `<data_dir>/kek`, created with
     /// mode 0600 on first start when absent.
     pub kek_file: Option<PathBuf>,
+    /// Encrypt block records on the device (AES-256-GCM under per-namespace data keys).
+    /// Fixed when the node is formatted (recorded in its superblock): a node formatted one
+    /// way refuses to start configured the other way. `false` stores bodies as received,
+    /// protected by CRC32C only, for pods whose drives are otherwise protected (self-
+    /// encrypting drives, a trusted site): no crypto-shred, and someone with the drive
+    /// reads every block (docs/SECURITY.md).
+    pub encrypt_at_rest: bool,
     /// The previous key-encryption key, during a KEK rotation: data keys that the KEK does
     /// not unwrap but this one does are re-wrapped under the KEK at start. Needed only if
     /// the KEK file was replaced while the node was down (an online rotation,
@@ -289,6 +296,7 @@ impl Default for Config {
             zero_fill: true,
             kek_file: None,
             kek_previous_file: None,
+            encrypt_at_rest: true,
             max_inflight_requests: 1024,
             ingest_bytes_max: ByteSize(1 << 30),
             write_queue_depth: 512,

@@ -11,7 +11,7 @@
 //! | 0 | 4 | magic `CXPR` |
 //! | 4 | 2 | format version (1) |
 //! | 6 | 1 | key length (1..=128) |
-//! | 7 | 1 | flags (0) |
+//! | 7 | 1 | flags: bit 0 = plaintext (a node formatted with `encrypt_at_rest = false`) |
 //! | 8 | 4 | namespace id |
 //! | 12 | 4 | data-key id (generation of the namespace's DEK) |
 //! | 16 | 4 | plaintext length |
@@ -28,6 +28,10 @@
 //! read, and recovery re-indexes the open region's tail from it. The region epoch is stamped
 //! by the writer when it places the record ([`stamp_region_epoch`]); it is not part of the
 //! AEAD's associated data, so placing a record (or moving it at eviction) re-seals nothing.
+//!
+//! A plaintext record (flag bit 0) has the same layout: the body is stored as received and
+//! the tag bytes are zero; its integrity rests on the header CRC and the body's CRC32C. A
+//! node reads only records of the mode it was formatted with.
 
 use crate::IO_ALIGN_BYTES;
 
@@ -36,6 +40,8 @@ pub const RECORD_VERSION: u16 = 1;
 pub const HEADER_BYTES: usize = 256;
 pub const TAG_BYTES: usize = 16;
 pub const NONCE_BYTES: usize = 12;
+/// Header flag: the body is not encrypted.
+pub const FLAG_PLAINTEXT: u8 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -48,6 +54,8 @@ pub struct RecordHeader {
     /// `open_seq` of the region holding the record (0 until placed).
     pub region_epoch: u64,
     pub key: Vec<u8>,
+    /// The body is stored unencrypted (flag bit 0).
+    pub plaintext: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,6 +99,7 @@ impl RecordHeader {
         h[0..4].copy_from_slice(&RECORD_MAGIC);
         h[4..6].copy_from_slice(&RECORD_VERSION.to_le_bytes());
         h[6] = self.key.len() as u8;
+        h[7] = if self.plaintext { FLAG_PLAINTEXT } else { 0 };
         h[8..12].copy_from_slice(&self.ns_id.to_le_bytes());
         h[12..16].copy_from_slice(&self.key_id.to_le_bytes());
         h[16..20].copy_from_slice(&self.len.to_le_bytes());
@@ -120,7 +129,10 @@ impl RecordHeader {
         }
         let key_len = h[6] as usize;
         let len = le32(16);
-        if key_len == 0 || key_len > 128 || h[7] != 0 || len as usize > ctxpod_api::BLOCK_BYTES_MAX
+        if key_len == 0
+            || key_len > 128
+            || h[7] & !FLAG_PLAINTEXT != 0
+            || len as usize > ctxpod_api::BLOCK_BYTES_MAX
         {
             return Err(RecordError::BadField);
         }
@@ -133,6 +145,7 @@ impl RecordHeader {
             nonce: h[32..44].try_into().expect("12 bytes"),
             region_epoch: u64::from_le_bytes(h[44..52].try_into().expect("8 bytes")),
             key: h[64..64 + key_len].to_vec(),
+            plaintext: h[7] & FLAG_PLAINTEXT != 0,
         })
     }
 }
@@ -151,6 +164,7 @@ mod tests {
             nonce: nonce_for(77),
             region_epoch: 0,
             key: vec![1, 2, 3],
+            plaintext: false,
         }
     }
 
@@ -168,6 +182,28 @@ mod tests {
                     "flip {byte}.{bit} passed"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_plaintext_flag_round_trips_and_other_flags_are_refused() {
+        let mut buf = [0u8; HEADER_BYTES];
+        let plain = RecordHeader {
+            plaintext: true,
+            ..sample()
+        };
+        plain.encode(&mut buf);
+        assert_eq!(buf[7], FLAG_PLAINTEXT);
+        assert_eq!(RecordHeader::decode(&buf), Ok(plain));
+        for flags in 2..=255u8 {
+            buf[7] = flags;
+            let crc = crc32c::crc32c(&buf[..252]);
+            buf[252..256].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(
+                RecordHeader::decode(&buf),
+                Err(RecordError::BadField),
+                "{flags}"
+            );
         }
     }
 

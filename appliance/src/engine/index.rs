@@ -184,6 +184,10 @@ pub struct Geometry {
     /// Device offset of region 0 (the first bytes hold the device superblock).
     pub data_offset: u64,
     pub regions: u32,
+    /// Records are stored unencrypted (`encrypt_at_rest = false` at format time). Absent
+    /// from the superblocks of encrypted nodes, so theirs are unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plaintext_at_rest: bool,
 }
 
 pub fn block_key(ns_id: u32, key: &[u8]) -> Vec<u8> {

@@ -276,10 +276,11 @@ enum Verified {
     Bad(String),
 }
 
-/// Checks a record read from the device against its index entry and opens it.
+/// Checks a record read from the device against its index entry and opens it. `dek` is
+/// `None` on a node that stores records in plaintext.
 fn verify_record(
     buf: AlignedBuf,
-    dek: &AeadKey,
+    dek: Option<&AeadKey>,
     ns_id: u32,
     key: &[u8],
     loc: &BlockLoc,
@@ -300,10 +301,13 @@ fn check_plaintext(plain: Bytes, crc: u32) -> Verified {
 }
 
 /// The record's header against its index entry, then AES-GCM open: the AEAD engine's half
-/// of a read's checks. The plaintext still needs [`check_plaintext`].
+/// of a read's checks. The plaintext still needs [`check_plaintext`]. With `dek` `None` (a
+/// node formatted with `encrypt_at_rest = false`) only plaintext records are accepted, and
+/// with a key only sealed ones: rewriting the header's flag (its CRC is not keyed) cannot
+/// make an encrypting node release a body it did not authenticate.
 fn open_record(
     mut buf: AlignedBuf,
-    dek: &AeadKey,
+    dek: Option<&AeadKey>,
     ns_id: u32,
     key: &[u8],
     loc: &BlockLoc,
@@ -323,15 +327,22 @@ fn open_record(
         return Err("record header does not match the index".into());
     }
     let len = h.len as usize;
-    let aad = crypto::block_aad(ns_id, h.key_id, key);
-    match crypto::open(
-        dek,
-        h.nonce,
-        &aad,
-        &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES],
-    ) {
-        Ok(n) if n == len => {}
-        _ => return Err("AES-GCM authentication failed".into()),
+    match (dek, h.plaintext) {
+        (Some(dek), false) => {
+            let aad = crypto::block_aad(ns_id, h.key_id, key);
+            match crypto::open(
+                dek,
+                h.nonce,
+                &aad,
+                &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES],
+            ) {
+                Ok(n) if n == len => {}
+                _ => return Err("AES-GCM authentication failed".into()),
+            }
+        }
+        (None, true) => {}
+        (Some(_), true) => return Err("a plaintext record on an encrypting node".into()),
+        (None, false) => return Err("a sealed record on a plaintext node".into()),
     }
     Ok(Bytes::from_owner(buf).slice(HEADER_BYTES..HEADER_BYTES + len))
 }
@@ -424,23 +435,26 @@ impl StagedBlock {
     }
 
     /// Seals the payload in place and completes the record: header, tag, zero padding.
+    /// Without a data key (a plaintext node) the body stays as received and the tag is zero.
     fn seal(
         mut self,
         ns_id: u32,
-        (key_id, dek): (u32, &AeadKey),
+        (key_id, dek): (u32, Option<&AeadKey>),
         key: &[u8],
         seq: u64,
         crc: u32,
     ) -> AlignedBuf {
         let len = self.len;
         let nonce = record::nonce_for(seq);
-        let aad = crypto::block_aad(ns_id, key_id, key);
-        let tag = crypto::seal(
-            dek,
-            nonce,
-            &aad,
-            &mut self.buf[HEADER_BYTES..HEADER_BYTES + len],
-        );
+        let tag = match dek {
+            Some(dek) => crypto::seal(
+                dek,
+                nonce,
+                &crypto::block_aad(ns_id, key_id, key),
+                &mut self.buf[HEADER_BYTES..HEADER_BYTES + len],
+            ),
+            None => [0; TAG_BYTES],
+        };
         self.buf[HEADER_BYTES + len..HEADER_BYTES + len + TAG_BYTES].copy_from_slice(&tag);
         self.buf[HEADER_BYTES + len + TAG_BYTES..].fill(0);
         RecordHeader {
@@ -452,6 +466,7 @@ impl StagedBlock {
             nonce,
             region_epoch: 0,
             key: key.to_vec(),
+            plaintext: dek.is_none(),
         }
         .encode(&mut self.buf[..HEADER_BYTES]);
         self.buf
@@ -630,11 +645,16 @@ impl Engine {
             PutPrep::Crc(crc)
         } else {
             let (ns_id, key2) = (ns.id, key.to_vec());
-            let record = self
-                .core
-                .offload
-                .aead(move || staged.seal(ns_id, (key_id, &dek), &key2, seq, crc))
-                .await?;
+            let record = if self.core.geometry.plaintext_at_rest {
+                // Nothing to seal: the header is written here, with no trip to the AEAD
+                // engine.
+                staged.seal(ns_id, (key_id, None), &key2, seq, crc)
+            } else {
+                self.core
+                    .offload
+                    .aead(move || staged.seal(ns_id, (key_id, Some(&dek)), &key2, seq, crc))
+                    .await?
+            };
             PutPrep::Record(crc, record)
         };
         let (crc, record) = match prep {
@@ -742,10 +762,18 @@ impl Engine {
         loc: BlockLoc,
     ) -> Result<Option<Bytes>> {
         let c = &self.core;
-        let Some(dek) = ns.dek(loc.key_id) else {
-            return Err(
-                anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into(),
-            );
+        let dek = if c.geometry.plaintext_at_rest {
+            None
+        } else {
+            let Some(dek) = ns.dek(loc.key_id) else {
+                return Err(anyhow::anyhow!(
+                    "no data key {} for namespace {}",
+                    loc.key_id,
+                    ns.name
+                )
+                .into());
+            };
+            Some(dek)
         };
         let buf = AlignedBuf::zeroed(loc.record_len as usize);
         let (buf, r) = c
@@ -755,10 +783,16 @@ impl Engine {
         r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
         c.metrics.device_read_bytes.inc_by(loc.record_len as u64);
         let (ns_id, key2) = (ns.id, key.to_vec());
-        let opened = c
-            .offload
-            .aead(move || open_record(buf, &dek, ns_id, &key2, &loc))
-            .await?;
+        let opened = match dek {
+            // A plaintext node's read checks only the header here: no trip to the AEAD
+            // engine.
+            None => open_record(buf, None, ns_id, &key2, &loc),
+            Some(dek) => {
+                c.offload
+                    .aead(move || open_record(buf, Some(&dek), ns_id, &key2, &loc))
+                    .await?
+            }
+        };
         let verdict = match opened {
             Ok(plain) => {
                 c.offload

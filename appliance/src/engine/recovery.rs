@@ -89,6 +89,13 @@ pub(super) async fn open(
             wanted.region_bytes
         );
         ensure!(
+            g.plaintext_at_rest == wanted.plaintext_at_rest,
+            "this node was formatted with encrypt_at_rest = {}, the configuration now says {}: \
+             the mode is fixed at format time, use the original setting or a new data dir",
+            !g.plaintext_at_rest,
+            !wanted.plaintext_at_rest
+        );
+        ensure!(
             device.is_some() || cfg.device_path().exists(),
             "device {} does not exist, but the index describes a formatted node: refusing to \
              start on an empty device (its superblock is missing); move the index away to \
@@ -134,11 +141,18 @@ pub(super) async fn open(
                 capacity = wanted.capacity_bytes,
                 region_bytes = wanted.region_bytes,
                 regions = wanted.regions,
+                encrypt_at_rest = !wanted.plaintext_at_rest,
                 "formatted a new node"
             );
             wanted
         }
     };
+    if geometry.plaintext_at_rest {
+        tracing::warn!(
+            "encryption at rest is OFF (formatted with encrypt_at_rest = false): block \
+             records are stored as received, protected by CRC32C only"
+        );
+    }
     metrics
         .io_engine_info
         .with_label_values(&[
@@ -298,6 +312,7 @@ fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
         region_bytes,
         data_offset: DATA_OFFSET_BYTES,
         regions: regions as u32,
+        plaintext_at_rest: !cfg.encrypt_at_rest,
     })
 }
 
@@ -614,8 +629,15 @@ async fn recover_open_tail(
         if h.region_epoch != m.tail_epoch || pos + record_len > end {
             break;
         }
-        let Some(dek) = namespaces.get(&h.ns_id).and_then(|ns| ns.dek(h.key_id)) else {
+        let Some(ns) = namespaces.get(&h.ns_id) else {
             break;
+        };
+        let dek = match g.plaintext_at_rest {
+            true => None,
+            false => match ns.dek(h.key_id) {
+                Some(dek) => Some(dek),
+                None => break,
+            },
         };
         let loc = BlockLoc {
             region: r as u32,
@@ -632,7 +654,7 @@ async fn recover_open_tail(
             .await;
         res.context("read a record of the open region's tail")?;
         if !matches!(
-            super::verify_record(buf, &dek, h.ns_id, &h.key, &loc),
+            super::verify_record(buf, dek.as_deref(), h.ns_id, &h.key, &loc),
             super::Verified::Ok(_)
         ) {
             break;

@@ -188,7 +188,7 @@ async fn bit_rot_is_always_detected() {
     let check = |bytes: &[u8]| -> bool {
         let mut b = AlignedBuf::zeroed(bytes.len());
         b.copy_from_slice(bytes);
-        match verify_record(b, &dek, ns.id, b"rot", &loc) {
+        match verify_record(b, Some(&dek), ns.id, b"rot", &loc) {
             Verified::Ok(got) => {
                 assert_eq!(got, d, "a corrupted record was answered with wrong bytes");
                 false
