@@ -67,9 +67,13 @@ pub struct BenchArgs {
     /// (the "encryption off" arm of the TLS + encryption comparison).
     #[arg(long)]
     pub no_encrypt_at_rest: bool,
+    /// Bytes each of the machine's limits is measured over (one-core CRC32C, AES-256-GCM
+    /// and memcpy; one loopback TCP stream), before the node runs; 0 skips them.
+    #[arg(long, default_value = "2GiB")]
+    pub limits_bytes: ByteSize,
 }
 
-#[derive(serde::Serialize, Clone)]
+#[derive(serde::Serialize, Clone, Default)]
 struct Row {
     run: u32,
     device: String,
@@ -79,6 +83,7 @@ struct Row {
     gb_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    p999_ms: f64,
     /// This figure over the device's own bandwidth (write for PUT, read for cold GET),
     /// measured in the same run just before.
     of_device: Option<f64>,
@@ -86,6 +91,9 @@ struct Row {
     node_cpu_s_per_gib: Option<f64>,
     /// CPU seconds the bench client spent per GiB moved in this phase.
     client_cpu_s_per_gib: Option<f64>,
+    /// The machine limit that bounds this figure (see [`bound_of`]) and the figure over it.
+    bound: Option<String>,
+    of_bound: Option<f64>,
 }
 
 /// CPU seconds (user + system) of process `pid` so far, from /proc.
@@ -145,6 +153,8 @@ fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Durati
         gb_per_s: bytes as f64 / elapsed.as_secs_f64() / 1e9,
         p50_ms: pct(&lat, 0.5),
         p99_ms: pct(&lat, 0.99),
+        p999_ms: pct(&lat, 0.999),
+        ..Row::default()
     }
 }
 
@@ -276,8 +286,7 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
         size: 1 << 20,
         ops: bytes >> 20,
         gb_per_s: bw / 1e9,
-        p50_ms: 0.0,
-        p99_ms: 0.0,
+        ..Row::default()
     };
     Some(vec![
         mk("fio seq write (O_DIRECT, 1 MiB, QD8)", w?),
@@ -511,6 +520,19 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.dir)?;
     ensure!(a.repeat > 0, "--repeat must be at least 1");
     let mut rows = Vec::new();
+    if a.limits_bytes.0 > 0 {
+        eprintln!("measuring the machine's limits ({} each)", a.limits_bytes);
+        for l in crate::limits::measure(a.limits_bytes.0) {
+            rows.push(Row {
+                device: "machine".into(),
+                what: l.what.into(),
+                size: 1 << 20,
+                ops: a.limits_bytes.0 >> 20,
+                gb_per_s: l.gb_per_s,
+                ..Row::default()
+            });
+        }
+    }
     if let Some(fio) = fio_baseline(&a.dir, a.device_bytes.0) {
         rows.extend(fio);
     }
@@ -539,14 +561,22 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let limits = Limits::of(&rows);
+    for r in rows.iter_mut().filter(|r| r.run > 0) {
+        if let Some((name, gb)) = limits.bound_of(r) {
+            r.of_bound = Some(r.gb_per_s / gb);
+            r.bound = Some(name);
+        }
+    }
     println!(
-        "| run | device | what | block | ops | GB/s | p50 ms | p99 ms | of device | node CPU s/GiB | client CPU s/GiB |"
+        "| run | device | what | block | ops | GB/s | p50 ms | p99 ms | p999 ms | of device | of bound | node CPU s/GiB | client CPU s/GiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let cpu = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
+    let pct = |v: Option<f64>| v.map_or(String::new(), |f| format!("{:.0} %", f * 100.0));
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.run,
             r.device,
             r.what,
@@ -555,8 +585,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.gb_per_s,
             r.p50_ms,
             r.p99_ms,
-            r.of_device
-                .map_or(String::new(), |f| format!("{:.0} %", f * 100.0)),
+            r.p999_ms,
+            pct(r.of_device),
+            match (&r.bound, r.of_bound) {
+                (Some(b), Some(f)) => format!("{:.0} % of {b}", f * 100.0),
+                _ => String::new(),
+            },
             cpu(r.node_cpu_s_per_gib),
             cpu(r.client_cpu_s_per_gib)
         );
@@ -565,8 +599,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!();
         println!("Medians of {} runs:", a.repeat);
         println!();
-        println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | node CPU s/GiB |");
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | of bound | node CPU s/GiB |");
+        println!("|---|---|---|---|---|---|---|---|---|");
         let mut seen: Vec<(String, String, u64)> = Vec::new();
         for r in rows.iter().filter(|r| r.run > 0) {
             let id = (r.device.clone(), r.what.clone(), r.size);
@@ -582,14 +616,18 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 .collect();
             let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
             println!(
-                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} |",
                 r.device,
                 r.what,
                 ByteSize(r.size),
                 med(&|r| Some(r.gb_per_s)).unwrap_or(0.0),
                 med(&|r| Some(r.p50_ms)).unwrap_or(0.0),
                 med(&|r| Some(r.p99_ms)).unwrap_or(0.0),
-                med(&|r| r.of_device).map_or(String::new(), |f| format!("{:.0} %", f * 100.0)),
+                pct(med(&|r| r.of_device)),
+                match (&r.bound, med(&|r| r.of_bound)) {
+                    (Some(b), Some(f)) => format!("{:.0} % of {b}", f * 100.0),
+                    _ => String::new(),
+                },
                 cpu(med(&|r| r.node_cpu_s_per_gib))
             );
         }
@@ -603,6 +641,54 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(p, out)?;
     }
     Ok(())
+}
+
+/// The machine's limits measured at the start of the run (rows of run 0).
+struct Limits {
+    loopback: Option<f64>,
+    /// fio's sequential write with an fdatasync every 4 MiB: the device's flushed write.
+    flushed_write: Option<f64>,
+}
+
+impl Limits {
+    fn of(rows: &[Row]) -> Limits {
+        let find = |what: &str| {
+            rows.iter()
+                .find(|r| r.run == 0 && r.what.starts_with(what))
+                .map(|r| r.gb_per_s)
+        };
+        Limits {
+            loopback: find("loopback TCP"),
+            flushed_write: find("fio seq write + fdatasync"),
+        }
+    }
+
+    /// The limit that bounds a phase, as the targets name them: a durable PUT by the
+    /// device's flushed sequential write; a cold read by the lesser of the device's read
+    /// (measured just before that phase) and one loopback stream; a hot read by the loopback
+    /// stream. (CRC32C and AES-GCM run on the offload engine's threads at 5-20 GB/s per core,
+    /// never the lesser here; they are printed as limits all the same.)
+    fn bound_of(&self, r: &Row) -> Option<(String, f64)> {
+        let device_read = r.of_device.map(|f| r.gb_per_s / f);
+        let lesser = |a: Option<(&'static str, f64)>, b: Option<(&'static str, f64)>| match (a, b) {
+            (Some(a), Some(b)) => Some(if a.1 <= b.1 { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let w = &r.what;
+        let got = if w.starts_with("PUT durable") {
+            self.flushed_write.map(|g| ("flushed device write", g))
+        } else if w.contains("cold") {
+            lesser(
+                device_read.map(|g| ("device read", g)),
+                self.loopback.map(|g| ("loopback", g)),
+            )
+        } else if w.contains("hot") {
+            self.loopback.map(|g| ("loopback", g))
+        } else {
+            None
+        };
+        got.map(|(n, g)| (n.to_string(), g))
+    }
 }
 
 fn median(it: impl Iterator<Item = f64>) -> Option<f64> {

@@ -21,6 +21,7 @@ pub use ctxpod_sansio::config;
 pub mod crypto;
 pub mod device;
 pub mod engine;
+pub mod limits;
 pub mod metrics;
 pub use ctxpod_sansio::record;
 pub mod server;
