@@ -775,7 +775,10 @@ impl Engine {
             };
             Some(dek)
         };
-        let buf = AlignedBuf::zeroed(loc.record_len as usize);
+        // Not zeroed: the read overwrites the whole buffer or fails (short transfers are
+        // resubmitted), and whatever it held before cannot pass the header's identity check
+        // against the index and the AEAD (or CRC32C) check.
+        let buf = AlignedBuf::reused(loc.record_len as usize);
         let (buf, r) = c
             .device
             .read_at(buf, c.dev_offset(loc.region, loc.offset))
