@@ -36,10 +36,13 @@ pub struct S3Fifo {
     ghost_max: usize,
 }
 
-/// Bytes an entry is charged: its payload rounded up to whole pages plus one page (a block
-/// read from flash keeps its whole aligned record buffer alive), its key and bookkeeping.
+/// Bytes an entry is charged: the memory of the whole record buffer a block read from flash
+/// keeps alive (header, payload, tag and padding, in its buffer-pool capacity class), its
+/// key and bookkeeping.
 fn cost(key: &[u8], data: &Bytes) -> usize {
-    data.len().next_multiple_of(4096) + 4096 + key.len() + ENTRY_OVERHEAD_BYTES
+    crate::device::AlignedBuf::capacity_for(crate::record::record_bytes(data.len()))
+        + key.len()
+        + ENTRY_OVERHEAD_BYTES
 }
 
 impl S3Fifo {
