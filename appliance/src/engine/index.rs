@@ -38,6 +38,8 @@ const CFS: [&str; 6] = [
 const INDEX_MEMTABLE_BYTES: usize = 8 << 20;
 /// Memtables of all column families together.
 const INDEX_MEMTABLES_BYTES_MAX: usize = 32 << 20;
+/// Block cache of the index (data, index and filter blocks of every column family).
+const INDEX_BLOCK_CACHE_BYTES: usize = 64 << 20;
 
 pub const META_GEOMETRY: &[u8] = b"geometry";
 pub const META_NEXT_NS_ID: &[u8] = b"next_ns_id";
@@ -239,9 +241,18 @@ impl Index {
         let opts = opts
             .get_options_from_string("avoid_flush_during_shutdown=true")
             .context("set avoid_flush_during_shutdown")?;
+        // Point lookups dominate (every GET, PUT and MATCH miss asks `blocks`): a bloom
+        // filter per table file spares reads of files that do not hold the key, and one
+        // block cache, shared by every column family and holding the files' index and filter
+        // blocks too, bounds the index's read memory (docs/PERFORMANCE.md, "Scale").
+        let cache = rocksdb::Cache::new_lru_cache(INDEX_BLOCK_CACHE_BYTES);
         let cfs = CFS.iter().map(|n| {
             let mut o = Options::default();
             o.set_write_buffer_size(INDEX_MEMTABLE_BYTES);
+            let mut t = rocksdb::BlockBasedOptions::default();
+            t.set_block_cache(&cache);
+            t.set_bloom_filter(10.0, false);
+            o.set_block_based_table_factory(&t);
             ColumnFamilyDescriptor::new(*n, o)
         });
         let db = DB::open_cf_descriptors(&opts, path, cfs)
