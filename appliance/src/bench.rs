@@ -500,23 +500,29 @@ async fn phase(
     let t = Instant::now();
     let mut lat = Vec::with_capacity(n as usize);
     let put = what.starts_with("PUT");
+    // `fast` puts store a second set of blocks (keys n..2n), acknowledged before their
+    // flush; the GET phases read the durable set.
+    let fast = what.starts_with("PUT fast");
+    let (base, durability) = if fast {
+        (n, Durability::Fast)
+    } else {
+        (0, Durability::Durable)
+    };
+    let wire_durability = match durability {
+        Durability::Fast => ctxpod_api::proto::Durability::Fast,
+        Durability::Durable => ctxpod_api::proto::Durability::Durable,
+    };
     let mut s = futures::stream::iter((0..n).map(|i| {
         let c = client.clone();
         let tc = transfer.get(i as usize % 4).cloned();
         let (data, crc) = pool[(i % POOL) as usize].clone();
         async move {
-            let k = key(size, i);
+            let k = key(size, base + i);
             let t = Instant::now();
             if let Some(tc) = tc {
                 let k = Bytes::from(k);
                 if put {
-                    let st = tc
-                        .put(
-                            "default",
-                            &[(k, data)],
-                            ctxpod_api::proto::Durability::Durable,
-                        )
-                        .await?;
+                    let st = tc.put("default", &[(k, data)], wire_durability).await?;
                     ensure!(
                         st[0] == 201 || st[0] == 200,
                         "put of block {i}: status {}",
@@ -530,8 +536,7 @@ async fn phase(
                     );
                 }
             } else if put {
-                c.put_with_crc("default", &k, data, crc, Durability::Durable)
-                    .await?;
+                c.put_with_crc("default", &k, data, crc, durability).await?;
             } else {
                 let got = c.get("default", &k).await?;
                 ensure!(
@@ -686,6 +691,8 @@ struct Limits {
     loopback: Option<f64>,
     /// fio's sequential write with an fdatasync every 4 MiB: the device's flushed write.
     flushed_write: Option<f64>,
+    /// fio's sequential write, flushed only at the end.
+    write: Option<f64>,
 }
 
 impl Limits {
@@ -698,11 +705,12 @@ impl Limits {
         Limits {
             loopback: find("loopback TCP"),
             flushed_write: find("fio seq write + fdatasync"),
+            write: find("fio seq write (O_DIRECT"),
         }
     }
 
     /// The limit that bounds a phase, as the targets name them: a durable PUT by the
-    /// device's flushed sequential write; a cold read by the lesser of the device's read
+    /// device's flushed sequential write, a fast one by its plain sequential write; a cold read by the lesser of the device's read
     /// (measured just before that phase) and one loopback stream; a hot read by the loopback
     /// stream. (CRC32C and AES-GCM run on the offload engine's threads at 5-20 GB/s per core,
     /// never the lesser here; they are printed as limits all the same.)
@@ -715,6 +723,8 @@ impl Limits {
         let w = &r.what;
         let got = if w.starts_with("PUT durable") {
             self.flushed_write.map(|g| ("flushed device write", g))
+        } else if w.starts_with("PUT fast") {
+            self.write.map(|g| ("device write", g))
         } else if w.contains("cold") {
             lesser(
                 device_read.map(|g| ("device read", g)),
@@ -767,6 +777,8 @@ async fn measure_size(
     let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
     let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1).await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
+    let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1).await?;
+    put_fast.of_device = Some(put_fast.gb_per_s / dev_w.gb_per_s);
     let s = node.client.stats().await?;
     let m = node.client.metrics().await?;
     let metric = |name: &str| {
@@ -819,7 +831,7 @@ async fn measure_size(
         cold.gb_per_s,
         cold.of_device.unwrap_or(0.0) * 100.0
     );
-    rows.extend([dev_w, dev_r, put, cold, hot]);
+    rows.extend([dev_w, dev_r, put, put_fast, cold, hot]);
     Ok(())
 }
 

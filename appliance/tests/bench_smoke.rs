@@ -1,0 +1,95 @@
+//! `ctxpod bench` still runs end to end: every phase of a tiny run verifies its bytes and
+//! reports a rate, the machine's limits come out, and the scale check loads and reads back.
+//! (Speed is the benchmark's business, never this test's.)
+
+use std::process::Command;
+
+fn bench(dir: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let json = dir.join("out.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .arg("bench")
+        .arg("--dir")
+        .arg(dir)
+        .arg("--json")
+        .arg(&json)
+        .args(args)
+        .output()
+        .expect("run ctxpod bench");
+    assert!(
+        out.status.success(),
+        "ctxpod bench failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(&json)
+        .expect("json lines")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect()
+}
+
+#[test]
+fn a_tiny_bench_run_measures_every_phase_and_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = bench(
+        dir.path(),
+        &[
+            "--sizes",
+            "64KiB",
+            "--bytes",
+            "2MiB",
+            "--device-bytes",
+            "4MiB",
+            "--limits-bytes",
+            "4MiB",
+            "--protocol",
+            "cxp1",
+            "--concurrency",
+            "4",
+        ],
+    );
+    let rate = |what: &str| {
+        rows.iter()
+            .find(|r| r["what"].as_str().is_some_and(|w| w.starts_with(what)))
+            .and_then(|r| r["gb_per_s"].as_f64())
+            .unwrap_or_else(|| panic!("no {what:?} row in {rows:?}"))
+    };
+    for what in [
+        "CRC32C",
+        "AES-256-GCM seal",
+        "AES-256-GCM open",
+        "memcpy",
+        "loopback TCP",
+        "PUT durable",
+        "PUT fast",
+        "GET cold",
+        "GET hot",
+    ] {
+        let r = rate(what);
+        assert!(r.is_finite() && r > 0.0, "{what}: {r}");
+    }
+    // Each node phase is set against the limit that bounds it.
+    let hot = rows
+        .iter()
+        .find(|r| r["what"] == "GET hot (DRAM)")
+        .expect("hot row");
+    assert_eq!(hot["bound"], "loopback", "{hot}");
+    assert!(hot["of_bound"].as_f64().is_some_and(|f| f > 0.0), "{hot}");
+}
+
+#[test]
+fn the_scale_check_loads_and_reads_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = bench(dir.path(), &["--scale", "1K,3K", "--concurrency", "4"]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["blocks"], 1000);
+    assert_eq!(rows[1]["blocks"], 3000);
+    for r in &rows {
+        assert!(r["get_p50_us"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+        assert!(r["rss_bytes"].as_u64().is_some_and(|v| v > 0), "{r}");
+    }
+    assert!(rows[0]["rss_per_million_blocks"].is_null());
+    assert!(
+        !dir.path().join("scale-3000").exists(),
+        "the scale check removes its nodes"
+    );
+}
