@@ -548,12 +548,75 @@ async fn phase(
         }
     }))
     .buffer_unordered(conc);
+    let mut progress = Progress::new(&format!("{what}, {}", ByteSize(size as u64)), n);
     while let Some(r) = s.next().await {
         lat.push(r?);
+        progress.step(lat.len() as u64);
     }
+    progress.done();
     let mut r = row(what, size as u64, n * size as u64, t.elapsed(), lat);
     cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
+}
+
+/// Progress of a long phase on stderr: a line redrawn in place on a terminal, a line every
+/// 10 % otherwise (logs), nothing for phases under two seconds.
+struct Progress {
+    label: String,
+    total: u64,
+    started: Instant,
+    shown_tenths: u64,
+    tty: bool,
+    drawn: bool,
+}
+
+impl Progress {
+    fn new(label: &str, total: u64) -> Progress {
+        use std::io::IsTerminal;
+        Progress {
+            label: label.to_string(),
+            total: total.max(1),
+            started: Instant::now(),
+            shown_tenths: 0,
+            tty: std::io::stderr().is_terminal(),
+            drawn: false,
+        }
+    }
+
+    fn step(&mut self, done: u64) {
+        let elapsed = self.started.elapsed();
+        if elapsed < Duration::from_secs(2) {
+            return;
+        }
+        let tenths = done * 10 / self.total;
+        let rate = done as f64 / elapsed.as_secs_f64();
+        if self.tty {
+            let width = 30;
+            let filled = (done * width / self.total) as usize;
+            eprint!(
+                "\r  {} [{}{}] {done}/{} ({rate:.0}/s)",
+                self.label,
+                "#".repeat(filled),
+                " ".repeat(width as usize - filled),
+                self.total
+            );
+            self.drawn = true;
+        } else if tenths > self.shown_tenths {
+            self.shown_tenths = tenths;
+            eprintln!(
+                "  {}: {} % ({done} of {}, {rate:.0}/s)",
+                self.label,
+                tenths * 10,
+                self.total
+            );
+        }
+    }
+
+    fn done(&self) {
+        if self.drawn {
+            eprintln!();
+        }
+    }
 }
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
