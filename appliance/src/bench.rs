@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Requests in flight.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Blocks per request in the size phases: 1 (one PUT or GET each), or a batch (CXP1
+    /// batch ops; HTTP `batch/put` and `batch/get`). At most 64 MiB of blocks per request.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Bytes of the raw device baseline.
     #[arg(long, default_value = "2GiB")]
     pub device_bytes: ByteSize,
@@ -465,6 +469,9 @@ fn key(size: usize, i: u64) -> Vec<u8> {
 /// data does not take CPU from the node during a timed phase.
 const POOL: u64 = 8;
 
+/// One timed phase: `n` blocks of `size` bytes put or read, `batch` per request and `conc`
+/// requests in flight, every byte checked (the row's `what` names the batch when above 1).
+#[allow(clippy::too_many_arguments)]
 async fn phase(
     node: &Node,
     size: usize,
@@ -472,7 +479,14 @@ async fn phase(
     conc: usize,
     what: &str,
     cxp1: bool,
+    batch: usize,
 ) -> anyhow::Result<Row> {
+    ensure!(
+        (1..=ctxpod_api::BATCH_ENTRIES_MAX).contains(&batch)
+            && batch * size <= ctxpod_api::BATCH_BODY_BYTES_MAX,
+        "--batch {batch} of {} blocks is outside 1..=1024 blocks and 64 MiB per request",
+        ByteSize(size as u64)
+    );
     let client = &node.client;
     let transfer: Vec<std::sync::Arc<TransferClient>> = if cxp1 {
         let addr = node
@@ -512,49 +526,84 @@ async fn phase(
         Durability::Fast => ctxpod_api::proto::Durability::Fast,
         Durability::Durable => ctxpod_api::proto::Durability::Durable,
     };
-    let mut s = futures::stream::iter((0..n).map(|i| {
+    let requests = n.div_ceil(batch as u64);
+    let mut s = futures::stream::iter((0..requests).map(|r| {
         let c = client.clone();
-        let tc = transfer.get(i as usize % 4).cloned();
-        let (data, crc) = pool[(i % POOL) as usize].clone();
+        let tc = transfer.get(r as usize % 4).cloned();
+        let first = r * batch as u64;
+        let idx: Vec<u64> = (first..(first + batch as u64).min(n)).collect();
+        let blocks: Vec<(Vec<u8>, Bytes, u32)> = idx
+            .iter()
+            .map(|&i| {
+                let (data, crc) = pool[(i % POOL) as usize].clone();
+                (key(size, base + i), data, crc)
+            })
+            .collect();
         async move {
-            let k = key(size, base + i);
             let t = Instant::now();
+            let wrong =
+                |i: usize| format!("block {} of {size} bytes came back wrong", first + i as u64);
             if let Some(tc) = tc {
-                let k = Bytes::from(k);
                 if put {
-                    let st = tc.put("default", &[(k, data)], wire_durability).await?;
+                    let entries: Vec<(Bytes, Bytes)> = blocks
+                        .into_iter()
+                        .map(|(k, d, _)| (Bytes::from(k), d))
+                        .collect();
+                    let st = tc.put("default", &entries, wire_durability).await?;
                     ensure!(
-                        st[0] == 201 || st[0] == 200,
-                        "put of block {i}: status {}",
-                        st[0]
+                        st.iter().all(|&s| s == 201 || s == 200),
+                        "put of blocks from {first}: statuses {st:?}"
                     );
                 } else {
-                    let got = tc.get("default", &[k]).await?;
-                    ensure!(
-                        got[0].as_deref() == Some(&data[..]),
-                        "block {i} of {size} bytes came back wrong"
-                    );
+                    let keys: Vec<Bytes> = blocks
+                        .iter()
+                        .map(|(k, _, _)| Bytes::from(k.clone()))
+                        .collect();
+                    let got = tc.get("default", &keys).await?;
+                    for (i, (g, (_, d, _))) in got.iter().zip(&blocks).enumerate() {
+                        ensure!(g.as_deref() == Some(&d[..]), "{}", wrong(i));
+                    }
+                }
+            } else if batch == 1 {
+                let (k, data, crc) = blocks.into_iter().next().context("a block")?;
+                if put {
+                    c.put_with_crc("default", &k, data.clone(), crc, durability)
+                        .await?;
+                } else {
+                    let got = c.get("default", &k).await?;
+                    ensure!(got.as_deref() == Some(&data[..]), "{}", wrong(0));
                 }
             } else if put {
-                c.put_with_crc("default", &k, data, crc, durability).await?;
-            } else {
-                let got = c.get("default", &k).await?;
+                let entries: Vec<(Vec<u8>, Bytes)> =
+                    blocks.into_iter().map(|(k, d, _)| (k, d)).collect();
+                let st = c.batch_put("default", &entries, durability).await?;
                 ensure!(
-                    got.as_deref() == Some(&data[..]),
-                    "block {i} of {size} bytes came back wrong"
+                    st.iter().all(|&s| s == 201 || s == 200),
+                    "batch put of blocks from {first}: statuses {st:?}"
                 );
+            } else {
+                let keys: Vec<Vec<u8>> = blocks.iter().map(|(k, _, _)| k.clone()).collect();
+                let got = c.batch_get("default", &keys).await?;
+                for (i, ((_, g), (_, d, _))) in got.iter().zip(&blocks).enumerate() {
+                    ensure!(g.as_deref() == Some(&d[..]), "{}", wrong(i));
+                }
             }
             anyhow::Ok(t.elapsed())
         }
     }))
     .buffer_unordered(conc);
-    let mut progress = Progress::new(&format!("{what}, {}", ByteSize(size as u64)), n);
+    let mut progress = Progress::new(&format!("{what}, {}", ByteSize(size as u64)), requests);
     while let Some(r) = s.next().await {
         lat.push(r?);
         progress.step(lat.len() as u64);
     }
     progress.done();
-    let mut r = row(what, size as u64, n * size as u64, t.elapsed(), lat);
+    let what = if batch > 1 {
+        format!("{what}, batch {batch}")
+    } else {
+        what.to_string()
+    };
+    let mut r = row(&what, size as u64, n * size as u64, t.elapsed(), lat);
     cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
 }
@@ -838,9 +887,9 @@ async fn measure_size(
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
     let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
-    let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1).await?;
+    let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1, a.batch).await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
-    let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1).await?;
+    let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1, a.batch).await?;
     put_fast.of_device = Some(put_fast.gb_per_s / dev_w.gb_per_s);
     let s = node.client.stats().await?;
     let m = node.client.metrics().await?;
@@ -871,7 +920,16 @@ async fn measure_size(
     );
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
-    let mut cold = phase(&node, size, n, a.concurrency, "GET cold (flash)", cxp1).await?;
+    let mut cold = phase(
+        &node,
+        size,
+        n,
+        a.concurrency,
+        "GET cold (flash)",
+        cxp1,
+        a.batch,
+    )
+    .await?;
     cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
     let s = node.client.stats().await?;
     eprintln!(
@@ -881,8 +939,17 @@ async fn measure_size(
     );
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_big, device, a).await?;
-    phase(&node, size, n, a.concurrency, "warm-up", cxp1).await?;
-    let hot = phase(&node, size, n, a.concurrency, "GET hot (DRAM)", cxp1).await?;
+    phase(&node, size, n, a.concurrency, "warm-up", cxp1, a.batch).await?;
+    let hot = phase(
+        &node,
+        size,
+        n,
+        a.concurrency,
+        "GET hot (DRAM)",
+        cxp1,
+        a.batch,
+    )
+    .await?;
     let s = node.client.stats().await?;
     eprintln!("  hot: {} of {} reads from DRAM", s.dram_hits, s.hits);
     node.stop()?;
@@ -920,7 +987,7 @@ async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> a
         let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
         let dram = 16 << 20;
         let node = Node::start(&data_dir, capacity, dram, device, a).await?;
-        phase(&node, size, n, a.concurrency, "PUT durable", true).await?;
+        phase(&node, size, n, a.concurrency, "PUT durable", true, 1).await?;
         node.stop()?;
         let mut got = Vec::new();
         for what in [

@@ -27,26 +27,28 @@ fn bench(dir: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A run over `bytes` of 64 KiB blocks, a 4 MiB device baseline, `limits` bytes per limit.
+fn tiny<'a>(bytes: &'a str, limits: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "--sizes",
+        "64KiB",
+        "--bytes",
+        bytes,
+        "--device-bytes",
+        "4MiB",
+        "--limits-bytes",
+        limits,
+        "--concurrency",
+        "4",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
 #[test]
 fn a_tiny_bench_run_measures_every_phase_and_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let rows = bench(
-        dir.path(),
-        &[
-            "--sizes",
-            "64KiB",
-            "--bytes",
-            "2MiB",
-            "--device-bytes",
-            "4MiB",
-            "--limits-bytes",
-            "4MiB",
-            "--protocol",
-            "cxp1",
-            "--concurrency",
-            "4",
-        ],
-    );
+    let rows = bench(dir.path(), &tiny("2MiB", "4MiB", &["--protocol", "cxp1"]));
     let rate = |what: &str| {
         rows.iter()
             .find(|r| r["what"].as_str().is_some_and(|w| w.starts_with(what)))
@@ -92,4 +94,27 @@ fn the_scale_check_loads_and_reads_back() {
         !dir.path().join("scale-3000").exists(),
         "the scale check removes its nodes"
     );
+}
+
+#[test]
+fn batched_phases_run_over_http_batch_routes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = bench(
+        dir.path(),
+        &tiny("1MiB", "0", &["--protocol", "http", "--batch", "4"]),
+    );
+    for what in [
+        "PUT durable, batch 4",
+        "PUT fast, batch 4",
+        "GET cold (flash), batch 4",
+        "GET hot (DRAM), batch 4",
+    ] {
+        let r = rows
+            .iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no {what:?} row in {rows:?}"));
+        // 16 blocks of 64 KiB in requests of 4.
+        assert_eq!(r["ops"], 4, "{r}");
+        assert!(r["gb_per_s"].as_f64().is_some_and(|g| g > 0.0), "{r}");
+    }
 }
