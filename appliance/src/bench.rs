@@ -788,14 +788,19 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(p) = &a.json {
-        let mut out = String::new();
-        for r in &rows {
-            out.push_str(&serde_json::to_string(r)?);
-            out.push('\n');
-        }
-        std::fs::write(p, out)?;
+        write_json_lines(p, &rows)?;
     }
     Ok(())
+}
+
+/// `rows` as JSON lines in `path` (`--json`).
+fn write_json_lines<T: serde::Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for r in rows {
+        text.push_str(&serde_json::to_string(r)?);
+        text.push('\n');
+    }
+    std::fs::write(path, text).with_context(|| format!("write {}", path.display()))
 }
 
 /// The machine's limits measured at the start of the run (rows of run 0).
@@ -1392,12 +1397,7 @@ async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(p) = &a.json {
-        let mut text = String::new();
-        for r in &out {
-            text.push_str(&serde_json::to_string(r)?);
-            text.push('\n');
-        }
-        std::fs::write(p, text)?;
+        write_json_lines(p, &out)?;
     }
     Ok(())
 }

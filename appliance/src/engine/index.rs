@@ -242,9 +242,10 @@ impl Index {
             .get_options_from_string("avoid_flush_during_shutdown=true")
             .context("set avoid_flush_during_shutdown")?;
         // Point lookups dominate (every GET, PUT and MATCH miss asks `blocks`): a bloom
-        // filter per table file spares reads of files that do not hold the key, and one
-        // block cache, shared by every column family and holding the files' index and filter
-        // blocks too, bounds the index's read memory (docs/PERFORMANCE.md, "Scale").
+        // filter per table file spares reads of files that do not hold the key, and one block
+        // cache shared by every column family bounds the data blocks kept in memory. Index and
+        // filter blocks stay with the table readers: in the LRU as well, concurrent lookups
+        // contended for it (docs/PERFORMANCE.md, "Scale").
         let cache = rocksdb::Cache::new_lru_cache(INDEX_BLOCK_CACHE_BYTES);
         let cfs = CFS.iter().map(|n| {
             let mut o = Options::default();

@@ -140,6 +140,17 @@ impl Namespace {
         self.keys.read().deks.get(&key_id).cloned()
     }
 
+    /// What opens a record of key generation `key_id`: `Some(None)` on a node that stores
+    /// records in plaintext (no key is needed), `Some(Some(key))`, or `None` when the
+    /// namespace has no such key.
+    fn opening_key(&self, key_id: u32, plaintext_at_rest: bool) -> Option<Option<Arc<AeadKey>>> {
+        if plaintext_at_rest {
+            Some(None)
+        } else {
+            self.dek(key_id).map(Some)
+        }
+    }
+
     /// The current key generation and its key, for a new write.
     fn current_key(&self) -> Option<(u32, Arc<AeadKey>)> {
         let k = self.keys.read();
@@ -762,18 +773,10 @@ impl Engine {
         loc: BlockLoc,
     ) -> Result<Option<Bytes>> {
         let c = &self.core;
-        let dek = if c.geometry.plaintext_at_rest {
-            None
-        } else {
-            let Some(dek) = ns.dek(loc.key_id) else {
-                return Err(anyhow::anyhow!(
-                    "no data key {} for namespace {}",
-                    loc.key_id,
-                    ns.name
-                )
-                .into());
-            };
-            Some(dek)
+        let Some(dek) = ns.opening_key(loc.key_id, c.geometry.plaintext_at_rest) else {
+            return Err(
+                anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into(),
+            );
         };
         // Not zeroed: the read overwrites the whole buffer or fails (short transfers are
         // resubmitted), and whatever it held before cannot pass the header's identity check

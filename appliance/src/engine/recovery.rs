@@ -629,15 +629,11 @@ async fn recover_open_tail(
         if h.region_epoch != m.tail_epoch || pos + record_len > end {
             break;
         }
-        let Some(ns) = namespaces.get(&h.ns_id) else {
+        let Some(dek) = namespaces
+            .get(&h.ns_id)
+            .and_then(|ns| ns.opening_key(h.key_id, g.plaintext_at_rest))
+        else {
             break;
-        };
-        let dek = match g.plaintext_at_rest {
-            true => None,
-            false => match ns.dek(h.key_id) {
-                Some(dek) => Some(dek),
-                None => break,
-            },
         };
         let loc = BlockLoc {
             region: r as u32,
