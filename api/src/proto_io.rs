@@ -5,7 +5,68 @@
 
 use crate::proto::{Header, Op, ProtoError, HEADER_BYTES};
 use bytes::{Buf, Bytes, BytesMut};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Bodies at least this large are taken into recycled buffers instead of the connection's
+/// buffer. glibc serves allocations of this size and up with fresh `mmap`s, so each large
+/// body cost page faults and the kernel zeroing every page: a fifth of a client's CPU on
+/// 1 MiB GETs (docs/PERFORMANCE.md, "Where the time goes").
+const RECYCLE_MIN_BYTES: usize = 128 << 10;
+/// Recycled buffers come in capacities of whole multiples of this.
+const RECYCLE_CLASS_BYTES: usize = 64 << 10;
+/// The most this process keeps in idle recycled buffers, all connections together;
+/// a buffer given back beyond it is freed.
+pub const RECYCLE_KEEP_BYTES: usize = 64 << 20;
+
+/// Idle recycled buffers by capacity, and their total capacity.
+static RECYCLED: Mutex<(BTreeMap<usize, Vec<Vec<u8>>>, usize)> = Mutex::new((BTreeMap::new(), 0));
+
+/// A buffer of capacity `n` rounded up to its class: an idle one if there is one (its
+/// contents are stale; every byte handed out is overwritten first), a new one otherwise.
+fn recycled_buf(n: usize) -> Vec<u8> {
+    let cap = n.next_multiple_of(RECYCLE_CLASS_BYTES);
+    let mut idle = RECYCLED.lock().expect("recycled buffers");
+    if let Some(buf) = idle.0.get_mut(&cap).and_then(Vec::pop) {
+        idle.1 -= cap;
+        return buf;
+    }
+    drop(idle);
+    vec![0; cap]
+}
+
+/// A taken body in a recycled buffer; dropping the last `Bytes` that views it gives the
+/// buffer back, or frees it when the idle buffers already hold [`RECYCLE_KEEP_BYTES`].
+struct Recycled {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        let cap = buf.len();
+        let Ok(mut idle) = RECYCLED.lock() else {
+            return;
+        };
+        if idle.1 + cap <= RECYCLE_KEEP_BYTES {
+            idle.1 += cap;
+            idle.0.entry(cap).or_default().push(buf);
+        }
+    }
+}
+
+/// Bytes held in idle recycled buffers now (for tests and metrics).
+pub fn recycled_idle_bytes() -> usize {
+    RECYCLED.lock().map(|idle| idle.1).unwrap_or(0)
+}
 
 pub struct FrameInput<R> {
     rd: R,
@@ -82,8 +143,14 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
         }
     }
 
-    /// The next `n` bytes.
+    /// The next `n` bytes. A large body (from 128 KiB) is received into a recycled buffer,
+    /// given back when the last view of it is dropped.
     pub async fn take(&mut self, n: usize) -> std::io::Result<Bytes> {
+        if n >= RECYCLE_MIN_BYTES {
+            let mut buf = recycled_buf(n);
+            self.read_into(&mut buf[..n]).await?;
+            return Ok(Bytes::from_owner(Recycled { buf, len: n }));
+        }
         self.need(n).await?;
         Ok(self.buf.split_to(n).freeze())
     }
@@ -111,5 +178,66 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
             n -= k;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn large_bodies_come_back_whole_and_their_buffers_are_reused() {
+        // A class no other test uses: 3 MiB and a bit.
+        let n = (3 << 20) + 12_345;
+        let data = pattern(10 + 2 * n + 5);
+        let mut input = FrameInput::new(&data[..], u32::MAX);
+        let small = input.take(10).await.unwrap();
+        assert_eq!(&small[..], &data[..10]);
+        let a = input.take(n).await.unwrap();
+        assert_eq!(&a[..], &data[10..10 + n]);
+        let first = a.as_ptr();
+        // A slice keeps the buffer out of the pool until it is dropped too.
+        let part = a.slice(100..200);
+        drop(a);
+        assert_eq!(recycled_idle_bytes(), 0);
+        drop(part);
+        assert_eq!(
+            recycled_idle_bytes(),
+            n.next_multiple_of(RECYCLE_CLASS_BYTES)
+        );
+        let b = input.take(n).await.unwrap();
+        assert_eq!(&b[..], &data[10 + n..10 + 2 * n]);
+        assert_eq!(b.as_ptr(), first, "the buffer given back is used again");
+        assert_eq!(recycled_idle_bytes(), 0);
+        assert_eq!(&input.take(5).await.unwrap()[..], &data[10 + 2 * n..]);
+    }
+
+    #[tokio::test]
+    async fn idle_buffers_are_bounded() {
+        let n = 30 << 20;
+        let data = pattern(3 * n);
+        let mut input = FrameInput::new(&data[..], u32::MAX);
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let b = input.take(n).await.unwrap();
+            assert_eq!(&b[..], &data[i * n..(i + 1) * n]);
+            held.push(b);
+        }
+        drop(held);
+        // Two 30 MiB buffers fit under the 64 MiB bound; the third was freed.
+        assert_eq!(recycled_idle_bytes(), 2 * n);
+        assert!(recycled_idle_bytes() <= RECYCLE_KEEP_BYTES);
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error() {
+        let data = pattern(200 << 10);
+        let mut input = FrameInput::new(&data[..], u32::MAX);
+        let e = input.take(300 << 10).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }

@@ -84,6 +84,11 @@ pub struct BenchArgs {
     /// Block size of the scale check.
     #[arg(long, default_value = "1KiB")]
     pub scale_block: ByteSize,
+    /// Record a system-wide CPU profile (`perf record -a`, node and bench client together)
+    /// of every timed phase into this folder, one `<phase>-<size>.data` file each; read one
+    /// with `perf report -i FILE --sort pid,dso,sym`. Needs `perf` on the PATH.
+    #[arg(long)]
+    pub perf: Option<PathBuf>,
 }
 
 /// A count with an optional K (10^3) or M (10^6) suffix.
@@ -332,6 +337,45 @@ struct Node {
     transfer: Option<String>,
     /// How clients reach it (TLS with `--tls`).
     how: ctxpod_api::connect::Connect,
+    /// Where `--perf` profiles of this node's phases go.
+    perf: Option<PathBuf>,
+}
+
+/// A system-wide `perf record` around one timed phase (`--perf`); stopped with SIGINT, so
+/// that perf writes its file, when the phase ends.
+struct PerfRecord(Child);
+
+impl PerfRecord {
+    fn start(dir: &Path, what: &str, size: usize) -> anyhow::Result<PerfRecord> {
+        std::fs::create_dir_all(dir)?;
+        let name: String = format!("{what}-{}", ByteSize(size as u64))
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let file = dir.join(format!("{name}.data"));
+        let child = Command::new("perf")
+            .args(["record", "-a", "-F", "999", "-q", "-o"])
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("--perf: start `perf record` (is perf installed?)")?;
+        Ok(PerfRecord(child))
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        // SAFETY: sending SIGINT to our own child process.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let st = self.0.wait()?;
+        // perf writes its file on SIGINT, then ends by the same signal.
+        use std::os::unix::process::ExitStatusExt;
+        ensure!(
+            st.success() || st.signal() == Some(libc::SIGINT),
+            "perf record ended with {st}"
+        );
+        Ok(())
+    }
 }
 
 /// A CA and a server certificate for 127.0.0.1, written under `dir`; the TOML that serves
@@ -424,6 +468,7 @@ impl Node {
             client: Client::connect(format!("{scheme}://{addr}"), &how)?,
             transfer,
             how,
+            perf: a.perf.clone(),
         })
     }
 
@@ -502,6 +547,15 @@ async fn phase(
         v
     } else {
         Vec::new()
+    };
+    let perf = match &node.perf {
+        Some(dir) if what != "warm-up" => {
+            let p = PerfRecord::start(dir, what, size)?;
+            // perf needs a moment to open its events on every CPU before the phase starts.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Some(p)
+        }
+        _ => None,
     };
     let cpu0 = CpuMark::now(node);
     let pool: Vec<(Bytes, u32)> = (0..POOL)
@@ -598,12 +652,16 @@ async fn phase(
         progress.step(lat.len() as u64);
     }
     progress.done();
+    let elapsed = t.elapsed();
+    if let Some(p) = perf {
+        p.stop()?;
+    }
     let what = if batch > 1 {
         format!("{what}, batch {batch}")
     } else {
         what.to_string()
     };
-    let mut r = row(&what, size as u64, n * size as u64, t.elapsed(), lat);
+    let mut r = row(&what, size as u64, n * size as u64, elapsed, lat);
     cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
 }
