@@ -21,15 +21,23 @@ const RECYCLE_CLASS_BYTES: usize = 64 << 10;
 pub const RECYCLE_KEEP_BYTES: usize = 64 << 20;
 
 /// Idle recycled buffers by capacity, and their total capacity.
-static RECYCLED: Mutex<(BTreeMap<usize, Vec<Vec<u8>>>, usize)> = Mutex::new((BTreeMap::new(), 0));
+struct Idle {
+    by_cap: BTreeMap<usize, Vec<Vec<u8>>>,
+    bytes: usize,
+}
+
+static RECYCLED: Mutex<Idle> = Mutex::new(Idle {
+    by_cap: BTreeMap::new(),
+    bytes: 0,
+});
 
 /// A buffer of capacity `n` rounded up to its class: an idle one if there is one (its
 /// contents are stale; every byte handed out is overwritten first), a new one otherwise.
 fn recycled_buf(n: usize) -> Vec<u8> {
     let cap = n.next_multiple_of(RECYCLE_CLASS_BYTES);
     let mut idle = RECYCLED.lock().expect("recycled buffers");
-    if let Some(buf) = idle.0.get_mut(&cap).and_then(Vec::pop) {
-        idle.1 -= cap;
+    if let Some(buf) = idle.by_cap.get_mut(&cap).and_then(Vec::pop) {
+        idle.bytes -= cap;
         return buf;
     }
     drop(idle);
@@ -56,16 +64,16 @@ impl Drop for Recycled {
         let Ok(mut idle) = RECYCLED.lock() else {
             return;
         };
-        if idle.1 + cap <= RECYCLE_KEEP_BYTES {
-            idle.1 += cap;
-            idle.0.entry(cap).or_default().push(buf);
+        if idle.bytes + cap <= RECYCLE_KEEP_BYTES {
+            idle.bytes += cap;
+            idle.by_cap.entry(cap).or_default().push(buf);
         }
     }
 }
 
 /// Bytes held in idle recycled buffers now (for tests and metrics).
 pub fn recycled_idle_bytes() -> usize {
-    RECYCLED.lock().map(|idle| idle.1).unwrap_or(0)
+    RECYCLED.lock().map(|idle| idle.bytes).unwrap_or(0)
 }
 
 pub struct FrameInput<R> {
