@@ -266,26 +266,21 @@ async fn device_baseline(dir: &Path, bytes: u64, spec: &str) -> anyhow::Result<(
 /// fio's sequential O_DIRECT bandwidth (1 MiB, QD8, io_uring), when fio is installed.
 fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
     let path = dir.join("fio-baseline.dat");
-    let run = |rw: &str| -> Option<f64> {
+    // One fio job: `rw` in `bs` I/Os at `qd` in flight over `bytes` (random ones for at
+    // most 5 s), its bandwidth in bytes/s and its IOPS.
+    let run = |rw: &str, bs: &str, qd: u32, extra: &[&str]| -> Option<(f64, f64)> {
         let out = Command::new("fio")
             .args([
                 "--name=ctxpod-baseline",
-                "--bs=1M",
-                "--iodepth=8",
                 "--ioengine=io_uring",
                 "--direct=1",
                 "--output-format=json",
                 "--end_fsync=1",
             ])
-            .args(if rw == "write-sync" {
-                &["--rw=write", "--fdatasync=4", "--iodepth=16"][..]
-            } else {
-                &[][..]
-            })
-            .arg(format!(
-                "--rw={}",
-                if rw == "write-sync" { "write" } else { rw }
-            ))
+            .arg(format!("--rw={rw}"))
+            .arg(format!("--bs={bs}"))
+            .arg(format!("--iodepth={qd}"))
+            .args(extra)
             .arg(format!("--size={bytes}"))
             .arg(format!("--filename={}", path.display()))
             .output()
@@ -295,39 +290,55 @@ fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
             return None;
         }
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        let side = if rw.starts_with("write") {
+        let side = &v["jobs"][0][if rw.contains("write") {
             "write"
         } else {
             "read"
-        };
-        v["jobs"][0][side]["bw_bytes"].as_f64()
+        }];
+        Some((side["bw_bytes"].as_f64()?, side["iops"].as_f64()?))
     };
-    let w = run("write");
-    let r = run("read");
+    let random = ["--runtime=5", "--randrepeat=0"];
+    let w = run("write", "1M", 8, &[]);
+    let r = run("read", "1M", 8, &[]);
+    let rr64 = run("randread", "64k", 16, &random);
+    let rr4 = run("randread", "4k", 32, &random);
+    let rw64 = run("randwrite", "64k", 16, &random);
     // The ceiling of a durable write path on this device: the same writes with an fdatasync
     // every 4 MiB, 16 in flight (fio keeps writing while a sync is pending).
-    let ws = run("write-sync");
+    let ws = run("write", "1M", 16, &["--fdatasync=4"]);
     let _ = std::fs::remove_file(&path);
-    let mk = |what: &str, bw: f64| Row {
+    let mk = |what: &str, size: u64, (bw, iops): (f64, f64)| Row {
         run: 0,
         device: "file".into(),
         of_device: None,
         node_cpu_s_per_gib: None,
         client_cpu_s_per_gib: None,
         what: what.into(),
-        size: 1 << 20,
-        ops: bytes >> 20,
+        size,
+        ops: iops.round() as u64,
         gb_per_s: bw / 1e9,
         ..Row::default()
     };
-    Some(vec![
-        mk("fio seq write (O_DIRECT, 1 MiB, QD8)", w?),
+    let mut rows = vec![
+        mk("fio seq write (O_DIRECT, 1 MiB, QD8)", 1 << 20, w?),
         mk(
             "fio seq write + fdatasync every 4 MiB (O_DIRECT, 1 MiB, QD16)",
+            1 << 20,
             ws?,
         ),
-        mk("fio seq read (O_DIRECT, 1 MiB, QD8)", r?),
-    ])
+        mk("fio seq read (O_DIRECT, 1 MiB, QD8)", 1 << 20, r?),
+    ];
+    // Random I/O bounds small blocks.
+    for (what, size, got) in [
+        ("fio rand read (O_DIRECT, 64 KiB, QD16)", 64 << 10, rr64),
+        ("fio rand read (O_DIRECT, 4 KiB, QD32)", 4 << 10, rr4),
+        ("fio rand write (O_DIRECT, 64 KiB, QD16)", 64 << 10, rw64),
+    ] {
+        if let Some(got) = got {
+            rows.push(mk(what, size, got));
+        }
+    }
+    Some(rows)
 }
 
 struct Node {
@@ -878,7 +889,8 @@ impl Limits {
                 .map(|r| r.gb_per_s)
         };
         Limits {
-            loopback: find("loopback TCP"),
+            // iperf3's one stream where it ran, else ctxpod's own loopback stream.
+            loopback: find("iperf3 loopback TCP, one stream").or(find("loopback TCP")),
             flushed_write: find("fio seq write + fdatasync"),
             write: find("fio seq write (O_DIRECT"),
         }

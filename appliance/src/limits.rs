@@ -158,7 +158,73 @@ pub fn loopback_tcp(bytes: u64) -> std::io::Result<Limit> {
     })
 }
 
-/// Every limit above, `bytes` each (the loopback stream's failure is reported, not fatal).
+/// What iperf3 measures over loopback in `secs` seconds with `streams` parallel streams;
+/// `Ok(None)` when iperf3 is not installed (`scripts/setup-deps.sh` installs it).
+pub fn iperf3_loopback(secs: u32, streams: u32) -> anyhow::Result<Option<Limit>> {
+    use anyhow::Context;
+    use std::process::{Command, Stdio};
+    if Command::new("iperf3")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
+        return Ok(None);
+    }
+    // A free port: bound here, released, then taken by the iperf3 server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port()
+        .to_string();
+    let mut server = Command::new("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start the iperf3 server")?;
+    // The server listens within milliseconds; the client retries its connect briefly.
+    let mut out = None;
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let o = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-J",
+                "-t",
+                &secs.to_string(),
+            ])
+            .args(["-P", &streams.to_string()])
+            .stderr(Stdio::null())
+            .output()
+            .context("run the iperf3 client")?;
+        if o.status.success() {
+            out = Some(o.stdout);
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.context("the iperf3 client did not connect to its server")?;
+    let v: serde_json::Value = serde_json::from_slice(&out).context("iperf3's JSON")?;
+    let bits = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3's JSON has no end.sum_received.bits_per_second")?;
+    Ok(Some(Limit {
+        what: if streams == 1 {
+            "iperf3 loopback TCP, one stream"
+        } else {
+            "iperf3 loopback TCP, 4 streams"
+        },
+        gb_per_s: bits / 8e9,
+    }))
+}
+
+/// Every limit above, `bytes` each, and iperf3 for 3 s with one stream and with four when it
+/// is installed (a loopback failure is reported, not fatal).
 pub fn measure(bytes: u64) -> Vec<Limit> {
     let mut out = vec![crc32c(bytes)];
     out.extend(aes_gcm(bytes));
@@ -166,6 +232,16 @@ pub fn measure(bytes: u64) -> Vec<Limit> {
     match loopback_tcp(bytes) {
         Ok(l) => out.push(l),
         Err(e) => eprintln!("loopback TCP limit not measured: {e}"),
+    }
+    for streams in [1, 4] {
+        match iperf3_loopback(3, streams) {
+            Ok(Some(l)) => out.push(l),
+            Ok(None) => {
+                eprintln!("iperf3 is not installed: loopback measured by ctxpod's own stream only");
+                break;
+            }
+            Err(e) => eprintln!("iperf3 loopback not measured: {e:#}"),
+        }
     }
     out
 }
@@ -179,7 +255,12 @@ mod tests {
     #[test]
     fn every_limit_measures_something() {
         let all = measure(8 << 20);
-        assert_eq!(all.len(), 5, "{all:?}");
+        // iperf3's two rows when it is installed (scripts/setup-deps.sh installs it).
+        let iperf3 = std::process::Command::new("iperf3")
+            .arg("--version")
+            .output()
+            .is_ok();
+        assert_eq!(all.len(), if iperf3 { 7 } else { 5 }, "{all:?}");
         for l in &all {
             assert!(l.gb_per_s.is_finite() && l.gb_per_s > 0.0, "{l:?}");
         }

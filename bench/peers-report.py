@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Medians and ratios of a bench/peers.sh session (OUT folder as the argument): hot and cold
+GET of Mooncake Store, Redis and ctxpod (through the peers' Python harness, and through
+ctxpod's Rust client), per block size, as markdown. Each figure is the median over the
+rounds; "best batch" picks the batch whose median is highest."""
+import collections
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+SIZES = [("64KiB", 64 << 10), ("1MiB", 1 << 20), ("4MiB", 4 << 20)]
+
+
+def load(pattern):
+    rows = []
+    for path in sorted(glob.glob(pattern)):
+        with open(path) as f:
+            rows.extend(json.loads(line) for line in f if line.strip())
+    return rows
+
+
+def main():
+    out = sys.argv[1]
+    peers = collections.defaultdict(list)  # (system, variant, op, size, batch) -> [gbps]
+    rounds = 0
+    for path in sorted(glob.glob(os.path.join(out, "peers-*.jsonl"))):
+        rounds += 1
+        for r in load(path):
+            if r.get("errors") or r.get("mismatches"):
+                continue
+            peers[(r["system"], r["variant"], r["op"], r["size"], r["batch"])].append(r["gbps"])
+    ours = collections.defaultdict(list)  # (protocol, kind, size, batch) -> [gbps]
+    limits = collections.defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(out, "ctxpod-*-*.jsonl"))):
+        proto = "cxp1" if "-cxp1-" in os.path.basename(path) else "http"
+        for r in load(path):
+            what = r["what"]
+            if r["run"] == 0:
+                limits[(what, r["size"])].append(r["gb_per_s"])
+                continue
+            m = re.match(r"GET (hot|cold)[^,]*(?:, batch (\d+))?$", what)
+            if m:
+                ours[(proto, m.group(1), r["size"], int(m.group(2) or 1))].append(r["gb_per_s"])
+
+    def med(v):
+        return statistics.median(v) if v else None
+
+    def best(system, variant, op, size):
+        got = [(med(v), k[4]) for k, v in peers.items()
+               if k[:4] == (system, variant, op, size) and v]
+        return max(got) if got else (None, None)
+
+    def ours_best(proto, kind, size, batched):
+        got = [(med(v), k[3]) for k, v in ours.items()
+               if k[:3] == (proto, kind, size) and (k[3] > 1) == batched and v]
+        return max(got) if got else (None, None)
+
+    def f(x, b=None):
+        if x is None:
+            return "—"
+        return f"{x:.3f}" + (f" (b{b})" if b else "")
+
+    def ratio(a, b):
+        return f"{a / b:.2f}×" if a and b else "—"
+
+    print(f"Medians of {rounds} round(s) of bench/peers.sh, GB/s.\n")
+    print("Hot GET (Mooncake and Redis at their best batch of 1/16/32):\n")
+    print("| block | Mooncake mem zero-copy | Redis no-persist | ctxpod HTTP, harness | "
+          "ctxpod CXP1, Rust, 1 per request | ctxpod CXP1, Rust, batch | ctxpod HTTP, Rust, batch | "
+          "best ctxpod ÷ Mooncake | best ctxpod ÷ Redis | harness ctxpod ÷ Mooncake |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, size in SIZES:
+        mc = best("mooncake", "mem zerocopy", "get", size)
+        rd = best("redis", "no-persist", "get", size)
+        hh = best("ctxpod", "hot http", "get", size)
+        c1 = ours_best("cxp1", "hot", size, False)
+        cb = ours_best("cxp1", "hot", size, True)
+        hb = ours_best("http", "hot", size, True)
+        top = max((x for x in (hh[0], c1[0], cb[0], hb[0]) if x), default=None)
+        print(f"| {name} | {f(*mc)} | {f(*rd)} | {f(*hh)} | {f(c1[0])} | {f(*cb)} | {f(*hb)} | "
+              f"{ratio(top, mc[0])} | {ratio(top, rd[0])} | {ratio(hh[0], mc[0])} |")
+    print("\nCold GET, from flash (Mooncake: SSD tier, batch 32, page cache dropped before the "
+          "gets):\n")
+    print("| block | Mooncake SSD tier | ctxpod HTTP, harness | ctxpod CXP1, Rust, 1 per request | "
+          "ctxpod CXP1, Rust, batch | ctxpod HTTP, Rust, batch | best ctxpod ÷ Mooncake | "
+          "harness ctxpod ÷ Mooncake |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, size in SIZES:
+        mc = best("mooncake", "ssd256M zerocopy", "get", size)
+        hc = best("ctxpod", "cold http", "get", size)
+        c1 = ours_best("cxp1", "cold", size, False)
+        cb = ours_best("cxp1", "cold", size, True)
+        hb = ours_best("http", "cold", size, True)
+        top = max((x for x in (hc[0], c1[0], cb[0], hb[0]) if x), default=None)
+        print(f"| {name} | {f(*mc)} | {f(*hc)} | {f(c1[0])} | {f(*cb)} | {f(*hb)} | "
+              f"{ratio(top, mc[0])} | {ratio(hc[0], mc[0])} |")
+    if limits:
+        print("\nThe machine's limits (first round):\n")
+        print("| limit | GB/s |")
+        print("|---|---|")
+        for (what, _size), v in limits.items():
+            print(f"| {what} | {v[0]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
