@@ -4,7 +4,7 @@
 #      Redis, and ctxpod's HTTP API driven by the same Python harness;
 #   2. `ctxpod bench` with ctxpod's own Rust client, right after, on the same machine:
 #      CXP1 one block per request, and CXP1 and HTTP with the harness's batch (32 blocks per
-#      request; 16 for 4 MiB blocks, which a 64 MiB request would not hold at 32).
+#      request; 8 for 4 MiB blocks: a request holds at most 64 MiB with its framing).
 # Then bench/peers-report.py prints the medians over the rounds and the ratios issue #6's
 # targets name. Everything lands in $OUT (default ~/.cache/ctxpod-peers/combined-<time>).
 #
@@ -14,13 +14,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 PEERS=${PEERS:-$here/../../shared/bench-peers}
 CTXPOD_BIN=${CTXPOD_BIN:?set CTXPOD_BIN to the ctxpod binary}
 ROUNDS=${ROUNDS:-2}
+# FIRST_ROUND=3 adds rounds 3.. to an earlier session's OUT.
+FIRST_ROUND=${FIRST_ROUND:-1}
 DIR=${DIR:-/work/bench}
 PEERS_DIR=${PEERS_DIR:-$HOME/.cache/ctxpod-peers}
 OUT=${OUT:-$PEERS_DIR/combined-$(date +%Y%m%d-%H%M%S)}
 BYTES=${BYTES:-1GiB}
 mkdir -p "$OUT" "$DIR"
 [[ -d $PEERS ]] || { echo "peers.sh: no bench-peers at $PEERS (set PEERS)" >&2; exit 1; }
-for r in $(seq 1 "$ROUNDS"); do
+for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
   echo "== round $r of $ROUNDS: bench-peers ($(date +%T))" >&2
   before=$(ls -1d "$PEERS_DIR"/results/2* 2>/dev/null | tail -1 || true)
   (cd "$PEERS" && CTXPOD_BIN=$CTXPOD_BIN PEERS_DIR=$PEERS_DIR bash run_peers.sh) \
@@ -30,7 +32,7 @@ for r in $(seq 1 "$ROUNDS"); do
   cp "$after/results.jsonl" "$OUT/peers-$r.jsonl"
   echo "== round $r of $ROUNDS: ctxpod bench, Rust client ($(date +%T))" >&2
   limits=0
-  [[ $r == 1 ]] && limits=2GiB
+  [[ $r == "$FIRST_ROUND" ]] && limits=2GiB
   run() { # name, then ctxpod bench arguments
     local name=$1; shift
     "$CTXPOD_BIN" bench --dir "$DIR" --bytes "$BYTES" --device-bytes 1GiB \
@@ -38,8 +40,8 @@ for r in $(seq 1 "$ROUNDS"); do
   }
   run cxp1-b1 --protocol cxp1 --sizes 64KiB,1MiB,4MiB --limits-bytes "$limits"
   run cxp1-b32 --protocol cxp1 --sizes 64KiB,1MiB --batch 32 --limits-bytes 0
-  run cxp1-b16 --protocol cxp1 --sizes 4MiB --batch 16 --limits-bytes 0
+  run cxp1-b8 --protocol cxp1 --sizes 4MiB --batch 8 --limits-bytes 0
   run http-b32 --protocol http --sizes 64KiB,1MiB --batch 32 --limits-bytes 0
-  run http-b16 --protocol http --sizes 4MiB --batch 16 --limits-bytes 0
+  run http-b8 --protocol http --sizes 4MiB --batch 8 --limits-bytes 0
 done
 python3 "$here/peers-report.py" "$OUT" | tee "$OUT/report.md"

@@ -19,6 +19,7 @@ pub mod connect;
 pub mod frame;
 pub mod key;
 pub mod namespace;
+pub mod placement;
 pub mod proto;
 #[cfg(feature = "client")]
 pub mod proto_io;

@@ -46,6 +46,8 @@ pub enum TransferError {
     Tls(String),
     #[error("the node requires authentication: give a token or a client certificate")]
     AuthRequired,
+    #[error("the request's frame is {bytes} bytes, over the node's limit of {max}: send fewer or smaller blocks per request")]
+    TooLarge { bytes: usize, max: usize },
 }
 
 /// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 256 ms between:
@@ -72,6 +74,8 @@ enum Stream {
 
 struct ClientInner {
     wr: tokio::sync::Mutex<Wr>,
+    /// The largest frame the node takes (its hello, capped by ours).
+    peer_max_frame: usize,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     busy_retries: AtomicU64,
@@ -95,13 +99,22 @@ impl ClientInner {
 
     /// Sends `req` under `id` and waits for its response.
     async fn call_as(&self, id: u64, req: &Request) -> Result<Response, TransferError> {
+        // Block data is written from the caller's buffers, not copied into a frame.
+        let parts = req.encode_parts(id);
+        // A frame over the node's limit would make it drop the connection, failing every
+        // request on it: refuse it here, with nothing sent.
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > self.peer_max_frame {
+            return Err(TransferError::TooLarge {
+                bytes: len,
+                max: self.peer_max_frame,
+            });
+        }
         let (tx, rx) = oneshot::channel();
         match self.shared.pending.lock().expect("pending map").as_mut() {
             Some(m) => m.insert(id, tx),
             None => return Err(TransferError::Closed),
         };
-        // Block data is written from the caller's buffers, not copied into a frame.
-        let parts = req.encode_parts(id);
         let mut wr = self.wr.lock().await;
         // The flush matters over TLS: a write may leave records in the TLS session's buffer,
         // and only a flush (or a later write) sends them.
@@ -244,6 +257,7 @@ impl TransferClient {
         let client = TransferClient {
             inner: Arc::new(ClientInner {
                 wr: tokio::sync::Mutex::new(wr),
+                peer_max_frame: theirs.max_frame_bytes.min(proto::FRAME_BYTES_MAX) as usize,
                 shared,
                 next_id: AtomicU64::new(1),
                 busy_retries: AtomicU64::new(0),

@@ -26,8 +26,9 @@ pub struct BenchArgs {
     /// Scratch folder on the filesystem to measure (emptied of bench files at the end).
     #[arg(long, default_value = "./ctxpod-bench")]
     pub dir: PathBuf,
-    /// Block sizes.
-    #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB,4MiB")]
+    /// Block sizes: bytes with a unit, or `llama3-8b`, the model-shaped size (one layer's K
+    /// and V for a 512-token block of a Llama-3-8B-like model in bf16: 2 MiB).
+    #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB,4MiB", value_parser = parse_block_size)]
     pub sizes: Vec<ByteSize>,
     /// Bytes written (and read back) per block size.
     #[arg(long, default_value = "2GiB")]
@@ -89,6 +90,17 @@ pub struct BenchArgs {
     /// with `perf report -i FILE --sort pid,dso,sym`. Needs `perf` on the PATH.
     #[arg(long)]
     pub perf: Option<PathBuf>,
+}
+
+/// A `--sizes` entry: bytes with a unit, or a model-shaped preset.
+fn parse_block_size(s: &str) -> Result<ByteSize, String> {
+    match s {
+        // Llama-3-8B: 32 layers, 8 KV heads of 128 dims. One 512-token block of K and V in
+        // bf16 is 32 × 8 × 128 × 2 × 2 × 512 bytes = 64 MiB, above the 8 MiB block limit, so
+        // engines store it per layer (as LMCache's layer-wise mode does): 2 MiB blocks.
+        "llama3-8b" => Ok(ByteSize(8 * 128 * 2 * 2 * 512)),
+        _ => s.parse(),
+    }
 }
 
 /// A count with an optional K (10^3) or M (10^6) suffix.
@@ -1475,6 +1487,13 @@ async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_sizes_parse_with_units_or_the_model_preset() {
+        assert_eq!(parse_block_size("llama3-8b").unwrap().0, 2 << 20);
+        assert_eq!(parse_block_size("64KiB").unwrap().0, 64 << 10);
+        assert!(parse_block_size("llama3").is_err());
+    }
 
     #[test]
     fn counts_parse_with_suffixes_and_refuse_the_rest() {

@@ -23,6 +23,7 @@ pub mod device;
 pub mod engine;
 pub mod limits;
 pub mod metrics;
+pub mod pod;
 pub use ctxpod_sansio::record;
 pub mod server;
 pub mod tls;

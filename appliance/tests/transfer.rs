@@ -73,6 +73,26 @@ async fn pipelined_puts_and_gets_over_cxp1() {
         .put("nosuch", &[(key(0), block(0, 5))], Durability::Durable)
         .await;
     assert_eq!(r.expect("put"), vec![status::NOT_FOUND]);
+    // A batch whose frame would exceed the node's 64 MiB limit is refused by the client,
+    // with nothing sent: the connection, and the requests on it, carry on.
+    let big: Vec<(Bytes, Bytes)> = (0..16u64)
+        .map(|i| (key(100 + i), Bytes::from(vec![i as u8; 4 << 20])))
+        .collect();
+    let r = c.put("default", &big, Durability::Fast).await;
+    assert!(
+        matches!(
+            r,
+            Err(ctxpod_api::transfer_client::TransferError::TooLarge { .. })
+        ),
+        "{r:?}"
+    );
+    c.ping().await.expect("the connection is still up");
+    assert_eq!(
+        c.get("default", &[key(7)])
+            .await
+            .expect("get after refusal"),
+        vec![Some(block(7, len(7)))]
+    );
 }
 
 /// Reads until the server closes the connection (bounded in time).

@@ -1,6 +1,7 @@
 //! Test harness: starts the real `ctxpod` binary on a temp dir and a free loopback port.
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod pki;
 
 use ctxpod::record::{RecordHeader, HEADER_BYTES};
