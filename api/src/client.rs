@@ -50,6 +50,7 @@ pub type BatchGetResult = (Vec<u8>, Option<Bytes>);
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    busy_retries: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Client {
@@ -85,6 +86,7 @@ impl Client {
         Ok(Client {
             base: base.into().trim_end_matches('/').to_string(),
             http: b.build()?,
+            busy_retries: Default::default(),
         })
     }
 
@@ -117,12 +119,47 @@ impl Client {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
-        let resp = req.send().await?;
+        let resp = self.send_retrying(req).await?;
         if resp.status().is_success() {
             Ok(resp)
         } else {
             Err(Self::fail(resp).await)
         }
+    }
+
+    /// Sends `req`; while the node answers 503 with `Retry-After` (busy: too many requests
+    /// or bodies in flight, a full write queue) it is sent again after a backoff of 1, 2,
+    /// 4, … 256 ms, [`crate::transfer_client::BUSY_ATTEMPTS`] attempts in all (about 4 s),
+    /// as the CXP1 client does. Any other answer is returned as it is.
+    async fn send_retrying(
+        &self,
+        mut req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut backoff = std::time::Duration::from_millis(1);
+        let mut attempt = 1;
+        loop {
+            let again = req.try_clone();
+            let resp = req.send().await?;
+            let busy = resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                && resp.headers().contains_key(reqwest::header::RETRY_AFTER);
+            match again {
+                Some(next) if busy && attempt < crate::transfer_client::BUSY_ATTEMPTS => {
+                    drop(resp);
+                    self.busy_retries
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_millis(256));
+                    attempt += 1;
+                    req = next;
+                }
+                _ => return Ok(resp),
+            }
+        }
+    }
+
+    /// Requests sent again because the node answered busy.
+    pub fn busy_retries(&self) -> u64 {
+        self.busy_retries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stores a block, sending its CRC32C so that the node checks the bytes it received.
@@ -166,9 +203,7 @@ impl Client {
     /// The block's bytes, or `None` on 404. Checked against `x-ctxpod-crc32c`.
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
         let resp = self
-            .http
-            .get(self.url(&Self::block_path(ns, key)))
-            .send()
+            .send_retrying(self.http.get(self.url(&Self::block_path(ns, key))))
             .await?;
         if !resp.status().is_success() {
             return match Self::fail(resp).await {
@@ -371,6 +406,12 @@ impl Client {
 
     pub async fn stats(&self) -> Result<Stats, ClientError> {
         let resp = self.send(self.http.get(self.url("/v1/stats"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `GET /v1/cluster`: the pod as this node sees it.
+    pub async fn cluster(&self) -> Result<crate::types::Cluster, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/cluster"))).await?;
         Ok(resp.json().await?)
     }
 

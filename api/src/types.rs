@@ -69,6 +69,43 @@ pub struct UnpinResponse {
     pub unpinned: u64,
 }
 
+/// `GET /v1/cluster`: the pod as the answering node sees it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Cluster {
+    /// The answering node's id.
+    pub node_id: String,
+    /// Where the membership comes from: `single`, `static` or `etcd`.
+    pub source: String,
+    /// Whether etcd answers (always true without etcd). While false the node serves with
+    /// the last membership it knew.
+    pub etcd_up: bool,
+    /// Unix time of etcd's last answer (0: never, or no etcd).
+    pub etcd_last_ok: i64,
+    /// etcd's revision the member list reflects (0 without etcd).
+    pub revision: i64,
+    /// Members, sorted by id.
+    pub members: Vec<ClusterMember>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClusterMember {
+    pub id: String,
+    /// Base URL of its HTTP API.
+    pub http: String,
+    /// Address of its CXP1 listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<String>,
+    pub capacity_bytes: u64,
+    /// Bytes used on its device: known for the answering node only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    pub zone: String,
+    /// `up`, or `draining`.
+    pub state: String,
+    /// `ok` when its `/healthz` answered within 1 s, else `unreachable` or `status N`.
+    pub health: String,
+}
+
 /// `GET /v1/stats`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Stats {

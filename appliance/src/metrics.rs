@@ -62,6 +62,16 @@ pub struct Metrics {
     pub tls_handshake_failures: IntCounter,
     /// Successful reloads of the TLS certificate, key and client CA.
     pub tls_reloads: IntCounter,
+    /// Members of the pod in this node's view.
+    pub pod_members: IntGauge,
+    /// Single-block requests this node forwarded to another member, by outcome (`read`,
+    /// `write`, `read_miss`: no member tried held it, `unreachable`: a member did not answer).
+    pub forwarded: IntCounterVec,
+    /// 1 while etcd answers (always 1 without etcd), 0 while the node serves with the last
+    /// known membership.
+    pub pod_etcd_up: IntGauge,
+    /// Unix time of etcd's last answer (0: never, or no etcd).
+    pub pod_etcd_last_ok: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -254,6 +264,25 @@ impl Metrics {
             tls_reloads: reg!(counter(
                 "ctxpod_tls_reloads_total",
                 "Reloads of the TLS certificate, key and client CA"
+            )),
+            pod_members: reg!(gauge(
+                "ctxpod_pod_members",
+                "Members of the pod in this node's view"
+            )),
+            forwarded: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_forwarded_total",
+                    "Single-block requests forwarded to the member holding the block, by outcome"
+                ),
+                &["outcome"]
+            )),
+            pod_etcd_up: reg!(gauge(
+                "ctxpod_pod_etcd_up",
+                "1 while etcd answers (or no etcd is configured); 0 while serving with the last known membership"
+            )),
+            pod_etcd_last_ok: reg!(gauge(
+                "ctxpod_pod_etcd_last_ok_timestamp_seconds",
+                "Unix time of etcd's last answer (0: never, or no etcd)"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

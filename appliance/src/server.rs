@@ -40,6 +40,9 @@ pub struct AppState {
     /// KiB of request bodies being received or stored at once (PUT and batch/put).
     ingest: Arc<Semaphore>,
     pub auth: Arc<Authenticator>,
+    /// The pod this node is in, and its own id there.
+    pub pod: Arc<crate::pod::membership::Membership>,
+    pub node_id: Arc<str>,
 }
 
 /// Holds a share of the ingest budget until the body is stored (or refused).
@@ -207,6 +210,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::GET, "/v1/namespaces/{ns}/events", events)
         .add(M::POST, "/v1/namespaces/{ns}/rotate-key", rotate_key)
         .add(M::POST, "/v1/admin/rotate-kek", rotate_kek)
+        .add(M::GET, "/v1/cluster", cluster)
 }
 
 pub fn router(
@@ -214,6 +218,7 @@ pub fn router(
     auth: Arc<Authenticator>,
     max_inflight: usize,
     ingest_bytes_max: u64,
+    pod: &crate::pod::Pod,
 ) -> Router {
     let ingest_kib = (ingest_bytes_max / 1024).clamp(
         ctxpod_api::BATCH_BODY_BYTES_MAX as u64 / 1024,
@@ -225,11 +230,14 @@ pub fn router(
         max_inflight,
         ingest: Arc::new(Semaphore::new(ingest_kib)),
         auth,
+        pod: pod.membership.clone(),
+        node_id: pod.me.id.as_str().into(),
     };
     routes()
         .into_router()
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), route_in_pod))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -275,7 +283,7 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
     const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
     Some(match (method.as_str(), path) {
         ("GET" | "HEAD", "/healthz" | "/readyz") => Public,
-        ("GET" | "HEAD", "/metrics" | "/v1/stats") => Admin,
+        ("GET" | "HEAD", "/metrics" | "/v1/stats" | "/v1/cluster") => Admin,
         ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
         ("GET" | "HEAD", "/v1/namespaces" | "/v1/namespaces/{ns}") => Read,
         ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,
@@ -358,6 +366,115 @@ fn forbidden(engine: &Engine, why: &str) -> Response {
 }
 
 /// Authentication, authorisation by route ([`access_of`]) and the tenant's request rate.
+/// Any node answers (`pod::forward`): a single-block request for a block this node does not
+/// hold goes to the member that does. Runs after authentication, so a refused caller is
+/// refused here; a request already forwarded is served here.
+async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    use crate::pod::forward::{self, ForwardError, Route};
+    if req.headers().contains_key(forward::HEADER_FORWARDED) {
+        return next.run(req).await;
+    }
+    let route = match forward::block_of(req.uri().path()) {
+        Some((ns, key)) => forward::route(&st.pod.view(), &st.node_id, req.method(), ns, &key),
+        None => Route::Local,
+    };
+    let metrics = st.engine.metrics().clone();
+    let count = |outcome: &str| metrics.forwarded.with_label_values(&[outcome]).inc();
+    match route {
+        Route::Local => next.run(req).await,
+        Route::Read(members) => {
+            let (parts, _) = req.into_parts();
+            for m in &members {
+                let resp = if m.id == *st.node_id {
+                    let local = Request::from_parts(parts.clone(), Body::empty());
+                    next.clone().run(local).await
+                } else {
+                    match forward::forward(
+                        m,
+                        &st.node_id,
+                        &parts.method,
+                        &parts.uri,
+                        &parts.headers,
+                        None,
+                    )
+                    .await
+                    {
+                        Ok(r) => {
+                            count("read");
+                            r
+                        }
+                        Err(ForwardError::Unreachable) => {
+                            count("unreachable");
+                            continue;
+                        }
+                    }
+                };
+                // A miss here may be a hit further down the ranking (a block written while
+                // its first member was away); anything else is the answer.
+                if resp.status() != StatusCode::NOT_FOUND {
+                    return resp;
+                }
+            }
+            count("read_miss");
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
+        }
+        Route::Write(members) => {
+            let len = req
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            // The body is held (within the ingest budget) so that it can go to the next
+            // member if the first cannot be reached.
+            let _permit = match st.admit_body(len) {
+                Ok(p) => p,
+                Err(e) => return e.into_response(),
+            };
+            let (parts, body) = req.into_parts();
+            let body = match axum::body::to_bytes(body, ctxpod_api::BLOCK_BYTES_MAX + 1).await {
+                Ok(b) => b,
+                Err(_) => {
+                    return ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        "block body over the limit, or cut short",
+                    )
+                    .into_response()
+                }
+            };
+            for m in &members {
+                if m.id == *st.node_id {
+                    let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
+                    return next.clone().run(local).await;
+                }
+                match forward::forward(
+                    m,
+                    &st.node_id,
+                    &parts.method,
+                    &parts.uri,
+                    &parts.headers,
+                    Some(body.clone()),
+                )
+                .await
+                {
+                    Ok(r) => {
+                        count("write");
+                        return r;
+                    }
+                    Err(ForwardError::Unreachable) => count("unreachable"),
+                }
+            }
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "no member of the pod that may hold this block can be reached",
+            )
+            .into_response()
+        }
+    }
+}
+
 async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     let access = req
         .extensions()
@@ -563,11 +680,72 @@ async fn readyz(State(st): State<AppState>) -> Response {
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
+    pod_gauges(&st);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.engine.render_metrics(),
     )
         .into_response()
+}
+
+fn pod_gauges(st: &AppState) {
+    let m = st.engine.metrics();
+    m.pod_members.set(st.pod.view().members.len() as i64);
+    m.pod_etcd_up.set(st.pod.etcd_up() as i64);
+    m.pod_etcd_last_ok.set(st.pod.etcd_last_ok());
+}
+
+/// The pod as this node sees it: members (each probed on `/healthz`, 1 s at most, all at
+/// once), where the membership comes from, and whether etcd answers.
+async fn cluster(State(st): State<AppState>) -> Json<ctxpod_api::types::Cluster> {
+    use ctxpod_api::types::{Cluster, ClusterMember};
+    pod_gauges(&st);
+    let view = st.pod.view();
+    let http = crate::pod::probe_client();
+    let probes = view.members.iter().map(|m| {
+        let http = http.clone();
+        let me = m.id == *st.node_id;
+        async move {
+            if me {
+                return "ok".to_string();
+            }
+            let url = format!("{}/healthz", m.http);
+            match http
+                .get(url)
+                .timeout(std::time::Duration::from_secs(1))
+                .send()
+                .await
+            {
+                Ok(r) if r.status().is_success() => "ok".into(),
+                Ok(r) => format!("status {}", r.status().as_u16()),
+                Err(_) => "unreachable".into(),
+            }
+        }
+    });
+    let health = futures::future::join_all(probes).await;
+    let s = st.engine.stats();
+    Json(Cluster {
+        node_id: st.node_id.to_string(),
+        source: format!("{:?}", st.pod.source()).to_lowercase(),
+        etcd_up: st.pod.etcd_up(),
+        etcd_last_ok: st.pod.etcd_last_ok(),
+        revision: view.revision,
+        members: view
+            .members
+            .iter()
+            .zip(health)
+            .map(|(m, health)| ClusterMember {
+                id: m.id.clone(),
+                http: m.http.clone(),
+                transfer: m.transfer.clone(),
+                capacity_bytes: m.capacity,
+                used_bytes: (m.id == *st.node_id).then_some(s.used_bytes),
+                zone: m.zone.clone(),
+                state: format!("{:?}", m.state).to_lowercase(),
+                health,
+            })
+            .collect(),
+    })
 }
 
 async fn stats(State(st): State<AppState>) -> Json<Stats> {
@@ -1056,15 +1234,23 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    // The HTTP address is published last: once it is there, both listeners serve.
-    std::fs::write(&tmp, format!("{addr}\n"))?;
-    std::fs::rename(&tmp, &addr_file)?;
+    let taddr = match cfg.transfer_listen {
+        Some(_) => std::fs::read_to_string(cfg.data_dir.join("ctxpod.transfer.addr"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+        None => None,
+    };
+    let pod = crate::pod::Pod::join(&cfg, addr, taddr).await?;
     let app = router(
         engine.clone(),
         auth.clone(),
         cfg.max_inflight_requests,
         cfg.ingest_bytes_max.0,
+        &pod,
     );
+    // The HTTP address is published last: once it is there, both listeners serve.
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, &addr_file)?;
     match tls {
         Some(tls) => {
             let l = crate::tls::TlsListener::new(listener, tls)?;
@@ -1084,6 +1270,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     if let Some(t) = transfer {
         t.abort();
     }
+    pod.leave().await;
     tracing::info!("shutting down: committing queued writes");
     engine.shutdown().await;
     let _ = std::fs::remove_file(&addr_file);

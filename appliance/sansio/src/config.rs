@@ -198,6 +198,126 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     /// TLS on both listeners (docs/SECURITY.md, "TLS").
     pub tls: TlsConfig,
+    /// The pod this node belongs to (docs/OPERATIONS.md): alone (the default), a static
+    /// member list, or etcd membership.
+    pub pod: PodConfig,
+}
+
+/// Pod membership. With neither `etcd_endpoints` nor `members` the node is a pod of one.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PodConfig {
+    /// The pod's name: its members' records live under `/ctxpod/<name>/members/` in etcd.
+    pub name: String,
+    /// etcd client URLs (`http://etcd-0.etcd:2379`, ...): the node registers itself under a
+    /// lease and watches the other members.
+    pub etcd_endpoints: Vec<String>,
+    /// A static member list instead of etcd (small or test pods): every member, this node
+    /// included (matched by `node_id`).
+    pub members: Vec<StaticMember>,
+    /// This node's id in the pod: letters, digits, `.`, `_`, `-`, at most 64. Default: the
+    /// id kept in `<data_dir>/node.id`, made on first start.
+    pub node_id: Option<String>,
+    /// Failure domain (rack, host) of this node.
+    pub zone: String,
+    /// Base URL of this node's HTTP API as other nodes and clients reach it. Default: the
+    /// bound listen address with the node's scheme, unless it is a wildcard (then required
+    /// with etcd).
+    pub advertise_http: Option<String>,
+    /// Address of this node's CXP1 listener as others reach it. Default: the bound
+    /// transfer address, unless it is a wildcard.
+    pub advertise_transfer: Option<String>,
+    /// Seconds a node's membership lease lasts without renewal: how long a node that died
+    /// without leaving stays listed. Renewed every third of it.
+    pub lease_ttl_s: u64,
+}
+
+/// One member of a static pod.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StaticMember {
+    pub id: String,
+    /// Base URL of its HTTP API.
+    pub http: String,
+    #[serde(default)]
+    pub transfer: Option<String>,
+    /// Its block capacity: its share of the placement.
+    pub capacity: ByteSize,
+    #[serde(default)]
+    pub zone: String,
+}
+
+impl Default for PodConfig {
+    fn default() -> Self {
+        PodConfig {
+            name: "default".into(),
+            etcd_endpoints: Vec::new(),
+            members: Vec::new(),
+            node_id: None,
+            zone: String::new(),
+            advertise_http: None,
+            advertise_transfer: None,
+            lease_ttl_s: 10,
+        }
+    }
+}
+
+/// Whether `id` is a valid node id (or pod name): 1 to 64 of letters, digits, `.`, `_`, `-`.
+pub fn valid_node_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+impl PodConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            valid_node_id(&self.name),
+            "pod.name must be 1 to 64 letters, digits, '.', '_' or '-'"
+        );
+        anyhow::ensure!(
+            self.etcd_endpoints.is_empty() || self.members.is_empty(),
+            "pod.etcd_endpoints and pod.members exclude each other: choose etcd or a static list"
+        );
+        anyhow::ensure!(
+            (2..=3600).contains(&self.lease_ttl_s),
+            "pod.lease_ttl_s must be within 2..=3600"
+        );
+        for e in &self.etcd_endpoints {
+            anyhow::ensure!(
+                e.starts_with("http://") || e.starts_with("https://"),
+                "pod.etcd_endpoints: {e:?} is not an http:// or https:// URL"
+            );
+        }
+        if let Some(id) = &self.node_id {
+            anyhow::ensure!(
+                valid_node_id(id),
+                "pod.node_id must be 1 to 64 letters, digits, '.', '_' or '-'"
+            );
+        }
+        let mut ids = std::collections::HashSet::new();
+        for m in &self.members {
+            anyhow::ensure!(
+                valid_node_id(&m.id),
+                "pod.members: id {:?} must be 1 to 64 letters, digits, '.', '_' or '-'",
+                m.id
+            );
+            anyhow::ensure!(ids.insert(&m.id), "pod.members: id {:?} twice", m.id);
+            anyhow::ensure!(
+                m.http.starts_with("http://") || m.http.starts_with("https://"),
+                "pod.members: {:?} has no http:// or https:// URL",
+                m.id
+            );
+        }
+        if !self.members.is_empty() {
+            anyhow::ensure!(
+                self.node_id.as_ref().is_some_and(|id| ids.contains(id)),
+                "pod.members needs pod.node_id set to one of the members' ids"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Credentials: bearer tokens (from this file or a directory of token files) and TLS client
@@ -312,6 +432,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             tenants: Vec::new(),
             tls: TlsConfig::default(),
+            pod: PodConfig::default(),
         }
     }
 }
@@ -381,6 +502,7 @@ impl Config {
                 "tls.client_auth needs tls.client_ca_file"
             );
         }
+        self.pod.validate()?;
         let mut addrs = vec![self.listen];
         addrs.extend(self.transfer_listen);
         for a in addrs {

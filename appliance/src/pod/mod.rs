@@ -3,6 +3,169 @@
 //! - [`etcd`]: a small etcd v3 client over etcd's JSON gateway.
 //! - [`membership`]: who is in the pod (one node, a static list, or etcd leases and watches)
 //!   and the placement over them (`ctxpod_api::placement`, capacity-weighted rendezvous).
+//! - [`forward`]: any node answers a single-block request, forwarding it to the member
+//!   that holds the block.
+//!
+//! [`Pod::join`] is what `ctxpod serve` calls once its listeners are bound.
 
 pub mod etcd;
+pub mod forward;
 pub mod membership;
+
+use anyhow::Context;
+use membership::{MemberInfo, MemberState, Membership, Registration};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// This node's place in its pod.
+pub struct Pod {
+    pub me: MemberInfo,
+    pub membership: Arc<Membership>,
+    registration: Option<Registration>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+/// The node's id: configured, or kept in `<data_dir>/node.id` (made on first start: `n-`
+/// and 12 random hex digits).
+pub fn node_id(configured: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
+    if let Some(id) = configured {
+        return Ok(id.to_string());
+    }
+    let f = data_dir.join("node.id");
+    match std::fs::read_to_string(&f) {
+        Ok(s) => {
+            let id = s.trim().to_string();
+            anyhow::ensure!(
+                crate::config::valid_node_id(&id),
+                "{} holds no valid node id",
+                f.display()
+            );
+            Ok(id)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = format!("n-{:012x}", rand::random::<u64>() >> 16);
+            let tmp = f.with_extension("tmp");
+            std::fs::write(&tmp, format!("{id}\n"))?;
+            std::fs::rename(&tmp, &f)?;
+            Ok(id)
+        }
+        Err(e) => Err(e).with_context(|| format!("read {}", f.display())),
+    }
+}
+
+/// An address others can reach, unless it is a wildcard.
+fn reachable(a: SocketAddr) -> Option<SocketAddr> {
+    (!a.ip().is_unspecified()).then_some(a)
+}
+
+impl Pod {
+    /// Joins the configured pod: registers in etcd and watches it, or takes the static
+    /// list, or stands alone.
+    pub async fn join(
+        cfg: &crate::config::Config,
+        http: SocketAddr,
+        transfer: Option<SocketAddr>,
+    ) -> anyhow::Result<Pod> {
+        let p = &cfg.pod;
+        let id = node_id(p.node_id.as_deref(), &cfg.data_dir)?;
+        let scheme = if cfg.tls.enabled() { "https" } else { "http" };
+        let http_url = match (&p.advertise_http, reachable(http)) {
+            (Some(u), _) => u.trim_end_matches('/').to_string(),
+            (None, Some(a)) => format!("{scheme}://{a}"),
+            (None, None) if p.etcd_endpoints.is_empty() => format!("{scheme}://{http}"),
+            (None, None) => anyhow::bail!(
+                "pod.advertise_http is needed: the HTTP listener {http} is a wildcard address"
+            ),
+        };
+        let me = MemberInfo {
+            id: id.clone(),
+            http: http_url,
+            transfer: p
+                .advertise_transfer
+                .clone()
+                .or_else(|| transfer.and_then(reachable).map(|a| a.to_string())),
+            capacity: cfg.capacity.0,
+            zone: p.zone.clone(),
+            state: MemberState::Up,
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        if !p.etcd_endpoints.is_empty() {
+            let etcd = etcd::Etcd::new(p.etcd_endpoints.clone())?;
+            let ttl = Duration::from_secs(p.lease_ttl_s);
+            let membership = Membership::watch_etcd(etcd.clone(), &p.name, stop.clone())
+                .await
+                .with_context(|| {
+                    format!("list the pod's members in etcd at {:?}", p.etcd_endpoints)
+                })?;
+            let registration =
+                Registration::register(etcd, &p.name, me.clone(), ttl, Some(membership.clone()))
+                    .await
+                    .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
+            tracing::info!(
+                node = %id,
+                pod = %p.name,
+                members = membership.view().members.len(),
+                "joined the pod through etcd"
+            );
+            return Ok(Pod {
+                me,
+                membership,
+                registration: Some(registration),
+                stop,
+            });
+        }
+        let membership = if p.members.is_empty() {
+            Membership::single(me.clone())
+        } else {
+            Membership::fixed(
+                p.members
+                    .iter()
+                    .map(|m| MemberInfo {
+                        id: m.id.clone(),
+                        http: m.http.trim_end_matches('/').to_string(),
+                        transfer: m.transfer.clone(),
+                        capacity: m.capacity.0,
+                        zone: m.zone.clone(),
+                        state: MemberState::Up,
+                    })
+                    .collect(),
+            )
+        };
+        Ok(Pod {
+            me,
+            membership,
+            registration: None,
+            stop,
+        })
+    }
+
+    /// Leaves the pod: with etcd, the lease is revoked so the others drop this node at once.
+    pub async fn leave(mut self) {
+        if let Some(r) = self.registration.take() {
+            r.leave().await;
+        }
+        self.stop.cancel();
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The HTTP client nodes use to reach each other (health probes; forwarding later). Plain
+/// `http://` members only until the pod's TLS settings are wired in.
+pub fn probe_client() -> reqwest::Client {
+    static C: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
+            .build()
+            .expect("an HTTP client with a fixed configuration")
+    })
+    .clone()
+}

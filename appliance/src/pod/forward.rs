@@ -1,0 +1,209 @@
+//! Any node answers: a single-block request (`GET`, `HEAD`, `PUT`, `DELETE` of
+//! `/v1/namespaces/{ns}/blocks/{key}`) sent to a node that does not hold the block is
+//! forwarded to the member that does, so plain HTTP clients need not know the placement.
+//! (The Rust client routes directly and never pays this hop.)
+//!
+//! The rules, for a namespace with one replica (R = 1, the default):
+//! - `PUT` and `DELETE` go to the block's first-ranked member; if it cannot be reached, to the
+//!   next one in rank order (a block written there is found by reads falling back along the
+//!   ranking, and moves when repair lands).
+//! - `GET` and `HEAD` try the first [`READ_FALLBACK`] ranked members in order (this node first
+//!   when it is one of them: no hop) and answer with the first hit; a block held by none of
+//!   them, or on members that cannot be reached, is a miss (404), never an error that stalls
+//!   the engine.
+//! - A forwarded request carries [`HEADER_FORWARDED`]; a node serves such a request itself,
+//!   so a request crosses at most one hop and never loops.
+//! - The caller's `Authorization` header travels with it: every node of a pod shares its
+//!   tokens (the Helm chart mounts one Secret). Client certificates do not travel; members
+//!   reached over `https://` are not forwarded to yet (their CA is not configured).
+
+use super::membership::{MemberInfo, PodView};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::Response;
+use bytes::Bytes;
+use std::time::Duration;
+
+/// Set on a forwarded request, to the forwarding node's id.
+pub const HEADER_FORWARDED: &str = "x-ctxpod-forwarded-by";
+/// Ranked members a read tries before it answers a miss.
+pub const READ_FALLBACK: usize = 3;
+/// How long a forwarded request may take.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The namespace and key of a single-block route, from the request path.
+pub fn block_of(path: &str) -> Option<(&str, Vec<u8>)> {
+    let rest = path.strip_prefix("/v1/namespaces/")?;
+    let (ns, rest) = rest.split_once('/')?;
+    let key = rest.strip_prefix("blocks/")?;
+    if ns.is_empty() || key.contains('/') {
+        return None;
+    }
+    Some((ns, hex::decode(key).ok()?))
+}
+
+/// Where a request for a block should be served: here, or these members in order.
+pub enum Route {
+    Local,
+    /// For reads: try these in order (this node, when listed, is served locally first).
+    Read(Vec<MemberInfo>),
+    /// For writes: the first that can be reached takes it (this node, when listed, at its
+    /// place in the ranking).
+    Write(Vec<MemberInfo>),
+}
+
+/// Decides where a block request goes, from the pod view.
+pub fn route(view: &PodView, me: &str, method: &Method, ns: &str, key: &[u8]) -> Route {
+    if view.members.len() < 2 {
+        return Route::Local;
+    }
+    let ranked: Vec<MemberInfo> = view.ranked(ns, key).into_iter().cloned().collect();
+    match *method {
+        Method::GET | Method::HEAD => {
+            let candidates: Vec<MemberInfo> = ranked.into_iter().take(READ_FALLBACK).collect();
+            if candidates.len() == 1 && candidates[0].id == me {
+                Route::Local
+            } else {
+                Route::Read(candidates)
+            }
+        }
+        Method::PUT | Method::DELETE => {
+            if ranked.first().is_some_and(|m| m.id == me) {
+                Route::Local
+            } else {
+                Route::Write(ranked)
+            }
+        }
+        _ => Route::Local,
+    }
+}
+
+/// Why a forward did not give an answer to pass on.
+pub enum ForwardError {
+    /// The member could not be reached (connect, timeout): try the next one.
+    Unreachable,
+}
+
+/// Sends the request to `m` and turns its answer into ours (status, headers, body streamed).
+pub async fn forward(
+    m: &MemberInfo,
+    me: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Option<Bytes>,
+) -> Result<Response, ForwardError> {
+    let url = format!(
+        "{}{}",
+        m.http,
+        uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+    );
+    let mut req = super::probe_client()
+        .request(method.clone(), url)
+        .timeout(FORWARD_TIMEOUT);
+    for (name, value) in headers {
+        // Hop-by-hop and framing headers are the HTTP client's own business.
+        if matches!(
+            name.as_str(),
+            "host" | "connection" | "content-length" | "transfer-encoding" | "keep-alive"
+        ) {
+            continue;
+        }
+        req = req.header(name, value);
+    }
+    req = req.header(
+        HEADER_FORWARDED,
+        HeaderValue::from_str(me).map_err(|_| ForwardError::Unreachable)?,
+    );
+    if let Some(b) = body {
+        req = req.body(b);
+    }
+    let resp = req.send().await.map_err(|_| ForwardError::Unreachable)?;
+    let mut out = Response::builder().status(resp.status());
+    for (name, value) in resp.headers() {
+        if matches!(
+            name.as_str(),
+            "connection" | "transfer-encoding" | "keep-alive"
+        ) {
+            continue;
+        }
+        out = out.header(name, value);
+    }
+    Ok(out
+        .body(Body::from_stream(resp.bytes_stream()))
+        .unwrap_or_else(|_| {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::BAD_GATEWAY;
+            r
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::membership::MemberState;
+
+    fn view(ids: &[&str]) -> PodView {
+        PodView::new(
+            ids.iter().map(|id| MemberInfo {
+                id: id.to_string(),
+                http: format!("http://{id}"),
+                transfer: None,
+                capacity: 1 << 30,
+                zone: String::new(),
+                state: MemberState::Up,
+            }),
+            1,
+        )
+    }
+
+    #[test]
+    fn block_routes_are_recognised() {
+        assert_eq!(
+            block_of("/v1/namespaces/default/blocks/0a1b"),
+            Some(("default", vec![0x0a, 0x1b]))
+        );
+        assert_eq!(block_of("/v1/namespaces/default/blocks/zz"), None);
+        assert_eq!(block_of("/v1/namespaces/default/match"), None);
+        assert_eq!(block_of("/v1/namespaces//blocks/00"), None);
+        assert_eq!(block_of("/v1/stats"), None);
+    }
+
+    #[test]
+    fn a_pod_of_one_serves_everything_locally() {
+        let v = view(&["a"]);
+        for m in [Method::GET, Method::PUT, Method::DELETE, Method::HEAD] {
+            assert!(matches!(route(&v, "a", &m, "ns", b"k"), Route::Local));
+        }
+    }
+
+    #[test]
+    fn writes_go_to_the_first_ranked_and_reads_try_the_first_three() {
+        let v = view(&["a", "b", "c", "d"]);
+        let mut local_writes = 0;
+        for i in 0..200u32 {
+            let key = i.to_be_bytes();
+            let first = v.ranked("ns", &key)[0].id.clone();
+            match route(&v, "a", &Method::PUT, "ns", &key) {
+                Route::Local => {
+                    assert_eq!(first, "a");
+                    local_writes += 1;
+                }
+                Route::Write(ms) => {
+                    assert_eq!(ms[0].id, first);
+                    assert_eq!(ms.len(), 4);
+                }
+                Route::Read(_) => panic!("a write routed as a read"),
+            }
+            match route(&v, "a", &Method::GET, "ns", &key) {
+                Route::Read(ms) => {
+                    assert_eq!(ms.len(), READ_FALLBACK);
+                    assert_eq!(ms[0].id, first);
+                }
+                _ => panic!("a read of a 4-node pod is tried on three members"),
+            }
+        }
+        // About a quarter of the blocks are "a"'s own.
+        assert!((30..=70).contains(&local_writes), "{local_writes}");
+    }
+}
