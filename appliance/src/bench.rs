@@ -125,6 +125,9 @@ struct Row {
     size: u64,
     ops: u64,
     gb_per_s: f64,
+    /// Blocks (of `size`) per second: the phase's ops/s when one request carries one block;
+    /// IOPS for fio's rows.
+    blocks_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
     p999_ms: f64,
@@ -797,6 +800,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
+    for r in rows.iter_mut() {
+        r.blocks_per_s = r.gb_per_s * 1e9 / r.size.max(1) as f64;
+    }
     let limits = Limits::of(&rows);
     for r in rows.iter_mut().filter(|r| r.run > 0) {
         if let Some((name, gb)) = limits.bound_of(r) {
@@ -805,20 +811,21 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     println!(
-        "| run | device | what | block | ops | GB/s | p50 ms | p99 ms | p999 ms | of device | of bound | node CPU s/GiB | client CPU s/GiB |"
+        "| run | device | what | block | ops | GB/s | blocks/s | p50 ms | p99 ms | p999 ms | of device | of bound | node CPU s/GiB | client CPU s/GiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let cpu = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
     let pct = |v: Option<f64>| v.map_or(String::new(), |f| format!("{:.0} %", f * 100.0));
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.run,
             r.device,
             r.what,
             ByteSize(r.size),
             r.ops,
             r.gb_per_s,
+            r.blocks_per_s,
             r.p50_ms,
             r.p99_ms,
             r.p999_ms,

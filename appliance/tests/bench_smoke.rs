@@ -69,6 +69,15 @@ fn a_tiny_bench_run_measures_every_phase_and_limit() {
         let r = rate(what);
         assert!(r.is_finite() && r > 0.0, "{what}: {r}");
     }
+    // Blocks per second agree with bytes per second and the block size.
+    for r in rows.iter().filter(|r| r["run"].as_u64() > Some(0)) {
+        let (gb, size, bps) = (
+            r["gb_per_s"].as_f64().unwrap(),
+            r["size"].as_f64().unwrap(),
+            r["blocks_per_s"].as_f64().unwrap(),
+        );
+        assert!((bps - gb * 1e9 / size).abs() <= 1e-6 * bps.max(1.0), "{r}");
+    }
     // Each node phase is set against the limit that bounds it.
     let hot = rows
         .iter()
