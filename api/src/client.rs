@@ -65,15 +65,25 @@ impl Client {
         base: impl Into<String>,
         how: &crate::connect::Connect,
     ) -> Result<Self, ClientError> {
+        Self::connect_with_headers(base, how, reqwest::header::HeaderMap::new())
+    }
+
+    /// [`Client::connect`] with headers sent on every request.
+    pub(crate) fn connect_with_headers(
+        base: impl Into<String>,
+        how: &crate::connect::Connect,
+        mut h: reqwest::header::HeaderMap,
+    ) -> Result<Self, ClientError> {
         let mut b = reqwest::Client::builder().pool_max_idle_per_host(256);
         if let Some(t) = &how.token {
-            let mut h = reqwest::header::HeaderMap::new();
             let mut v =
                 reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
                     ClientError::Invalid("the token is not a valid header value".into())
                 })?;
             v.set_sensitive(true);
             h.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        if !h.is_empty() {
             b = b.default_headers(h);
         }
         // Always a configuration of ours (aws-lc-rs, and no trusted roots unless given): plain

@@ -20,6 +20,8 @@ pub mod frame;
 pub mod key;
 pub mod namespace;
 pub mod placement;
+#[cfg(feature = "client")]
+pub mod pod_client;
 pub mod proto;
 #[cfg(feature = "client")]
 pub mod proto_io;
@@ -51,6 +53,10 @@ pub const HEADER_CRC32C: &str = "x-ctxpod-crc32c";
 pub const HEADER_DURABILITY: &str = "x-ctxpod-durability";
 /// Request header with which an admin acts in a tenant's namespaces.
 pub const HEADER_TENANT: &str = "x-ctxpod-tenant";
+/// On a single-block request: already routed (by a node that forwarded it, or by a client
+/// that computes the placement itself), so the node that receives it serves it. Its value
+/// names who routed it.
+pub const HEADER_ROUTED: &str = "x-ctxpod-forwarded-by";
 
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {

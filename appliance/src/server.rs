@@ -283,7 +283,9 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
     const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
     Some(match (method.as_str(), path) {
         ("GET" | "HEAD", "/healthz" | "/readyz") => Public,
-        ("GET" | "HEAD", "/metrics" | "/v1/stats" | "/v1/cluster") => Admin,
+        ("GET" | "HEAD", "/metrics" | "/v1/stats") => Admin,
+        // Clients route by the members' addresses: any caller may read them.
+        ("GET" | "HEAD", "/v1/cluster") => Read,
         ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
         ("GET" | "HEAD", "/v1/namespaces" | "/v1/namespaces/{ns}") => Read,
         ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,

@@ -10,6 +10,7 @@ use ctxpod::pod::membership::{
     members_prefix, MemberInfo, MemberState, Membership, PodView, Registration,
 };
 use ctxpod_api::connect::Connect;
+use ctxpod_api::pod_client::PodClient;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -285,6 +286,72 @@ async fn three_nodes_form_a_pod_through_etcd() {
     assert!(fwd > 0.0, "b forwarded reads");
     let on_c = held[2];
 
+    // The pod client routes every request itself: it reads every block and stores 300
+    // more, each on its first-ranked member, and no node forwards any of them.
+    let forwarded = |texts: &[String]| -> f64 {
+        texts
+            .iter()
+            .map(|t| {
+                ["read", "write", "read_miss", "unreachable"]
+                    .iter()
+                    .map(|o| {
+                        let v = metric(t, &format!("ctxpod_forwarded_total{{outcome=\"{o}\"}}"));
+                        if v.is_nan() {
+                            0.0
+                        } else {
+                            v
+                        }
+                    })
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    let all_metrics = || async {
+        let mut v = Vec::new();
+        for n in &nodes {
+            v.push(n.client.metrics().await.unwrap());
+        }
+        v
+    };
+    let before = forwarded(&all_metrics().await);
+    let pc = PodClient::connect(&[nodes[1].url.clone()], &Connect::default())
+        .await
+        .unwrap();
+    assert_eq!(pc.members().len(), 3);
+    for i in 0..n_blocks {
+        let got = pc.get("default", &key(i)).await.unwrap();
+        assert_eq!(
+            got,
+            Some(common::block(i, 4096)),
+            "block {i} via the pod client"
+        );
+    }
+    let mut owned = std::collections::HashMap::<String, u64>::new();
+    for i in n_blocks..2 * n_blocks {
+        pc.put(
+            "default",
+            &key(i),
+            common::block(i, 4096),
+            ctxpod_api::Durability::Durable,
+        )
+        .await
+        .unwrap();
+        *owned
+            .entry(pc.ranked("default", &key(i))[0].clone())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        forwarded(&all_metrics().await),
+        before,
+        "nothing was forwarded"
+    );
+    for (n, (id, h)) in nodes.iter().zip(["a", "b", "c"].iter().zip(&held)) {
+        let now = n.client.stats().await.unwrap().block_count;
+        assert_eq!(now - h, owned.get(*id).copied().unwrap_or(0), "node {id}");
+    }
+    let on_c = on_c + owned.get("c").copied().unwrap_or(0);
+    let n_blocks = 2 * n_blocks;
+
     // kill -9 c: no revoke; it leaves the others' views when its 3 s lease runs out.
     nodes[2].kill9();
     // Meanwhile c's blocks are misses through a and b (c unreachable, the fallback
@@ -406,4 +473,164 @@ async fn a_single_node_is_a_pod_of_one() {
     assert_eq!(id.trim(), c.node_id);
     n.restart().await;
     assert_eq!(n.client.cluster().await.unwrap().node_id, c.node_id);
+}
+
+/// A fourth node joins a 3-node pod under a read load: about a quarter of the blocks now
+/// rank it first (and only those move), no read fails meanwhile (blocks not yet on the new
+/// node are found on their previous member), and new writes take the new node's share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_node_joins_under_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let config = |id: &str| {
+        format!(
+            "[pod]\nname = \"p4\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\nlease_ttl_s = 3\n",
+            etcd.url
+        )
+    };
+    let start = |id: &'static str| {
+        let dir = tmp.path().join(id);
+        let cfg = config(id);
+        async move {
+            Node::start_configured(
+                &dir,
+                &["--capacity", "256MiB"],
+                &cfg,
+                Connect::default(),
+                false,
+            )
+            .await
+        }
+    };
+    let mut nodes = vec![start("a").await, start("b").await, start("c").await];
+    let pc = Arc::new(
+        PodClient::connect(&[nodes[0].url.clone()], &Connect::default())
+            .await
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pc.members().len() < 3 {
+        assert!(Instant::now() < deadline, "three members not seen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pc.refresh().await.unwrap();
+    }
+    let n_blocks = 400u64;
+    let key = |i: u64| format!("join-{i:04}").into_bytes();
+    let mut before = Vec::new();
+    for i in 0..n_blocks {
+        pc.put(
+            "default",
+            &key(i),
+            common::block(i, 2048),
+            ctxpod_api::Durability::Durable,
+        )
+        .await
+        .unwrap();
+        before.push(pc.ranked("default", &key(i))[0].clone());
+    }
+    // Readers, through the pod client and through a plain HTTP client of node a, until told
+    // to stop (30 s at most); every miss or error is a failure.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let plain = nodes[0].client.clone();
+    let reader = {
+        let (pc, stop) = (pc.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut reads, mut failures) = (0u64, Vec::new());
+            let t0 = Instant::now();
+            'outer: while t0.elapsed() < Duration::from_secs(30) {
+                for i in 0..n_blocks {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break 'outer;
+                    }
+                    let want = common::block(i, 2048);
+                    let k = format!("join-{i:04}").into_bytes();
+                    for got in [pc.get("default", &k).await, plain.get("default", &k).await] {
+                        reads += 1;
+                        if got.as_ref().ok().and_then(|g| g.as_ref()) != Some(&want) {
+                            failures
+                                .push((i, format!("{got:?}").chars().take(80).collect::<String>()));
+                        }
+                    }
+                }
+            }
+            (reads, failures)
+        })
+    };
+    nodes.push(start("d").await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        pc.refresh().await.unwrap();
+        let mut all = pc.members().len() == 4;
+        for n in &nodes {
+            all &= n.client.cluster().await.unwrap().members.len() == 4;
+        }
+        if all {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fourth node not seen by everyone"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let the readers run over the new view for a while.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, failures) = reader.await.unwrap();
+    assert!(reads > 0);
+    assert!(
+        failures.is_empty(),
+        "{} of {reads} reads failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+
+    // Only blocks that now rank d first changed owner: about a quarter of them.
+    let mut moved = 0;
+    for (i, old) in before.iter().enumerate() {
+        let now = pc.ranked("default", &key(i as u64))[0].clone();
+        if &now != old {
+            assert_eq!(
+                now, "d",
+                "block {i} moved from {old} to {now}, not to the new node"
+            );
+            moved += 1;
+        }
+    }
+    let share = moved as f64 / n_blocks as f64;
+    eprintln!("blocks that rank the new node first: {moved} of {n_blocks}");
+    assert!(
+        (0.15..=0.35).contains(&share),
+        "{moved} of {n_blocks} moved"
+    );
+    // Every block is still read, through the pod client and through every node.
+    for i in 0..n_blocks {
+        assert_eq!(
+            pc.get("default", &key(i)).await.unwrap(),
+            Some(common::block(i, 2048))
+        );
+        for n in &nodes {
+            let got = n.client.get("default", &key(i)).await.unwrap();
+            assert_eq!(got, Some(common::block(i, 2048)), "block {i} via {}", n.url);
+        }
+    }
+    // New writes: the new node takes its share.
+    let d_before = nodes[3].client.stats().await.unwrap().block_count;
+    let mut to_d = 0;
+    for i in n_blocks..n_blocks + 200 {
+        pc.put(
+            "default",
+            &key(i),
+            common::block(i, 2048),
+            ctxpod_api::Durability::Durable,
+        )
+        .await
+        .unwrap();
+        to_d += (pc.ranked("default", &key(i))[0] == "d") as u64;
+    }
+    assert!(to_d > 0);
+    assert_eq!(
+        nodes[3].client.stats().await.unwrap().block_count - d_before,
+        to_d
+    );
 }

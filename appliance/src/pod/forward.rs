@@ -24,8 +24,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use std::time::Duration;
 
-/// Set on a forwarded request, to the forwarding node's id.
-pub const HEADER_FORWARDED: &str = "x-ctxpod-forwarded-by";
+/// Set on a forwarded request, to the forwarding node's id (a pod-aware client sets it too:
+/// its requests are already routed).
+pub const HEADER_FORWARDED: &str = ctxpod_api::HEADER_ROUTED;
 /// Ranked members a read tries before it answers a miss.
 pub const READ_FALLBACK: usize = 3;
 /// How long a forwarded request may take.

@@ -1,0 +1,181 @@
+//! A client of a whole pod that routes every request itself, with no proxy hop: it learns
+//! the members from any node's `GET /v1/cluster`, computes each block's placement with
+//! [`crate::placement`] (the same function the nodes use), and sends each request straight
+//! to the member that holds the block.
+//!
+//! - `put` goes to the block's first-ranked member; if that member cannot be reached, the
+//!   view is refreshed and the next one in rank order takes it (as a node forwarding would).
+//! - `get` tries the first [`READ_FALLBACK`] ranked members in order and returns the first
+//!   hit; members that cannot be reached are skipped; a block none of them holds is a miss.
+//!   After a join, a block not yet moved is found on its previous first member this way.
+//! - Requests carry [`crate::HEADER_ROUTED`], so a node serves them itself.
+//! - The view is refreshed by [`PodClient::refresh`] (call it periodically, or after a
+//!   failure; the client does so itself when a member cannot be reached).
+
+use crate::client::{Client, ClientError, PutOutcome};
+use crate::connect::Connect;
+use crate::placement::{Member, Placement};
+use crate::types::ClusterMember;
+use crate::Durability;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// Ranked members a read tries before it answers a miss (the nodes use the same).
+pub const READ_FALLBACK: usize = 3;
+
+struct View {
+    members: Vec<ClusterMember>,
+    placement: Placement,
+}
+
+pub struct PodClient {
+    how: Connect,
+    seeds: Vec<String>,
+    view: RwLock<Arc<View>>,
+    clients: RwLock<HashMap<String, Client>>,
+}
+
+fn placement_of(members: &[ClusterMember]) -> Placement {
+    Placement::new(members.iter().map(|m| Member {
+        id: m.id.clone(),
+        weight: if m.state == "up" { m.capacity_bytes } else { 0 },
+    }))
+}
+
+impl PodClient {
+    /// Connects to a pod through any of `seeds` (node base URLs): the first that answers
+    /// `/v1/cluster` gives the members.
+    pub async fn connect(seeds: &[String], how: &Connect) -> Result<PodClient, ClientError> {
+        let c = PodClient {
+            how: how.clone(),
+            seeds: seeds.to_vec(),
+            view: RwLock::new(Arc::new(View {
+                members: Vec::new(),
+                placement: Placement::default(),
+            })),
+            clients: RwLock::new(HashMap::new()),
+        };
+        c.refresh().await?;
+        Ok(c)
+    }
+
+    /// Asks the members known (then the seeds) for the pod's members, and takes the first
+    /// answer.
+    pub async fn refresh(&self) -> Result<(), ClientError> {
+        let mut urls: Vec<String> = self.view().members.iter().map(|m| m.http.clone()).collect();
+        urls.extend(self.seeds.iter().cloned());
+        let mut last = None;
+        for u in urls {
+            match self.client(&u)?.cluster().await {
+                Ok(c) if !c.members.is_empty() => {
+                    let mut members = c.members;
+                    members.sort_by(|a, b| a.id.cmp(&b.id));
+                    let placement = placement_of(&members);
+                    *self.view.write().expect("view") = Arc::new(View { members, placement });
+                    return Ok(());
+                }
+                Ok(_) => last = Some(ClientError::Malformed("a pod with no members".into())),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no seed nodes".into())))
+    }
+
+    fn view(&self) -> Arc<View> {
+        self.view.read().expect("view").clone()
+    }
+
+    /// The pod's members as last seen, sorted by id.
+    pub fn members(&self) -> Vec<ClusterMember> {
+        self.view().members.clone()
+    }
+
+    /// The members a block lives on, best first (ids).
+    pub fn ranked(&self, ns: &str, key: &[u8]) -> Vec<String> {
+        let v = self.view();
+        v.placement
+            .rank(ns, key)
+            .into_iter()
+            .map(|i| v.members[i].id.clone())
+            .collect()
+    }
+
+    /// The client for one member (made once, then kept).
+    fn client(&self, base: &str) -> Result<Client, ClientError> {
+        if let Some(c) = self.clients.read().expect("clients").get(base) {
+            return Ok(c.clone());
+        }
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(
+            crate::HEADER_ROUTED,
+            reqwest::header::HeaderValue::from_static("pod-client"),
+        );
+        let c = Client::connect_with_headers(base, &self.how, h)?;
+        self.clients
+            .write()
+            .expect("clients")
+            .insert(base.to_string(), c.clone());
+        Ok(c)
+    }
+
+    fn ranked_members(&self, ns: &str, key: &[u8]) -> Vec<ClusterMember> {
+        let v = self.view();
+        v.placement
+            .rank(ns, key)
+            .into_iter()
+            .map(|i| v.members[i].clone())
+            .collect()
+    }
+
+    /// Stores a block on the member that holds it.
+    pub async fn put(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        durability: Durability,
+    ) -> Result<PutOutcome, ClientError> {
+        let crc = crate::crc32c(&data);
+        let mut last = None;
+        for m in self.ranked_members(ns, key) {
+            match self
+                .client(&m.http)?
+                .put_with_crc(ns, key, data.clone(), crc, durability)
+                .await
+            {
+                Err(e) if unreachable(&e) => {
+                    last = Some(e);
+                    let _ = self.refresh().await;
+                }
+                r => return r,
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
+    }
+
+    /// A block's bytes from the first of its ranked members that holds it, or `None`.
+    pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
+        let mut unreachable_seen = false;
+        for m in self.ranked_members(ns, key).into_iter().take(READ_FALLBACK) {
+            match self.client(&m.http)?.get(ns, key).await {
+                Ok(Some(b)) => return Ok(Some(b)),
+                Ok(None) => {}
+                Err(e) if unreachable(&e) => unreachable_seen = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if unreachable_seen {
+            let _ = self.refresh().await;
+        }
+        Ok(None)
+    }
+}
+
+/// A member that could not be reached (connect refused, timed out): another may serve.
+fn unreachable(e: &ClientError) -> bool {
+    match e {
+        ClientError::Transport(e) => e.is_connect() || e.is_timeout(),
+        _ => false,
+    }
+}
