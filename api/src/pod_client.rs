@@ -3,11 +3,13 @@
 //! [`crate::placement`] (the same function the nodes use), and sends each request straight
 //! to the member that holds the block.
 //!
-//! - `put` goes to the block's first-ranked member; if that member cannot be reached, the
-//!   view is refreshed and the next one in rank order takes it (as a node forwarding would).
-//! - `get` tries the first [`READ_FALLBACK`] ranked members in order and returns the first
-//!   hit; members that cannot be reached are skipped; a block none of them holds is a miss.
-//!   After a join, a block not yet moved is found on its previous first member this way.
+//! - `put` goes to the block's R highest-ranked members (R from `/v1/cluster`); a member
+//!   that cannot be reached is skipped for the next in rank order (as a node forwarding
+//!   would) and the view refreshed. It is acknowledged once R members stored the block.
+//! - `get` tries the first max([`READ_FALLBACK`], R + 1) ranked members in order and returns
+//!   the first hit; members that cannot be reached are skipped; a block none of them holds
+//!   is a miss. After a join, a block not yet moved is found on its previous first member
+//!   this way. A copy missing from one of the R members is written back (read repair).
 //! - Requests carry [`crate::HEADER_ROUTED`], so a node serves them itself.
 //! - The view is refreshed by [`PodClient::refresh`] (call it periodically, or after a
 //!   failure; the client does so itself when a member cannot be reached).
@@ -27,6 +29,8 @@ pub const READ_FALLBACK: usize = 3;
 struct View {
     members: Vec<ClusterMember>,
     placement: Placement,
+    /// Copies of each block (R), as the pod says.
+    replication: usize,
 }
 
 pub struct PodClient {
@@ -34,6 +38,7 @@ pub struct PodClient {
     seeds: Vec<String>,
     view: RwLock<Arc<View>>,
     clients: RwLock<HashMap<String, Client>>,
+    repairs: std::sync::atomic::AtomicU64,
 }
 
 fn placement_of(members: &[ClusterMember]) -> Placement {
@@ -53,8 +58,10 @@ impl PodClient {
             view: RwLock::new(Arc::new(View {
                 members: Vec::new(),
                 placement: Placement::default(),
+                replication: 1,
             })),
             clients: RwLock::new(HashMap::new()),
+            repairs: Default::default(),
         };
         c.refresh().await?;
         Ok(c)
@@ -72,7 +79,11 @@ impl PodClient {
                     let mut members = c.members;
                     members.sort_by(|a, b| a.id.cmp(&b.id));
                     let placement = placement_of(&members);
-                    *self.view.write().expect("view") = Arc::new(View { members, placement });
+                    *self.view.write().expect("view") = Arc::new(View {
+                        members,
+                        placement,
+                        replication: (c.replication as usize).max(1),
+                    });
                     return Ok(());
                 }
                 Ok(_) => last = Some(ClientError::Malformed("a pod with no members".into())),
@@ -128,7 +139,14 @@ impl PodClient {
             .collect()
     }
 
-    /// Stores a block on the member that holds it.
+    /// Copies of each block the pod keeps (R).
+    pub fn replication(&self) -> usize {
+        self.view().replication
+    }
+
+    /// Stores a block on its R highest-ranked members that can be reached (one after the
+    /// other, in rank order); acknowledged once all R stored it. A member that cannot be
+    /// reached is skipped for the next (and the view is refreshed); a refusal is returned.
     pub async fn put(
         &self,
         ns: &str,
@@ -137,29 +155,62 @@ impl PodClient {
         durability: Durability,
     ) -> Result<PutOutcome, ClientError> {
         let crc = crate::crc32c(&data);
+        let copies = self.replication();
+        let mut first = None;
+        let mut stored = 0;
         let mut last = None;
         for m in self.ranked_members(ns, key) {
+            if stored == copies {
+                break;
+            }
             match self
                 .client(&m.http)?
                 .put_with_crc(ns, key, data.clone(), crc, durability)
                 .await
             {
+                Ok(o) => {
+                    stored += 1;
+                    first.get_or_insert(o);
+                }
                 Err(e) if unreachable(&e) => {
                     last = Some(e);
                     let _ = self.refresh().await;
                 }
-                r => return r,
+                Err(e) => return Err(e),
             }
         }
-        Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
+        match first {
+            Some(o) if stored == copies => Ok(o),
+            _ => Err(last.unwrap_or_else(|| {
+                ClientError::Invalid(format!(
+                    "only {stored} of {copies} copies stored: too few members reachable"
+                ))
+            })),
+        }
     }
 
-    /// A block's bytes from the first of its ranked members that holds it, or `None`.
+    /// A block's bytes from the first of its ranked members that holds it (the R copies,
+    /// then further down: at least [`READ_FALLBACK`] members), or `None`. When a copy was
+    /// missing from a member that should hold one (it was away when the block was
+    /// written), the block is written back there (read repair).
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
+        let copies = self.replication();
         let mut unreachable_seen = false;
-        for m in self.ranked_members(ns, key).into_iter().take(READ_FALLBACK) {
+        let mut missing = Vec::new();
+        for (i, m) in self
+            .ranked_members(ns, key)
+            .into_iter()
+            .take(READ_FALLBACK.max(copies + 1))
+            .enumerate()
+        {
             match self.client(&m.http)?.get(ns, key).await {
-                Ok(Some(b)) => return Ok(Some(b)),
+                Ok(Some(b)) => {
+                    for m in missing {
+                        let _ = self.repair(&m, ns, key, &b).await;
+                    }
+                    return Ok(Some(b));
+                }
+                Ok(None) if i < copies => missing.push(m),
                 Ok(None) => {}
                 Err(e) if unreachable(&e) => unreachable_seen = true,
                 Err(e) => return Err(e),
@@ -170,12 +221,33 @@ impl PodClient {
         }
         Ok(None)
     }
+
+    /// Writes a copy back to a member that should hold one. `fast`: a lost repair is
+    /// repaired again by a later read.
+    async fn repair(
+        &self,
+        m: &ClusterMember,
+        ns: &str,
+        key: &[u8],
+        data: &Bytes,
+    ) -> Result<(), ClientError> {
+        self.client(&m.http)?
+            .put(ns, key, data.clone(), Durability::Fast)
+            .await?;
+        self.repairs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copies written back by read repair so far.
+    pub fn repairs(&self) -> u64 {
+        self.repairs.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
-/// A member that could not be reached (connect refused, timed out): another may serve.
+/// A member that failed at the transport (connect refused, timed out, the connection cut
+/// mid-request as when a node dies): another member may serve. Reads and puts are both
+/// safe to send again (a put of the same bytes answers 200).
 fn unreachable(e: &ClientError) -> bool {
-    match e {
-        ClientError::Transport(e) => e.is_connect() || e.is_timeout(),
-        _ => false,
-    }
+    matches!(e, ClientError::Transport(_))
 }

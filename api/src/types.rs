@@ -83,6 +83,8 @@ pub struct Cluster {
     pub etcd_last_ok: i64,
     /// etcd's revision the member list reflects (0 without etcd).
     pub revision: i64,
+    /// Copies of each block the pod keeps (R).
+    pub replication: u32,
     /// Members, sorted by id.
     pub members: Vec<ClusterMember>,
 }

@@ -43,6 +43,8 @@ pub struct AppState {
     /// The pod this node is in, and its own id there.
     pub pod: Arc<crate::pod::membership::Membership>,
     pub node_id: Arc<str>,
+    /// Copies of each block in the pod (`pod.replication`).
+    pub replication: usize,
 }
 
 /// Holds a share of the ingest budget until the body is stored (or refused).
@@ -232,6 +234,7 @@ pub fn router(
         auth,
         pod: pod.membership.clone(),
         node_id: pod.me.id.as_str().into(),
+        replication: pod.replication,
     };
     routes()
         .into_router()
@@ -377,7 +380,14 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
         return next.run(req).await;
     }
     let route = match forward::block_of(req.uri().path()) {
-        Some((ns, key)) => forward::route(&st.pod.view(), &st.node_id, req.method(), ns, &key),
+        Some((ns, key)) => forward::route(
+            &st.pod.view(),
+            &st.node_id,
+            req.method(),
+            ns,
+            &key,
+            st.replication,
+        ),
         None => Route::Local,
     };
     let metrics = st.engine.metrics().clone();
@@ -420,15 +430,15 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
             count("read_miss");
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
         }
-        Route::Write(members) => {
+        Route::Write { members, copies } => {
             let len = req
                 .headers()
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or(0);
-            // The body is held (within the ingest budget) so that it can go to the next
-            // member if the first cannot be reached.
+            // The body is held (within the ingest budget) so that it can go to several
+            // members, or to the next one if a member cannot be reached.
             let _permit = match st.admit_body(len) {
                 Ok(p) => p,
                 Err(e) => return e.into_response(),
@@ -445,36 +455,79 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                     .into_response()
                 }
             };
+            let is_delete = parts.method == Method::DELETE;
+            // The first `copies` members that answer each get the request, in rank order.
+            let mut answers: Vec<Response> = Vec::new();
             for m in &members {
-                if m.id == *st.node_id {
+                if answers.len() == copies {
+                    break;
+                }
+                let resp = if m.id == *st.node_id {
                     let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
-                    return next.clone().run(local).await;
-                }
-                match forward::forward(
-                    m,
-                    &st.node_id,
-                    &parts.method,
-                    &parts.uri,
-                    &parts.headers,
-                    Some(body.clone()),
-                )
-                .await
-                {
-                    Ok(r) => {
-                        count("write");
-                        return r;
+                    next.clone().run(local).await
+                } else {
+                    match forward::forward(
+                        m,
+                        &st.node_id,
+                        &parts.method,
+                        &parts.uri,
+                        &parts.headers,
+                        Some(body.clone()),
+                    )
+                    .await
+                    {
+                        Ok(r) => {
+                            count("write");
+                            r
+                        }
+                        Err(ForwardError::Unreachable) => {
+                            count("unreachable");
+                            continue;
+                        }
                     }
-                    Err(ForwardError::Unreachable) => count("unreachable"),
-                }
+                };
+                answers.push(resp);
             }
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "no member of the pod that may hold this block can be reached",
-            )
-            .into_response()
+            pick_answer(answers, copies, is_delete)
         }
     }
+}
+
+/// The answer to a write sent to several members. A put is acknowledged (with the first
+/// member's answer) only if `copies` members stored it; otherwise the first refusal is the
+/// answer, or 503 when too few members could be reached. A delete answers 200 if any
+/// member deleted the block, else the first answer (404 when none held it).
+fn pick_answer(answers: Vec<Response>, copies: usize, is_delete: bool) -> Response {
+    if is_delete {
+        let mut first = None;
+        for r in answers {
+            if r.status().is_success() {
+                return r;
+            }
+            first.get_or_insert(r);
+        }
+        return first
+            .unwrap_or_else(|| unavailable("no member that may hold this block can be reached"));
+    }
+    if let Some(i) = answers.iter().position(|r| !r.status().is_success()) {
+        return answers.into_iter().nth(i).expect("an index from position");
+    }
+    if answers.len() < copies {
+        return unavailable("fewer members than the pod's replication factor can be reached");
+    }
+    answers
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| unavailable("no member that may hold this block can be reached"))
+}
+
+fn unavailable(message: &'static str) -> Response {
+    let mut r =
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response();
+    // Busy-style: clients retry after a moment (membership catches up within a lease).
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -732,6 +785,7 @@ async fn cluster(State(st): State<AppState>) -> Json<ctxpod_api::types::Cluster>
         etcd_up: st.pod.etcd_up(),
         etcd_last_ok: st.pod.etcd_last_ok(),
         revision: view.revision,
+        replication: st.replication as u32,
         members: view
             .members
             .iter()

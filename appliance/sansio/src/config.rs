@@ -230,6 +230,11 @@ pub struct PodConfig {
     /// Seconds a node's membership lease lasts without renewal: how long a node that died
     /// without leaving stays listed. Renewed every third of it.
     pub lease_ttl_s: u64,
+    /// Copies of each block (R): a put is acknowledged once stored on the R highest-ranked
+    /// members that can be reached. 1 (the default): KV blocks can be recomputed; 2 or
+    /// more for hot shared prefixes, so a node's loss loses none. Every node of a pod must
+    /// have the same value.
+    pub replication: usize,
 }
 
 /// One member of a static pod.
@@ -258,6 +263,7 @@ impl Default for PodConfig {
             advertise_http: None,
             advertise_transfer: None,
             lease_ttl_s: 10,
+            replication: 1,
         }
     }
 }
@@ -283,6 +289,10 @@ impl PodConfig {
         anyhow::ensure!(
             (2..=3600).contains(&self.lease_ttl_s),
             "pod.lease_ttl_s must be within 2..=3600"
+        );
+        anyhow::ensure!(
+            (1..=5).contains(&self.replication),
+            "pod.replication must be within 1..=5"
         );
         for e in &self.etcd_endpoints {
             anyhow::ensure!(

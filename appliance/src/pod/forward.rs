@@ -3,11 +3,12 @@
 //! forwarded to the member that does, so plain HTTP clients need not know the placement.
 //! (The Rust client routes directly and never pays this hop.)
 //!
-//! The rules, for a namespace with one replica (R = 1, the default):
-//! - `PUT` and `DELETE` go to the block's first-ranked member; if it cannot be reached, to the
-//!   next one in rank order (a block written there is found by reads falling back along the
-//!   ranking, and moves when repair lands).
-//! - `GET` and `HEAD` try the first [`READ_FALLBACK`] ranked members in order (this node first
+//! The rules, with R copies per block (`pod.replication`, 1 by default):
+//! - `PUT` goes to the block's R highest-ranked members that can be reached (a member that
+//!   cannot is skipped for the next in rank order: a block written there is found by reads
+//!   falling back along the ranking) and is acknowledged once all R stored it. `DELETE`
+//!   goes to every member a read would look at.
+//! - `GET` and `HEAD` try the first max(3, R + 1) ranked members in order (this node first
 //!   when it is one of them: no hop) and answer with the first hit; a block held by none of
 //!   them, or on members that cannot be reached, is a miss (404), never an error that stalls
 //!   the engine.
@@ -48,33 +49,57 @@ pub enum Route {
     Local,
     /// For reads: try these in order (this node, when listed, is served locally first).
     Read(Vec<MemberInfo>),
-    /// For writes: the first that can be reached takes it (this node, when listed, at its
-    /// place in the ranking).
-    Write(Vec<MemberInfo>),
+    /// For writes: the first `copies` of these that can be reached each take it (this node
+    /// among them, at its place in the ranking); acknowledged when all of them stored it.
+    Write {
+        members: Vec<MemberInfo>,
+        copies: usize,
+    },
 }
 
-/// Decides where a block request goes, from the pod view.
-pub fn route(view: &PodView, me: &str, method: &Method, ns: &str, key: &[u8]) -> Route {
+/// Ranked members a read tries with `r` copies per block: the copies, and at least
+/// [`READ_FALLBACK`] in all.
+pub fn read_candidates(r: usize) -> usize {
+    READ_FALLBACK.max(r + 1)
+}
+
+/// Decides where a block request goes, from the pod view and the replication factor.
+pub fn route(
+    view: &PodView,
+    me: &str,
+    method: &Method,
+    ns: &str,
+    key: &[u8],
+    replication: usize,
+) -> Route {
     if view.members.len() < 2 {
         return Route::Local;
     }
     let ranked: Vec<MemberInfo> = view.ranked(ns, key).into_iter().cloned().collect();
     match *method {
         Method::GET | Method::HEAD => {
-            let candidates: Vec<MemberInfo> = ranked.into_iter().take(READ_FALLBACK).collect();
+            let candidates: Vec<MemberInfo> = ranked
+                .into_iter()
+                .take(read_candidates(replication))
+                .collect();
             if candidates.len() == 1 && candidates[0].id == me {
                 Route::Local
             } else {
                 Route::Read(candidates)
             }
         }
-        Method::PUT | Method::DELETE => {
-            if ranked.first().is_some_and(|m| m.id == me) {
-                Route::Local
-            } else {
-                Route::Write(ranked)
-            }
+        Method::PUT if replication == 1 && ranked.first().is_some_and(|m| m.id == me) => {
+            Route::Local
         }
+        Method::PUT => Route::Write {
+            members: ranked,
+            copies: replication,
+        },
+        // A delete reaches every member a read would look at, so no copy is left behind.
+        Method::DELETE => Route::Write {
+            copies: read_candidates(replication).min(ranked.len()),
+            members: ranked,
+        },
         _ => Route::Local,
     }
 }
@@ -174,7 +199,7 @@ mod tests {
     fn a_pod_of_one_serves_everything_locally() {
         let v = view(&["a"]);
         for m in [Method::GET, Method::PUT, Method::DELETE, Method::HEAD] {
-            assert!(matches!(route(&v, "a", &m, "ns", b"k"), Route::Local));
+            assert!(matches!(route(&v, "a", &m, "ns", b"k", 2), Route::Local));
         }
     }
 
@@ -185,18 +210,23 @@ mod tests {
         for i in 0..200u32 {
             let key = i.to_be_bytes();
             let first = v.ranked("ns", &key)[0].id.clone();
-            match route(&v, "a", &Method::PUT, "ns", &key) {
+            match route(&v, "a", &Method::PUT, "ns", &key, 1) {
                 Route::Local => {
                     assert_eq!(first, "a");
                     local_writes += 1;
                 }
-                Route::Write(ms) => {
-                    assert_eq!(ms[0].id, first);
-                    assert_eq!(ms.len(), 4);
+                Route::Write { members, copies } => {
+                    assert_eq!(members[0].id, first);
+                    assert_eq!((members.len(), copies), (4, 1));
                 }
                 Route::Read(_) => panic!("a write routed as a read"),
             }
-            match route(&v, "a", &Method::GET, "ns", &key) {
+            // With two copies every put is spread, even from its first member.
+            assert!(matches!(
+                route(&v, "a", &Method::PUT, "ns", &key, 2),
+                Route::Write { copies: 2, .. }
+            ));
+            match route(&v, "a", &Method::GET, "ns", &key, 1) {
                 Route::Read(ms) => {
                     assert_eq!(ms.len(), READ_FALLBACK);
                     assert_eq!(ms[0].id, first);

@@ -22,6 +22,8 @@ use std::time::Duration;
 /// This node's place in its pod.
 pub struct Pod {
     pub me: MemberInfo,
+    /// Copies of each block (`pod.replication`).
+    pub replication: usize,
     pub membership: Arc<Membership>,
     registration: Option<Registration>,
     stop: tokio_util::sync::CancellationToken,
@@ -111,6 +113,7 @@ impl Pod {
             );
             return Ok(Pod {
                 me,
+                replication: p.replication,
                 membership,
                 registration: Some(registration),
                 stop,
@@ -135,6 +138,7 @@ impl Pod {
         };
         Ok(Pod {
             me,
+            replication: p.replication,
             membership,
             registration: None,
             stop,
