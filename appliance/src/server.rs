@@ -375,7 +375,7 @@ fn forbidden(engine: &Engine, why: &str) -> Response {
 /// hold goes to the member that does. Runs after authentication, so a refused caller is
 /// refused here; a request already forwarded is served here.
 async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    use crate::pod::forward::{self, ForwardError, Route};
+    use crate::pod::forward::{self, Route};
     if req.headers().contains_key(forward::HEADER_FORWARDED) {
         return next.run(req).await;
     }
@@ -401,24 +401,9 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                     let local = Request::from_parts(parts.clone(), Body::empty());
                     next.clone().run(local).await
                 } else {
-                    match forward::forward(
-                        m,
-                        &st.node_id,
-                        &parts.method,
-                        &parts.uri,
-                        &parts.headers,
-                        None,
-                    )
-                    .await
-                    {
-                        Ok(r) => {
-                            count("read");
-                            r
-                        }
-                        Err(ForwardError::Unreachable) => {
-                            count("unreachable");
-                            continue;
-                        }
+                    match forward_counted(&st, m, &parts, None, "read").await {
+                        Some(r) => r,
+                        None => continue,
                     }
                 };
                 // A miss here may be a hit further down the ranking (a block written while
@@ -466,29 +451,45 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                     let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
                     next.clone().run(local).await
                 } else {
-                    match forward::forward(
-                        m,
-                        &st.node_id,
-                        &parts.method,
-                        &parts.uri,
-                        &parts.headers,
-                        Some(body.clone()),
-                    )
-                    .await
-                    {
-                        Ok(r) => {
-                            count("write");
-                            r
-                        }
-                        Err(ForwardError::Unreachable) => {
-                            count("unreachable");
-                            continue;
-                        }
+                    match forward_counted(&st, m, &parts, Some(body.clone()), "write").await {
+                        Some(r) => r,
+                        None => continue,
                     }
                 };
                 answers.push(resp);
             }
             pick_answer(answers, copies, is_delete)
+        }
+    }
+}
+
+/// Forwards a request to `m` and counts the outcome (`ctxpod_forwarded_total`); `None`
+/// when `m` cannot be reached.
+async fn forward_counted(
+    st: &AppState,
+    m: &crate::pod::membership::MemberInfo,
+    parts: &axum::http::request::Parts,
+    body: Option<Bytes>,
+    outcome: &str,
+) -> Option<Response> {
+    let count = |o: &str| st.engine.metrics().forwarded.with_label_values(&[o]).inc();
+    match crate::pod::forward::forward(
+        m,
+        &st.node_id,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        body,
+    )
+    .await
+    {
+        Ok(r) => {
+            count(outcome);
+            Some(r)
+        }
+        Err(crate::pod::forward::ForwardError::Unreachable) => {
+            count("unreachable");
+            None
         }
     }
 }

@@ -15,6 +15,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A real node with 256 MiB of capacity and this configuration, its data in `dir/<id>`.
+async fn pod_node(dir: &std::path::Path, id: &str, config: &str) -> Node {
+    Node::start_configured(
+        &dir.join(id),
+        &["--capacity", "256MiB"],
+        config,
+        Connect::default(),
+        false,
+    )
+    .await
+}
+
 fn member(id: &str, capacity: u64) -> MemberInfo {
     MemberInfo {
         id: id.into(),
@@ -193,16 +205,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
     };
     let mut nodes = Vec::new();
     for id in ["a", "b", "c"] {
-        nodes.push(
-            Node::start_configured(
-                &tmp.path().join(id),
-                &["--capacity", "256MiB"],
-                &config(id),
-                Connect::default(),
-                false,
-            )
-            .await,
-        );
+        nodes.push(pod_node(tmp.path(), id, &config(id)).await);
     }
     let ids = |c: &ctxpod_api::types::Cluster| -> Vec<String> {
         c.members.iter().map(|m| m.id.clone()).collect()
@@ -488,21 +491,10 @@ async fn a_fourth_node_joins_under_load() {
             etcd.url
         )
     };
-    let start = |id: &'static str| {
-        let dir = tmp.path().join(id);
-        let cfg = config(id);
-        async move {
-            Node::start_configured(
-                &dir,
-                &["--capacity", "256MiB"],
-                &cfg,
-                Connect::default(),
-                false,
-            )
-            .await
-        }
-    };
-    let mut nodes = vec![start("a").await, start("b").await, start("c").await];
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c"] {
+        nodes.push(pod_node(tmp.path(), id, &config(id)).await);
+    }
     let pc = Arc::new(
         PodClient::connect(&[nodes[0].url.clone()], &Connect::default())
             .await
@@ -556,7 +548,7 @@ async fn a_fourth_node_joins_under_load() {
             (reads, failures)
         })
     };
-    nodes.push(start("d").await);
+    nodes.push(pod_node(tmp.path(), "d", &config("d")).await);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         pc.refresh().await.unwrap();
@@ -658,16 +650,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     let ids = ["a", "b", "c"];
     let mut nodes = Vec::new();
     for id in ids {
-        nodes.push(
-            Node::start_configured(
-                &tmp.path().join(id),
-                &["--capacity", "256MiB"],
-                &config(id),
-                Connect::default(),
-                false,
-            )
-            .await,
-        );
+        nodes.push(pod_node(tmp.path(), id, &config(id)).await);
     }
     let pc = PodClient::connect(&[nodes[0].url.clone()], &Connect::default())
         .await
