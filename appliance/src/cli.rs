@@ -84,6 +84,9 @@ impl Creds {
 enum Cmd {
     /// Run a node (embedded single-node default: data in ./ctxpod-data, loopback, no TLS).
     Serve(ServeArgs),
+    /// Check a node's configuration (defaults, the file, CTXPOD_* and these flags, as
+    /// `serve` takes them) and print the result as TOML; exits non-zero if it is refused.
+    Config(ServeArgs),
     /// Store a block from a file (or `-` for stdin).
     Put {
         #[command(flatten)]
@@ -247,6 +250,16 @@ pub struct ServeArgs {
     /// I/O engine: auto, io_uring, sync [default: auto].
     #[arg(long)]
     pub io_engine: Option<IoEngine>,
+    /// This node's id in its pod (`pod.node_id`) [default: kept in <data-dir>/node.id].
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// Base URL of this node's HTTP API as the pod reaches it (`pod.advertise_http`), e.g.
+    /// `http://ctxpod-0.ctxpod-peers.ns.svc:7400`.
+    #[arg(long)]
+    pub advertise_http: Option<String>,
+    /// Address of this node's CXP1 listener as the pod reaches it (`pod.advertise_transfer`).
+    #[arg(long)]
+    pub advertise_transfer: Option<String>,
 }
 
 impl ServeArgs {
@@ -275,6 +288,19 @@ impl ServeArgs {
         }
         if let Some(e) = self.io_engine {
             o.insert("io_engine".into(), serde_json::to_value(e)?);
+        }
+        let mut pod = serde_json::Map::new();
+        for (name, v) in [
+            ("node_id", &self.node_id),
+            ("advertise_http", &self.advertise_http),
+            ("advertise_transfer", &self.advertise_transfer),
+        ] {
+            if let Some(v) = v {
+                pod.insert(name.into(), serde_json::json!(v));
+            }
+        }
+        if !pod.is_empty() {
+            o.insert("pod".into(), serde_json::Value::Object(pod));
         }
         Config::load(
             self.config.as_deref(),
@@ -319,6 +345,11 @@ fn parse_key(k: &str) -> anyhow::Result<Vec<u8>> {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
+        Cmd::Config(args) => {
+            let cfg = args.to_config()?;
+            print!("{}", toml::to_string(&cfg)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Serve(args) => {
             let cfg = args.to_config()?;
             init_logging(&cfg.log);

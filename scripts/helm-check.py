@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Checks the Helm chart in helm/ctxpod with Helm v4's own engine (helm-python-sdk, in
+process) and the Kubernetes schemas (kubernetes-validate), for the default values and every
+file in helm/ctxpod/ci/:
+
+1. the values pass values.schema.json, and `helm lint --strict` finds nothing;
+2. the chart renders, and every rendered manifest validates against Kubernetes 1.31's
+   schemas, strictly (unknown fields are errors; only the ServiceMonitor CRD is skipped);
+3. what each values file asks for is in the manifests (node count, replication, etcd, TLS,
+   host paths);
+4. with CTXPOD_BIN set, the ctxpod.toml each values file renders is accepted by the real
+   binary (`ctxpod config`, with the StatefulSet's own flags);
+5. bad input is refused: values outside the schema, replication above the node count, and
+   a template broken on purpose (so a broken template cannot pass this check).
+
+Exits non-zero on the first failure. Run by scripts/test.sh with its venv.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+CHART = os.path.join(os.path.dirname(__file__), "..", "helm", "ctxpod")
+KUBE = "1.31.0"
+
+
+def fail(msg):
+    print(f"helm-check: FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def render(chart_dir, values):
+    chart = helm.Chart.load(chart_dir)
+    chart.validate_schema(values)
+    out = chart.render(values, name="ctxpod", namespace="kv", is_install=True)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for d in yaml.safe_load_all(text):
+            if d:
+                docs.append((path, d))
+    return docs, out
+
+
+def lint(chart_dir, values, label):
+    report = helm.lint(chart_dir, values, strict=True, kube_version=f"v{KUBE}")
+    bad = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    if report.get("errors") or bad:
+        fail(f"{label}: helm lint: {report.get('errors')} {bad}")
+
+
+def validate(docs, label):
+    kinds = []
+    for path, d in docs:
+        kinds.append(d["kind"])
+        try:
+            kubernetes_validate.validate(d, KUBE, strict=True)
+        except kubernetes_validate.utils.SchemaNotFoundError:
+            if d.get("apiVersion", "").startswith("monitoring.coreos.com/"):
+                continue  # a CRD: no schema in kubernetes-validate
+            fail(f"{label}: {path}: no schema for {d['apiVersion']} {d['kind']}")
+        except kubernetes_validate.utils.ValidationError as e:
+            fail(f"{label}: {path}: {d['kind']} {d['metadata']['name']}: {e.message}")
+    return kinds
+
+
+def find(docs, kind, name_part=""):
+    return [d for _, d in docs if d["kind"] == kind and name_part in d["metadata"]["name"]]
+
+
+def config_of(docs):
+    cm = find(docs, "ConfigMap", "config")
+    if len(cm) != 1:
+        fail("one ConfigMap with ctxpod.toml expected")
+    return cm[0]["data"]["ctxpod.toml"]
+
+
+def check_semantics(label, values, docs):
+    merged = helm.Chart.load(CHART).merge_values(values)
+    nodes = [d for d in find(docs, "StatefulSet") if "etcd" not in d["metadata"]["name"]]
+    if len(nodes) != 1 or nodes[0]["spec"]["replicas"] != merged["nodes"]:
+        fail(f"{label}: the node StatefulSet does not have {merged['nodes']} replicas")
+    sts = nodes[0]
+    toml = config_of(docs)
+    if f"replication = {merged['pod']['replication']}" not in toml:
+        fail(f"{label}: ctxpod.toml lacks replication = {merged['pod']['replication']}")
+    etcd = find(docs, "StatefulSet", "etcd")
+    if merged["etcd"]["bundled"]:
+        if len(etcd) != 1 or etcd[0]["spec"]["replicas"] != merged["etcd"]["replicas"]:
+            fail(f"{label}: bundled etcd missing or of the wrong size")
+        if toml.count("-etcd-") != merged["etcd"]["replicas"]:
+            fail(f"{label}: ctxpod.toml does not list every bundled etcd member")
+    else:
+        if etcd:
+            fail(f"{label}: etcd bundled although external endpoints are set")
+        for e in merged["etcd"]["endpoints"]:
+            if e not in toml:
+                fail(f"{label}: external etcd endpoint {e} not in ctxpod.toml")
+    pod_spec = sts["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod_spec["volumes"]}
+    if merged["storage"]["hostPath"]:
+        if "hostPath" not in vols.get("data", {}) or sts["spec"].get("volumeClaimTemplates"):
+            fail(f"{label}: hostPath storage not used")
+    elif not sts["spec"].get("volumeClaimTemplates"):
+        fail(f"{label}: no volumeClaimTemplates for the data volume")
+    probe = pod_spec["containers"][0]["readinessProbe"]["httpGet"]["scheme"]
+    if merged["tls"]["enabled"]:
+        if "tls" not in vols or probe != "HTTPS" or 'cert_file = "/etc/ctxpod/tls/tls.crt"' not in toml:
+            fail(f"{label}: TLS asked for but not wired (volume, probes, config)")
+    elif probe != "HTTP":
+        fail(f"{label}: plain HTTP probes expected")
+    args = " ".join(pod_spec["containers"][0]["args"])
+    for flag in ("--node-id=$(POD_NAME)", "--advertise-http=", "--advertise-transfer="):
+        if flag not in args:
+            fail(f"{label}: the node is not told {flag}")
+    pdb = find(docs, "PodDisruptionBudget")
+    if (merged["nodes"] > 1) != bool(pdb):
+        fail(f"{label}: PodDisruptionBudget present iff more than one node")
+    if merged["kek"]["existingSecret"]:
+        if find(docs, "Secret", "kek"):
+            fail(f"{label}: a KEK Secret made although an existing one is named")
+    elif not find(docs, "Secret", "kek"):
+        fail(f"{label}: no KEK Secret")
+    if merged["serviceMonitor"]["enabled"] != bool(find(docs, "ServiceMonitor")):
+        fail(f"{label}: ServiceMonitor present iff enabled")
+
+
+def check_with_binary(label, docs):
+    """The rendered ctxpod.toml and the StatefulSet's flags, through `ctxpod config`."""
+    binary = os.environ.get("CTXPOD_BIN")
+    if not binary:
+        return False
+    sts = [d for _, d in docs if d["kind"] == "StatefulSet" and "etcd" not in d["metadata"]["name"]][0]
+    args = [a.replace("$(POD_NAME)", "ctxpod-0") for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = os.path.join(tmp, "ctxpod.toml")
+        with open(cfg, "w") as fh:
+            fh.write(config_of(docs))
+        args = [a if not a.startswith("--config=") else f"--config={cfg}" for a in args]
+        assert args[0] == "serve"
+        r = subprocess.run([binary, "config", *args[1:]], capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"{label}: ctxpod refuses the rendered configuration: {r.stderr.strip()}")
+        if 'node_id = "ctxpod-0"' not in r.stdout:
+            fail(f"{label}: the node id flag did not reach the configuration")
+    return True
+
+
+def must_fail(label, fn):
+    try:
+        fn()
+    except helm.HelmError:
+        return
+    fail(f"{label}: accepted, but must be refused")
+
+
+def main():
+    cases = [("values.yaml (defaults)", {})]
+    ci = os.path.join(CHART, "ci")
+    for f in sorted(os.listdir(ci)):
+        with open(os.path.join(ci, f)) as fh:
+            cases.append((f"ci/{f}", helm.values_from_yaml(fh.read())))
+    for label, values in cases:
+        lint(CHART, values, label)
+        docs, _ = render(CHART, values)
+        kinds = validate(docs, label)
+        check_semantics(label, values, docs)
+        by_binary = check_with_binary(label, docs)
+        print(f"helm-check: {label}: lint clean, {len(docs)} manifests valid for Kubernetes "
+              f"{KUBE} ({', '.join(sorted(set(kinds)))})"
+              + ("; ctxpod accepts its configuration" if by_binary else ""))
+    # Bad input is refused.
+    must_fail("pod.replication: 9 (schema)", lambda: render(CHART, {"pod": {"replication": 9}}))
+    must_fail("an unknown value (schema)", lambda: render(CHART, {"nodez": 3}))
+    must_fail("replication above nodes", lambda: render(CHART, {"nodes": 1, "pod": {"replication": 2}}))
+    must_fail("external etcd without endpoints", lambda: render(CHART, {"etcd": {"bundled": False}}))
+    must_fail("TLS without its Secret", lambda: render(CHART, {"tls": {"enabled": True}}))
+    # A template broken on purpose must fail this check.
+    with tempfile.TemporaryDirectory() as tmp:
+        broken = os.path.join(tmp, "ctxpod")
+        shutil.copytree(CHART, broken)
+        with open(os.path.join(broken, "templates", "statefulset.yaml"), "a") as fh:
+            fh.write("\n  brokenField: {{ .Values.nosuch.field }}\n")
+        must_fail("a broken template", lambda: render(broken, {}))
+    print("helm-check: bad values and a broken template are refused")
+
+
+if __name__ == "__main__":
+    main()
