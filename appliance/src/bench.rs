@@ -85,6 +85,17 @@ pub struct BenchArgs {
     /// Block size of the scale check.
     #[arg(long, default_value = "1KiB")]
     pub scale_block: ByteSize,
+    /// Pod benchmark instead of the size phases: for each node count (e.g. `1,2,3`), a fresh
+    /// pod of that many nodes on loopback (static membership, `--pod-replication` copies),
+    /// driven by the pod client (`PodClient`, HTTP, each request straight to its member):
+    /// durable PUT, then two GETs (the first from flash, the second from DRAM) of `--bytes`
+    /// of blocks of the first `--sizes`, at `--concurrency`; aggregate GB/s, the nodes' CPU,
+    /// and the placement skew.
+    #[arg(long, value_delimiter = ',')]
+    pub pod: Vec<usize>,
+    /// Copies of each block in the `--pod` benchmark.
+    #[arg(long, default_value_t = 1)]
+    pub pod_replication: usize,
     /// Record a system-wide CPU profile (`perf record -a`, node and bench client together)
     /// of every timed phase into this folder, one `<phase>-<size>.data` file each; read one
     /// with `perf report -i FILE --sort pid,dso,sym`. Needs `perf` on the PATH.
@@ -464,19 +475,7 @@ impl Node {
             cmd.arg("--config").arg(f);
             how.tls = Some(client);
         }
-        let child = cmd
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args([
-                "--capacity",
-                &capacity.to_string(),
-                "--dram",
-                &dram.to_string(),
-            ])
-            .env("CTXPOD_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .context("start ctxpod serve")?;
+        let child = spawn_serve(cmd, data_dir, capacity, dram)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         let addr = loop {
             if let Ok(a) = std::fs::read_to_string(data_dir.join("ctxpod.addr")) {
@@ -756,6 +755,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.dir)?;
     if !a.scale.is_empty() {
         return scale_check(&a).await;
+    }
+    if !a.pod.is_empty() {
+        return pod_bench(&a).await;
     }
     ensure!(a.repeat > 0, "--repeat must be at least 1");
     let mut rows = Vec::new();
@@ -1510,5 +1512,226 @@ mod tests {
         for bad in ["", "K", "0", "-1", "1G", "1.5M", "99999999999999999999M"] {
             assert!(parse_count(bad).is_err(), "{bad:?}");
         }
+    }
+}
+
+/// One row of the `--pod` benchmark.
+#[derive(serde::Serialize)]
+struct PodRow {
+    nodes: usize,
+    replication: usize,
+    what: String,
+    block: u64,
+    blocks: u64,
+    gb_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// CPU seconds all nodes together spent per GiB moved (copies included).
+    nodes_cpu_s_per_gib: f64,
+    /// Blocks each node holds after the puts, and the largest over the mean.
+    blocks_per_node: Vec<u64>,
+    skew: f64,
+}
+
+/// Starts `ctxpod serve` (`cmd` holds the subcommand and its own flags) on `data_dir` with
+/// this capacity and DRAM tier, logging only warnings.
+fn spawn_serve(
+    mut cmd: Command,
+    data_dir: &Path,
+    capacity: u64,
+    dram: u64,
+) -> anyhow::Result<Child> {
+    cmd.arg("--data-dir")
+        .arg(data_dir)
+        .args([
+            "--capacity",
+            &capacity.to_string(),
+            "--dram",
+            &dram.to_string(),
+        ])
+        .env("CTXPOD_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("start ctxpod serve")
+}
+
+/// A free loopback port (bound, then released for the node to take).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `--pod`: aggregate throughput of pods of 1, 2, 3… nodes on this machine through the pod
+/// client, and how evenly placement spreads the blocks.
+async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
+    use ctxpod_api::pod_client::PodClient;
+    let size = a.sizes.first().context("--sizes")?.0 as usize;
+    let n = (a.bytes.0 / size as u64).max(1);
+    let total = n * size as u64;
+    let mut rows = Vec::new();
+    for &count in &a.pod {
+        ensure!(count >= 1, "--pod counts start at 1");
+        ensure!(
+            a.pod_replication <= count,
+            "--pod-replication {} exceeds a pod of {count}",
+            a.pod_replication
+        );
+        // Each node holds its share of the copies, with room to spare; DRAM for all of it
+        // (the GET phase reads from the DRAM tier: what the pod serves, not the disk).
+        let per_node = total * a.pod_replication as u64 / count as u64;
+        let capacity = (per_node * 2 + (1 << 30)).next_multiple_of(1 << 20);
+        let dram = per_node + per_node / 4 + (64 << 20);
+        let ports: Vec<(u16, u16)> = (0..count)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<anyhow::Result<_>>()?;
+        let members: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (h, t))| {
+                format!(
+                    "  {{ id = \"n{i}\", http = \"http://127.0.0.1:{h}\", transfer = \"127.0.0.1:{t}\", capacity = {capacity} }},\n"
+                )
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, (h, t)) in ports.iter().enumerate() {
+            let dir = a.dir.join(format!("pod{count}-n{i}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir)?;
+            let cfg = dir.with_extension("toml");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[pod]\nnode_id = \"n{i}\"\nreplication = {}\nmembers = [\n{members}]\n",
+                    a.pod_replication
+                ),
+            )?;
+            let mut cmd = Command::new(std::env::current_exe()?);
+            cmd.arg("serve")
+                .arg("--config")
+                .arg(&cfg)
+                .args(["--listen", &format!("127.0.0.1:{h}")])
+                .args(["--transfer-listen", &format!("127.0.0.1:{t}")]);
+            let child = spawn_serve(cmd, &dir, capacity, dram)?;
+            nodes.push(PodNode { child, dir });
+        }
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|(h, _)| format!("http://127.0.0.1:{h}"))
+            .collect();
+        for (node, url) in nodes.iter().zip(&urls) {
+            let c = Client::new(url.clone());
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !c.ready().await {
+                ensure!(
+                    Instant::now() < deadline,
+                    "node {} not ready within 60 s",
+                    node.dir.display()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let pc = std::sync::Arc::new(PodClient::connect(&urls, &Default::default()).await?);
+        let cpu = |nodes: &[PodNode]| -> f64 {
+            nodes.iter().filter_map(|n| cpu_seconds(n.child.id())).sum()
+        };
+        let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
+        let mut counts = Vec::new();
+        // The first read of each block comes from flash (puts do not fill the DRAM tier);
+        // the second from DRAM.
+        for what in [
+            "PUT durable",
+            "GET cold (first read)",
+            "GET hot (second read)",
+        ] {
+            let cpu0 = cpu(&nodes);
+            let t = Instant::now();
+            let mut progress = Progress::new(&format!("pod of {count}: {what}"), n);
+            let mut lat = Vec::with_capacity(n as usize);
+            let mut s = futures::stream::iter((0..n).map(|i| {
+                let (pc, data) = (pc.clone(), pool[(i % POOL) as usize].clone());
+                async move {
+                    let t = Instant::now();
+                    let k = key(size, i);
+                    if what.starts_with("GET") {
+                        let got = pc.get("default", &k).await?;
+                        ensure!(
+                            got.as_deref() == Some(&data[..]),
+                            "block {i} came back wrong"
+                        );
+                    } else {
+                        pc.put("default", &k, data, Durability::Durable).await?;
+                    }
+                    anyhow::Ok(t.elapsed())
+                }
+            }))
+            .buffer_unordered(a.concurrency);
+            while let Some(r) = s.next().await {
+                lat.push(r?);
+                progress.step(lat.len() as u64);
+            }
+            progress.done();
+            let elapsed = t.elapsed();
+            let used = cpu(&nodes) - cpu0;
+            if counts.is_empty() {
+                for url in &urls {
+                    counts.push(Client::new(url.clone()).stats().await?.block_count);
+                }
+            }
+            let mean = counts.iter().sum::<u64>() as f64 / counts.len() as f64;
+            let r = row(what, size as u64, total, elapsed, lat);
+            rows.push(PodRow {
+                nodes: count,
+                replication: a.pod_replication,
+                what: what.into(),
+                block: size as u64,
+                blocks: n,
+                gb_per_s: r.gb_per_s,
+                p50_ms: r.p50_ms,
+                p99_ms: r.p99_ms,
+                nodes_cpu_s_per_gib: used / (total as f64 / (1u64 << 30) as f64),
+                blocks_per_node: counts.clone(),
+                skew: counts.iter().copied().max().unwrap_or(0) as f64 / mean.max(1.0),
+            });
+        }
+        drop(nodes);
+    }
+    println!("| nodes | R | phase | block | GB/s (aggregate) | p50 ms | p99 ms | nodes' CPU s/GiB | blocks per node | max / mean |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:?} | {:.3} |",
+            r.nodes,
+            r.replication,
+            r.what,
+            ByteSize(r.block),
+            r.gb_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.nodes_cpu_s_per_gib,
+            r.blocks_per_node,
+            r.skew
+        );
+    }
+    if let Some(p) = &a.json {
+        write_json_lines(p, &rows)?;
+    }
+    Ok(())
+}
+
+/// A node of the `--pod` benchmark: stopped with SIGTERM and its data removed when dropped.
+struct PodNode {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for PodNode {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(self.dir.with_extension("toml"));
     }
 }

@@ -127,3 +127,57 @@ fn batched_phases_run_over_http_batch_routes() {
         assert!(r["gb_per_s"].as_f64().is_some_and(|g| g > 0.0), "{r}");
     }
 }
+
+#[test]
+fn the_pod_bench_spreads_copies_over_its_nodes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = bench(
+        dir.path(),
+        &[
+            "--pod",
+            "1,3",
+            "--pod-replication",
+            "1",
+            "--sizes",
+            "64KiB",
+            "--bytes",
+            "4MiB",
+            "--concurrency",
+            "4",
+        ],
+    );
+    // Three phases per pod size; every block of the phase was verified by the bench.
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for r in &rows {
+        assert!(r["gb_per_s"].as_f64().is_some_and(|g| g > 0.0), "{r}");
+        let per_node: Vec<u64> = serde_json::from_value(r["blocks_per_node"].clone()).unwrap();
+        assert_eq!(per_node.len() as u64, r["nodes"].as_u64().unwrap(), "{r}");
+        assert_eq!(
+            per_node.iter().sum::<u64>(),
+            64,
+            "each block stored once: {r}"
+        );
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pod"))
+        .collect();
+    assert!(leftovers.is_empty(), "the pod bench removes its nodes");
+    // Two copies of each block with R = 2.
+    let rows = bench(
+        dir.path(),
+        &[
+            "--pod",
+            "2",
+            "--pod-replication",
+            "2",
+            "--sizes",
+            "64KiB",
+            "--bytes",
+            "2MiB",
+        ],
+    );
+    let per_node: Vec<u64> = serde_json::from_value(rows[0]["blocks_per_node"].clone()).unwrap();
+    assert_eq!(per_node, vec![32, 32]);
+}
