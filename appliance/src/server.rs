@@ -983,12 +983,74 @@ async fn match_prefix(
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<MatchResponse>> {
-    let ns = scope(&p, &ns)?;
+    let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
-    Ok(Json(MatchResponse {
-        matched: st.engine.match_prefix(&ns, keys).await?,
-    }))
+    let view = st.pod.view();
+    if view.members.len() < 2 || h.contains_key(crate::pod::forward::HEADER_FORWARDED) {
+        return Ok(Json(MatchResponse {
+            matched: st.engine.match_prefix(&scoped, keys).await?,
+        }));
+    }
+    // A chain whose blocks live on several members: each member is asked about its own
+    // keys, all at once (`pod::forward::match_in_pod`).
+    let n = read_candidates_of(&st);
+    let cands: Vec<Vec<crate::pod::membership::MemberInfo>> = keys
+        .iter()
+        .map(|k| view.ranked(&ns, k).into_iter().take(n).cloned().collect())
+        .collect();
+    let by_id: std::collections::HashMap<String, crate::pod::membership::MemberInfo> = view
+        .members
+        .iter()
+        .map(|m| (m.id.clone(), m.clone()))
+        .collect();
+    let auth = h.get(header::AUTHORIZATION).cloned();
+    let matched = crate::pod::forward::match_in_pod(
+        keys.len(),
+        |i| cands[i].iter().map(|m| m.id.clone()).collect(),
+        |member, idx| {
+            let sub: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
+            let (st, scoped, ns, auth) = (st.clone(), scoped.clone(), ns.clone(), auth.clone());
+            let m = by_id.get(&member).cloned();
+            async move {
+                let m = anyhow::Context::context(m, "a member of the view")?;
+                if m.id == *st.node_id {
+                    return Ok(st.engine.match_prefix(&scoped, sub).await?);
+                }
+                let mut req = crate::pod::probe_client()
+                    .post(format!("{}/v1/namespaces/{ns}/match", m.http))
+                    .timeout(Duration::from_secs(10))
+                    .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref())
+                    .json(&KeysRequest {
+                        keys: sub.iter().map(hex::encode).collect(),
+                    });
+                if let Some(a) = auth {
+                    req = req.header(header::AUTHORIZATION, a);
+                }
+                match req.send().await {
+                    Ok(r) if r.status().is_success() => {
+                        Ok(r.json::<MatchResponse>().await?.matched)
+                    }
+                    // A member that cannot answer holds nothing as far as this match goes.
+                    _ => Ok(0),
+                }
+            }
+        },
+    )
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "pod_match",
+            format!("MATCH across the pod failed: {e:#}"),
+        )
+    })?;
+    Ok(Json(MatchResponse { matched }))
+}
+
+/// Ranked members a read (or a MATCH) looks at.
+fn read_candidates_of(st: &AppState) -> usize {
+    crate::pod::forward::read_candidates(st.replication)
 }
 
 async fn batch_get(

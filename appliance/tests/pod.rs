@@ -354,19 +354,46 @@ async fn three_nodes_form_a_pod_through_etcd() {
     }
     let on_c = on_c + owned.get("c").copied().unwrap_or(0);
     let n_blocks = 2 * n_blocks;
+    // MATCH of a chain spread over the three nodes, through any node: every member is asked
+    // about its own keys; the first missing key stops it.
+    let mut chain: Vec<Vec<u8>> = (0..n_blocks).map(key).collect();
+    for n in &nodes {
+        assert_eq!(
+            n.client.match_prefix("default", &chain).await.unwrap(),
+            n_blocks
+        );
+    }
+    chain.insert(250, b"no-such-block".to_vec());
+    for n in &nodes {
+        assert_eq!(n.client.match_prefix("default", &chain).await.unwrap(), 250);
+    }
+    chain.remove(250);
 
     // kill -9 c: no revoke; it leaves the others' views when its 3 s lease runs out.
     nodes[2].kill9();
     // Meanwhile c's blocks are misses through a and b (c unreachable, the fallback
     // members do not hold them), never errors; everything else is served.
     let mut misses = 0;
+    let mut first_miss = None;
     for i in 0..n_blocks {
         match nodes[0].client.get("default", &key(i)).await.unwrap() {
             Some(b) => assert_eq!(b, common::block(i, 4096)),
-            None => misses += 1,
+            None => {
+                misses += 1;
+                first_miss.get_or_insert(i);
+            }
         }
     }
     assert_eq!(misses, on_c, "exactly c's blocks became misses");
+    // MATCH stops at c's first block: a member that cannot answer holds nothing.
+    assert_eq!(
+        nodes[1]
+            .client
+            .match_prefix("default", &chain)
+            .await
+            .unwrap(),
+        first_miss.unwrap()
+    );
     for n in &nodes[..2] {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
@@ -605,6 +632,15 @@ async fn a_fourth_node_joins_under_load() {
             let got = n.client.get("default", &key(i)).await.unwrap();
             assert_eq!(got, Some(common::block(i, 2048)), "block {i} via {}", n.url);
         }
+    }
+    // MATCH finds the chain whole through any node, the new one included: blocks not yet on
+    // their new first member are found on their previous one.
+    let chain: Vec<Vec<u8>> = (0..n_blocks).map(key).collect();
+    for n in &nodes {
+        assert_eq!(
+            n.client.match_prefix("default", &chain).await.unwrap(),
+            n_blocks
+        );
     }
     // New writes: the new node takes its share.
     let d_before = nodes[3].client.stats().await.unwrap().block_count;

@@ -238,3 +238,132 @@ mod tests {
         assert!((30..=70).contains(&local_writes), "{local_writes}");
     }
 }
+
+/// MATCH over a pod: how many leading keys of `chain` some member holds, asking each member
+/// only about its own keys, all members at once, round after round.
+///
+/// `candidates(i)` are the members that may hold key `i`, best first (its ranking's read
+/// candidates); `ask(member, keys)` is that member's own MATCH: how many leading keys of
+/// `keys` it holds. Each round asks every member about its keys (those it ranks first for,
+/// in chain order) from where it stopped. The first key whose first member lacks it is then
+/// asked of its other candidates. If none holds it, that is the answer: the first miss
+/// stops the match. If one does, the rounds go on past it.
+pub async fn match_in_pod<F, Fut>(
+    chain_len: usize,
+    candidates: impl Fn(usize) -> Vec<String>,
+    ask: F,
+) -> anyhow::Result<u64>
+where
+    F: Fn(String, Vec<usize>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    use std::collections::BTreeMap;
+    let cands: Vec<Vec<String>> = (0..chain_len).map(&candidates).collect();
+    // Keys by first-ranked member, in chain order.
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, c) in cands.iter().enumerate() {
+        if let Some(first) = c.first() {
+            groups.entry(first.clone()).or_default().push(i);
+        }
+    }
+    // Per member: how far into its keys it has confirmed.
+    let mut cursor: BTreeMap<String, usize> = groups.keys().map(|m| (m.clone(), 0)).collect();
+    // Keys found on another candidate than their first.
+    let mut found_elsewhere = std::collections::HashSet::new();
+    loop {
+        // Ask every member with keys left about them, at once.
+        let asks = groups.iter().filter_map(|(m, keys)| {
+            let from = cursor[m];
+            (from < keys.len()).then(|| {
+                let rest: Vec<usize> = keys[from..].to_vec();
+                let fut = ask(m.clone(), rest);
+                async move { (m.clone(), fut.await) }
+            })
+        });
+        for (m, got) in futures::future::join_all(asks).await {
+            *cursor.get_mut(&m).expect("a member with keys") += got? as usize;
+        }
+        // The lowest key some first member lacks.
+        let first_gap = groups
+            .iter()
+            .filter_map(|(m, keys)| keys.get(cursor[m]).copied())
+            .min();
+        let Some(gap) = first_gap else {
+            return Ok(chain_len as u64);
+        };
+        // Does another candidate hold it?
+        let others = cands[gap].iter().skip(1).cloned();
+        let answers = futures::future::join_all(others.map(|m| ask(m, vec![gap]))).await;
+        let mut held = false;
+        for a in answers {
+            held |= a? == 1;
+        }
+        if !held || !found_elsewhere.insert(gap) {
+            return Ok(gap as u64);
+        }
+        // Go on past it: its first member moves on from it.
+        let first = &cands[gap][0];
+        *cursor.get_mut(first).expect("its first member") += 1;
+    }
+}
+
+#[cfg(test)]
+mod match_tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use std::collections::{HashMap, HashSet};
+
+    /// Against the obvious answer, over random pods: chains whose keys live on their first
+    /// member, or (after a join, or a write while it was away) on a later candidate, with
+    /// random gaps.
+    #[test]
+    fn pod_match_equals_the_leading_run_of_held_keys() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for case in 0..500 {
+            let members: Vec<String> = (0..rng.gen_range(1..6)).map(|m| format!("m{m}")).collect();
+            let len = rng.gen_range(0..60);
+            let cands: Vec<Vec<String>> = (0..len)
+                .map(|_| {
+                    let mut c = members.clone();
+                    let r = rng.gen_range(0..c.len());
+                    c.rotate_left(r);
+                    c.truncate(3);
+                    c
+                })
+                .collect();
+            let mut held: HashMap<String, HashSet<usize>> = HashMap::new();
+            let cut = rng.gen_range(0..=len);
+            for (i, c) in cands.iter().enumerate() {
+                // Keys before the cut are held somewhere (mostly on their first member);
+                // after it, some are and some are not.
+                if i < cut || rng.gen_bool(0.5) {
+                    let at = if rng.gen_bool(0.8) {
+                        0
+                    } else {
+                        rng.gen_range(0..c.len())
+                    };
+                    held.entry(c[at].clone()).or_default().insert(i);
+                }
+            }
+            let want = (0..len)
+                .take_while(|i| held.values().any(|s| s.contains(i)))
+                .count() as u64;
+            let asked = std::cell::Cell::new(0);
+            let got = rt
+                .block_on(match_in_pod(
+                    len,
+                    |i| cands[i].clone(),
+                    |m, keys| {
+                        asked.set(asked.get() + 1);
+                        let h = held.get(&m).cloned().unwrap_or_default();
+                        async move { Ok(keys.iter().take_while(|k| h.contains(k)).count() as u64) }
+                    },
+                ))
+                .unwrap();
+            assert_eq!(got, want, "case {case}: {cands:?} held {held:?}");
+        }
+    }
+}
