@@ -66,37 +66,41 @@ def main():
     def ratio(a, b):
         return f"{a / b:.2f}×" if a and b else "—"
 
+    def table(kind, mooncake, redis):
+        """One GET table: Mooncake's `mooncake` variant, Redis's `redis` (or none), and
+        ctxpod through the harness and through its Rust client, with the ratios."""
+        peers_cols = ["Mooncake mem zero-copy" if kind == "hot" else "Mooncake SSD tier"]
+        if redis:
+            peers_cols.append("Redis no-persist")
+        cols = peers_cols + [
+            "ctxpod HTTP, harness", "ctxpod CXP1, Rust, 1 per request",
+            "ctxpod CXP1, Rust, batch", "ctxpod HTTP, Rust, batch", "best ctxpod ÷ Mooncake"]
+        if redis:
+            cols.append("best ctxpod ÷ Redis")
+        cols.append("harness ctxpod ÷ Mooncake")
+        print("| block | " + " | ".join(cols) + " |")
+        print("|---" * (len(cols) + 1) + "|")
+        for name, size in SIZES:
+            mc = best("mooncake", mooncake, "get", size)
+            rd = best("redis", redis, "get", size) if redis else None
+            hh = best("ctxpod", f"{kind} http", "get", size)
+            c1 = ours_best("cxp1", kind, size, False)
+            cb = ours_best("cxp1", kind, size, True)
+            hb = ours_best("http", kind, size, True)
+            top = max((x for x in (hh[0], c1[0], cb[0], hb[0]) if x), default=None)
+            cells = [f(*mc)] + ([f(*rd)] if rd else [])
+            cells += [f(*hh), f(c1[0]), f(*cb), f(*hb), ratio(top, mc[0])]
+            if rd:
+                cells.append(ratio(top, rd[0]))
+            cells.append(ratio(hh[0], mc[0]))
+            print(f"| {name} | " + " | ".join(cells) + " |")
+
     print(f"Medians of {rounds} round(s) of bench/peers.sh, GB/s.\n")
     print("Hot GET (Mooncake and Redis at their best batch of 1/16/32):\n")
-    print("| block | Mooncake mem zero-copy | Redis no-persist | ctxpod HTTP, harness | "
-          "ctxpod CXP1, Rust, 1 per request | ctxpod CXP1, Rust, batch | ctxpod HTTP, Rust, batch | "
-          "best ctxpod ÷ Mooncake | best ctxpod ÷ Redis | harness ctxpod ÷ Mooncake |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, size in SIZES:
-        mc = best("mooncake", "mem zerocopy", "get", size)
-        rd = best("redis", "no-persist", "get", size)
-        hh = best("ctxpod", "hot http", "get", size)
-        c1 = ours_best("cxp1", "hot", size, False)
-        cb = ours_best("cxp1", "hot", size, True)
-        hb = ours_best("http", "hot", size, True)
-        top = max((x for x in (hh[0], c1[0], cb[0], hb[0]) if x), default=None)
-        print(f"| {name} | {f(*mc)} | {f(*rd)} | {f(*hh)} | {f(c1[0])} | {f(*cb)} | {f(*hb)} | "
-              f"{ratio(top, mc[0])} | {ratio(top, rd[0])} | {ratio(hh[0], mc[0])} |")
+    table("hot", "mem zerocopy", "no-persist")
     print("\nCold GET, from flash (Mooncake: SSD tier, batch 32, page cache dropped before the "
           "gets):\n")
-    print("| block | Mooncake SSD tier | ctxpod HTTP, harness | ctxpod CXP1, Rust, 1 per request | "
-          "ctxpod CXP1, Rust, batch | ctxpod HTTP, Rust, batch | best ctxpod ÷ Mooncake | "
-          "harness ctxpod ÷ Mooncake |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, size in SIZES:
-        mc = best("mooncake", "ssd256M zerocopy", "get", size)
-        hc = best("ctxpod", "cold http", "get", size)
-        c1 = ours_best("cxp1", "cold", size, False)
-        cb = ours_best("cxp1", "cold", size, True)
-        hb = ours_best("http", "cold", size, True)
-        top = max((x for x in (hc[0], c1[0], cb[0], hb[0]) if x), default=None)
-        print(f"| {name} | {f(*mc)} | {f(*hc)} | {f(c1[0])} | {f(*cb)} | {f(*hb)} | "
-              f"{ratio(top, mc[0])} | {ratio(hc[0], mc[0])} |")
+    table("cold", "ssd256M zerocopy", None)
     if limits:
         print("\nThe machine's limits (first round):\n")
         print("| limit | GB/s |")

@@ -41,6 +41,27 @@ pub struct Member {
     pub weight: u64,
 }
 
+impl Member {
+    /// A member of this capacity: its weight is the capacity, or 0 while it drains. Nodes
+    /// and clients both build members with this, so they rank blocks alike.
+    pub fn new(id: impl Into<String>, capacity: u64, draining: bool) -> Member {
+        Member {
+            id: id.into(),
+            weight: if draining { 0 } else { capacity },
+        }
+    }
+}
+
+/// Ranked members a read (or a MATCH) tries before it answers a miss, at least.
+pub const READ_FALLBACK: usize = 3;
+
+/// Ranked members a read looks at with `r` copies per block: the copies and one more, and
+/// at least [`READ_FALLBACK`] (after a join, or a write while a member was away, a block
+/// lives further down its ranking).
+pub fn read_candidates(r: usize) -> usize {
+    READ_FALLBACK.max(r + 1)
+}
+
 /// The members of a pod, ready to rank blocks over.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {

@@ -6,7 +6,7 @@
 //! - `put` goes to the block's R highest-ranked members (R from `/v1/cluster`); a member
 //!   that cannot be reached is skipped for the next in rank order (as a node forwarding
 //!   would) and the view refreshed. It is acknowledged once R members stored the block.
-//! - `get` tries the first max([`READ_FALLBACK`], R + 1) ranked members in order and returns
+//! - `get` tries the first max([`READ_FALLBACK`](crate::placement::READ_FALLBACK), R + 1) ranked members in order and returns
 //!   the first hit; members that cannot be reached are skipped; a block none of them holds
 //!   is a miss. After a join, a block not yet moved is found on its previous first member
 //!   this way. A copy missing from one of the R members is written back (read repair).
@@ -22,9 +22,6 @@ use crate::Durability;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-
-/// Ranked members a read tries before it answers a miss (the nodes use the same).
-pub const READ_FALLBACK: usize = 3;
 
 struct View {
     members: Vec<ClusterMember>,
@@ -42,10 +39,11 @@ pub struct PodClient {
 }
 
 fn placement_of(members: &[ClusterMember]) -> Placement {
-    Placement::new(members.iter().map(|m| Member {
-        id: m.id.clone(),
-        weight: if m.state == "up" { m.capacity_bytes } else { 0 },
-    }))
+    Placement::new(
+        members
+            .iter()
+            .map(|m| Member::new(m.id.clone(), m.capacity_bytes, m.state == "draining")),
+    )
 }
 
 impl PodClient {
@@ -104,11 +102,9 @@ impl PodClient {
 
     /// The members a block lives on, best first (ids).
     pub fn ranked(&self, ns: &str, key: &[u8]) -> Vec<String> {
-        let v = self.view();
-        v.placement
-            .rank(ns, key)
+        self.ranked_members(ns, key)
             .into_iter()
-            .map(|i| v.members[i].id.clone())
+            .map(|m| m.id)
             .collect()
     }
 
@@ -190,7 +186,7 @@ impl PodClient {
     }
 
     /// A block's bytes from the first of its ranked members that holds it (the R copies,
-    /// then further down: at least [`READ_FALLBACK`] members), or `None`. When a copy was
+    /// then further down: at least [`READ_FALLBACK`](crate::placement::READ_FALLBACK) members), or `None`. When a copy was
     /// missing from a member that should hold one (it was away when the block was
     /// written), the block is written back there (read repair).
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
@@ -200,7 +196,7 @@ impl PodClient {
         for (i, m) in self
             .ranked_members(ns, key)
             .into_iter()
-            .take(READ_FALLBACK.max(copies + 1))
+            .take(crate::placement::read_candidates(copies))
             .enumerate()
         {
             match self.client(&m.http)?.get(ns, key).await {

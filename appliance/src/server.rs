@@ -376,22 +376,17 @@ fn forbidden(engine: &Engine, why: &str) -> Response {
 /// refused here; a request already forwarded is served here.
 async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> Response {
     use crate::pod::forward::{self, Route};
-    if req.headers().contains_key(forward::HEADER_FORWARDED) {
+    // A pod of one (the default) pays one look at the view, nothing more.
+    let view = st.pod.view();
+    if view.members.len() < 2 || req.headers().contains_key(forward::HEADER_FORWARDED) {
         return next.run(req).await;
     }
     let route = match forward::block_of(req.uri().path()) {
-        Some((ns, key)) => forward::route(
-            &st.pod.view(),
-            &st.node_id,
-            req.method(),
-            ns,
-            &key,
-            st.replication,
-        ),
+        Some((ns, key)) => {
+            forward::route(&view, &st.node_id, req.method(), ns, &key, st.replication)
+        }
         None => Route::Local,
     };
-    let metrics = st.engine.metrics().clone();
-    let count = |outcome: &str| metrics.forwarded.with_label_values(&[outcome]).inc();
     match route {
         Route::Local => next.run(req).await,
         Route::Read(members) => {
@@ -412,7 +407,7 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                     return resp;
                 }
             }
-            count("read_miss");
+            count_forwarded(&st, "read_miss");
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
         }
         Route::Write { members, copies } => {
@@ -472,7 +467,6 @@ async fn forward_counted(
     body: Option<Bytes>,
     outcome: &str,
 ) -> Option<Response> {
-    let count = |o: &str| st.engine.metrics().forwarded.with_label_values(&[o]).inc();
     match crate::pod::forward::forward(
         m,
         &st.node_id,
@@ -484,14 +478,23 @@ async fn forward_counted(
     .await
     {
         Ok(r) => {
-            count(outcome);
+            count_forwarded(st, outcome);
             Some(r)
         }
         Err(crate::pod::forward::ForwardError::Unreachable) => {
-            count("unreachable");
+            count_forwarded(st, "unreachable");
             None
         }
     }
+}
+
+/// `ctxpod_forwarded_total{outcome}`.
+fn count_forwarded(st: &AppState, outcome: &str) {
+    st.engine
+        .metrics()
+        .forwarded
+        .with_label_values(&[outcome])
+        .inc();
 }
 
 /// The answer to a write sent to several members. A put is acknowledged (with the first
@@ -782,7 +785,7 @@ async fn cluster(State(st): State<AppState>) -> Json<ctxpod_api::types::Cluster>
     let s = st.engine.stats();
     Json(Cluster {
         node_id: st.node_id.to_string(),
-        source: format!("{:?}", st.pod.source()).to_lowercase(),
+        source: st.pod.source().as_str().into(),
         etcd_up: st.pod.etcd_up(),
         etcd_last_ok: st.pod.etcd_last_ok(),
         revision: view.revision,
@@ -798,7 +801,7 @@ async fn cluster(State(st): State<AppState>) -> Json<ctxpod_api::types::Cluster>
                 capacity_bytes: m.capacity,
                 used_bytes: (m.id == *st.node_id).then_some(s.used_bytes),
                 zone: m.zone.clone(),
-                state: format!("{:?}", m.state).to_lowercase(),
+                state: m.state.as_str().into(),
                 health,
             })
             .collect(),
@@ -994,7 +997,7 @@ async fn match_prefix(
     }
     // A chain whose blocks live on several members: each member is asked about its own
     // keys, all at once (`pod::forward::match_in_pod`).
-    let n = read_candidates_of(&st);
+    let n = crate::pod::forward::read_candidates(st.replication);
     let cands: Vec<Vec<crate::pod::membership::MemberInfo>> = keys
         .iter()
         .map(|k| view.ranked(&ns, k).into_iter().take(n).cloned().collect())
@@ -1046,11 +1049,6 @@ async fn match_prefix(
         )
     })?;
     Ok(Json(MatchResponse { matched }))
-}
-
-/// Ranked members a read (or a MATCH) looks at.
-fn read_candidates_of(st: &AppState) -> usize {
-    crate::pod::forward::read_candidates(st.replication)
 }
 
 async fn batch_get(

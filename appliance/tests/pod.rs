@@ -15,6 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A durable put through the pod client, which must be acknowledged.
+async fn put_durable(pc: &PodClient, key: &[u8], data: bytes::Bytes) {
+    pc.put("default", key, data, ctxpod_api::Durability::Durable)
+        .await
+        .expect("an acknowledged put");
+}
+
 /// A real node with 256 MiB of capacity and this configuration, its data in `dir/<id>`.
 async fn pod_node(dir: &std::path::Path, id: &str, config: &str) -> Node {
     Node::start_configured(
@@ -331,14 +338,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
     }
     let mut owned = std::collections::HashMap::<String, u64>::new();
     for i in n_blocks..2 * n_blocks {
-        pc.put(
-            "default",
-            &key(i),
-            common::block(i, 4096),
-            ctxpod_api::Durability::Durable,
-        )
-        .await
-        .unwrap();
+        put_durable(&pc, &key(i), common::block(i, 4096)).await;
         *owned
             .entry(pc.ranked("default", &key(i))[0].clone())
             .or_default() += 1;
@@ -537,14 +537,7 @@ async fn a_fourth_node_joins_under_load() {
     let key = |i: u64| format!("join-{i:04}").into_bytes();
     let mut before = Vec::new();
     for i in 0..n_blocks {
-        pc.put(
-            "default",
-            &key(i),
-            common::block(i, 2048),
-            ctxpod_api::Durability::Durable,
-        )
-        .await
-        .unwrap();
+        put_durable(&pc, &key(i), common::block(i, 2048)).await;
         before.push(pc.ranked("default", &key(i))[0].clone());
     }
     // Readers, through the pod client and through a plain HTTP client of node a, until told
@@ -646,14 +639,7 @@ async fn a_fourth_node_joins_under_load() {
     let d_before = nodes[3].client.stats().await.unwrap().block_count;
     let mut to_d = 0;
     for i in n_blocks..n_blocks + 200 {
-        pc.put(
-            "default",
-            &key(i),
-            common::block(i, 2048),
-            ctxpod_api::Durability::Durable,
-        )
-        .await
-        .unwrap();
+        put_durable(&pc, &key(i), common::block(i, 2048)).await;
         to_d += (pc.ranked("default", &key(i))[0] == "d") as u64;
     }
     assert!(to_d > 0);

@@ -28,8 +28,7 @@ use std::time::Duration;
 /// Set on a forwarded request, to the forwarding node's id (a pod-aware client sets it too:
 /// its requests are already routed).
 pub const HEADER_FORWARDED: &str = ctxpod_api::HEADER_ROUTED;
-/// Ranked members a read tries before it answers a miss.
-pub const READ_FALLBACK: usize = 3;
+pub use ctxpod_api::placement::{read_candidates, READ_FALLBACK};
 /// How long a forwarded request may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -55,12 +54,6 @@ pub enum Route {
         members: Vec<MemberInfo>,
         copies: usize,
     },
-}
-
-/// Ranked members a read tries with `r` copies per block: the copies, and at least
-/// [`READ_FALLBACK`] in all.
-pub fn read_candidates(r: usize) -> usize {
-    READ_FALLBACK.max(r + 1)
 }
 
 /// Decides where a block request goes, from the pod view and the replication factor.

@@ -45,15 +45,23 @@ pub enum MemberState {
     Draining,
 }
 
+impl MemberState {
+    /// The name `/v1/cluster` and the member records use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberState::Up => "up",
+            MemberState::Draining => "draining",
+        }
+    }
+}
+
 impl MemberInfo {
     fn placement_member(&self) -> Member {
-        Member {
-            id: self.id.clone(),
-            weight: match self.state {
-                MemberState::Up => self.capacity,
-                MemberState::Draining => 0,
-            },
-        }
+        Member::new(
+            self.id.clone(),
+            self.capacity,
+            self.state == MemberState::Draining,
+        )
     }
 }
 
@@ -101,6 +109,17 @@ pub enum Source {
     Single,
     Static,
     Etcd,
+}
+
+impl Source {
+    /// The name `/v1/cluster` uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Single => "single",
+            Source::Static => "static",
+            Source::Etcd => "etcd",
+        }
+    }
 }
 
 /// The live membership: a view that changes, and how fresh it is.
