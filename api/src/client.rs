@@ -281,6 +281,21 @@ impl Client {
         Ok(resp.json::<MatchResponse>().await?.matched)
     }
 
+    /// Whether each of `keys` is held (by the pod, when the node is in one), in order.
+    pub async fn present(&self, ns: &str, keys: &[Vec<u8>]) -> Result<Vec<bool>, ClientError> {
+        let body = KeysRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/present")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<PresentResponse>().await?.present)
+    }
+
     /// Puts many blocks in one request; returns the per-block HTTP-style status.
     pub async fn batch_put(
         &self,
@@ -386,11 +401,27 @@ impl Client {
         ns: &str,
         quota_bytes: Option<u64>,
     ) -> Result<NamespaceInfo, ClientError> {
+        self.create_namespace_with(
+            ns,
+            &CreateNamespace {
+                quota_bytes,
+                replication: None,
+            },
+        )
+        .await
+    }
+
+    /// Creates a namespace with these settings, or sets them on the existing one.
+    pub async fn create_namespace_with(
+        &self,
+        ns: &str,
+        settings: &CreateNamespace,
+    ) -> Result<NamespaceInfo, ClientError> {
         let resp = self
             .send(
                 self.http
                     .request(Method::PUT, self.url(&format!("/v1/namespaces/{ns}")))
-                    .json(&CreateNamespace { quota_bytes }),
+                    .json(settings),
             )
             .await?;
         Ok(resp.json().await?)

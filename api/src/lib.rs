@@ -46,6 +46,8 @@ pub const MATCH_KEYS_MAX: usize = 4096;
 pub const BATCH_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Longest lease a `pin` may ask for, in milliseconds (one hour).
 pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Most copies of a block in a pod (`pod.replication`, a namespace's `replication`).
+pub const REPLICATION_MAX: u32 = 5;
 
 /// Request/response header carrying the CRC32C of a block body as 8 lowercase hex digits.
 pub const HEADER_CRC32C: &str = "x-ctxpod-crc32c";

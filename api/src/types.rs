@@ -19,12 +19,18 @@ pub struct CreateNamespace {
     /// Most bytes of blocks the namespace may hold; absent = bounded only by capacity.
     #[serde(default)]
     pub quota_bytes: Option<u64>,
+    /// Copies of each block in a pod (1..=5); absent = the pod's `replication`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NamespaceInfo {
     pub name: String,
     pub quota_bytes: Option<u64>,
+    /// Copies of each block in a pod, when the namespace sets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<u32>,
     /// Bytes of live blocks (payload bytes, before encryption overhead).
     pub used_bytes: u64,
     pub block_count: u64,
@@ -47,6 +53,13 @@ pub struct KeysRequest {
 pub struct MatchResponse {
     /// How many leading keys of the chain are present.
     pub matched: u64,
+}
+
+/// `present` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PresentResponse {
+    /// Whether each key of the request is held, in its order.
+    pub present: Vec<bool>,
 }
 
 /// `pin` body.
@@ -98,7 +111,8 @@ pub struct ClusterMember {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<String>,
     pub capacity_bytes: u64,
-    /// Bytes used on its device: known for the answering node only.
+    /// Bytes used on its device, as its `/v1/stats` said within 1 s (absent when it did
+    /// not answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<u64>,
     pub zone: String,

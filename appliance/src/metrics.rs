@@ -72,6 +72,18 @@ pub struct Metrics {
     pub pod_etcd_up: IntGauge,
     /// Unix time of etcd's last answer (0: never, or no etcd).
     pub pod_etcd_last_ok: IntGauge,
+    /// Backfill passes, by outcome (`done`, `restarted`: the membership changed during it,
+    /// `failed`).
+    pub backfill_passes: IntCounterVec,
+    /// Keys a backfill pass looked at.
+    pub backfill_scanned: IntCounter,
+    /// Blocks (and bytes) backfill copied to a member that should hold them and did not.
+    pub backfill_copied_blocks: IntCounter,
+    pub backfill_copied_bytes: IntCounter,
+    /// Copies backfill could not make (member unreachable or refusing).
+    pub backfill_failed: IntCounter,
+    /// Unix time the last backfill pass ended (0: none yet).
+    pub backfill_last_pass: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -283,6 +295,33 @@ impl Metrics {
             pod_etcd_last_ok: reg!(gauge(
                 "ctxpod_pod_etcd_last_ok_timestamp_seconds",
                 "Unix time of etcd's last answer (0: never, or no etcd)"
+            )),
+            backfill_passes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_backfill_passes_total",
+                    "Backfill passes, by outcome (done, restarted, failed)"
+                ),
+                &["outcome"]
+            )),
+            backfill_scanned: reg!(counter(
+                "ctxpod_backfill_scanned_keys_total",
+                "Keys held here that backfill passes looked at"
+            )),
+            backfill_copied_blocks: reg!(counter(
+                "ctxpod_backfill_copied_blocks_total",
+                "Blocks backfill copied to a member that should hold them"
+            )),
+            backfill_copied_bytes: reg!(counter(
+                "ctxpod_backfill_copied_bytes_total",
+                "Bytes backfill copied to other members"
+            )),
+            backfill_failed: reg!(counter(
+                "ctxpod_backfill_failed_copies_total",
+                "Copies backfill could not make (member unreachable or refusing)"
+            )),
+            backfill_last_pass: reg!(gauge(
+                "ctxpod_backfill_last_pass_timestamp_seconds",
+                "Unix time the last backfill pass ended (0: none yet)"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

@@ -7,7 +7,7 @@
 
 use crate::auth::{Access, AuthError, Authenticator, Limited, Principal};
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
+use crate::engine::{Engine, EngineError, NsSettings, PutStatus, StagedBlock};
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Path, Request, State};
@@ -43,8 +43,20 @@ pub struct AppState {
     /// The pod this node is in, and its own id there.
     pub pod: Arc<crate::pod::membership::Membership>,
     pub node_id: Arc<str>,
+    /// How this node reaches the other members.
+    pub peers: crate::pod::Peers,
     /// Copies of each block in the pod (`pod.replication`).
     pub replication: usize,
+}
+
+impl AppState {
+    /// Copies of each block of namespace `scoped` (node-side name): its own setting, else
+    /// the pod's.
+    pub fn replication_of(&self, scoped: &str) -> usize {
+        self.engine
+            .namespace_replication(scoped)
+            .map_or(self.replication, |r| r as usize)
+    }
 }
 
 /// Holds a share of the ingest budget until the body is stored (or refused).
@@ -205,6 +217,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::HEAD, BLOCK, head_block)
         .add(M::DELETE, BLOCK, delete_block)
         .add(M::POST, "/v1/namespaces/{ns}/match", match_prefix)
+        .add(M::POST, "/v1/namespaces/{ns}/present", present_keys)
         .add(M::POST, "/v1/namespaces/{ns}/batch/get", batch_get)
         .add(M::POST, "/v1/namespaces/{ns}/batch/put", batch_put)
         .add(M::POST, "/v1/namespaces/{ns}/pin", pin)
@@ -234,6 +247,7 @@ pub fn router(
         auth,
         pod: pod.membership.clone(),
         node_id: pod.me.id.as_str().into(),
+        peers: pod.peers.clone(),
         replication: pod.replication,
     };
     routes()
@@ -294,7 +308,12 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
         ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,
         ("GET" | "HEAD", BLOCK) => Read,
         ("PUT" | "DELETE", BLOCK) => Write,
-        ("POST", "/v1/namespaces/{ns}/match" | "/v1/namespaces/{ns}/batch/get") => Read,
+        (
+            "POST",
+            "/v1/namespaces/{ns}/match"
+            | "/v1/namespaces/{ns}/present"
+            | "/v1/namespaces/{ns}/batch/get",
+        ) => Read,
         ("GET" | "HEAD", "/v1/namespaces/{ns}/events") => Read,
         (
             "POST",
@@ -383,7 +402,13 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
     }
     let route = match forward::block_of(req.uri().path()) {
         Some((ns, key)) => {
-            forward::route(&view, &st.node_id, req.method(), ns, &key, st.replication)
+            // The namespace's own replication, if it sets one (by its node-side name).
+            let r = req
+                .extensions()
+                .get::<Principal>()
+                .and_then(|p| p.scope(ns).ok())
+                .map_or(st.replication, |scoped| st.replication_of(&scoped));
+            forward::route(&view, &st.node_id, req.method(), ns, &key, r)
         }
         None => Route::Local,
     };
@@ -468,6 +493,7 @@ async fn forward_counted(
     outcome: &str,
 ) -> Option<Response> {
     match crate::pod::forward::forward(
+        &st.peers.http,
         m,
         &st.node_id,
         &parts.method,
@@ -754,35 +780,56 @@ fn pod_gauges(st: &AppState) {
     m.pod_etcd_last_ok.set(st.pod.etcd_last_ok());
 }
 
-/// The pod as this node sees it: members (each probed on `/healthz`, 1 s at most, all at
-/// once), where the membership comes from, and whether etcd answers.
-async fn cluster(State(st): State<AppState>) -> Json<ctxpod_api::types::Cluster> {
+/// The pod as this node sees it: members (each probed on `/healthz` and asked for its
+/// `/v1/stats`, 1 s at most, all at once), where the membership comes from, and whether
+/// etcd answers. Members are asked with the peer token, or else the caller's own.
+async fn cluster(State(st): State<AppState>, h: HeaderMap) -> Json<ctxpod_api::types::Cluster> {
     use ctxpod_api::types::{Cluster, ClusterMember};
     pod_gauges(&st);
     let view = st.pod.view();
-    let http = crate::pod::probe_client();
+    let s = st.engine.stats();
+    let caller_auth = h.get(header::AUTHORIZATION).cloned();
     let probes = view.members.iter().map(|m| {
-        let http = http.clone();
+        let (st, caller_auth) = (st.clone(), caller_auth.clone());
         let me = m.id == *st.node_id;
+        let used_here = s.used_bytes;
         async move {
             if me {
-                return "ok".to_string();
+                return ("ok".to_string(), Some(used_here));
             }
-            let url = format!("{}/healthz", m.http);
-            match http
-                .get(url)
-                .timeout(std::time::Duration::from_secs(1))
-                .send()
-                .await
-            {
+            let timeout = std::time::Duration::from_secs(1);
+            let health = st
+                .peers
+                .http
+                .get(format!("{}/healthz", m.http))
+                .timeout(timeout)
+                .send();
+            let mut stats = st
+                .peers
+                .own(
+                    st.peers.http.get(format!("{}/v1/stats", m.http)),
+                    &st.node_id,
+                )
+                .timeout(timeout);
+            if let (false, Some(a)) = (st.peers.has_token(), caller_auth) {
+                stats = stats.header(header::AUTHORIZATION, a);
+            }
+            let (health, stats) = futures::future::join(health, stats.send()).await;
+            let health = match health {
                 Ok(r) if r.status().is_success() => "ok".into(),
                 Ok(r) => format!("status {}", r.status().as_u16()),
                 Err(_) => "unreachable".into(),
-            }
+            };
+            let used = match stats {
+                Ok(r) if r.status().is_success() => {
+                    r.json::<Stats>().await.ok().map(|s| s.used_bytes)
+                }
+                _ => None,
+            };
+            (health, used)
         }
     });
-    let health = futures::future::join_all(probes).await;
-    let s = st.engine.stats();
+    let probed = futures::future::join_all(probes).await;
     Json(Cluster {
         node_id: st.node_id.to_string(),
         source: st.pod.source().as_str().into(),
@@ -793,13 +840,13 @@ async fn cluster(State(st): State<AppState>) -> Json<ctxpod_api::types::Cluster>
         members: view
             .members
             .iter()
-            .zip(health)
-            .map(|(m, health)| ClusterMember {
+            .zip(probed)
+            .map(|(m, (health, used_bytes))| ClusterMember {
                 id: m.id.clone(),
                 http: m.http.clone(),
                 transfer: m.transfer.clone(),
                 capacity_bytes: m.capacity,
-                used_bytes: (m.id == *st.node_id).then_some(s.used_bytes),
+                used_bytes,
                 zone: m.zone.clone(),
                 state: m.state.as_str().into(),
                 health,
@@ -843,7 +890,16 @@ async fn put_namespace(
     } else {
         serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
     };
-    let (created, info) = st.engine.create_namespace(&ns, req.quota_bytes).await?;
+    let (created, info) = st
+        .engine
+        .create_namespace_with(
+            &ns,
+            NsSettings {
+                quota_bytes: req.quota_bytes,
+                replication: req.replication,
+            },
+        )
+        .await?;
     let info = present(&p, info);
     let status = if created {
         StatusCode::CREATED
@@ -997,7 +1053,7 @@ async fn match_prefix(
     }
     // A chain whose blocks live on several members: each member is asked about its own
     // keys, all at once (`pod::forward::match_in_pod`).
-    let n = crate::pod::forward::read_candidates(st.replication);
+    let n = crate::pod::forward::read_candidates(st.replication_of(&scoped));
     let cands: Vec<Vec<crate::pod::membership::MemberInfo>> = keys
         .iter()
         .map(|k| view.ranked(&ns, k).into_iter().take(n).cloned().collect())
@@ -1008,19 +1064,23 @@ async fn match_prefix(
         .map(|m| (m.id.clone(), m.clone()))
         .collect();
     let auth = h.get(header::AUTHORIZATION).cloned();
+    let tenant = h.get(ctxpod_api::HEADER_TENANT).cloned();
     let matched = crate::pod::forward::match_in_pod(
         keys.len(),
         |i| cands[i].iter().map(|m| m.id.clone()).collect(),
         |member, idx| {
             let sub: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
-            let (st, scoped, ns, auth) = (st.clone(), scoped.clone(), ns.clone(), auth.clone());
+            let (st, scoped, ns) = (st.clone(), scoped.clone(), ns.clone());
+            let (auth, tenant) = (auth.clone(), tenant.clone());
             let m = by_id.get(&member).cloned();
             async move {
                 let m = anyhow::Context::context(m, "a member of the view")?;
                 if m.id == *st.node_id {
                     return Ok(st.engine.match_prefix(&scoped, sub).await?);
                 }
-                let mut req = crate::pod::probe_client()
+                let mut req = st
+                    .peers
+                    .http
                     .post(format!("{}/v1/namespaces/{ns}/match", m.http))
                     .timeout(Duration::from_secs(10))
                     .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref())
@@ -1029,6 +1089,9 @@ async fn match_prefix(
                     });
                 if let Some(a) = auth {
                     req = req.header(header::AUTHORIZATION, a);
+                }
+                if let Some(t) = tenant {
+                    req = req.header(ctxpod_api::HEADER_TENANT, t);
                 }
                 match req.send().await {
                     Ok(r) if r.status().is_success() => {
@@ -1049,6 +1112,95 @@ async fn match_prefix(
         )
     })?;
     Ok(Json(MatchResponse { matched }))
+}
+
+/// Whether each key is held: here, or in a pod by any member a read would try (each
+/// member is asked about the keys it may hold, all at once; one that cannot answer holds
+/// none of them).
+async fn present_keys(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<PresentResponse>> {
+    let scoped = scope(&p, &ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
+    st.engine.namespace(&scoped)?;
+    let view = st.pod.view();
+    let local = |idx: Vec<usize>| {
+        let (st, scoped, keys) = (st.clone(), scoped.clone(), &keys);
+        async move {
+            let mut out = Vec::with_capacity(idx.len());
+            for i in idx {
+                out.push((i, st.engine.contains(&scoped, &keys[i]).await?));
+            }
+            Ok::<_, ApiError>(out)
+        }
+    };
+    if view.members.len() < 2 || h.contains_key(crate::pod::forward::HEADER_FORWARDED) {
+        let found = local((0..keys.len()).collect()).await?;
+        return Ok(Json(PresentResponse {
+            present: found.into_iter().map(|(_, p)| p).collect(),
+        }));
+    }
+    let n = crate::pod::forward::read_candidates(st.replication_of(&scoped));
+    let mut asks: std::collections::BTreeMap<
+        &str,
+        (&crate::pod::membership::MemberInfo, Vec<usize>),
+    > = std::collections::BTreeMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        for m in view.ranked(&ns, k).into_iter().take(n) {
+            asks.entry(m.id.as_str())
+                .or_insert((m, Vec::new()))
+                .1
+                .push(i);
+        }
+    }
+    let auth = h.get(header::AUTHORIZATION).cloned();
+    let tenant = h.get(ctxpod_api::HEADER_TENANT).cloned();
+    let answers = futures::future::join_all(asks.into_values().map(|(m, idx)| {
+        let (st, ns, auth, tenant, keys) =
+            (st.clone(), ns.clone(), auth.clone(), tenant.clone(), &keys);
+        let local = &local;
+        async move {
+            if m.id == *st.node_id {
+                return local(idx).await.unwrap_or_default();
+            }
+            let mut req = st
+                .peers
+                .http
+                .post(format!("{}/v1/namespaces/{ns}/present", m.http))
+                .timeout(Duration::from_secs(10))
+                .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref())
+                .json(&KeysRequest {
+                    keys: idx.iter().map(|&i| hex::encode(&keys[i])).collect(),
+                });
+            if let Some(a) = auth {
+                req = req.header(header::AUTHORIZATION, a);
+            }
+            if let Some(t) = tenant {
+                req = req.header(ctxpod_api::HEADER_TENANT, t);
+            }
+            match req.send().await {
+                Ok(r) if r.status().is_success() => match r.json::<PresentResponse>().await {
+                    Ok(a) if a.present.len() == idx.len() => {
+                        idx.into_iter().zip(a.present).collect()
+                    }
+                    _ => Vec::new(),
+                },
+                // A member that cannot answer holds none of them, as far as this goes.
+                _ => Vec::new(),
+            }
+        }
+    }))
+    .await;
+    let mut present = vec![false; keys.len()];
+    for (i, p) in answers.into_iter().flatten() {
+        present[i] |= p;
+    }
+    Ok(Json(PresentResponse { present }))
 }
 
 async fn batch_get(
@@ -1358,6 +1510,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let pod = crate::pod::Pod::join(&cfg, addr, taddr).await?;
+    pod.start_backfill(engine.clone(), &cfg, auth.enabled());
     let app = router(
         engine.clone(),
         auth.clone(),

@@ -132,6 +132,7 @@ fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
         ("PUT", "/v1/namespaces/{ns}") => Vec::new(),
         ("PUT", "/v1/namespaces/{ns}/blocks/{key}") => block(9, 1000).to_vec(),
         ("POST", "/v1/namespaces/{ns}/match")
+        | ("POST", "/v1/namespaces/{ns}/present")
         | ("POST", "/v1/namespaces/{ns}/batch/get")
         | ("POST", "/v1/namespaces/{ns}/unpin") => keys,
         ("POST", "/v1/namespaces/{ns}/pin") => {
@@ -174,7 +175,11 @@ fn needs(method: &str, route: &str) -> &'static str {
             "/metrics" | "/v1/stats" | "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key",
         ) => "admin",
         ("GET" | "HEAD", _) => "read",
-        ("POST", r) if r.ends_with("/match") || r.ends_with("/batch/get") => "read",
+        ("POST", r)
+            if r.ends_with("/match") || r.ends_with("/present") || r.ends_with("/batch/get") =>
+        {
+            "read"
+        }
         _ => "write",
     }
 }

@@ -527,12 +527,7 @@ async fn a_fourth_node_joins_under_load() {
             .await
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pc.members().len() < 3 {
-        assert!(Instant::now() < deadline, "three members not seen");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pc.refresh().await.unwrap();
-    }
+    wait_members(&pc, 3).await;
     let n_blocks = 400u64;
     let key = |i: u64| format!("join-{i:04}").into_bytes();
     let mut before = Vec::new();
@@ -677,12 +672,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     let pc = PodClient::connect(&[nodes[0].url.clone()], &Connect::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pc.members().len() < 3 {
-        assert!(Instant::now() < deadline, "three members not seen");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pc.refresh().await.unwrap();
-    }
+    wait_members(&pc, 3).await;
     assert_eq!(pc.replication(), 2);
     // A plain HTTP client's puts, sent to one node, are stored twice as well.
     let count_all = |nodes: &[Node]| {
@@ -890,4 +880,180 @@ async fn r2_check_all(pc: &PodClient, plain: &ctxpod_api::client::Client, upto: 
         let got = plain.get("default", &r2_key(i)).await.expect("plain read");
         assert_eq!(got.as_ref(), Some(&want), "block {i} via a node");
     }
+}
+
+/// Waits (10 s at most) until the pod client's view has `n` members.
+async fn wait_members(pc: &PodClient, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pc.members().len() < n {
+        assert!(Instant::now() < deadline, "{n} members not seen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pc.refresh().await.unwrap();
+    }
+}
+
+/// Which of `keys` node `n` holds itself (`present` marked as routed: no fan-out).
+async fn held_here(n: &Node, ns: &str, keys: &[Vec<u8>]) -> Vec<bool> {
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for chunk in keys.chunks(1000) {
+        let r = http
+            .post(format!("{}/v1/namespaces/{ns}/present", n.url))
+            .header(ctxpod_api::HEADER_ROUTED, "test")
+            .json(&ctxpod_api::types::KeysRequest {
+                keys: chunk.iter().map(hex::encode).collect(),
+            })
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "present: {}", r.status());
+        let p: ctxpod_api::types::PresentResponse = r.json().await.unwrap();
+        assert_eq!(p.present.len(), chunk.len());
+        out.extend(p.present);
+    }
+    out
+}
+
+/// How many of `keys` that `id` ranks among the first `r` it does not hold itself.
+async fn missing_share(
+    pc: &PodClient,
+    n: &Node,
+    id: &str,
+    ns: &str,
+    keys: &[Vec<u8>],
+    r: usize,
+) -> usize {
+    let mine: Vec<Vec<u8>> = keys
+        .iter()
+        .filter(|k| pc.ranked(ns, k)[..r].contains(&id.to_string()))
+        .cloned()
+        .collect();
+    held_here(n, ns, &mine)
+        .await
+        .iter()
+        .filter(|h| !**h)
+        .count()
+}
+
+/// Waits (60 s at most, a liveness bound) until member `id` holds every one of `keys` it
+/// ranks among the first two in `default`.
+async fn wait_backfilled(pc: &PodClient, n: &Node, id: &str, keys: &[Vec<u8>]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = missing_share(pc, n, id, "default", keys, 2).await;
+        if left == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} still misses {left} of its blocks after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn metric_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Backfill without reads: a node killed while writes went on, then restarted, and a node
+/// that joins, each end up holding every block they rank among the first R, with no
+/// client reading anything (read repair never runs), within the backfill's byte rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_brings_a_restarted_and_a_new_node_their_share_without_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let config = |id: &str| {
+        format!(
+            "[pod]\nname = \"bf\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
+             lease_ttl_s = 3\nreplication = 2\nbackfill_interval_s = 1\n\
+             backfill_bytes_per_s = \"8MiB\"\n",
+            etcd.url
+        )
+    };
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c"] {
+        nodes.push(pod_node(tmp.path(), id, &config(id)).await);
+    }
+    let pc = PodClient::connect(&[nodes[0].url.clone()], &Connect::default())
+        .await
+        .unwrap();
+    wait_members(&pc, 3).await;
+    let keys: Vec<Vec<u8>> = (0..600).map(r2_key).collect();
+    assert_eq!(r2_write(&pc, 0, 300).await, 300);
+    // c dies; 300 more blocks are written while it is away (each to the two reachable
+    // members first in its ranking).
+    nodes[2].kill9();
+    assert_eq!(r2_write(&pc, 300, 300).await, 300);
+    let missed = {
+        let cs: Vec<Vec<u8>> = keys[300..]
+            .iter()
+            .filter(|k| pc.ranked("default", k)[..2].contains(&"c".to_string()))
+            .cloned()
+            .collect();
+        cs.len()
+    };
+    assert!(
+        missed > 100,
+        "c ranks among the first two for {missed} of the new blocks"
+    );
+    nodes[2].restart().await;
+    wait_backfilled(&pc, &nodes[2], "c", &keys).await;
+    let mut copied = 0.0;
+    for n in &nodes[..2] {
+        let m = reqwest_text(&format!("{}/metrics", n.url)).await;
+        copied += metric_of(&m, "ctxpod_backfill_copied_blocks_total");
+        assert!(metric_of(&m, "ctxpod_backfill_passes_total{outcome=\"done\"}") >= 1.0);
+    }
+    assert!(
+        copied >= missed as f64,
+        "backfill copied {copied} blocks for the {missed} c missed"
+    );
+    assert_eq!(pc.repairs(), 0, "no read, no read repair");
+
+    // A fourth node joins: it receives the blocks it now ranks among the first two.
+    nodes.push(pod_node(tmp.path(), "d", &config("d")).await);
+    wait_members(&pc, 4).await;
+    let share = keys
+        .iter()
+        .filter(|k| pc.ranked("default", k)[..2].contains(&"d".to_string()))
+        .count();
+    assert!(
+        share > 150,
+        "d ranks among the first two for {share} of 600"
+    );
+    wait_backfilled(&pc, &nodes[3], "d", &keys).await;
+    // Every block still reads back, and every member holds its share.
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(pc.get("default", k).await.unwrap(), Some(r2_data(i as u64)));
+    }
+    for (n, id) in nodes.iter().zip(["a", "b", "c", "d"]) {
+        assert_eq!(
+            missing_share(&pc, n, id, "default", &keys, 2).await,
+            0,
+            "{id}"
+        );
+    }
+    eprintln!("backfill: {missed} blocks missed by c, {share} now ranked on d, all copied");
+}
+
+async fn reqwest_text(url: &str) -> String {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

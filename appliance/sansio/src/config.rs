@@ -233,8 +233,22 @@ pub struct PodConfig {
     /// Copies of each block (R): a put is acknowledged once stored on the R highest-ranked
     /// members that can be reached. 1 (the default): KV blocks can be recomputed; 2 or
     /// more for hot shared prefixes, so a node's loss loses none. Every node of a pod must
-    /// have the same value.
+    /// have the same value. A namespace may set its own (`replication` when created).
     pub replication: usize,
+    /// A file holding an admin token (`<id>.<secret>`) the nodes present to each other for
+    /// their own work (backfill, namespace copies, `/v1/cluster` usage). Needed when
+    /// authentication is on; every node's auth must accept it (the chart makes one).
+    pub peer_token_file: Option<PathBuf>,
+    /// CA certificates to trust when reaching `https://` members. Default: `tls.client_ca_file`
+    /// (one pod CA signs every node's certificate). With TLS on, a node presents its own
+    /// certificate (`tls.cert_file`) to the others.
+    pub peer_ca_file: Option<PathBuf>,
+    /// Seconds between background backfill passes (each node copies the blocks it holds to
+    /// the members that should hold them and do not); also run when the membership changes.
+    /// 0 turns the pass off (read repair still runs).
+    pub backfill_interval_s: u64,
+    /// Most bytes per second a backfill pass sends.
+    pub backfill_bytes_per_s: ByteSize,
 }
 
 /// One member of a static pod.
@@ -264,6 +278,10 @@ impl Default for PodConfig {
             advertise_transfer: None,
             lease_ttl_s: 10,
             replication: 1,
+            peer_token_file: None,
+            peer_ca_file: None,
+            backfill_interval_s: 300,
+            backfill_bytes_per_s: ByteSize(64 << 20),
         }
     }
 }
@@ -291,8 +309,12 @@ impl PodConfig {
             "pod.lease_ttl_s must be within 2..=3600"
         );
         anyhow::ensure!(
-            (1..=5).contains(&self.replication),
+            (1..=ctxpod_api::REPLICATION_MAX as usize).contains(&self.replication),
             "pod.replication must be within 1..=5"
+        );
+        anyhow::ensure!(
+            self.backfill_bytes_per_s.0 >= 1 << 20,
+            "pod.backfill_bytes_per_s must be at least 1 MiB"
         );
         for e in &self.etcd_endpoints {
             anyhow::ensure!(

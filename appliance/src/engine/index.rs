@@ -175,6 +175,9 @@ pub struct NsMeta {
     /// key takes a fresh sequence number, so `next seq - key_seq` bounds the writes under it.
     #[serde(default)]
     pub key_seq: u64,
+    /// Copies of each block in the pod (`None`: the pod's `replication`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<u32>,
 }
 
 /// Device layout, fixed when the node is first formatted.

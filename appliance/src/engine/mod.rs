@@ -29,7 +29,7 @@ use index::{block_key, BlockLoc, Geometry, Index, NsMeta};
 use leases::{Leases, ReadBits};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -85,6 +85,8 @@ pub struct Namespace {
     pub name: String,
     /// Quota in bytes; [`NO_QUOTA`] when unbounded.
     quota: AtomicU64,
+    /// Copies in the pod; 0: the pod's default.
+    replication: AtomicU32,
     created_ms: u64,
     keys: parking_lot::RwLock<NsKeys>,
     used_bytes: AtomicU64,
@@ -93,6 +95,14 @@ pub struct Namespace {
 }
 
 const NO_QUOTA: u64 = u64::MAX;
+
+/// What `PUT /v1/namespaces/{ns}` sets: every setting, each absent one back to its default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NsSettings {
+    pub quota_bytes: Option<u64>,
+    /// Copies of each block in the pod (`None`: the pod's `replication`).
+    pub replication: Option<u32>,
+}
 
 /// A namespace's data keys: the current generation (new writes) and every generation still
 /// readable, by key id.
@@ -110,10 +120,16 @@ impl Namespace {
         Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != NO_QUOTA)
     }
 
+    /// Copies of each block in the pod, when the namespace sets its own.
+    pub fn replication(&self) -> Option<u32> {
+        Some(self.replication.load(Ordering::Relaxed)).filter(|&r| r != 0)
+    }
+
     fn info(&self) -> NamespaceInfo {
         NamespaceInfo {
             name: self.name.clone(),
             quota_bytes: self.quota_bytes(),
+            replication: self.replication(),
             used_bytes: self.used_bytes.load(Ordering::Relaxed),
             block_count: self.blocks.load(Ordering::Relaxed),
         }
@@ -124,6 +140,7 @@ impl Namespace {
             id: meta.id,
             name: name.to_string(),
             quota: AtomicU64::new(meta.quota_bytes.unwrap_or(NO_QUOTA)),
+            replication: AtomicU32::new(meta.replication.unwrap_or(0)),
             created_ms: meta.created_ms,
             keys: parking_lot::RwLock::new(NsKeys {
                 current: meta.key_id,
@@ -170,6 +187,7 @@ impl Namespace {
             key_id: k.current,
             created_ms: self.created_ms,
             key_seq: k.since_seq,
+            replication: self.replication(),
         }
     }
 }
@@ -840,6 +858,48 @@ impl Engine {
         Ok(self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some())
     }
 
+    /// Up to `limit` keys of namespace `ns` held on flash, in key order, after `after`
+    /// (from the first when `None`): a cursor over the namespace for the pod's backfill.
+    /// Blocks still only in DRAM (not yet committed) are not listed.
+    pub fn keys_after(&self, ns: &str, after: Option<&[u8]>, limit: usize) -> Result<Vec<Vec<u8>>> {
+        let ns = self.ns(ns)?;
+        let prefix = ns.id.to_be_bytes();
+        let mut from = block_key(ns.id, after.unwrap_or_default());
+        if after.is_some() {
+            // The first key after `after`: `after` followed by a zero byte.
+            from.push(0);
+        }
+        let idx = &self.core.index;
+        let mut out = Vec::with_capacity(limit.min(4096));
+        for item in idx.db.iterator_cf(
+            idx.cf(index::CF_BLOCKS),
+            rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
+        ) {
+            let (k, _) = item.map_err(anyhow::Error::from)?;
+            if out.len() == limit || !k.starts_with(&prefix) {
+                break;
+            }
+            out.push(k[prefix.len()..].to_vec());
+        }
+        Ok(out)
+    }
+
+    /// A block's bytes from flash for a copy to another member (the pod's backfill):
+    /// verified like any read, but not counted as a hit, not cached in DRAM and not marked
+    /// read, so the node's hit ratio and eviction order stay as its clients made them.
+    pub async fn read_for_copy(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey: CacheKey = block_key(ns.id, key).into();
+        match self.core.index.get_block(&bkey)? {
+            Some(loc) => Ok(self
+                .read_record(&ns, key, &bkey, loc)
+                .await?
+                .map(|b| (b, loc.crc32c))),
+            None => Ok(None),
+        }
+    }
+
     /// Whether the index holds the block (it is on flash), whatever the DRAM tier holds.
     pub fn on_flash(&self, ns: &str, key: &[u8]) -> Result<bool> {
         Self::check_key(key)?;
@@ -990,16 +1050,45 @@ impl Engine {
         name: &str,
         quota_bytes: Option<u64>,
     ) -> Result<(bool, NamespaceInfo)> {
+        self.create_namespace_with(
+            name,
+            NsSettings {
+                quota_bytes,
+                replication: None,
+            },
+        )
+        .await
+    }
+
+    /// Creates a namespace with these settings, or sets them if it exists. True when created.
+    pub async fn create_namespace_with(
+        &self,
+        name: &str,
+        settings: NsSettings,
+    ) -> Result<(bool, NamespaceInfo)> {
+        let NsSettings {
+            quota_bytes,
+            replication,
+        } = settings;
         ctxpod_api::namespace::check_scoped_name(name)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        if let Some(r) = replication {
+            if !(1..=ctxpod_api::REPLICATION_MAX).contains(&r) {
+                return Err(EngineError::Invalid(format!(
+                    "replication must be within 1..={}",
+                    ctxpod_api::REPLICATION_MAX
+                )));
+            }
+        }
         let _g = self.ns_lock.lock().await;
         let c = &self.core;
         let cf_ns = c.index.cf(index::CF_NAMESPACES);
         let existing = c.namespaces.read().get(name).cloned();
         if let Some(ns) = existing {
-            if ns.quota_bytes() != quota_bytes {
+            if ns.quota_bytes() != quota_bytes || ns.replication() != replication {
                 let meta = NsMeta {
                     quota_bytes,
+                    replication,
                     ..ns.meta()
                 };
                 let mut wb = rocksdb::WriteBatch::default();
@@ -1011,6 +1100,8 @@ impl Engine {
                 c.index.write(wb, index::WriteMode::Wal { sync: true })?;
                 ns.quota
                     .store(quota_bytes.unwrap_or(NO_QUOTA), Ordering::Relaxed);
+                ns.replication
+                    .store(replication.unwrap_or(0), Ordering::Relaxed);
             }
             return Ok((false, ns.info()));
         }
@@ -1030,6 +1121,7 @@ impl Engine {
             key_id,
             created_ms: now_ms(),
             key_seq: c.seq.next.load(Ordering::Relaxed),
+            replication,
         };
         let mut wb = rocksdb::WriteBatch::default();
         wb.put_cf(
@@ -1138,6 +1230,11 @@ impl Engine {
         c.metrics.kek_rotations.inc();
         tracing::info!(rewrapped = n, path = %path.display(), "key-encryption key rotated");
         Ok(n)
+    }
+
+    /// The copies namespace `name` asks for in the pod, if it exists and sets its own.
+    pub fn namespace_replication(&self, name: &str) -> Option<u32> {
+        self.core.namespaces.read().get(name)?.replication()
     }
 
     pub fn namespace(&self, name: &str) -> Result<NamespaceInfo> {

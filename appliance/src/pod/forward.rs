@@ -15,8 +15,9 @@
 //! - A forwarded request carries [`HEADER_FORWARDED`]; a node serves such a request itself,
 //!   so a request crosses at most one hop and never loops.
 //! - The caller's `Authorization` header travels with it: every node of a pod shares its
-//!   tokens (the Helm chart mounts one Secret). Client certificates do not travel; members
-//!   reached over `https://` are not forwarded to yet (their CA is not configured).
+//!   tokens (the Helm chart mounts one Secret). Client certificates do not travel: members
+//!   reached over `https://` are trusted through `pod.peer_ca_file` (or the node's client
+//!   CA) and see the forwarding node's own certificate ([`super::Peers`]).
 
 use super::membership::{MemberInfo, PodView};
 use axum::body::Body;
@@ -105,6 +106,7 @@ pub enum ForwardError {
 
 /// Sends the request to `m` and turns its answer into ours (status, headers, body streamed).
 pub async fn forward(
+    http: &reqwest::Client,
     m: &MemberInfo,
     me: &str,
     method: &Method,
@@ -117,9 +119,7 @@ pub async fn forward(
         m.http,
         uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
     );
-    let mut req = super::probe_client()
-        .request(method.clone(), url)
-        .timeout(FORWARD_TIMEOUT);
+    let mut req = http.request(method.clone(), url).timeout(FORWARD_TIMEOUT);
     for (name, value) in headers {
         // Hop-by-hop and framing headers are the HTTP client's own business.
         if matches!(

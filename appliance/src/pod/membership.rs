@@ -131,7 +131,7 @@ pub struct Membership {
     etcd_last_ok: AtomicI64,
 }
 
-fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)

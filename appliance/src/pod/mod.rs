@@ -5,9 +5,12 @@
 //!   and the placement over them (`ctxpod_api::placement`, capacity-weighted rendezvous).
 //! - [`forward`]: any node answers a single-block request, forwarding it to the member
 //!   that holds the block.
+//! - [`backfill`]: a throttled background pass copying blocks to the members that should
+//!   hold them and do not (after a restart or a join).
 //!
 //! [`Pod::join`] is what `ctxpod serve` calls once its listeners are bound.
 
+pub mod backfill;
 pub mod etcd;
 pub mod forward;
 pub mod membership;
@@ -22,6 +25,7 @@ use std::time::Duration;
 /// This node's place in its pod.
 pub struct Pod {
     pub me: MemberInfo,
+    pub peers: Peers,
     /// Copies of each block (`pod.replication`).
     pub replication: usize,
     pub membership: Arc<Membership>,
@@ -92,6 +96,7 @@ impl Pod {
             zone: p.zone.clone(),
             state: MemberState::Up,
         };
+        let peers = Peers::from_config(cfg)?;
         let stop = tokio_util::sync::CancellationToken::new();
         if !p.etcd_endpoints.is_empty() {
             let etcd = etcd::Etcd::new(p.etcd_endpoints.clone())?;
@@ -113,6 +118,7 @@ impl Pod {
             );
             return Ok(Pod {
                 me,
+                peers,
                 replication: p.replication,
                 membership,
                 registration: Some(registration),
@@ -138,11 +144,45 @@ impl Pod {
         };
         Ok(Pod {
             me,
+            peers,
             replication: p.replication,
             membership,
             registration: None,
             stop,
         })
+    }
+
+    /// Starts the background backfill (`pod.backfill_interval_s`, 0: off). It needs the
+    /// peer token when authentication is on; without one it stays off, and says so.
+    pub fn start_backfill(
+        &self,
+        engine: Arc<crate::engine::Engine>,
+        cfg: &crate::config::Config,
+        auth_enabled: bool,
+    ) {
+        let p = &cfg.pod;
+        if p.backfill_interval_s == 0 || (p.members.is_empty() && p.etcd_endpoints.is_empty()) {
+            return;
+        }
+        if auth_enabled && !self.peers.has_token() {
+            tracing::warn!(
+                "backfill is off: authentication is on and pod.peer_token_file is not set \
+                 (read repair still copies the blocks that are read)"
+            );
+            return;
+        }
+        backfill::Backfill {
+            engine,
+            membership: self.membership.clone(),
+            peers: self.peers.clone(),
+            me: self.me.id.clone(),
+            replication: self.replication,
+            bytes_per_s: p.backfill_bytes_per_s.0,
+        }
+        .spawn(
+            Duration::from_secs(p.backfill_interval_s),
+            self.stop.child_token(),
+        );
     }
 
     /// Leaves the pod: with etcd, the lease is revoked so the others drop this node at once.
@@ -160,16 +200,71 @@ impl Drop for Pod {
     }
 }
 
-/// The HTTP client nodes use to reach each other (health probes; forwarding later). Plain
-/// `http://` members only until the pod's TLS settings are wired in.
-pub fn probe_client() -> reqwest::Client {
-    static C: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    C.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(1))
-            .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
-            .build()
-            .expect("an HTTP client with a fixed configuration")
-    })
-    .clone()
+/// How this node reaches the other members: one HTTP client (trusting the pod's CA and
+/// presenting this node's certificate when TLS is on) and the peer token for the node's own
+/// requests (backfill, namespace copies, usage in `/v1/cluster`). Forwarded client
+/// requests carry the client's `Authorization` instead.
+#[derive(Clone)]
+pub struct Peers {
+    pub http: reqwest::Client,
+    token: Option<Arc<str>>,
+}
+
+impl Peers {
+    pub fn from_config(cfg: &crate::config::Config) -> anyhow::Result<Peers> {
+        let read = |p: &Path| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+        let ca = cfg
+            .pod
+            .peer_ca_file
+            .as_ref()
+            .or(cfg.tls.client_ca_file.as_ref());
+        let tls = match ca {
+            Some(ca) => {
+                let identity = match (&cfg.tls.cert_file, &cfg.tls.key_file) {
+                    (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+                    _ => None,
+                };
+                ctxpod_api::connect::tls_client_config(
+                    &read(ca)?,
+                    identity.as_ref().map(|(c, k)| (&c[..], &k[..])),
+                )
+                .with_context(|| format!("TLS towards the pod's members (CA {})", ca.display()))?
+            }
+            None => ctxpod_api::connect::untrusting_tls_config(),
+        };
+        let token = match &cfg.pod.peer_token_file {
+            Some(f) => {
+                let t = String::from_utf8(read(f)?)
+                    .with_context(|| format!("{} is not UTF-8", f.display()))?;
+                let t = t.trim();
+                crate::auth::parse_token(t.as_bytes()).map_err(|_| {
+                    anyhow::anyhow!("{} holds no token (<id>.<64 hex digits>)", f.display())
+                })?;
+                Some(Arc::from(t))
+            }
+            None => None,
+        };
+        Ok(Peers {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(1))
+                .use_preconfigured_tls(tls)
+                .build()
+                .context("an HTTP client for the pod's members")?,
+            token,
+        })
+    }
+
+    /// The node's own request to a member: marked as routed (served where it lands) and
+    /// carrying the peer token when one is configured.
+    pub fn own(&self, req: reqwest::RequestBuilder, me: &str) -> reqwest::RequestBuilder {
+        let req = req.header(forward::HEADER_FORWARDED, me);
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
 }
