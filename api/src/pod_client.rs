@@ -3,7 +3,8 @@
 //! [`crate::placement`] (the same function the nodes use), and sends each request straight
 //! to the member that holds the block.
 //!
-//! - `put` goes to the block's R highest-ranked members (R from `/v1/cluster`); a member
+//! - `put` goes to the block's R highest-ranked members (R: the namespace's own
+//!   `replication`, else the pod's from `/v1/cluster`; learnt once per namespace); a member
 //!   that cannot be reached is skipped for the next in rank order (as a node forwarding
 //!   would) and the view refreshed. It is acknowledged once R members stored the block.
 //! - `get` tries the first max([`READ_FALLBACK`](crate::placement::READ_FALLBACK), R + 1) ranked members in order and returns
@@ -35,6 +36,8 @@ pub struct PodClient {
     seeds: Vec<String>,
     view: RwLock<Arc<View>>,
     clients: RwLock<HashMap<String, Client>>,
+    /// Namespaces' own replication (`None`: the pod's), as learnt; cleared by `refresh`.
+    ns_replication: RwLock<HashMap<String, Option<usize>>>,
     repairs: std::sync::atomic::AtomicU64,
 }
 
@@ -59,6 +62,7 @@ impl PodClient {
                 replication: 1,
             })),
             clients: RwLock::new(HashMap::new()),
+            ns_replication: RwLock::new(HashMap::new()),
             repairs: Default::default(),
         };
         c.refresh().await?;
@@ -82,6 +86,7 @@ impl PodClient {
                         placement,
                         replication: (c.replication as usize).max(1),
                     });
+                    self.ns_replication.write().expect("ns_replication").clear();
                     return Ok(());
                 }
                 Ok(_) => last = Some(ClientError::Malformed("a pod with no members".into())),
@@ -135,9 +140,46 @@ impl PodClient {
             .collect()
     }
 
-    /// Copies of each block the pod keeps (R).
+    /// Copies of each block the pod keeps (R), for namespaces that set none.
     pub fn replication(&self) -> usize {
         self.view().replication
+    }
+
+    /// Copies of each block of namespace `ns`: its own `replication`, else the pod's. Asked
+    /// of a member once, then kept until the next [`refresh`](Self::refresh); a namespace
+    /// that cannot be asked about takes the pod's.
+    pub async fn replication_of(&self, ns: &str) -> usize {
+        let known = self
+            .ns_replication
+            .read()
+            .expect("ns_replication")
+            .get(ns)
+            .copied();
+        let own = match known {
+            Some(r) => r,
+            None => {
+                let first = self.view().members.first().map(|m| m.http.clone());
+                let asked = match first {
+                    Some(u) => match self.client(&u) {
+                        Ok(c) => c.namespace(ns).await.ok(),
+                        Err(_) => None,
+                    },
+                    None => None,
+                };
+                let r = asked
+                    .as_ref()
+                    .and_then(|i| i.replication)
+                    .map(|r| r as usize);
+                if asked.is_some() {
+                    self.ns_replication
+                        .write()
+                        .expect("ns_replication")
+                        .insert(ns.to_string(), r);
+                }
+                r
+            }
+        };
+        own.unwrap_or_else(|| self.replication()).max(1)
     }
 
     /// Stores a block on its R highest-ranked members that can be reached (one after the
@@ -151,7 +193,7 @@ impl PodClient {
         durability: Durability,
     ) -> Result<PutOutcome, ClientError> {
         let crc = crate::crc32c(&data);
-        let copies = self.replication();
+        let copies = self.replication_of(ns).await;
         let mut first = None;
         let mut stored = 0;
         let mut last = None;
@@ -190,7 +232,7 @@ impl PodClient {
     /// missing from a member that should hold one (it was away when the block was
     /// written), the block is written back there (read repair).
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
-        let copies = self.replication();
+        let copies = self.replication_of(ns).await;
         let mut unreachable_seen = false;
         let mut missing = Vec::new();
         for (i, m) in self

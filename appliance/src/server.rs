@@ -45,6 +45,8 @@ pub struct AppState {
     pub node_id: Arc<str>,
     /// How this node reaches the other members.
     pub peers: crate::pod::Peers,
+    /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
+    pub ns_records: Option<Arc<(String, crate::pod::etcd::Etcd)>>,
     /// Copies of each block in the pod (`pod.replication`).
     pub replication: usize,
 }
@@ -248,6 +250,7 @@ pub fn router(
         pod: pod.membership.clone(),
         node_id: pod.me.id.as_str().into(),
         peers: pod.peers.clone(),
+        ns_records: pod.records.clone().map(Arc::new),
         replication: pod.replication,
     };
     routes()
@@ -880,9 +883,11 @@ async fn put_namespace(
     State(st): State<AppState>,
     Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
+    uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    use crate::pod::namespaces::{self as pns, NsRecord};
     let ns = scope(&p, &ns)?;
     let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
@@ -890,16 +895,50 @@ async fn put_namespace(
     } else {
         serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
     };
-    let (created, info) = st
-        .engine
-        .create_namespace_with(
+    if let Some(r) = req.replication {
+        if !(1..=ctxpod_api::REPLICATION_MAX).contains(&r) {
+            return Err(ApiError::invalid(format!(
+                "replication must be within 1..={}",
+                ctxpod_api::REPLICATION_MAX
+            )));
+        }
+    }
+    let mut settings = NsSettings {
+        quota_bytes: req.quota_bytes,
+        replication: req.replication,
+        incarnation: None,
+    };
+    let (created, info) = if let Some(inc) = routed_incarnation(&h)? {
+        // A change another member made, sent on to this one.
+        settings.incarnation = Some(inc);
+        pns::apply(&st.engine, &ns, settings).await?
+    } else if st.pod_wide() {
+        // Made here for the whole pod: recorded in etcd, applied, sent to every member.
+        let inc = match st.live_record(&ns).await? {
+            Some(rec) => rec.incarnation,
+            None => st
+                .engine
+                .namespace_incarnation(&ns)
+                .flatten()
+                .unwrap_or_else(pns::new_incarnation),
+        };
+        settings.incarnation = Some(inc);
+        st.record_namespace(
             &ns,
-            NsSettings {
+            &NsRecord {
                 quota_bytes: req.quota_bytes,
                 replication: req.replication,
+                incarnation: inc,
+                deleted: false,
             },
         )
         .await?;
+        let r = pns::apply(&st.engine, &ns, settings).await?;
+        st.namespace_to_members(Method::PUT, &uri, &h, b, inc).await;
+        r
+    } else {
+        st.engine.create_namespace_with(&ns, settings).await?
+    };
     let info = present(&p, info);
     let status = if created {
         StatusCode::CREATED
@@ -922,10 +961,172 @@ async fn delete_namespace(
     State(st): State<AppState>,
     Extension(p): Extension<Principal>,
     Path(ns): Path<String>,
+    uri: axum::http::Uri,
+    h: HeaderMap,
 ) -> ApiResult<StatusCode> {
+    use crate::pod::namespaces::{self as pns, NsRecord};
     let ns = scope(&p, &ns)?;
-    st.engine.delete_namespace(&ns).await?;
+    let is_default = ns == "default";
+    if let Some(inc) = routed_incarnation(&h)? {
+        // `default` comes back under the incarnation sent; another namespace's
+        // incarnation `inc` is deleted.
+        let (deleted, renewed) = if is_default {
+            (None, Some(inc))
+        } else {
+            (Some(inc), None)
+        };
+        return match pns::apply_delete(&st.engine, &ns, deleted, renewed).await? {
+            true => Ok(StatusCode::NO_CONTENT),
+            false => Err(EngineError::NotFound(format!("namespace {ns:?} does not exist")).into()),
+        };
+    }
+    if !st.pod_wide() {
+        st.engine.delete_namespace(&ns).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let held = st.engine.namespace_incarnation(&ns).ok_or_else(|| {
+        ApiError::from(EngineError::NotFound(format!(
+            "namespace {ns:?} does not exist"
+        )))
+    })?;
+    let record = st.live_record(&ns).await?;
+    let (rec, sent) = if is_default {
+        // Emptied: it comes back at once, everywhere, under a new incarnation.
+        let new = pns::new_incarnation();
+        pns::apply_delete(&st.engine, &ns, None, Some(new)).await?;
+        (
+            NsRecord {
+                quota_bytes: None,
+                replication: None,
+                incarnation: new,
+                deleted: false,
+            },
+            new,
+        )
+    } else {
+        let inc = record
+            .map(|r| r.incarnation)
+            .or(held)
+            .unwrap_or_else(pns::new_incarnation);
+        st.engine.delete_namespace(&ns).await?;
+        (
+            NsRecord {
+                quota_bytes: None,
+                replication: None,
+                incarnation: inc,
+                deleted: true,
+            },
+            inc,
+        )
+    };
+    st.record_namespace(&ns, &rec).await?;
+    st.namespace_to_members(Method::DELETE, &uri, &h, Bytes::new(), sent)
+        .await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The namespace incarnation a member sent with a change it made (a routed request).
+fn routed_incarnation(h: &HeaderMap) -> ApiResult<Option<u64>> {
+    if !h.contains_key(crate::pod::forward::HEADER_FORWARDED) {
+        return Ok(None);
+    }
+    match h.get(crate::pod::namespaces::HEADER_NS_INCARNATION) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&i| i != 0)
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid("x-ctxpod-ns-incarnation must be a positive integer")),
+    }
+}
+
+impl AppState {
+    /// Whether a namespace change made here is the pod's: with etcd, or with other members.
+    fn pod_wide(&self) -> bool {
+        self.ns_records.is_some() || self.pod.view().members.len() >= 2
+    }
+
+    /// The pod's live record of namespace `ns` (none without etcd, or once deleted).
+    async fn live_record(&self, ns: &str) -> ApiResult<Option<crate::pod::namespaces::NsRecord>> {
+        let Some(r) = &self.ns_records else {
+            return Ok(None);
+        };
+        let rec = crate::pod::namespaces::record(&r.1, &r.0, ns)
+            .await
+            .map_err(|e| etcd_unavailable(&e))?;
+        Ok(rec.filter(|r| !r.deleted))
+    }
+
+    /// Records a namespace change in etcd (with etcd); refused (503) while etcd is away.
+    async fn record_namespace(
+        &self,
+        ns: &str,
+        rec: &crate::pod::namespaces::NsRecord,
+    ) -> ApiResult<()> {
+        let Some(r) = &self.ns_records else {
+            return Ok(());
+        };
+        crate::pod::namespaces::publish(&r.1, &r.0, ns, rec)
+            .await
+            .map_err(|e| etcd_unavailable(&e))
+    }
+
+    /// Sends a namespace change made here to every other member, at once (10 s at most
+    /// each), with the caller's credentials; a member that misses it catches up from etcd.
+    async fn namespace_to_members(
+        &self,
+        method: Method,
+        uri: &axum::http::Uri,
+        h: &HeaderMap,
+        body: Bytes,
+        incarnation: u64,
+    ) {
+        let view = self.pod.view();
+        let sends = view.members.iter().filter(|m| m.id != *self.node_id).map(|m| {
+            let mut req = self
+                .peers
+                .http
+                .request(method.clone(), format!("{}{}", m.http, uri.path()))
+                .timeout(Duration::from_secs(10))
+                .header(crate::pod::forward::HEADER_FORWARDED, self.node_id.as_ref())
+                .header(
+                    crate::pod::namespaces::HEADER_NS_INCARNATION,
+                    incarnation.to_string(),
+                )
+                .body(body.clone());
+            for name in [header::AUTHORIZATION.as_str(), ctxpod_api::HEADER_TENANT] {
+                if let Some(v) = h.get(name) {
+                    req = req.header(name, v);
+                }
+            }
+            async move {
+                match req.send().await {
+                    Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
+                        count_forwarded(self, "namespace")
+                    }
+                    Ok(r) => {
+                        tracing::warn!(member = %m.id, status = %r.status(), "a member refused a namespace change");
+                        count_forwarded(self, "namespace_refused");
+                    }
+                    Err(e) => {
+                        tracing::warn!(member = %m.id, "a namespace change did not reach a member: {e}");
+                        count_forwarded(self, "unreachable");
+                    }
+                }
+            }
+        });
+        futures::future::join_all(sends).await;
+    }
+}
+
+fn etcd_unavailable(e: &anyhow::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("etcd cannot record the namespace change now: {e:#}"),
+    )
 }
 
 async fn put_block(
@@ -1510,7 +1711,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let pod = crate::pod::Pod::join(&cfg, addr, taddr).await?;
-    pod.start_backfill(engine.clone(), &cfg, auth.enabled());
+    pod.start_background(engine.clone(), &cfg, auth.enabled());
     let app = router(
         engine.clone(),
         auth.clone(),

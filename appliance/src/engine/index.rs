@@ -178,6 +178,10 @@ pub struct NsMeta {
     /// Copies of each block in the pod (`None`: the pod's `replication`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<u32>,
+    /// Which creation of the namespace in the pod this is (`pod::namespaces`); `None` for a
+    /// namespace the pod never spoke of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
 }
 
 /// Device layout, fixed when the node is first formatted.

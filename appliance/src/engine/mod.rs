@@ -87,6 +87,8 @@ pub struct Namespace {
     quota: AtomicU64,
     /// Copies in the pod; 0: the pod's default.
     replication: AtomicU32,
+    /// [`NsMeta::incarnation`]; 0: none.
+    incarnation: AtomicU64,
     created_ms: u64,
     keys: parking_lot::RwLock<NsKeys>,
     used_bytes: AtomicU64,
@@ -102,6 +104,9 @@ pub struct NsSettings {
     pub quota_bytes: Option<u64>,
     /// Copies of each block in the pod (`None`: the pod's `replication`).
     pub replication: Option<u32>,
+    /// The pod's incarnation of the namespace (`pod::namespaces`), recorded when given;
+    /// `None` keeps the one it has.
+    pub incarnation: Option<u64>,
 }
 
 /// A namespace's data keys: the current generation (new writes) and every generation still
@@ -141,6 +146,7 @@ impl Namespace {
             name: name.to_string(),
             quota: AtomicU64::new(meta.quota_bytes.unwrap_or(NO_QUOTA)),
             replication: AtomicU32::new(meta.replication.unwrap_or(0)),
+            incarnation: AtomicU64::new(meta.incarnation.unwrap_or(0)),
             created_ms: meta.created_ms,
             keys: parking_lot::RwLock::new(NsKeys {
                 current: meta.key_id,
@@ -188,7 +194,13 @@ impl Namespace {
             created_ms: self.created_ms,
             key_seq: k.since_seq,
             replication: self.replication(),
+            incarnation: self.incarnation(),
         }
+    }
+
+    /// Which creation of the namespace in the pod this is, if the pod spoke of it.
+    pub fn incarnation(&self) -> Option<u64> {
+        Some(self.incarnation.load(Ordering::Relaxed)).filter(|&i| i != 0)
     }
 }
 
@@ -1054,7 +1066,7 @@ impl Engine {
             name,
             NsSettings {
                 quota_bytes,
-                replication: None,
+                ..NsSettings::default()
             },
         )
         .await
@@ -1069,6 +1081,7 @@ impl Engine {
         let NsSettings {
             quota_bytes,
             replication,
+            incarnation,
         } = settings;
         ctxpod_api::namespace::check_scoped_name(name)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
@@ -1085,10 +1098,15 @@ impl Engine {
         let cf_ns = c.index.cf(index::CF_NAMESPACES);
         let existing = c.namespaces.read().get(name).cloned();
         if let Some(ns) = existing {
-            if ns.quota_bytes() != quota_bytes || ns.replication() != replication {
+            let incarnation = incarnation.or(ns.incarnation());
+            if ns.quota_bytes() != quota_bytes
+                || ns.replication() != replication
+                || ns.incarnation() != incarnation
+            {
                 let meta = NsMeta {
                     quota_bytes,
                     replication,
+                    incarnation,
                     ..ns.meta()
                 };
                 let mut wb = rocksdb::WriteBatch::default();
@@ -1102,6 +1120,8 @@ impl Engine {
                     .store(quota_bytes.unwrap_or(NO_QUOTA), Ordering::Relaxed);
                 ns.replication
                     .store(replication.unwrap_or(0), Ordering::Relaxed);
+                ns.incarnation
+                    .store(incarnation.unwrap_or(0), Ordering::Relaxed);
             }
             return Ok((false, ns.info()));
         }
@@ -1122,6 +1142,7 @@ impl Engine {
             created_ms: now_ms(),
             key_seq: c.seq.next.load(Ordering::Relaxed),
             replication,
+            incarnation,
         };
         let mut wb = rocksdb::WriteBatch::default();
         wb.put_cf(
@@ -1230,6 +1251,11 @@ impl Engine {
         c.metrics.kek_rotations.inc();
         tracing::info!(rewrapped = n, path = %path.display(), "key-encryption key rotated");
         Ok(n)
+    }
+
+    /// Whether namespace `name` exists (`None`: no), and its incarnation in the pod.
+    pub fn namespace_incarnation(&self, name: &str) -> Option<Option<u64>> {
+        Some(self.core.namespaces.read().get(name)?.incarnation())
     }
 
     /// The copies namespace `name` asks for in the pod, if it exists and sets its own.

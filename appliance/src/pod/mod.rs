@@ -5,6 +5,8 @@
 //!   and the placement over them (`ctxpod_api::placement`, capacity-weighted rendezvous).
 //! - [`forward`]: any node answers a single-block request, forwarding it to the member
 //!   that holds the block.
+//! - [`namespaces`]: a namespace created, changed or deleted through any node is so on
+//!   every member (fan-out, and records in etcd for those that were away).
 //! - [`backfill`]: a throttled background pass copying blocks to the members that should
 //!   hold them and do not (after a restart or a join).
 //!
@@ -14,6 +16,7 @@ pub mod backfill;
 pub mod etcd;
 pub mod forward;
 pub mod membership;
+pub mod namespaces;
 
 use anyhow::Context;
 use membership::{MemberInfo, MemberState, Membership, Registration};
@@ -29,6 +32,8 @@ pub struct Pod {
     /// Copies of each block (`pod.replication`).
     pub replication: usize,
     pub membership: Arc<Membership>,
+    /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
+    pub records: Option<(String, etcd::Etcd)>,
     registration: Option<Registration>,
     stop: tokio_util::sync::CancellationToken,
 }
@@ -106,10 +111,15 @@ impl Pod {
                 .with_context(|| {
                     format!("list the pod's members in etcd at {:?}", p.etcd_endpoints)
                 })?;
-            let registration =
-                Registration::register(etcd, &p.name, me.clone(), ttl, Some(membership.clone()))
-                    .await
-                    .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
+            let registration = Registration::register(
+                etcd.clone(),
+                &p.name,
+                me.clone(),
+                ttl,
+                Some(membership.clone()),
+            )
+            .await
+            .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
             tracing::info!(
                 node = %id,
                 pod = %p.name,
@@ -121,6 +131,7 @@ impl Pod {
                 peers,
                 replication: p.replication,
                 membership,
+                records: Some((p.name.clone(), etcd)),
                 registration: Some(registration),
                 stop,
             });
@@ -147,19 +158,29 @@ impl Pod {
             peers,
             replication: p.replication,
             membership,
+            records: None,
             registration: None,
             stop,
         })
     }
 
-    /// Starts the background backfill (`pod.backfill_interval_s`, 0: off). It needs the
-    /// peer token when authentication is on; without one it stays off, and says so.
-    pub fn start_backfill(
+    /// Starts the pod's background work: applying the pod's namespace records (with etcd)
+    /// and the backfill (`pod.backfill_interval_s`, 0: off). The backfill needs the peer
+    /// token when authentication is on; without one it stays off, and says so.
+    pub fn start_background(
         &self,
         engine: Arc<crate::engine::Engine>,
         cfg: &crate::config::Config,
         auth_enabled: bool,
     ) {
+        if let Some((pod, etcd)) = &self.records {
+            namespaces::spawn_reconcile(
+                engine.clone(),
+                etcd.clone(),
+                pod.clone(),
+                self.stop.child_token(),
+            );
+        }
         let p = &cfg.pod;
         if p.backfill_interval_s == 0 || (p.members.is_empty() && p.etcd_endpoints.is_empty()) {
             return;
