@@ -75,11 +75,18 @@ pub struct PinRequest {
 pub struct PinResponse {
     /// Keys present and now pinned (absent keys are not pinned).
     pub pinned: u64,
+    /// Per key of the request, whether it was pinned: given to a request routed by another
+    /// member (`x-ctxpod-forwarded-by`), which combines the members' answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub each: Option<Vec<bool>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UnpinResponse {
     pub unpinned: u64,
+    /// Per key of the request, whether a pin was ended (as for [`PinResponse::each`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub each: Option<Vec<bool>>,
 }
 
 /// `GET /v1/cluster`: the pod as the answering node sees it.

@@ -9,6 +9,7 @@ use crate::auth::{Access, AuthError, Authenticator, Limited, Principal};
 use crate::config::Config;
 use crate::engine::{Engine, EngineError, NsSettings, PutStatus, StagedBlock};
 use crate::metrics::Metrics;
+use crate::pod::batch as pod_batch;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Path, Request, State};
 use axum::handler::Handler;
@@ -496,12 +497,13 @@ async fn forward_counted(
     outcome: &str,
 ) -> Option<Response> {
     match crate::pod::forward::forward(
-        &st.peers.http,
+        &st.peers,
         m,
         &st.node_id,
         &parts.method,
         &parts.uri,
         &parts.headers,
+        parts.extensions.get::<Principal>(),
         body,
     )
     .await
@@ -934,7 +936,8 @@ async fn put_namespace(
         )
         .await?;
         let r = pns::apply(&st.engine, &ns, settings).await?;
-        st.namespace_to_members(Method::PUT, &uri, &h, b, inc).await;
+        st.namespace_to_members(Method::PUT, &uri, &h, &p, b, inc)
+            .await;
         r
     } else {
         st.engine.create_namespace_with(&ns, settings).await?
@@ -1020,7 +1023,7 @@ async fn delete_namespace(
         )
     };
     st.record_namespace(&ns, &rec).await?;
-    st.namespace_to_members(Method::DELETE, &uri, &h, Bytes::new(), sent)
+    st.namespace_to_members(Method::DELETE, &uri, &h, &p, Bytes::new(), sent)
         .await;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -1043,6 +1046,28 @@ fn routed_incarnation(h: &HeaderMap) -> ApiResult<Option<u64>> {
 }
 
 impl AppState {
+    /// Whether a request here is answered for the whole pod: the node is in a pod of
+    /// several and the request was not routed here by a member or a pod-aware client.
+    fn answers_for_pod(&self, h: &HeaderMap) -> bool {
+        self.pod.view().members.len() >= 2 && !h.contains_key(crate::pod::forward::HEADER_FORWARDED)
+    }
+
+    /// Asks members on behalf of the caller `p` of this request.
+    fn asker<'a>(
+        &'a self,
+        ns: &'a str,
+        h: &'a HeaderMap,
+        p: &'a Principal,
+    ) -> pod_batch::Asker<'a> {
+        pod_batch::Asker {
+            peers: &self.peers,
+            me: &self.node_id,
+            ns,
+            headers: h,
+            caller: Some(p),
+        }
+    }
+
     /// Whether a namespace change made here is the pod's: with etcd, or with other members.
     fn pod_wide(&self) -> bool {
         self.ns_records.is_some() || self.pod.view().members.len() >= 2
@@ -1080,12 +1105,13 @@ impl AppState {
         method: Method,
         uri: &axum::http::Uri,
         h: &HeaderMap,
+        caller: &Principal,
         body: Bytes,
         incarnation: u64,
     ) {
         let view = self.pod.view();
         let sends = view.members.iter().filter(|m| m.id != *self.node_id).map(|m| {
-            let mut req = self
+            let req = self
                 .peers
                 .http
                 .request(method.clone(), format!("{}{}", m.http, uri.path()))
@@ -1096,11 +1122,7 @@ impl AppState {
                     incarnation.to_string(),
                 )
                 .body(body.clone());
-            for name in [header::AUTHORIZATION.as_str(), ctxpod_api::HEADER_TENANT] {
-                if let Some(v) = h.get(name) {
-                    req = req.header(name, v);
-                }
-            }
+            let req = self.peers.for_caller(req, h, Some(caller));
             async move {
                 match req.send().await {
                     Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
@@ -1264,22 +1286,20 @@ async fn match_prefix(
         .iter()
         .map(|m| (m.id.clone(), m.clone()))
         .collect();
-    let auth = h.get(header::AUTHORIZATION).cloned();
-    let tenant = h.get(ctxpod_api::HEADER_TENANT).cloned();
     let matched = crate::pod::forward::match_in_pod(
         keys.len(),
         |i| cands[i].iter().map(|m| m.id.clone()).collect(),
         |member, idx| {
             let sub: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
             let (st, scoped, ns) = (st.clone(), scoped.clone(), ns.clone());
-            let (auth, tenant) = (auth.clone(), tenant.clone());
+            let (h, p) = (h.clone(), p.clone());
             let m = by_id.get(&member).cloned();
             async move {
                 let m = anyhow::Context::context(m, "a member of the view")?;
                 if m.id == *st.node_id {
                     return Ok(st.engine.match_prefix(&scoped, sub).await?);
                 }
-                let mut req = st
+                let req = st
                     .peers
                     .http
                     .post(format!("{}/v1/namespaces/{ns}/match", m.http))
@@ -1288,13 +1308,7 @@ async fn match_prefix(
                     .json(&KeysRequest {
                         keys: sub.iter().map(hex::encode).collect(),
                     });
-                if let Some(a) = auth {
-                    req = req.header(header::AUTHORIZATION, a);
-                }
-                if let Some(t) = tenant {
-                    req = req.header(ctxpod_api::HEADER_TENANT, t);
-                }
-                match req.send().await {
+                match st.peers.for_caller(req, &h, Some(&p)).send().await {
                     Ok(r) if r.status().is_success() => {
                         Ok(r.json::<MatchResponse>().await?.matched)
                     }
@@ -1347,52 +1361,23 @@ async fn present_keys(
         }));
     }
     let n = crate::pod::forward::read_candidates(st.replication_of(&scoped));
-    let mut asks: std::collections::BTreeMap<
-        &str,
-        (&crate::pod::membership::MemberInfo, Vec<usize>),
-    > = std::collections::BTreeMap::new();
-    for (i, k) in keys.iter().enumerate() {
-        for m in view.ranked(&ns, k).into_iter().take(n) {
-            asks.entry(m.id.as_str())
-                .or_insert((m, Vec::new()))
-                .1
-                .push(i);
-        }
-    }
-    let auth = h.get(header::AUTHORIZATION).cloned();
-    let tenant = h.get(ctxpod_api::HEADER_TENANT).cloned();
-    let answers = futures::future::join_all(asks.into_values().map(|(m, idx)| {
-        let (st, ns, auth, tenant, keys) =
-            (st.clone(), ns.clone(), auth.clone(), tenant.clone(), &keys);
-        let local = &local;
+    let groups = pod_batch::group(
+        keys.iter()
+            .enumerate()
+            .flat_map(|(i, k)| view.ranked(&ns, k).into_iter().take(n).map(move |m| (i, m))),
+    );
+    let asker = st.asker(&ns, &h, &p);
+    let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
+        let (asker, keys, local, st) = (&asker, &keys, &local, &st);
         async move {
             if m.id == *st.node_id {
                 return local(idx).await.unwrap_or_default();
             }
-            let mut req = st
-                .peers
-                .http
-                .post(format!("{}/v1/namespaces/{ns}/present", m.http))
-                .timeout(Duration::from_secs(10))
-                .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref())
-                .json(&KeysRequest {
-                    keys: idx.iter().map(|&i| hex::encode(&keys[i])).collect(),
-                });
-            if let Some(a) = auth {
-                req = req.header(header::AUTHORIZATION, a);
-            }
-            if let Some(t) = tenant {
-                req = req.header(ctxpod_api::HEADER_TENANT, t);
-            }
-            match req.send().await {
-                Ok(r) if r.status().is_success() => match r.json::<PresentResponse>().await {
-                    Ok(a) if a.present.len() == idx.len() => {
-                        idx.into_iter().zip(a.present).collect()
-                    }
-                    _ => Vec::new(),
-                },
-                // A member that cannot answer holds none of them, as far as this goes.
-                _ => Vec::new(),
+            let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+            // A member that cannot answer holds none of them, as far as this goes.
+            match asker.present(m, &ks).await {
+                Ok(held) => idx.into_iter().zip(held).collect(),
+                Err(_) => Vec::new(),
             }
         }
     }))
@@ -1411,65 +1396,151 @@ async fn batch_get(
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let ns = scope(&p, &ns)?;
+    let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
-    st.engine.namespace(&ns)?;
-    let engine = st.engine.clone();
-    type Found = Result<Option<(Bytes, u32)>, EngineError>;
-    let results: Vec<(Vec<u8>, Found)> = futures::stream::iter(keys.into_iter().map(|k| {
-        let (engine, ns) = (engine.clone(), ns.clone());
-        async move {
-            let r = engine.get(&ns, &k).await;
-            (k, r)
-        }
-    }))
-    .buffered(BATCH_CONCURRENCY)
-    .collect()
-    .await;
+    st.engine.namespace(&scoped)?;
+    let results = if st.answers_for_pod(&h) {
+        pod_batch_get(&st, &p, &ns, &scoped, &h, &keys).await
+    } else {
+        let all: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        local_batch_get(&st, &scoped, &all).await
+    };
     let mut budget = BATCH_GET_BYTES_MAX;
     let mut out = Vec::new();
     frame::encode_header(results.len() as u32, &mut out);
     let mut sent = 0u64;
-    for (k, r) in &results {
-        let entry = match r {
-            Ok(Some((d, crc))) if d.len() <= budget => {
-                budget -= d.len();
-                sent += d.len() as u64;
-                frame::Entry {
-                    key: k,
+    for (k, g) in keys.iter().zip(&results) {
+        let fits = g.data.as_ref().filter(|d| d.len() <= budget);
+        if let Some(d) = fits {
+            budget -= d.len();
+            sent += d.len() as u64;
+        }
+        let over = g.status == 200 && fits.is_none();
+        frame::encode_entry(
+            &frame::Entry {
+                key: k,
+                status: if over { 413 } else { g.status },
+                crc32c: g.crc32c,
+                len: g.len,
+                data: fits.map(|d| &d[..]),
+            },
+            &mut out,
+        );
+    }
+    st.engine.metrics().sent_bytes.inc_by(sent);
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+/// This node's answers to a `batch/get` of `keys`.
+async fn local_batch_get(st: &AppState, scoped: &str, keys: &[&[u8]]) -> Vec<pod_batch::Got> {
+    // Owned keys: the stream's futures may not borrow from the closure's argument.
+    let owned: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+    futures::stream::iter(owned.into_iter().map(|k| {
+        let (engine, ns) = (st.engine.clone(), scoped.to_string());
+        async move {
+            match engine.get(&ns, &k).await {
+                Ok(Some((d, crc))) => pod_batch::Got {
                     status: 200,
-                    crc32c: Some(*crc),
+                    crc32c: Some(crc),
                     len: d.len() as u32,
-                    data: Some(&d[..]),
+                    data: Some(d),
+                },
+                Ok(None) => pod_batch::Got {
+                    status: 404,
+                    crc32c: None,
+                    len: 0,
+                    data: None,
+                },
+                Err(e) => pod_batch::Got {
+                    status: status_of(&e).0.as_u16(),
+                    crc32c: None,
+                    len: 0,
+                    data: None,
+                },
+            }
+        }
+    }))
+    .buffered(BATCH_CONCURRENCY)
+    .collect()
+    .await
+}
+
+/// A `batch/get` for the whole pod (`pod::batch`): each key at its candidates in rank
+/// order, one round per rank, each round's members asked at once.
+async fn pod_batch_get(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    keys: &[Vec<u8>],
+) -> Vec<pod_batch::Got> {
+    let view = st.pod.view();
+    let n = crate::pod::forward::read_candidates(st.replication_of(scoped));
+    let ranked: Vec<Vec<&crate::pod::membership::MemberInfo>> = keys
+        .iter()
+        .map(|k| view.ranked(ns, k).into_iter().take(n).collect())
+        .collect();
+    let asker = st.asker(ns, h, p);
+    let mut out: Vec<Option<pod_batch::Got>> = vec![None; keys.len()];
+    for round in 0..n {
+        let groups = pod_batch::group(
+            (0..keys.len())
+                .filter(|&i| out[i].is_none() && ranked[i].len() > round)
+                .map(|i| (i, ranked[i][round])),
+        );
+        if groups.is_empty() {
+            break;
+        }
+        let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
+            let asker = &asker;
+            async move {
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                let r = if m.id == *st.node_id {
+                    Ok(local_batch_get(st, scoped, &ks).await)
+                } else {
+                    asker.batch_get(m, &ks).await
+                };
+                (idx, r)
+            }
+        }))
+        .await;
+        for (idx, r) in answers {
+            match r {
+                Ok(got) => {
+                    for (i, g) in idx.into_iter().zip(got) {
+                        // A miss here may be a hit at the next candidate.
+                        if g.status != 404 {
+                            out[i] = Some(g);
+                        }
+                    }
+                }
+                // Unreachable, or without the namespace: the next candidate is asked.
+                Err(None) | Err(Some(404)) => {}
+                Err(Some(status)) => {
+                    for i in idx {
+                        out[i] = Some(pod_batch::Got {
+                            status,
+                            crc32c: None,
+                            len: 0,
+                            data: None,
+                        });
+                    }
                 }
             }
-            Ok(Some((d, crc))) => frame::Entry {
-                key: k,
-                status: 413,
-                crc32c: Some(*crc),
-                len: d.len() as u32,
-                data: None,
-            },
-            Ok(None) => frame::Entry {
-                key: k,
+        }
+    }
+    out.into_iter()
+        .map(|g| {
+            g.unwrap_or(pod_batch::Got {
                 status: 404,
                 crc32c: None,
                 len: 0,
                 data: None,
-            },
-            Err(e) => frame::Entry {
-                key: k,
-                status: status_of(e).0.as_u16(),
-                crc32c: None,
-                len: 0,
-                data: None,
-            },
-        };
-        frame::encode_entry(&entry, &mut out);
-    }
-    st.engine.metrics().sent_bytes.inc_by(sent);
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+            })
+        })
+        .collect()
 }
 
 async fn batch_put(
@@ -1479,9 +1550,9 @@ async fn batch_put(
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let ns = scope(&p, &ns)?;
+    let scoped = scope(&p, &ns)?;
     let dur = durability(&h)?;
-    st.engine.namespace(&ns)?;
+    st.engine.namespace(&scoped)?;
     let declared = content_length(&h);
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     // Room for the frame and for each block's staged copy.
@@ -1507,19 +1578,12 @@ async fn batch_put(
         jobs.push((e.key.to_vec(), body.slice_ref(d), e.crc32c));
     }
     st.engine.metrics().received_bytes.inc_by(body.len() as u64);
-    let engine = st.engine.clone();
-    let statuses: Vec<u16> = futures::future::join_all(jobs.iter().map(|(k, d, crc)| {
-        let engine = engine.clone();
-        let ns = ns.clone();
-        async move {
-            match engine.put(&ns, k, d.clone(), *crc, dur).await {
-                Ok(PutStatus::Created) => 201,
-                Ok(PutStatus::Exists) => 200,
-                Err(e) => status_of(&e).0.as_u16(),
-            }
-        }
-    }))
-    .await;
+    let statuses = if st.answers_for_pod(&h) {
+        pod_batch_put(&st, &p, &ns, &scoped, &h, &jobs, dur).await
+    } else {
+        let all: Vec<usize> = (0..jobs.len()).collect();
+        local_batch_put(&st, &scoped, &jobs, &all, dur).await
+    };
     let mut out = Vec::new();
     frame::encode_header(jobs.len() as u32, &mut out);
     for ((k, d, _), status) in jobs.iter().zip(statuses) {
@@ -1535,6 +1599,91 @@ async fn batch_put(
         );
     }
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+/// A block of a `batch/put`: key, bytes, the CRC32C the client gave.
+type PutJob = (Vec<u8>, Bytes, Option<u32>);
+
+/// This node stores `jobs[idx]`: per block, its status.
+async fn local_batch_put(
+    st: &AppState,
+    scoped: &str,
+    jobs: &[PutJob],
+    idx: &[usize],
+    dur: Durability,
+) -> Vec<u16> {
+    futures::future::join_all(idx.iter().map(|&i| {
+        let (k, d, crc) = &jobs[i];
+        let engine = st.engine.clone();
+        async move {
+            match engine.put(scoped, k, d.clone(), *crc, dur).await {
+                Ok(PutStatus::Created) => 201,
+                Ok(PutStatus::Exists) => 200,
+                Err(e) => status_of(&e).0.as_u16(),
+            }
+        }
+    }))
+    .await
+}
+
+/// A `batch/put` for the whole pod (`pod::batch`): each block to its R first-ranked
+/// members that can be reached, the members of a round asked at once.
+async fn pod_batch_put(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    jobs: &[PutJob],
+    dur: Durability,
+) -> Vec<u16> {
+    let view = st.pod.view();
+    let copies = st.replication_of(scoped);
+    let ranked: Vec<Vec<&crate::pod::membership::MemberInfo>> =
+        jobs.iter().map(|(k, _, _)| view.ranked(ns, k)).collect();
+    let asker = st.asker(ns, h, p);
+    let mut states = vec![pod_batch::PutState::default(); jobs.len()];
+    loop {
+        let mut assign = Vec::new();
+        for (i, s) in states.iter_mut().enumerate() {
+            for m in s.next_members(&ranked[i], copies) {
+                assign.push((i, m));
+            }
+        }
+        if assign.is_empty() {
+            break;
+        }
+        let answers =
+            futures::future::join_all(pod_batch::group(assign).into_values().map(|(m, idx)| {
+                let asker = &asker;
+                async move {
+                    let r = if m.id == *st.node_id {
+                        Ok(local_batch_put(st, scoped, jobs, &idx, dur).await)
+                    } else {
+                        let blocks: Vec<(&[u8], &Bytes)> =
+                            idx.iter().map(|&i| (&jobs[i].0[..], &jobs[i].1)).collect();
+                        asker
+                            .batch_put(m, &blocks, h.get(ctxpod_api::HEADER_DURABILITY))
+                            .await
+                    };
+                    (idx, r)
+                }
+            }))
+            .await;
+        for (idx, r) in answers {
+            match r {
+                Ok(statuses) => {
+                    for (i, s) in idx.into_iter().zip(statuses) {
+                        states[i].answer(s);
+                    }
+                }
+                Err(Some(s)) => idx.into_iter().for_each(|i| states[i].answer(s)),
+                // Unreachable: the next round asks the next member in rank order.
+                Err(None) => {}
+            }
+        }
+    }
+    states.iter().map(|s| s.status(copies)).collect()
 }
 
 /// Makes a new data key current for the namespace (older records stay readable).
@@ -1607,7 +1756,7 @@ async fn pin(
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<PinResponse>> {
-    let ns = scope(&p, &ns)?;
+    let scoped = scope(&p, &ns)?;
     let req: PinRequest = read_json(&h, body).await?;
     if req.ttl_ms == 0 || req.ttl_ms > ctxpod_api::LEASE_MS_MAX {
         return Err(ApiError::invalid(format!(
@@ -1616,11 +1765,8 @@ async fn pin(
         )));
     }
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
-    let pinned = st
-        .engine
-        .pin(&ns, keys, Duration::from_millis(req.ttl_ms))
-        .await?;
-    Ok(Json(PinResponse { pinned }))
+    let (pinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, Some(req.ttl_ms)).await?;
+    Ok(Json(PinResponse { pinned, each }))
 }
 
 async fn unpin(
@@ -1630,12 +1776,75 @@ async fn unpin(
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<UnpinResponse>> {
-    let ns = scope(&p, &ns)?;
+    let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
-    Ok(Json(UnpinResponse {
-        unpinned: st.engine.unpin(&ns, keys).await?,
+    let (unpinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, None).await?;
+    Ok(Json(UnpinResponse { unpinned, each }))
+}
+
+/// Pins (`ttl_ms` given) or unpins `keys`: here, or at every candidate member of each key
+/// in a pod (`pod::batch`). How many keys were, and per key whether it was when the
+/// request was routed here by another member.
+async fn pin_or_unpin(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    keys: Vec<Vec<u8>>,
+    ttl_ms: Option<u64>,
+) -> ApiResult<(u64, Option<Vec<bool>>)> {
+    let local = |ks: Vec<Vec<u8>>| async move {
+        match ttl_ms {
+            Some(t) => {
+                st.engine
+                    .pin_each(scoped, ks, Duration::from_millis(t))
+                    .await
+            }
+            None => st.engine.unpin_each(scoped, ks).await,
+        }
+    };
+    let count = |each: &[bool]| each.iter().filter(|b| **b).count() as u64;
+    if !st.answers_for_pod(h) {
+        let each = local(keys).await?;
+        let routed = h.contains_key(crate::pod::forward::HEADER_FORWARDED);
+        return Ok((count(&each), routed.then_some(each)));
+    }
+    st.engine.namespace(scoped)?;
+    let view = st.pod.view();
+    let n = crate::pod::forward::read_candidates(st.replication_of(scoped));
+    let groups = pod_batch::group(
+        keys.iter()
+            .enumerate()
+            .flat_map(|(i, k)| view.ranked(ns, k).into_iter().take(n).map(move |m| (i, m))),
+    );
+    let asker = st.asker(ns, h, p);
+    let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
+        let (asker, keys, local) = (&asker, &keys, &local);
+        async move {
+            let r = if m.id == *st.node_id {
+                local(idx.iter().map(|&i| keys[i].clone()).collect())
+                    .await
+                    .map_err(|e| Some(status_of(&e).0.as_u16()))
+            } else {
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                asker.pin(m, &ks, ttl_ms).await
+            };
+            (idx, r)
+        }
     }))
+    .await;
+    let mut each = vec![false; keys.len()];
+    for (idx, r) in answers {
+        // A member that cannot answer holds no copy that this changes.
+        if let Ok(got) = r {
+            for (i, b) in idx.into_iter().zip(got) {
+                each[i] |= b;
+            }
+        }
+    }
+    Ok((count(&each), None))
 }
 
 /// Runs a node until SIGTERM or Ctrl-C, then stops accepting, drains and commits.

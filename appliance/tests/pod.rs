@@ -914,6 +914,21 @@ async fn three_nodes(
     (nodes, pc)
 }
 
+/// Waits (10 s at most) until every node's view has `n` members.
+async fn wait_views(nodes: &[Node], n: usize) {
+    for node in nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while node.client.cluster().await.unwrap().members.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{}: {n} members not seen",
+                node.url
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Waits (10 s at most) until the pod client's view has `n` members.
 async fn wait_members(pc: &PodClient, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1091,17 +1106,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
     let etcd = EtcdServer::start(tmp.path());
     let (mut nodes, pc) = three_nodes(tmp.path(), &pod_config("ns", &etcd, "")).await;
     // Every node's view must list all three before a namespace change goes out.
-    for n in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while n.client.cluster().await.unwrap().members.len() < 3 {
-            assert!(
-                Instant::now() < deadline,
-                "{}: three members not seen",
-                n.url
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    wait_views(&nodes, 3).await;
     let hot = CreateNamespace {
         quota_bytes: None,
         replication: Some(3),
@@ -1229,4 +1234,96 @@ async fn namespaces_and_their_replication_are_the_pods() {
     for n in &nodes {
         assert_eq!(n.client.namespace("default").await.unwrap().block_count, 0);
     }
+}
+
+/// Batches sent to any node are answered for the whole pod: `batch/put` stores each block
+/// on its R first-ranked members (R of the namespace), `batch/get` and `present` find
+/// every block wherever it lives, `pin` and `unpin` reach the members holding the keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_sent_to_any_node_are_answered_for_the_pod() {
+    use ctxpod_api::types::CreateNamespace;
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let (mut nodes, pc) = three_nodes(tmp.path(), &pod_config("bt", &etcd, "")).await;
+    wait_views(&nodes, 3).await;
+    let r2 = CreateNamespace {
+        quota_bytes: None,
+        replication: Some(2),
+    };
+    nodes[0]
+        .client
+        .create_namespace_with("r2", &r2)
+        .await
+        .unwrap();
+    let keys: Vec<Vec<u8>> = (0..120).map(r2_key).collect();
+    let blocks: Vec<(Vec<u8>, bytes::Bytes)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), r2_data(i as u64)))
+        .collect();
+    for (ns, via, copies) in [("default", 1, 1), ("r2", 2, 2)] {
+        let st = nodes[via]
+            .client
+            .batch_put(ns, &blocks, ctxpod_api::Durability::Durable)
+            .await
+            .unwrap();
+        assert!(st.iter().all(|s| *s == 201), "{ns}: {st:?}");
+        // Each block is on its first `copies` ranked members and nowhere else.
+        let mut held = Vec::new();
+        for n in &nodes {
+            held.push(held_here(n, ns, &keys).await);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            let ranked = pc.ranked(ns, k);
+            for (j, id) in ["a", "b", "c"].iter().enumerate() {
+                let should = ranked[..copies].contains(&id.to_string());
+                assert_eq!(held[j][i], should, "{ns}: block {i} on {id}");
+            }
+        }
+    }
+    let absent: Vec<Vec<u8>> = (0..10)
+        .map(|i| format!("absent-{i}").into_bytes())
+        .collect();
+    let asked: Vec<Vec<u8>> = keys.iter().chain(&absent).cloned().collect();
+    for ns in ["default", "r2"] {
+        for n in &nodes {
+            let got = n.client.batch_get(ns, &asked).await.unwrap();
+            assert_eq!(got.len(), 130);
+            for (i, (k, d)) in got.iter().enumerate() {
+                assert_eq!(k, &asked[i]);
+                let want = (i < 120).then(|| r2_data(i as u64));
+                assert_eq!(d.as_ref(), want.as_ref(), "{ns} via {}: block {i}", n.url);
+            }
+            let p = n.client.present(ns, &asked).await.unwrap();
+            assert_eq!(p, (0..130).map(|i| i < 120).collect::<Vec<_>>());
+        }
+    }
+    assert_eq!(
+        nodes[1].client.pin("r2", &asked, 60_000).await.unwrap(),
+        120
+    );
+    assert_eq!(nodes[2].client.unpin("r2", &asked).await.unwrap(), 120);
+    assert_eq!(nodes[0].client.unpin("r2", &asked).await.unwrap(), 0);
+    // With a member down, the R = 2 blocks are still all found, and a batch put still
+    // stores two copies (the next member in rank order stands in).
+    nodes[2].kill9();
+    let got = nodes[0].client.batch_get("r2", &keys).await.unwrap();
+    assert!(got
+        .iter()
+        .enumerate()
+        .all(|(i, (_, d))| d.as_ref() == Some(&r2_data(i as u64))));
+    let more: Vec<(Vec<u8>, bytes::Bytes)> = (120..160).map(|i| (r2_key(i), r2_data(i))).collect();
+    let st = nodes[1]
+        .client
+        .batch_put("r2", &more, ctxpod_api::Durability::Durable)
+        .await
+        .unwrap();
+    assert!(st.iter().all(|s| *s == 201), "{st:?}");
+    let more_keys: Vec<Vec<u8>> = more.iter().map(|(k, _)| k.clone()).collect();
+    let on_a = held_here(&nodes[0], "r2", &more_keys).await;
+    let on_b = held_here(&nodes[1], "r2", &more_keys).await;
+    assert!(
+        on_a.iter().zip(&on_b).all(|(a, b)| *a && *b),
+        "two copies on a and b"
+    );
 }

@@ -977,25 +977,33 @@ impl Engine {
 
     /// Pins the present keys among `keys` for `ttl`; returns how many were pinned.
     pub async fn pin(&self, ns: &str, keys: Vec<Vec<u8>>, ttl: Duration) -> Result<u64> {
+        let each = self.pin_each(ns, keys, ttl).await?;
+        Ok(each.iter().filter(|p| **p).count() as u64)
+    }
+
+    /// Pins the present keys among `keys` for `ttl`; per key, whether it was present (and
+    /// is now pinned).
+    pub async fn pin_each(&self, ns: &str, keys: Vec<Vec<u8>>, ttl: Duration) -> Result<Vec<bool>> {
         let ns = self.ns(ns)?;
         let until = Instant::now() + ttl;
-        let mut n = 0;
         for k in &keys {
             Self::check_key(k)?;
         }
+        let mut each = Vec::with_capacity(keys.len());
         for k in keys {
             let bkey = block_key(ns.id, &k);
-            if self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some()
-            {
+            let present = self.core.dram.lock().contains(&bkey)
+                || self.core.index.get_block(&bkey)?.is_some();
+            if present {
                 self.core
                     .leases
                     .pin(&bkey, until)
                     .map_err(|_| EngineError::Busy("lease table"))?;
-                n += 1;
             }
+            each.push(present);
         }
         self.core.metrics.leases.set(self.core.leases.len() as i64);
-        Ok(n)
+        Ok(each)
     }
 
     /// Holds the present keys among `keys` against eviction until the returned guard is
@@ -1044,16 +1052,22 @@ impl Engine {
     }
 
     pub async fn unpin(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<u64> {
+        let each = self.unpin_each(ns, keys).await?;
+        Ok(each.iter().filter(|p| **p).count() as u64)
+    }
+
+    /// Ends the pins of `keys`; per key, whether it was pinned.
+    pub async fn unpin_each(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<Vec<bool>> {
         let ns = self.ns(ns)?;
-        let mut n = 0;
-        for k in keys {
-            Self::check_key(&k)?;
-            if self.core.leases.unpin(&block_key(ns.id, &k)) {
-                n += 1;
-            }
+        for k in &keys {
+            Self::check_key(k)?;
         }
+        let each = keys
+            .iter()
+            .map(|k| self.core.leases.unpin(&block_key(ns.id, k)))
+            .collect();
         self.core.metrics.leases.set(self.core.leases.len() as i64);
-        Ok(n)
+        Ok(each)
     }
 
     /// Creates a namespace, or updates its quota if it exists. True when created.

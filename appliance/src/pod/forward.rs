@@ -105,13 +105,16 @@ pub enum ForwardError {
 }
 
 /// Sends the request to `m` and turns its answer into ours (status, headers, body streamed).
+/// Credentials go as [`super::Peers::for_caller`] says.
+#[allow(clippy::too_many_arguments)]
 pub async fn forward(
-    http: &reqwest::Client,
+    peers: &super::Peers,
     m: &MemberInfo,
     me: &str,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
+    caller: Option<&crate::auth::Principal>,
     body: Option<Bytes>,
 ) -> Result<Response, ForwardError> {
     let url = format!(
@@ -119,17 +122,28 @@ pub async fn forward(
         m.http,
         uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
     );
-    let mut req = http.request(method.clone(), url).timeout(FORWARD_TIMEOUT);
+    let mut req = peers
+        .http
+        .request(method.clone(), url)
+        .timeout(FORWARD_TIMEOUT);
     for (name, value) in headers {
-        // Hop-by-hop and framing headers are the HTTP client's own business.
+        // Hop-by-hop and framing headers are the HTTP client's own business; credentials
+        // go as `for_caller` says.
         if matches!(
             name.as_str(),
-            "host" | "connection" | "content-length" | "transfer-encoding" | "keep-alive"
+            "host"
+                | "connection"
+                | "content-length"
+                | "transfer-encoding"
+                | "keep-alive"
+                | "authorization"
+                | ctxpod_api::HEADER_TENANT
         ) {
             continue;
         }
         req = req.header(name, value);
     }
+    req = peers.for_caller(req, headers, caller);
     req = req.header(
         HEADER_FORWARDED,
         HeaderValue::from_str(me).map_err(|_| ForwardError::Unreachable)?,

@@ -5,6 +5,7 @@
 //!   and the placement over them (`ctxpod_api::placement`, capacity-weighted rendezvous).
 //! - [`forward`]: any node answers a single-block request, forwarding it to the member
 //!   that holds the block.
+//! - [`batch`]: `batch/get`, `batch/put`, `pin` and `unpin` answered for the whole pod.
 //! - [`namespaces`]: a namespace created, changed or deleted through any node is so on
 //!   every member (fan-out, and records in etcd for those that were away).
 //! - [`backfill`]: a throttled background pass copying blocks to the members that should
@@ -13,6 +14,7 @@
 //! [`Pod::join`] is what `ctxpod serve` calls once its listeners are bound.
 
 pub mod backfill;
+pub mod batch;
 pub mod etcd;
 pub mod forward;
 pub mod membership;
@@ -281,6 +283,32 @@ impl Peers {
         let req = req.header(forward::HEADER_FORWARDED, me);
         match &self.token {
             Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    /// A request made for a caller, to a member: the caller's own `Authorization` and
+    /// `x-ctxpod-tenant` travel with it; a caller known by its client certificate (which
+    /// cannot travel) is stood for by the peer token, in the caller's tenant. The node
+    /// has already checked that the caller may do what is asked.
+    pub fn for_caller(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        h: &axum::http::HeaderMap,
+        caller: Option<&crate::auth::Principal>,
+    ) -> reqwest::RequestBuilder {
+        if let Some(a) = h.get(axum::http::header::AUTHORIZATION) {
+            req = req.header(axum::http::header::AUTHORIZATION, a);
+            if let Some(t) = h.get(ctxpod_api::HEADER_TENANT) {
+                req = req.header(ctxpod_api::HEADER_TENANT, t);
+            }
+            return req;
+        }
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        match caller.and_then(|p| p.tenant.as_deref()) {
+            Some(t) => req.header(ctxpod_api::HEADER_TENANT, t),
             None => req,
         }
     }
