@@ -1327,3 +1327,141 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
         "two copies on a and b"
     );
 }
+
+/// A pod over mTLS with tokens: nodes reach each other over https (trusting the pod's CA,
+/// presenting their own certificates), forward a tenant's requests in its own namespace,
+/// copy namespaces and backfill with the peer token, and report every member's usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_over_mtls_with_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let pki_dir = tmp.path().join("pki");
+    std::fs::create_dir_all(&pki_dir).unwrap();
+    let ca = common::pki::Ca::new("pod CA");
+    let ca_file = ca.write(&pki_dir.join("ca.crt"));
+    let (peer_tok, peer_hash) = ctxpod::auth::new_token("peer").unwrap();
+    let (acme_tok, acme_hash) = ctxpod::auth::new_token("acme-rw").unwrap();
+    let peer_file = pki_dir.join("peer-token");
+    std::fs::write(&peer_file, format!("{}\n", *peer_tok)).unwrap();
+    let client_cert = ca.client(&pki_dir, "engine-7", false);
+    let how = |token: &str| Connect {
+        token: Some(token.to_string()),
+        tls: Some(common::pki::client_tls(&ca, Some(&client_cert))),
+    };
+    let config = |id: &str| {
+        let cert = ca.node(&pki_dir, id);
+        format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {ca_file:?}\n\
+             [[auth.tokens]]\nid = \"peer\"\nrole = \"admin\"\nhash = \"{peer_hash}\"\n\
+             [[auth.tokens]]\nid = \"acme-rw\"\nrole = \"tenant-rw\"\ntenant = \"acme\"\n\
+             hash = \"{acme_hash}\"\n[[tenants]]\nname = \"acme\"\n\
+             [pod]\nname = \"tls\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
+             lease_ttl_s = 3\nreplication = 2\nbackfill_interval_s = 1\n\
+             peer_token_file = {peer_file:?}\n",
+            cert.cert, cert.key, etcd.url
+        )
+    };
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c"] {
+        let n = Node::start_configured(
+            &tmp.path().join(id),
+            &["--capacity", "256MiB"],
+            &config(id),
+            how(&acme_tok),
+            true,
+        )
+        .await;
+        assert!(n.url.starts_with("https://"));
+        nodes.push(n);
+    }
+    wait_views(&nodes, 3).await;
+    // Usage of every member, asked over mTLS with the peer token.
+    let c = nodes[0].client.cluster().await.unwrap();
+    assert!(
+        c.members
+            .iter()
+            .all(|m| m.health == "ok" && m.used_bytes.is_some()),
+        "{c:?}"
+    );
+    // The tenant's namespace, created through b, exists on every node (copied over https
+    // with the tenant's token).
+    nodes[1].client.create_namespace("kv", None).await.unwrap();
+    for n in &nodes {
+        assert_eq!(n.client.namespace("kv").await.unwrap().block_count, 0);
+    }
+    // Single-block puts sent to a are forwarded over https, two copies each, in the
+    // tenant's namespace.
+    let keys: Vec<Vec<u8>> = (0..120).map(r2_key).collect();
+    for i in 0..60u64 {
+        nodes[0]
+            .client
+            .put(
+                "kv",
+                &r2_key(i),
+                r2_data(i),
+                ctxpod_api::Durability::Durable,
+            )
+            .await
+            .unwrap();
+    }
+    let count = |nodes: &[Node]| {
+        let cs: Vec<_> = nodes.iter().map(|n| n.client.clone()).collect();
+        async move {
+            let mut v = Vec::new();
+            for c in cs {
+                v.push(c.namespace("kv").await.unwrap().block_count);
+            }
+            v
+        }
+    };
+    assert_eq!(count(&nodes).await.iter().sum::<u64>(), 120);
+    // c misses 60 writes; backfill (peer token, tenant header, over https) gives them back.
+    nodes[2].kill9();
+    for i in 60..120u64 {
+        nodes[0]
+            .client
+            .put(
+                "kv",
+                &r2_key(i),
+                r2_data(i),
+                ctxpod_api::Durability::Durable,
+            )
+            .await
+            .unwrap();
+    }
+    nodes[2].restart().await;
+    let pc = PodClient::connect(&[nodes[0].url.clone()], &how(&acme_tok))
+        .await
+        .unwrap();
+    wait_members(&pc, 3).await;
+    let on_c = keys
+        .iter()
+        .filter(|k| pc.ranked("kv", k)[..2].contains(&"c".to_string()))
+        .count() as u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = count(&nodes[2..]).await[0];
+        if n == on_c {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "c holds {n} of its {on_c} blocks"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            nodes[2].client.get("kv", k).await.unwrap(),
+            Some(r2_data(i as u64)),
+            "block {i} through c"
+        );
+    }
+    // Two copies of each, plus the third copy of each block written while c was away
+    // that ranks c among its first two (it stays where it was put until evicted).
+    let stand_ins = keys[60..]
+        .iter()
+        .filter(|k| pc.ranked("kv", k)[..2].contains(&"c".to_string()))
+        .count() as u64;
+    assert_eq!(count(&nodes).await.iter().sum::<u64>(), 240 + stand_ins);
+}

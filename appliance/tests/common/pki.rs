@@ -66,6 +66,19 @@ impl Ca {
         self.issue(p, dir, name)
     }
 
+    /// A pod node's certificate: a server certificate for 127.0.0.1 that also serves as
+    /// the node's client certificate towards the other members (both key usages).
+    pub fn node(&self, dir: &Path, name: &str) -> Files {
+        let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("params");
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        self.issue(p, dir, &format!("node-{name}"))
+    }
+
     /// A client certificate whose subject common name is `cn`; `expired`: valid only in
     /// 2020.
     pub fn client(&self, dir: &Path, cn: &str, expired: bool) -> Files {
