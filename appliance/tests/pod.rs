@@ -939,6 +939,15 @@ async fn wait_members(pc: &PodClient, n: usize) {
     }
 }
 
+/// Puts blocks `range` (r2 keys and data) one by one through a plain client.
+async fn put_each(c: &ctxpod_api::client::Client, ns: &str, range: std::ops::Range<u64>) {
+    for i in range {
+        c.put(ns, &r2_key(i), r2_data(i), ctxpod_api::Durability::Durable)
+            .await
+            .unwrap();
+    }
+}
+
 /// Which of `keys` node `n` holds itself (`present` marked as routed: no fan-out).
 async fn held_here(n: &Node, ns: &str, keys: &[Vec<u8>]) -> Vec<bool> {
     let http = reqwest::Client::builder()
@@ -1392,18 +1401,7 @@ async fn a_pod_over_mtls_with_tokens() {
     // Single-block puts sent to a are forwarded over https, two copies each, in the
     // tenant's namespace.
     let keys: Vec<Vec<u8>> = (0..120).map(r2_key).collect();
-    for i in 0..60u64 {
-        nodes[0]
-            .client
-            .put(
-                "kv",
-                &r2_key(i),
-                r2_data(i),
-                ctxpod_api::Durability::Durable,
-            )
-            .await
-            .unwrap();
-    }
+    put_each(&nodes[0].client, "kv", 0..60u64).await;
     let count = |nodes: &[Node]| {
         let cs: Vec<_> = nodes.iter().map(|n| n.client.clone()).collect();
         async move {
@@ -1417,18 +1415,7 @@ async fn a_pod_over_mtls_with_tokens() {
     assert_eq!(count(&nodes).await.iter().sum::<u64>(), 120);
     // c misses 60 writes; backfill (peer token, tenant header, over https) gives them back.
     nodes[2].kill9();
-    for i in 60..120u64 {
-        nodes[0]
-            .client
-            .put(
-                "kv",
-                &r2_key(i),
-                r2_data(i),
-                ctxpod_api::Durability::Durable,
-            )
-            .await
-            .unwrap();
-    }
+    put_each(&nodes[0].client, "kv", 60..120u64).await;
     nodes[2].restart().await;
     let pc = PodClient::connect(&[nodes[0].url.clone()], &how(&acme_tok))
         .await
