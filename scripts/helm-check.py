@@ -113,8 +113,15 @@ def check_semantics(label, values, docs):
     if merged["tls"]["enabled"]:
         if "tls" not in vols or probe != "HTTPS" or 'cert_file = "/etc/ctxpod/tls/tls.crt"' not in toml:
             fail(f"{label}: TLS asked for but not wired (volume, probes, config)")
+        if 'peer_ca_file = "/etc/ctxpod/tls/ca.crt"' not in toml:
+            fail(f"{label}: TLS on but the nodes do not trust the pod's CA for each other")
     elif probe != "HTTP":
         fail(f"{label}: plain HTTP probes expected")
+    if merged["auth"]["peerTokenSecret"]:
+        if "peer-token" not in vols or 'peer_token_file = "/etc/ctxpod/peer/token"' not in toml:
+            fail(f"{label}: peer token asked for but not wired (volume, config)")
+    elif "peer_token_file" in toml:
+        fail(f"{label}: a peer token configured although none is given")
     args = " ".join(pod_spec["containers"][0]["args"])
     for flag in ("--node-id=$(POD_NAME)", "--advertise-http=", "--advertise-transfer="):
         if flag not in args:
