@@ -281,6 +281,12 @@ impl Client {
         Ok(resp.json::<MatchResponse>().await?.matched)
     }
 
+    /// The node's miss-ratio curve (admin).
+    pub async fn mrc(&self) -> Result<MrcResponse, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/mrc"))).await?;
+        Ok(resp.json().await?)
+    }
+
     /// Whether each of `keys` is held (by the pod, when the node is in one), in order.
     pub async fn present(&self, ns: &str, keys: &[Vec<u8>]) -> Result<Vec<bool>, ClientError> {
         let body = KeysRequest {

@@ -165,3 +165,27 @@ pub struct Stats {
     /// last checkpoint before a crash).
     pub recovered_records: u64,
 }
+
+/// `GET /v1/mrc`: the node's miss-ratio curve, from the block references it served (GET
+/// hits) and stored (PUTs), sampled by key hash (SHARDS).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MrcResponse {
+    /// Share of keys tracked now (lowered when the key budget is reached).
+    pub sample_rate: f64,
+    pub tracked_keys: u64,
+    /// References counted (every one, sampled or not).
+    pub references: u64,
+    /// Mean size of a referenced block: turns blocks into bytes.
+    pub mean_block_bytes: u64,
+    /// This node's capacity in blocks of that size.
+    pub capacity_blocks: u64,
+    /// The LRU hit ratio at capacities from 16 blocks to 4 times the node's.
+    pub points: Vec<MrcPoint>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MrcPoint {
+    pub capacity_blocks: u64,
+    pub capacity_bytes: u64,
+    pub hit_ratio: f64,
+}

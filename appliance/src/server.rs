@@ -211,6 +211,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::GET, "/readyz", readyz)
         .add(M::GET, "/metrics", metrics)
         .add(M::GET, "/v1/stats", stats)
+        .add(M::GET, "/v1/mrc", mrc)
         .add(M::GET, "/v1/namespaces", list_namespaces)
         .add(M::PUT, "/v1/namespaces/{ns}", put_namespace)
         .add(M::GET, "/v1/namespaces/{ns}", get_namespace)
@@ -304,7 +305,8 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
     const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
     Some(match (method.as_str(), path) {
         ("GET" | "HEAD", "/healthz" | "/readyz") => Public,
-        ("GET" | "HEAD", "/metrics" | "/v1/stats") => Admin,
+        // Access patterns span tenants: the operator's.
+        ("GET" | "HEAD", "/metrics" | "/v1/stats" | "/v1/mrc") => Admin,
         // Clients route by the members' addresses: any caller may read them.
         ("GET" | "HEAD", "/v1/cluster") => Read,
         ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
@@ -864,6 +866,41 @@ async fn stats(State(st): State<AppState>) -> Json<Stats> {
     let mut s = st.engine.stats();
     s.inflight_requests = (st.max_inflight - st.limiter.available_permits()) as u64;
     Json(s)
+}
+
+/// The node's miss-ratio curve (`ctxpod_plan::mrc`), read at 48 capacities from 16 blocks
+/// to 4 times the node's capacity (log-spaced).
+async fn mrc(State(st): State<AppState>) -> ApiResult<Json<MrcResponse>> {
+    let (h, rate, tracked, mean) = st.engine.mrc().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "mrc_off",
+            "the miss-ratio curve is off on this node (mrc_sample_rate = 0)",
+        )
+    })?;
+    let cap_bytes = st.engine.stats().capacity_bytes;
+    let block = mean.max(1);
+    let capacity_blocks = cap_bytes / block;
+    let top = (4 * capacity_blocks).max(1024) as f64;
+    const POINTS: usize = 48;
+    let points = (0..POINTS)
+        .map(|i| {
+            let c = (16.0 * (top / 16.0).powf(i as f64 / (POINTS - 1) as f64)).round();
+            MrcPoint {
+                capacity_blocks: c as u64,
+                capacity_bytes: c as u64 * block,
+                hit_ratio: h.hit_ratio(c),
+            }
+        })
+        .collect();
+    Ok(Json(MrcResponse {
+        sample_rate: rate,
+        tracked_keys: tracked as u64,
+        references: h.total as u64,
+        mean_block_bytes: mean,
+        capacity_blocks,
+        points,
+    }))
 }
 
 async fn list_namespaces(

@@ -767,3 +767,63 @@ async fn falls_back_to_pread_pwrite_where_io_uring_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The node's miss-ratio curve follows its block references: 1,000 blocks stored, then read
+/// twice in the same order, hit in an LRU cache exactly when it holds all 1,000 (every
+/// key tracked here, `mrc_sample_rate = 1`), and the default sampled node reports one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_miss_ratio_curve_follows_the_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with(
+        &dir.path().join("n"),
+        &["--capacity", "256MiB"],
+        &[("CTXPOD_MRC_SAMPLE_RATE", "1")],
+    )
+    .await;
+    let c = &node.client;
+    let keys: Vec<Vec<u8>> = (0..1000u32).map(|i| i.to_be_bytes().to_vec()).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.put("default", k, block(i as u64, 4096), Durability::Fast)
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        for k in &keys {
+            assert!(c.get("default", k).await.unwrap().is_some());
+        }
+    }
+    let m = c.mrc().await.unwrap();
+    assert_eq!(m.references, 3000);
+    assert_eq!(m.tracked_keys, 1000);
+    assert_eq!(m.mean_block_bytes, 4096);
+    assert_eq!(m.points.len(), 48);
+    for p in &m.points {
+        // Distances of about 1,000 fall in a bin 1.1 % wide: read around it, not in it.
+        let want = if p.capacity_blocks < 985 {
+            0.0
+        } else if p.capacity_blocks >= 1015 {
+            2.0 / 3.0
+        } else {
+            continue;
+        };
+        assert!((p.hit_ratio - want).abs() < 1e-6, "{p:?}");
+        assert_eq!(p.capacity_bytes, p.capacity_blocks * 4096);
+    }
+    // A node with the default 1 % sampling answers too; one with it off says so.
+    let sampled = Node::start(&dir.path().join("s"), &["--capacity", "256MiB"]).await;
+    sampled
+        .client
+        .put("default", b"k", block(1, 4096), Durability::Fast)
+        .await
+        .unwrap();
+    let m = sampled.client.mrc().await.unwrap();
+    assert_eq!(m.references, 1);
+    assert!((m.sample_rate - 0.01).abs() < 1e-6, "{}", m.sample_rate);
+    let off = Node::start_with(
+        &dir.path().join("o"),
+        &["--capacity", "256MiB"],
+        &[("CTXPOD_MRC_SAMPLE_RATE", "0")],
+    )
+    .await;
+    assert_eq!(status(off.client.mrc().await.unwrap_err()), 404);
+}

@@ -172,7 +172,11 @@ fn needs(method: &str, route: &str) -> &'static str {
         (_, "/healthz" | "/readyz") => "public",
         (
             _,
-            "/metrics" | "/v1/stats" | "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key",
+            "/metrics"
+            | "/v1/stats"
+            | "/v1/mrc"
+            | "/v1/admin/rotate-kek"
+            | "/v1/namespaces/{ns}/rotate-key",
         ) => "admin",
         ("GET" | "HEAD", _) => "read",
         ("POST", r)

@@ -184,6 +184,11 @@ pub struct Config {
     pub offload_inline: bool,
     /// Most keys pinned at once.
     pub leases_max: usize,
+    /// Share of block keys whose accesses feed the node's miss-ratio curve (`GET /v1/mrc`,
+    /// SHARDS spatial sampling; 1 = every key, 0 = off).
+    pub mrc_sample_rate: f64,
+    /// Most keys the curve tracks (about 150 bytes each); beyond, the rate is lowered.
+    pub mrc_keys_max: usize,
     /// Bytes of blocks staged in node memory for prefetch pushes at once (node-wide);
     /// wait-complete and timeout prefetches wait for room, best-effort ones miss (BUSY).
     pub prefetch_staging_bytes: ByteSize,
@@ -458,6 +463,8 @@ impl Default for Config {
             offload_queue_depth: 4096,
             offload_inline: false,
             leases_max: 1 << 20,
+            mrc_sample_rate: 0.01,
+            mrc_keys_max: 1 << 16,
             prefetch_staging_bytes: ByteSize(256 << 20),
             dek_rotate_after_writes: DEK_ROTATE_AFTER_WRITES,
             log: "info".into(),
@@ -497,6 +504,14 @@ impl Config {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.mrc_sample_rate),
+            "mrc_sample_rate must be within 0..=1"
+        );
+        anyhow::ensure!(
+            (1024..=1 << 24).contains(&self.mrc_keys_max),
+            "mrc_keys_max must be within 1024..=16777216"
+        );
         anyhow::ensure!(
             self.group_commit_max_blocks > 0 && self.write_queue_depth > 0,
             "group_commit_max_blocks and write_queue_depth must be positive"

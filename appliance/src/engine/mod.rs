@@ -245,6 +245,10 @@ pub(crate) struct Core {
     ns_by_id: RwLock<HashMap<u32, Arc<Namespace>>>,
     dram: Mutex<S3Fifo>,
     pub leases: Leases,
+    /// The miss-ratio curve of the node's block references (GET hits and PUTs), sampled.
+    pub mrc: Option<Mutex<ctxpod_plan::mrc::Mrc>>,
+    /// Bytes of the blocks referenced, to turn blocks into bytes.
+    pub mrc_ref_bytes: AtomicU64,
     pub events: events::Events,
     pub presence: presence::Presence,
     pub read_bits: ReadBits,
@@ -651,6 +655,7 @@ impl Engine {
         let len = staged.len();
         let ns = self.ns(ns)?;
         let bkey = block_key(ns.id, key);
+        self.reference(&bkey, len);
         let existing = self.core.index.get_block(&bkey)?;
         if existing.is_none() {
             if let Some(q) = ns.quota_bytes() {
@@ -766,6 +771,7 @@ impl Engine {
         let bkey: CacheKey = block_key(ns.id, key).into();
         let c = &self.core;
         if let Some(b) = c.dram.lock().get(&bkey) {
+            self.reference(&bkey, b.0.len());
             c.read_bits.set(&bkey);
             c.counters.hits.fetch_add(1, Ordering::Relaxed);
             c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
@@ -781,6 +787,7 @@ impl Engine {
         };
         match found {
             Some((b, crc)) => {
+                self.reference(&bkey, b.len());
                 c.read_bits.set(&bkey);
                 c.counters.hits.fetch_add(1, Ordering::Relaxed);
                 c.metrics.hits.with_label_values(&["flash"]).inc();
@@ -894,6 +901,26 @@ impl Engine {
             out.push(k[prefix.len()..].to_vec());
         }
         Ok(out)
+    }
+
+    /// A reference to a block (served or stored), for the miss-ratio curve.
+    fn reference(&self, bkey: &[u8], len: usize) {
+        if let Some(m) = &self.core.mrc {
+            self.core
+                .mrc_ref_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            m.lock().access_bytes(bkey);
+        }
+    }
+
+    /// The node's miss-ratio curve so far: its histogram, sampling rate, keys tracked, and
+    /// the mean size of a referenced block; `None` when off (`mrc_sample_rate = 0`).
+    pub fn mrc(&self) -> Option<(ctxpod_plan::mrc::Histogram, f64, usize, u64)> {
+        let m = self.core.mrc.as_ref()?.lock();
+        let h = m.histogram();
+        let refs = h.total as u64;
+        let mean = self.core.mrc_ref_bytes.load(Ordering::Relaxed) / refs.max(1);
+        Some((h, m.rate(), m.tracked(), mean))
     }
 
     /// A block's bytes from flash for a copy to another member (the pod's backfill):

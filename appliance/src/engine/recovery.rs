@@ -205,6 +205,14 @@ pub(super) async fn open(
     Ok(Core {
         dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
         leases: Leases::new(cfg.leases_max),
+        // Bounded whatever the rate: past `mrc_keys_max` keys the rate is lowered.
+        mrc: (cfg.mrc_sample_rate > 0.0).then(|| {
+            Mutex::new(ctxpod_plan::mrc::Mrc::sampled(
+                cfg.mrc_sample_rate,
+                Some(cfg.mrc_keys_max),
+            ))
+        }),
+        mrc_ref_bytes: AtomicU64::new(0),
         events: Default::default(),
         presence: Default::default(),
         read_bits: ReadBits::new(READ_BITS),
