@@ -129,6 +129,14 @@ enum Cmd {
     },
     /// Measure PUT/GET throughput and latency against the device's own bandwidth.
     Bench(crate::bench::BenchArgs),
+    /// Replay a request trace (Mooncake JSONL) against a node or pod: MATCH each chain, GET
+    /// the hits, PUT the misses; report hit ratio, prefill tokens saved, latency, writes.
+    Replay {
+        #[command(flatten)]
+        t: Target,
+        #[command(flatten)]
+        args: crate::replay::ReplayArgs,
+    },
     /// How many leading keys of a chain the node holds (over CXP1).
     Match {
         #[command(flatten)]
@@ -425,6 +433,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Bench(args) => {
             init_logging("warn");
             crate::bench::run(args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Replay { t, args } => {
+            let c = t.creds.http(&t.addr)?;
+            crate::replay::run(&c, &t.ns, &args).await?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Match { t, keys } => {

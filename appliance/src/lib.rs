@@ -11,6 +11,8 @@
 //!   "DPU firmware"), whatever the device.
 //! - [`record`] (from `ctxpod-sansio`, with [`config`]) and [`crypto`]: sans-IO codecs of the
 //!   on-device record and its envelope.
+//! - [`replay`]: `ctxpod replay`, a request trace replayed through the client (capacity
+//!   planning, with the `ctxpod-plan` crate).
 //! - [`device`]: 4 KiB-aligned async I/O through io_uring (or pread/pwrite); nothing else
 //!   touches the device.
 
@@ -25,6 +27,7 @@ pub mod limits;
 pub mod metrics;
 pub mod pod;
 pub use ctxpod_sansio::record;
+pub mod replay;
 pub mod server;
 pub mod tls;
 pub mod transfer;

@@ -1,0 +1,104 @@
+//! `ctxpod replay` of Mooncake's conversation trace through a real node, against the exact
+//! LRU simulation of the same trace (issue #8).
+
+mod common;
+
+use common::Node;
+use ctxpod::replay::{replay, ReplayArgs};
+use ctxpod_plan::{lru, mrc, trace};
+
+/// Blocks of 16,112 bytes take 16 KiB records: 1,024 to a 16 MiB region.
+const BLOCK_BYTES: u64 = 16_112;
+const BLOCKS_PER_REGION: u64 = 1024;
+/// Free regions the writer keeps in reserve with 16 MiB group commits (one commit's
+/// regions + 2), plus the device's first region (superblock): not block capacity.
+const RESERVED_REGIONS: u64 = 4;
+
+fn conversation() -> Vec<trace::Request> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../data/traces/mooncake_conversation_trace.jsonl");
+    trace::read_file(&p).expect("the conversation trace")
+}
+
+/// For 10 k, 20 k and 50 k blocks: a node whose regions hold that many blocks (the reserve
+/// left out) replays the whole trace; its prefix hit ratio is within 0.02 of an exact LRU
+/// of the same capacity, and its live miss-ratio curve (1 % sampled) within 0.02 of the
+/// exact curve on average.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_through_a_node_matches_the_exact_lru() {
+    let reqs = conversation();
+    let dir = tempfile::tempdir().unwrap();
+    let caps: Vec<u64> = (0..24)
+        .map(|i| (1000.0 * (100.0f64).powf(i as f64 / 23.0)) as u64)
+        .collect();
+    let exact = mrc::exact_curve(&reqs, &caps);
+    for target in [10_000u64, 20_000, 50_000] {
+        let regions = (target as f64 / BLOCKS_PER_REGION as f64).round() as u64;
+        let blocks = regions * BLOCKS_PER_REGION;
+        let capacity = format!("{}MiB", (regions + RESERVED_REGIONS) * 16);
+        let node = Node::start_with(
+            &dir.path().join(format!("n{target}")),
+            &["--capacity", &capacity, "--dram", "1MiB"],
+            &[
+                ("CTXPOD_REGION_BYTES", "16MiB"),
+                ("CTXPOD_GROUP_COMMIT_MAX_BYTES", "16MiB"),
+            ],
+        )
+        .await;
+        let args = ReplayArgs {
+            trace: "unused".into(),
+            model: "llama-3.1-8b".into(),
+            tokens_per_block: trace::MOONCAKE_BLOCK_TOKENS,
+            block_bytes: Some(ctxpod::config::ByteSize(BLOCK_BYTES)),
+            speed: 0.0,
+            limit: None,
+            fast: true,
+            json: false,
+        };
+        let r = replay(&node.client, "default", &reqs, &args, |_, _| {})
+            .await
+            .expect("replay");
+        let want = lru::simulate(&reqs, blocks as usize).prefix_hit_ratio;
+        eprintln!(
+            "{target}: node holds {blocks} blocks: replay {:.4}, exact LRU {want:.4}, \
+             {:.1} s, write amplification {:.3}",
+            r.hit_ratio, r.elapsed_s, r.write_amplification
+        );
+        assert_eq!(r.block_refs, 288_500);
+        assert!(
+            (r.hit_ratio - want).abs() < 0.02,
+            "{target}: replay {} vs LRU {want}",
+            r.hit_ratio
+        );
+        assert!(r.tokens_saved > 0 && r.bytes_read > 0);
+        // The node's live curve saw the same references: GET hits and PUTs.
+        let m = node.client.mrc().await.expect("mrc");
+        assert_eq!(m.references, 288_500);
+        let curve = |c: u64| {
+            // The node reads its curve at its own points: interpolate between them.
+            let p = &m.points;
+            let i = p
+                .iter()
+                .position(|x| x.capacity_blocks >= c)
+                .unwrap_or(p.len() - 1);
+            if i == 0 {
+                return p[0].hit_ratio;
+            }
+            let (a, b) = (&p[i - 1], &p[i]);
+            let t = (c - a.capacity_blocks) as f64
+                / (b.capacity_blocks - a.capacity_blocks).max(1) as f64;
+            a.hit_ratio + t.clamp(0.0, 1.0) * (b.hit_ratio - a.hit_ratio)
+        };
+        let in_range: Vec<&(u64, f64)> = exact
+            .iter()
+            .filter(|(c, _)| *c <= m.points.last().unwrap().capacity_blocks)
+            .collect();
+        let mae = in_range
+            .iter()
+            .map(|(c, e)| (curve(*c) - e).abs())
+            .sum::<f64>()
+            / in_range.len() as f64;
+        eprintln!("{target}: the node's sampled curve is within {mae:.4} of the exact one");
+        assert!(mae < 0.02, "{target}: node MRC MAE {mae}");
+    }
+}
