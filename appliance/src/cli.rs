@@ -129,6 +129,9 @@ enum Cmd {
     },
     /// Measure PUT/GET throughput and latency against the device's own bandwidth.
     Bench(crate::bench::BenchArgs),
+    /// Size a pod: capacity, bandwidth, nodes, drive wear and prefill GPU time saved, from a
+    /// model, traffic, reuse (a trace or a sharing ratio) and the node's hardware.
+    Plan(crate::plan_cli::PlanArgs),
     /// Replay a request trace (Mooncake JSONL) against a node or pod: MATCH each chain, GET
     /// the hits, PUT the misses; report hit ratio, prefill tokens saved, latency, writes.
     Replay {
@@ -433,6 +436,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Bench(args) => {
             init_logging("warn");
             crate::bench::run(args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Plan(args) => {
+            crate::plan_cli::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay { t, args } => {

@@ -25,6 +25,7 @@ pub mod device;
 pub mod engine;
 pub mod limits;
 pub mod metrics;
+pub mod plan_cli;
 pub mod pod;
 pub use ctxpod_sansio::record;
 pub mod replay;

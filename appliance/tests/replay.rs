@@ -14,6 +14,17 @@ const BLOCKS_PER_REGION: u64 = 1024;
 /// regions + 2), plus the device's first region (superblock): not block capacity.
 const RESERVED_REGIONS: u64 = 4;
 
+/// `ctxpod plan`'s defaults.
+fn plan_args() -> ctxpod::plan_cli::PlanArgs {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct P {
+        #[command(flatten)]
+        a: ctxpod::plan_cli::PlanArgs,
+    }
+    P::parse_from(["plan"]).a
+}
+
 fn conversation() -> Vec<trace::Request> {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../data/traces/mooncake_conversation_trace.jsonl");
@@ -32,6 +43,19 @@ async fn replay_through_a_node_matches_the_exact_lru() {
         .map(|i| (1000.0 * (100.0f64).powf(i as f64 / 23.0)) as u64)
         .collect();
     let exact = mrc::exact_curve(&reqs, &caps);
+    let plan_points = match ctxpod::plan_cli::input_of(&ctxpod::plan_cli::PlanArgs {
+        trace: Some(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../data/traces/mooncake_conversation_trace.jsonl"),
+        ),
+        ..plan_args()
+    })
+    .expect("plan input")
+    .reuse
+    {
+        ctxpod_plan::planner::Reuse::Curve { points, .. } => points,
+        other => panic!("{other:?}"),
+    };
     for target in [10_000u64, 20_000, 50_000] {
         let regions = (target as f64 / BLOCKS_PER_REGION as f64).round() as u64;
         let blocks = regions * BLOCKS_PER_REGION;
@@ -71,6 +95,15 @@ async fn replay_through_a_node_matches_the_exact_lru() {
             r.hit_ratio
         );
         assert!(r.tokens_saved > 0 && r.bytes_read > 0);
+        // The planner's prediction for this capacity, from the trace's curve as
+        // `ctxpod plan --trace` builds it, against what the node measured.
+        let predicted = ctxpod_plan::planner::curve_at(&plan_points, blocks as f64);
+        eprintln!("{target}: the planner predicts {predicted:.4}");
+        assert!(
+            (predicted - r.hit_ratio).abs() < 0.02,
+            "{target}: planner {predicted} vs replay {}",
+            r.hit_ratio
+        );
         // The node's live curve saw the same references: GET hits and PUTs.
         let m = node.client.mrc().await.expect("mrc");
         assert_eq!(m.references, 288_500);

@@ -6,7 +6,9 @@
 //! - [`lru`]: an exact LRU cache simulation over block ids, with prefix hits as an engine
 //!   sees them (the leading run of a request's blocks held);
 //! - [`mrc`]: miss-ratio curves: exact (Mattson stack distances) and sampled (SHARDS: spatial
-//!   sampling by key hash, bounded memory), mergeable across nodes.
+//!   sampling by key hash, bounded memory), mergeable across nodes;
+//! - [`planner`]: capacity, bandwidth, nodes, drive wear and prefill GPU time saved, from a
+//!   model, traffic, reuse and hardware.
 //!
 //! The node (live key stream), `ctxpod replay`, `ctxpod plan` and the dashboard all use this
 //! one crate, so the curve a node reports and the one computed offline over a trace are the
@@ -15,4 +17,5 @@
 pub mod lru;
 pub mod model;
 pub mod mrc;
+pub mod planner;
 pub mod trace;

@@ -1,0 +1,216 @@
+//! `ctxpod plan`: the planner (`ctxpod_plan::planner`) from the command line. Reuse comes
+//! from a trace (its exact curve, its request rate and prompt lengths) or a stated sharing
+//! ratio; the drive from a firmware-sim profile (`tlc`, `qlc`, or a TOML file).
+
+use ctxpod_plan::planner::{self, Drive, NodeShape, PlanInput, Reuse};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct PlanArgs {
+    /// Model: a preset (llama-3.1-70b, deepseek-v3, ...) or
+    /// `layers=..,kv_heads=..,head_dim=..,dtype=..`.
+    #[arg(long, default_value = "llama-3.1-70b")]
+    pub model: String,
+    /// Parameters used per token, in billions (active ones for MoE); default: the preset's.
+    #[arg(long)]
+    pub params_b: Option<f64>,
+    #[arg(long, default_value_t = 512)]
+    pub tokens_per_block: u64,
+    /// Requests per second to plan for; default: the trace's rate.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Mean prompt tokens per request; default: the trace's.
+    #[arg(long)]
+    pub input_tokens: Option<f64>,
+    /// Reuse from a trace (Mooncake JSONL): its exact hit-ratio curve.
+    #[arg(long, conflicts_with = "sharing")]
+    pub trace: Option<std::path::PathBuf>,
+    /// Reuse as a stated share of prompt blocks found in the tier (needs --retention-s).
+    #[arg(long)]
+    pub sharing: Option<f64>,
+    /// Hit ratio to plan for (blocks), with a trace.
+    #[arg(long, default_value_t = 0.3)]
+    pub target_hit_ratio: f64,
+    /// Seconds a block must stay at least.
+    #[arg(long, default_value_t = 0.0)]
+    pub retention_s: f64,
+    /// Drive: a firmware-sim profile (`tlc`, `qlc`) or a profile TOML file.
+    #[arg(long, default_value = "qlc")]
+    pub drive: String,
+    #[arg(long, default_value_t = 8)]
+    pub drives: u32,
+    #[arg(long, default_value_t = 1)]
+    pub nics: u32,
+    #[arg(long, default_value_t = 400.0)]
+    pub nic_gbps: f64,
+    /// Share of drive capacity for blocks.
+    #[arg(long, default_value_t = 0.9)]
+    pub usable: f64,
+    /// Device bytes per block byte (1.2 to 1.25 measured by `ctxpod replay`).
+    #[arg(long, default_value_t = 1.25)]
+    pub write_amplification: f64,
+    #[arg(long, default_value_t = 1)]
+    pub replication: u32,
+    /// A GPU's dense bf16 TFLOP/s (989: H100 SXM) and the share prefill reaches.
+    #[arg(long, default_value_t = 989.0)]
+    pub gpu_tflops: f64,
+    #[arg(long, default_value_t = 0.5)]
+    pub gpu_mfu: f64,
+    /// Print the inputs and the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parameters per token of the presets (billions; active parameters for MoE), from the
+/// models' cards.
+pub fn preset_params_b(model: &str) -> Option<f64> {
+    Some(match model {
+        "llama-3.1-8b" => 8.0,
+        "llama-3.1-70b" => 70.6,
+        "llama-3.1-405b" => 405.9,
+        "qwen2.5-7b" => 7.6,
+        "qwen2.5-72b" => 72.7,
+        "mistral-7b" => 7.2,
+        "deepseek-v3" => 37.0,
+        "deepseek-v2-lite" => 2.4,
+        _ => return None,
+    })
+}
+
+/// A drive from a firmware-sim profile: reads at the host link, writes at what its dies
+/// program at once (dies × program unit / program time) or the host link.
+pub fn drive_of(spec: &str) -> anyhow::Result<Drive> {
+    let p = ctxpod_firmware_sim::profile::Profile::load(spec).map_err(|e| anyhow::anyhow!(e))?;
+    let dies = (p.channels * p.dies_per_channel) as f64;
+    let program = dies * p.page_bytes as f64 / (p.program.p50_us * 1e-6);
+    Ok(Drive {
+        name: p.name.clone(),
+        capacity_bytes: p.rated_capacity_bytes,
+        read_bytes_per_s: p.host_bytes_per_s,
+        write_bytes_per_s: program.min(p.host_bytes_per_s),
+        rated_dwpd: p.rated_dwpd,
+        warranty_years: p.warranty_years,
+    })
+}
+
+/// The planner's input from the arguments.
+pub fn input_of(a: &PlanArgs) -> anyhow::Result<PlanInput> {
+    let model = ctxpod_plan::model::shape(&a.model).map_err(|e| anyhow::anyhow!(e))?;
+    let params = a
+        .params_b
+        .or_else(|| preset_params_b(&a.model))
+        .ok_or_else(|| anyhow::anyhow!("--params-b is needed for a custom model"))?;
+    let (reuse, rate, input) = match (&a.trace, a.sharing) {
+        (Some(t), _) => {
+            let reqs = ctxpod_plan::trace::read_file(t)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", t.display()))?;
+            let s = ctxpod_plan::trace::summary(&reqs);
+            anyhow::ensure!(
+                s.requests > 1 && s.span_ms > 0,
+                "the trace is too short to plan from"
+            );
+            let trace_rate = s.requests as f64 / (s.span_ms as f64 / 1000.0);
+            let caps: Vec<u64> = (0..64)
+                .map(|i| (100.0 * (s.unique_blocks as f64 / 50.0).powf(i as f64 / 63.0)) as u64)
+                .collect();
+            let points = ctxpod_plan::mrc::exact_curve(&reqs, &caps)
+                .into_iter()
+                .map(|(c, h)| (c as f64, h))
+                .collect();
+            (
+                Reuse::Curve {
+                    points,
+                    at_requests_per_s: trace_rate,
+                },
+                a.rate.unwrap_or(trace_rate),
+                a.input_tokens
+                    .unwrap_or(s.input_tokens as f64 / s.requests as f64),
+            )
+        }
+        (None, Some(ratio)) => (
+            Reuse::Sharing { ratio },
+            a.rate
+                .ok_or_else(|| anyhow::anyhow!("--rate is needed without a trace"))?,
+            a.input_tokens
+                .ok_or_else(|| anyhow::anyhow!("--input-tokens is needed without a trace"))?,
+        ),
+        (None, None) => anyhow::bail!("give the reuse: --trace FILE or --sharing RATIO"),
+    };
+    Ok(PlanInput {
+        model,
+        active_params_b: params,
+        tokens_per_block: a.tokens_per_block,
+        requests_per_s: rate,
+        mean_input_tokens: input,
+        reuse,
+        target_hit_ratio: a.target_hit_ratio,
+        retention_s: a.retention_s,
+        node: NodeShape {
+            drives: a.drives,
+            drive: drive_of(&a.drive)?,
+            nics: a.nics,
+            nic_gbit_per_s: a.nic_gbps,
+            usable_fraction: a.usable,
+        },
+        write_amplification: a.write_amplification,
+        replication: a.replication,
+        gpu_flops: a.gpu_tflops * 1e12,
+        gpu_mfu: a.gpu_mfu,
+    })
+}
+
+pub fn run(a: &PlanArgs) -> anyhow::Result<planner::Plan> {
+    let input = input_of(a)?;
+    let p = planner::plan(&input).map_err(|e| anyhow::anyhow!(e))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"input": input, "plan": p}))?
+        );
+    } else {
+        let gb = |b: f64| b / 1e9;
+        println!(
+            "{}: {} KiB of KV per token, {:.1} MiB per {}-token block, {:.0} blocks a request\n\
+             at {:.2} requests/s, hit ratio {:.3}:\n\
+             capacity     {:.0} blocks, {:.2} TB ({} cop{})\n\
+             read         {:.2} GB/s\n\
+             written      {:.2} GB/s (block bytes, all copies)\n\
+             nodes        {} ({} × {} TB {}, {} × {} Gb/s): bound by {} \
+             (capacity {:.2}, read {:.2}, write {:.2})\n\
+             drive wear   {:.3} drive writes per day: rated writes last {:.1} years\n\
+             prefill saved {:.0} tokens/s = {:.1} GPUs ({} TFLOP/s at {:.0} % MFU)",
+            a.model,
+            p.kv_bytes_per_token / 1024,
+            p.block_bytes as f64 / 1048576.0,
+            input.tokens_per_block,
+            p.blocks_per_request,
+            input.requests_per_s,
+            p.hit_ratio,
+            p.capacity_blocks,
+            p.capacity_bytes / 1e12,
+            input.replication,
+            if input.replication == 1 { "y" } else { "ies" },
+            gb(p.read_bytes_per_s),
+            gb(p.write_bytes_per_s),
+            p.nodes,
+            input.node.drives,
+            input.node.drive.capacity_bytes as f64 / 1e12,
+            input.node.drive.name,
+            input.node.nics,
+            input.node.nic_gbit_per_s,
+            p.bound_by,
+            p.nodes_for_capacity,
+            p.nodes_for_read,
+            p.nodes_for_write,
+            p.dwpd,
+            p.drive_lifetime_years,
+            p.prefill_tokens_saved_per_s,
+            p.gpus_saved,
+            a.gpu_tflops,
+            a.gpu_mfu * 100.0,
+        );
+        for n in &p.notes {
+            println!("note: {n}");
+        }
+    }
+    Ok(p)
+}
