@@ -15,7 +15,9 @@ file in helm/ctxpod/ci/:
 
 Exits non-zero on the first failure. Run by scripts/test.sh with its venv.
 """
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,8 @@ import kubernetes_validate
 import yaml
 
 CHART = os.path.join(os.path.dirname(__file__), "..", "helm", "ctxpod")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+DASHBOARD = os.path.join(CHART, "dashboards", "ctxpod.json")
 KUBE = "1.31.0"
 
 
@@ -136,6 +140,15 @@ def check_semantics(label, values, docs):
         fail(f"{label}: no KEK Secret")
     if merged["serviceMonitor"]["enabled"] != bool(find(docs, "ServiceMonitor")):
         fail(f"{label}: ServiceMonitor present iff enabled")
+    dash = find(docs, "ConfigMap", "grafana-dashboard")
+    if merged["grafanaDashboard"]["enabled"] != bool(dash):
+        fail(f"{label}: Grafana dashboard ConfigMap present iff enabled")
+    if dash:
+        shipped = json.loads(open(DASHBOARD).read())
+        if json.loads(dash[0]["data"]["ctxpod.json"]) != shipped:
+            fail(f"{label}: the dashboard ConfigMap does not carry dashboards/ctxpod.json")
+        if dash[0]["metadata"]["labels"].get(merged["grafanaDashboard"]["label"]) != "1":
+            fail(f"{label}: the dashboard ConfigMap lacks Grafana's sidecar label")
 
 
 def check_with_binary(label, docs):
@@ -167,6 +180,28 @@ def must_fail(label, fn):
     fail(f"{label}: accepted, but must be refused")
 
 
+def check_dashboard():
+    """Every metric the Grafana dashboard queries is one the node exports, with the labels
+    the queries group by."""
+    d = json.loads(open(DASHBOARD).read())
+    src = open(os.path.join(ROOT, "appliance", "src", "metrics.rs")).read()
+    exported = set(re.findall(r'"(ctxpod_[a-z0-9_]+)"', src))
+    exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+    if len(exprs) < 10:
+        fail("the Grafana dashboard has fewer queries than expected")
+    for e in exprs:
+        for m in re.findall(r"ctxpod_[a-z0-9_]+", e):
+            base = re.sub(r"_(bucket|sum|count)$", "", m)
+            if m not in exported and base not in exported:
+                fail(f"the Grafana dashboard queries {m}, which the node does not export")
+        for labels in re.findall(r"by \(([a-z_, ]+)\)", e):
+            for l in labels.split(","):
+                l = l.strip()
+                if l != "le" and f'"{l}"' not in src:
+                    fail(f"the Grafana dashboard groups by {l!r}, a label no metric has")
+    print(f"helm-check: dashboards/ctxpod.json: {len(d['panels'])} panels, {len(exprs)} queries, every metric exported")
+
+
 def main():
     cases = [("values.yaml (defaults)", {})]
     ci = os.path.join(CHART, "ci")
@@ -196,6 +231,7 @@ def main():
             fh.write("\n  brokenField: {{ .Values.nosuch.field }}\n")
         must_fail("a broken template", lambda: render(broken, {}))
     print("helm-check: bad values and a broken template are refused")
+    check_dashboard()
 
 
 if __name__ == "__main__":
