@@ -1030,36 +1030,34 @@ async fn delete_namespace(
         )))
     })?;
     let record = st.live_record(&ns).await?;
-    let (rec, sent) = if is_default {
+    // Recorded first, then applied here: this node's own reconcile, reading the record
+    // again before it applies anything, can never bring back what was deleted.
+    let rec = if is_default {
         // Emptied: it comes back at once, everywhere, under a new incarnation.
-        let new = pns::new_incarnation();
-        pns::apply_delete(&st.engine, &ns, None, Some(new)).await?;
-        (
-            NsRecord {
-                quota_bytes: None,
-                replication: None,
-                incarnation: new,
-                deleted: false,
-            },
-            new,
-        )
+        NsRecord {
+            quota_bytes: None,
+            replication: None,
+            incarnation: pns::new_incarnation(),
+            deleted: false,
+        }
     } else {
-        let inc = record
-            .map(|r| r.incarnation)
-            .or(held)
-            .unwrap_or_else(pns::new_incarnation);
-        st.engine.delete_namespace(&ns).await?;
-        (
-            NsRecord {
-                quota_bytes: None,
-                replication: None,
-                incarnation: inc,
-                deleted: true,
-            },
-            inc,
-        )
+        NsRecord {
+            quota_bytes: None,
+            replication: None,
+            incarnation: record
+                .map(|r| r.incarnation)
+                .or(held)
+                .unwrap_or_else(pns::new_incarnation),
+            deleted: true,
+        }
     };
     st.record_namespace(&ns, &rec).await?;
+    let sent = rec.incarnation;
+    if is_default {
+        pns::apply_delete(&st.engine, &ns, None, Some(sent)).await?;
+    } else {
+        pns::apply_delete(&st.engine, &ns, None, None).await?;
+    }
     st.namespace_to_members(Method::DELETE, &uri, &h, &p, Bytes::new(), sent)
         .await;
     Ok(StatusCode::NO_CONTENT)

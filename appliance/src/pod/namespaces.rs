@@ -60,9 +60,23 @@ pub fn new_incarnation() -> u64 {
     rand::random::<u64>() | 1
 }
 
+/// One namespace change at a time on this node: a change sent by a member and the
+/// reconcile's (which reads the record again under it) never interleave, so a record read
+/// before a change cannot undo it.
+static APPLYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Applies a namespace's settings under incarnation `inc`: an older incarnation held here
 /// is deleted first. Returns whether the namespace was created, and its state.
 pub async fn apply(
+    engine: &Engine,
+    name: &str,
+    settings: NsSettings,
+) -> Result<(bool, ctxpod_api::types::NamespaceInfo), EngineError> {
+    let _one = APPLYING.lock().await;
+    apply_now(engine, name, settings).await
+}
+
+async fn apply_now(
     engine: &Engine,
     name: &str,
     settings: NsSettings,
@@ -81,6 +95,16 @@ pub async fn apply(
 /// Applies a deletion of incarnation `inc` (any, when `None`): `default` comes back empty,
 /// under `renewed` when given.
 pub async fn apply_delete(
+    engine: &Engine,
+    name: &str,
+    inc: Option<u64>,
+    renewed: Option<u64>,
+) -> Result<bool, EngineError> {
+    let _one = APPLYING.lock().await;
+    apply_delete_now(engine, name, inc, renewed).await
+}
+
+async fn apply_delete_now(
     engine: &Engine,
     name: &str,
     inc: Option<u64>,
@@ -123,7 +147,8 @@ pub async fn publish(etcd: &Etcd, pod: &str, name: &str, rec: &NsRecord) -> anyh
     etcd.put(&key, &serde_json::to_vec(rec)?, None).await
 }
 
-/// Applies every namespace record of the pod here; how many changed something.
+/// Applies every namespace record of the pod here; how many changed something. Each
+/// record is read again, under [`APPLYING`], just before it is applied.
 pub async fn reconcile(engine: &Engine, etcd: &Etcd, pod: &str) -> anyhow::Result<usize> {
     let prefix = namespaces_prefix(pod);
     let (_, kvs) = etcd.range_prefix(&prefix).await?;
@@ -132,20 +157,24 @@ pub async fn reconcile(engine: &Engine, etcd: &Etcd, pod: &str) -> anyhow::Resul
         let Some(name) = kv.key.strip_prefix(&prefix) else {
             continue;
         };
-        let Ok(rec) = serde_json::from_slice::<NsRecord>(&kv.value) else {
-            tracing::warn!(
-                key = name,
-                "a namespace record that does not parse is skipped"
-            );
-            continue;
-        };
         if ctxpod_api::namespace::check_scoped_name(name).is_err() {
             continue;
         }
+        let _one = APPLYING.lock().await;
+        let rec = match record(etcd, pod, name).await? {
+            Some(r) => r,
+            None => {
+                tracing::warn!(
+                    key = name,
+                    "a namespace record that does not parse is skipped"
+                );
+                continue;
+            }
+        };
         let held = engine.namespace_incarnation(name);
         if rec.deleted {
             if held == Some(Some(rec.incarnation)) {
-                apply_delete(engine, name, Some(rec.incarnation), None).await?;
+                apply_delete_now(engine, name, Some(rec.incarnation), None).await?;
                 changed += 1;
             }
             continue;
@@ -155,7 +184,7 @@ pub async fn reconcile(engine: &Engine, etcd: &Etcd, pod: &str) -> anyhow::Resul
                 i.quota_bytes == rec.quota_bytes && i.replication == rec.replication
             });
         if !same {
-            apply(engine, name, rec.settings()).await?;
+            apply_now(engine, name, rec.settings()).await?;
             changed += 1;
         }
     }
