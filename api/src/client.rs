@@ -287,6 +287,14 @@ impl Client {
         Ok(resp.json().await?)
     }
 
+    /// The pod's miss-ratio curve, merged from every member's by the node asked (admin).
+    pub async fn pod_mrc(&self) -> Result<MrcResponse, ClientError> {
+        let resp = self
+            .send(self.http.get(self.url("/v1/mrc?scope=pod")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
     /// Whether each of `keys` is held (by the pod, when the node is in one), in order.
     pub async fn present(&self, ns: &str, keys: &[Vec<u8>]) -> Result<Vec<bool>, ClientError> {
         let body = KeysRequest {

@@ -869,8 +869,62 @@ async fn stats(State(st): State<AppState>) -> Json<Stats> {
 }
 
 /// The node's miss-ratio curve (`ctxpod_plan::mrc`), read at 48 capacities from 16 blocks
-/// to 4 times the node's capacity (log-spaced).
-async fn mrc(State(st): State<AppState>) -> ApiResult<Json<MrcResponse>> {
+/// to 4 times the node's capacity (log-spaced). `?scope=pod`: the pod's, merged from every
+/// member's (`merge_pod_curves`).
+async fn mrc(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    axum::extract::RawQuery(q): axum::extract::RawQuery,
+    h: HeaderMap,
+) -> ApiResult<Json<MrcResponse>> {
+    let pod = match q.as_deref() {
+        None | Some("") | Some("scope=node") => false,
+        Some("scope=pod") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "unknown query {other:?}: scope=node or scope=pod"
+            )))
+        }
+    };
+    let mine = node_mrc(&st)?;
+    let view = st.pod.view();
+    if !pod || view.members.len() < 2 {
+        return Ok(Json(mine));
+    }
+    let asks = view
+        .members
+        .iter()
+        .filter(|m| m.id != *st.node_id)
+        .map(|m| {
+            let req = st
+                .peers
+                .http
+                .get(format!("{}/v1/mrc", m.http))
+                .timeout(Duration::from_secs(5))
+                .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref());
+            let req = st.peers.for_caller(req, &h, Some(&p));
+            async move {
+                match req.send().await {
+                    Ok(r) if r.status().is_success() => r.json::<MrcResponse>().await.ok(),
+                    _ => None,
+                }
+            }
+        });
+    let others = futures::future::join_all(asks).await;
+    if others.iter().any(Option::is_none) {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "pod_mrc",
+            "a member did not give its curve: the pod's cannot be merged now",
+        ));
+    }
+    let mut all = vec![mine];
+    all.extend(others.into_iter().flatten());
+    Ok(Json(merge_pod_curves(&all)))
+}
+
+/// This node's curve.
+fn node_mrc(st: &AppState) -> ApiResult<MrcResponse> {
     let (h, rate, tracked, mean) = st.engine.mrc().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -878,29 +932,80 @@ async fn mrc(State(st): State<AppState>) -> ApiResult<Json<MrcResponse>> {
             "the miss-ratio curve is off on this node (mrc_sample_rate = 0)",
         )
     })?;
-    let cap_bytes = st.engine.stats().capacity_bytes;
     let block = mean.max(1);
-    let capacity_blocks = cap_bytes / block;
-    let top = (4 * capacity_blocks).max(1024) as f64;
-    const POINTS: usize = 48;
-    let points = (0..POINTS)
-        .map(|i| {
-            let c = (16.0 * (top / 16.0).powf(i as f64 / (POINTS - 1) as f64)).round();
-            MrcPoint {
-                capacity_blocks: c as u64,
-                capacity_bytes: c as u64 * block,
-                hit_ratio: h.hit_ratio(c),
-            }
-        })
-        .collect();
-    Ok(Json(MrcResponse {
+    let capacity_blocks = st.engine.stats().capacity_bytes / block;
+    let points = curve_points(capacity_blocks, block, |c| h.hit_ratio(c));
+    Ok(MrcResponse {
         sample_rate: rate,
         tracked_keys: tracked as u64,
         references: h.total as u64,
         mean_block_bytes: mean,
         capacity_blocks,
         points,
-    }))
+    })
+}
+
+/// 48 points from 16 blocks to 4 times `capacity_blocks`, log-spaced.
+fn curve_points(capacity_blocks: u64, block: u64, hit: impl Fn(f64) -> f64) -> Vec<MrcPoint> {
+    let top = (4 * capacity_blocks).max(1024) as f64;
+    const POINTS: usize = 48;
+    (0..POINTS)
+        .map(|i| {
+            let c = (16.0 * (top / 16.0).powf(i as f64 / (POINTS - 1) as f64)).round();
+            MrcPoint {
+                capacity_blocks: c as u64,
+                capacity_bytes: c as u64 * block,
+                hit_ratio: hit(c),
+            }
+        })
+        .collect()
+}
+
+/// The pod's curve from its members': each member holds its own keys (the placement
+/// partitions them) and gets its share of a pod capacity C in proportion to its own
+/// capacity, so the pod's hit ratio at C is the members' at their shares of C, weighted by
+/// their references.
+pub fn merge_pod_curves(members: &[MrcResponse]) -> MrcResponse {
+    let total_cap: u64 = members.iter().map(|m| m.capacity_blocks).sum();
+    let refs: u64 = members.iter().map(|m| m.references).sum();
+    let bytes: u64 = members
+        .iter()
+        .map(|m| m.mean_block_bytes * m.references)
+        .sum();
+    let mean = bytes / refs.max(1);
+    // (references, share of the pod's capacity, curve points)
+    type Curve = (f64, f64, Vec<(f64, f64)>);
+    let curves: Vec<Curve> = members
+        .iter()
+        .map(|m| {
+            (
+                m.references as f64,
+                m.capacity_blocks as f64 / total_cap.max(1) as f64,
+                m.points
+                    .iter()
+                    .map(|p| (p.capacity_blocks as f64, p.hit_ratio))
+                    .collect(),
+            )
+        })
+        .collect();
+    let hit = |c: f64| {
+        if refs == 0 {
+            return 0.0;
+        }
+        curves
+            .iter()
+            .map(|(r, share, pts)| r * ctxpod_plan::planner::curve_at(pts, c * share))
+            .sum::<f64>()
+            / refs as f64
+    };
+    MrcResponse {
+        sample_rate: members.iter().map(|m| m.sample_rate).fold(1.0, f64::min),
+        tracked_keys: members.iter().map(|m| m.tracked_keys).sum(),
+        references: refs,
+        mean_block_bytes: mean,
+        capacity_blocks: total_cap,
+        points: curve_points(total_cap, mean.max(1), hit),
+    }
 }
 
 async fn list_namespaces(
@@ -2036,6 +2141,37 @@ mod tests {
     use super::*;
 
     /// The router's routes equal the OpenAPI document's operations.
+    #[test]
+    fn pod_curves_merge_by_capacity_share_and_references() {
+        let node = |cap: u64, refs: u64, knee: u64| MrcResponse {
+            sample_rate: 0.01,
+            tracked_keys: 10,
+            references: refs,
+            mean_block_bytes: 4096,
+            capacity_blocks: cap,
+            // Hit ratio 0 below `knee` blocks, 0.5 from it on.
+            points: curve_points(cap, 4096, |c| if c >= knee as f64 { 0.5 } else { 0.0 }),
+        };
+        // Two equal members with the same curve: the pod at twice the capacity is the same
+        // curve stretched by two.
+        let m = merge_pod_curves(&[node(1000, 100, 500), node(1000, 100, 500)]);
+        assert_eq!((m.capacity_blocks, m.references), (2000, 200));
+        for p in &m.points {
+            let want = if p.capacity_blocks >= 1100 {
+                0.5
+            } else if p.capacity_blocks < 900 {
+                0.0
+            } else {
+                continue;
+            };
+            assert!((p.hit_ratio - want).abs() < 1e-9, "{p:?}");
+        }
+        // A member with three times the references weighs three times as much.
+        let m = merge_pod_curves(&[node(1000, 300, 100), node(1000, 100, 100_000)]);
+        let top = m.points.iter().find(|p| p.capacity_blocks >= 1000).unwrap();
+        assert!((top.hit_ratio - 0.375).abs() < 1e-9, "{top:?}");
+    }
+
     #[test]
     fn routes_equal_the_openapi_spec() {
         let spec: serde_json::Value =

@@ -1316,6 +1316,20 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
     );
     assert_eq!(nodes[2].client.unpin("r2", &asked).await.unwrap(), 120);
     assert_eq!(nodes[0].client.unpin("r2", &asked).await.unwrap(), 0);
+    // The pod's miss-ratio curve, merged by the node asked from every member's.
+    let pod_curve = nodes[1].client.pod_mrc().await.unwrap();
+    let (mut refs, mut cap) = (0, 0);
+    for n in &nodes {
+        let m = n.client.mrc().await.unwrap();
+        refs += m.references;
+        cap += m.capacity_blocks;
+    }
+    assert!(refs > 0);
+    assert_eq!(
+        (pod_curve.references, pod_curve.capacity_blocks),
+        (refs, cap)
+    );
+    assert_eq!(pod_curve.points.last().unwrap().capacity_blocks, 4 * cap);
     // With a member down, the R = 2 blocks are still all found, and a batch put still
     // stores two copies (the next member in rank order stands in).
     nodes[2].kill9();
