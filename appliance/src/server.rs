@@ -1192,6 +1192,41 @@ impl AppState {
         self.pod.view().members.len() >= 2 && !h.contains_key(crate::pod::forward::HEADER_FORWARDED)
     }
 
+    /// A per-key question asked of every member a read of each key would try, each member
+    /// about its keys at once (`ask(member, key indexes)`, this node included): per key,
+    /// whether any member said yes. A member answering `None` said no to all of its keys.
+    async fn any_candidate<'m, F, Fut>(
+        &self,
+        view: &'m crate::pod::membership::PodView,
+        ns: &str,
+        scoped: &str,
+        keys: &[Vec<u8>],
+        ask: F,
+    ) -> Vec<bool>
+    where
+        F: Fn(&'m crate::pod::membership::MemberInfo, Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Option<Vec<bool>>>,
+    {
+        let n = crate::pod::forward::read_candidates(self.replication_of(scoped));
+        let groups = pod_batch::group(
+            keys.iter()
+                .enumerate()
+                .flat_map(|(i, k)| view.ranked(ns, k).into_iter().take(n).map(move |m| (i, m))),
+        );
+        let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
+            let asked = ask(m, idx.clone());
+            async move { (idx, asked.await) }
+        }))
+        .await;
+        let mut any = vec![false; keys.len()];
+        for (idx, got) in answers {
+            for (i, yes) in idx.into_iter().zip(got.unwrap_or_default()) {
+                any[i] |= yes;
+            }
+        }
+        any
+    }
+
     /// Asks members on behalf of the caller `p` of this request.
     fn asker<'a>(
         &'a self,
@@ -1483,49 +1518,34 @@ async fn present_keys(
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
     st.engine.namespace(&scoped)?;
-    let view = st.pod.view();
     let local = |idx: Vec<usize>| {
-        let (st, scoped, keys) = (st.clone(), scoped.clone(), &keys);
+        let (st, scoped, keys) = (&st, &scoped, &keys);
         async move {
             let mut out = Vec::with_capacity(idx.len());
             for i in idx {
-                out.push((i, st.engine.contains(&scoped, &keys[i]).await?));
+                out.push(st.engine.contains(scoped, &keys[i]).await?);
             }
-            Ok::<_, ApiError>(out)
+            Ok::<_, EngineError>(out)
         }
     };
-    if view.members.len() < 2 || h.contains_key(crate::pod::forward::HEADER_FORWARDED) {
-        let found = local((0..keys.len()).collect()).await?;
-        return Ok(Json(PresentResponse {
-            present: found.into_iter().map(|(_, p)| p).collect(),
-        }));
+    if !st.answers_for_pod(&h) {
+        let present = local((0..keys.len()).collect()).await?;
+        return Ok(Json(PresentResponse { present }));
     }
-    let n = crate::pod::forward::read_candidates(st.replication_of(&scoped));
-    let groups = pod_batch::group(
-        keys.iter()
-            .enumerate()
-            .flat_map(|(i, k)| view.ranked(&ns, k).into_iter().take(n).map(move |m| (i, m))),
-    );
+    let view = st.pod.view();
     let asker = st.asker(&ns, &h, &p);
-    let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
-        let (asker, keys, local, st) = (&asker, &keys, &local, &st);
-        async move {
-            if m.id == *st.node_id {
-                return local(idx).await.unwrap_or_default();
+    let present = st
+        .any_candidate(&view, &ns, &scoped, &keys, |m, idx| {
+            let (asker, keys, local, st) = (&asker, &keys, &local, &st);
+            async move {
+                if m.id == *st.node_id {
+                    return local(idx).await.ok();
+                }
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                asker.present(m, &ks).await.ok()
             }
-            let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
-            // A member that cannot answer holds none of them, as far as this goes.
-            match asker.present(m, &ks).await {
-                Ok(held) => idx.into_iter().zip(held).collect(),
-                Err(_) => Vec::new(),
-            }
-        }
-    }))
-    .await;
-    let mut present = vec![false; keys.len()];
-    for (i, p) in answers.into_iter().flatten() {
-        present[i] |= p;
-    }
+        })
+        .await;
     Ok(Json(PresentResponse { present }))
 }
 
@@ -1953,37 +1973,22 @@ async fn pin_or_unpin(
     }
     st.engine.namespace(scoped)?;
     let view = st.pod.view();
-    let n = crate::pod::forward::read_candidates(st.replication_of(scoped));
-    let groups = pod_batch::group(
-        keys.iter()
-            .enumerate()
-            .flat_map(|(i, k)| view.ranked(ns, k).into_iter().take(n).map(move |m| (i, m))),
-    );
     let asker = st.asker(ns, h, p);
-    let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
-        let (asker, keys, local) = (&asker, &keys, &local);
-        async move {
-            let r = if m.id == *st.node_id {
-                local(idx.iter().map(|&i| keys[i].clone()).collect())
-                    .await
-                    .map_err(|e| Some(status_of(&e).0.as_u16()))
-            } else {
+    // A member that cannot answer holds no copy that this changes.
+    let each = st
+        .any_candidate(&view, ns, scoped, &keys, |m, idx| {
+            let (asker, keys, local) = (&asker, &keys, &local);
+            async move {
+                if m.id == *st.node_id {
+                    return local(idx.iter().map(|&i| keys[i].clone()).collect())
+                        .await
+                        .ok();
+                }
                 let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
-                asker.pin(m, &ks, ttl_ms).await
-            };
-            (idx, r)
-        }
-    }))
-    .await;
-    let mut each = vec![false; keys.len()];
-    for (idx, r) in answers {
-        // A member that cannot answer holds no copy that this changes.
-        if let Ok(got) = r {
-            for (i, b) in idx.into_iter().zip(got) {
-                each[i] |= b;
+                asker.pin(m, &ks, ttl_ms).await.ok()
             }
-        }
-    }
+        })
+        .await;
     Ok((count(&each), None))
 }
 
