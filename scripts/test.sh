@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command 2: build and run the whole test suite (unit, integration against the real
 # binary, crash loop, tamper, eviction, the pod with a real etcd), validate the OpenAPI
-# document and check the Helm chart.
+# document, check the Helm chart and test the dashboard in headless chromium.
 # Then fuzzes every parser of untrusted input for 20 s each (scripts/fuzz.sh).
 # CTXPOD_CRASH_CYCLES sets the crash-loop length (default 50); extra arguments go to
 # `cargo nextest run` (e.g. a filter).
@@ -12,12 +12,16 @@ bash scripts/setup-deps.sh
 venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator==0.9.0 \
-  helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2
+  helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2 selenium==4.51.0
 "$venv/bin/python" -m openapi_spec_validator api/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 # The Helm chart: every values file renders, lints and validates (Helm v4's engine in
 # process, Kubernetes 1.31 schemas), and the real binary accepts each rendered config.
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/helm-check.py
+# The dashboard at /ui in headless chromium (Selenium) against a real node: live numbers
+# after writes, the miss-ratio curve, the planner form == `ctxpod plan`, no console error;
+# screenshots land in $CARGO_TARGET_DIR/ui-artifacts.
+CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/ui-check.py
 # The HTTP API, CXP1 and KV-event suites again over TLS, then over mTLS (the harness makes a
 # CA, the node's certificate and an admin client certificate with rcgen).
 for transport in tls mtls; do

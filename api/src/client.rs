@@ -470,6 +470,22 @@ impl Client {
         Ok(resp.json().await?)
     }
 
+    /// `GET /v1/overview`: every member with its stats, every namespace with its usage
+    /// (admin or viewer; the dashboard's view).
+    pub async fn overview(&self) -> Result<crate::types::Overview, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/overview"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `POST /v1/plan`: the planner for `args` (`ctxpod plan`'s options in snake case):
+    /// `{"input": ..., "plan": ...}`.
+    pub async fn plan(&self, args: &serde_json::Value) -> Result<serde_json::Value, ClientError> {
+        let resp = self
+            .send(self.http.post(self.url("/v1/plan")).json(args))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let resp = self.send(self.http.get(self.url("/metrics"))).await?;

@@ -392,6 +392,9 @@ pub enum Role {
     TenantRw = 2,
     /// Read the tenant's namespaces.
     TenantRo = 3,
+    /// The operator's read-only view (the dashboard's): stats, metrics, miss-ratio curves,
+    /// membership, the planner and every tenant's namespace usage; no block, no write.
+    Viewer = 4,
 }
 
 impl Role {
@@ -400,6 +403,7 @@ impl Role {
             1 => Role::Admin,
             2 => Role::TenantRw,
             3 => Role::TenantRo,
+            4 => Role::Viewer,
             _ => return None,
         })
     }
@@ -409,11 +413,12 @@ impl Role {
             Role::Admin => "admin",
             Role::TenantRw => "tenant-rw",
             Role::TenantRo => "tenant-ro",
+            Role::Viewer => "viewer",
         }
     }
 
     pub fn parse(s: &str) -> Option<Role> {
-        [Role::Admin, Role::TenantRw, Role::TenantRo]
+        [Role::Admin, Role::TenantRw, Role::TenantRo, Role::Viewer]
             .into_iter()
             .find(|r| r.name() == s)
     }

@@ -164,6 +164,61 @@ pub struct Stats {
     /// Records re-indexed at the last start from the open region's tail (puts since the
     /// last checkpoint before a crash).
     pub recovered_records: u64,
+    /// Seconds since the node started.
+    #[serde(default)]
+    pub uptime_s: f64,
+    /// Block payload bytes received (puts) and sent (gets) since the start.
+    #[serde(default)]
+    pub received_bytes: u64,
+    #[serde(default)]
+    pub sent_bytes: u64,
+    /// Upper bounds (seconds) of the request-latency buckets of `latency`.
+    #[serde(default)]
+    pub latency_bounds_s: Vec<f64>,
+    /// Requests per operation, counted by latency bucket since the start (cumulative, as in
+    /// Prometheus): the difference of two readings gives the percentiles between them.
+    #[serde(default)]
+    pub latency: Vec<OpLatency>,
+}
+
+/// One operation's request-latency histogram.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OpLatency {
+    /// `get`, `put`, `match`, `batch_get`, `batch_put`, ...
+    pub op: String,
+    /// Requests that took at most each of `latency_bounds_s` (cumulative).
+    pub buckets: Vec<u64>,
+    /// Every request of the op (those beyond the last bound too).
+    pub count: u64,
+}
+
+/// `GET /v1/overview`: the pod at a glance, as the dashboard shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Overview {
+    /// The answering node's id.
+    pub node_id: String,
+    /// `single`, `static` or `etcd`.
+    pub source: String,
+    pub etcd_up: bool,
+    /// Copies of each block the pod keeps by default (R).
+    pub replication: u32,
+    pub members: Vec<OverviewMember>,
+    /// Every namespace of the pod, its usage summed over the members (all copies).
+    pub namespaces: Vec<NamespaceInfo>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OverviewMember {
+    pub id: String,
+    pub http: String,
+    pub zone: String,
+    /// `up` or `draining`.
+    pub state: String,
+    /// `ok`, or why its stats did not come (`unreachable`, `status N`).
+    pub health: String,
+    /// Its `/v1/stats` (absent when it did not answer within 2 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Stats>,
 }
 
 /// `GET /v1/mrc`: the node's miss-ratio curve, from the block references it served (GET
@@ -179,6 +234,10 @@ pub struct MrcResponse {
     pub mean_block_bytes: u64,
     /// This node's capacity in blocks of that size.
     pub capacity_blocks: u64,
+    /// References per second over the time the curve covers (since the start): the rate
+    /// the curve was measured at, which the planner scales to the rate it plans for.
+    #[serde(default)]
+    pub references_per_s: f64,
     /// The LRU hit ratio at capacities from 16 blocks to 4 times the node's.
     pub points: Vec<MrcPoint>,
 }

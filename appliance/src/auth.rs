@@ -35,10 +35,15 @@ const TOKEN_FILE_BYTES_MAX: u64 = 4096;
 pub enum Access {
     /// Anyone (health and readiness probes).
     Public,
-    /// Any authenticated role: reads of the caller's tenant.
+    /// Any authenticated role, the viewer included: what clients and the dashboard read of
+    /// the pod (membership, the namespace list, the planner).
+    Look,
+    /// Any authenticated role but the viewer: reads of the caller's tenant.
     Read,
     /// `tenant-rw` or `admin`: writes of the caller's tenant.
     Write,
+    /// `admin` or `viewer`: the operator's view across tenants (stats, metrics, curves).
+    Monitor,
     /// `admin` only.
     Admin,
 }
@@ -66,8 +71,10 @@ impl Principal {
 
     pub fn may(&self, access: Access) -> bool {
         match access {
-            Access::Public | Access::Read => true,
+            Access::Public | Access::Look => true,
+            Access::Read => self.role != Role::Viewer,
             Access::Write => matches!(self.role, Role::Admin | Role::TenantRw),
+            Access::Monitor => matches!(self.role, Role::Admin | Role::Viewer),
             Access::Admin => self.role == Role::Admin,
         }
     }
@@ -80,13 +87,13 @@ impl Principal {
     }
 
     /// The caller's name for a node-side namespace name, or `None` if it is not the
-    /// caller's. An admin without a tenant sees every name as the node stores it.
+    /// caller's. An admin or a viewer without a tenant sees every name as the node stores it.
     pub fn unscope<'a>(&self, stored: &'a str) -> Option<&'a str> {
         let (t, n) = ctxpod_api::namespace::split_scoped(stored);
         match (&self.tenant, t) {
             (Some(mine), Some(t)) if **mine == *t => Some(n),
             (Some(_), _) => None,
-            (None, _) if self.role == Role::Admin => Some(stored),
+            (None, _) if matches!(self.role, Role::Admin | Role::Viewer) => Some(stored),
             (None, None) => Some(n),
             (None, Some(_)) => None,
         }
@@ -131,12 +138,18 @@ struct Grant {
 
 impl Grant {
     fn new(role: &str, tenant: Option<&str>, what: &str) -> Result<Grant, String> {
-        let role = Role::parse(role)
-            .ok_or_else(|| format!("{what}: role {role:?} is not admin, tenant-rw or tenant-ro"))?;
+        let role = Role::parse(role).ok_or_else(|| {
+            format!("{what}: role {role:?} is not admin, viewer, tenant-rw or tenant-ro")
+        })?;
         match (role, tenant) {
             (Role::Admin, Some(_)) => {
                 return Err(format!(
                     "{what}: an admin has no tenant (it acts in any with x-ctxpod-tenant)"
+                ))
+            }
+            (Role::Viewer, Some(_)) => {
+                return Err(format!(
+                    "{what}: a viewer has no tenant (it sees every tenant's usage)"
                 ))
             }
             (Role::TenantRw | Role::TenantRo, None) => {

@@ -131,7 +131,15 @@ enum Cmd {
     Bench(crate::bench::BenchArgs),
     /// Size a pod: capacity, bandwidth, nodes, drive wear and prefill GPU time saved, from a
     /// model, traffic, reuse (a trace or a sharing ratio) and the node's hardware.
-    Plan(crate::plan_cli::PlanArgs),
+    Plan {
+        #[command(flatten)]
+        args: crate::plan_cli::PlanArgs,
+        /// Node URL for --live.
+        #[arg(long, env = "CTXPOD_ADDR", default_value = "http://127.0.0.1:7400")]
+        addr: String,
+        #[command(flatten)]
+        creds: Creds,
+    },
     /// Replay a request trace (Mooncake JSONL) against a node or pod: MATCH each chain, GET
     /// the hits, PUT the misses; report hit ratio, prefill tokens saved, latency, writes.
     Replay {
@@ -438,8 +446,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             crate::bench::run(args).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Plan(args) => {
-            crate::plan_cli::run(&args)?;
+        Cmd::Plan { args, addr, creds } => {
+            let live = if args.live {
+                Some(creds.http(&addr)?.pod_mrc().await?)
+            } else {
+                None
+            };
+            crate::plan_cli::run(&args, live.as_ref())?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay { t, args } => {
@@ -494,11 +507,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             anyhow::ensure!(
                 ctxpod_api::proto::Role::parse(&role).is_some(),
-                "--role must be admin, tenant-rw or tenant-ro"
+                "--role must be admin, viewer, tenant-rw or tenant-ro"
             );
             anyhow::ensure!(
-                (role == "admin") == tenant.is_none(),
-                "a tenant role needs --tenant; an admin has none"
+                (role == "admin" || role == "viewer") == tenant.is_none(),
+                "a tenant role needs --tenant; an admin or a viewer has none"
             );
             if let Some(t) = &tenant {
                 ctxpod_api::namespace::check_tenant_name(t)?;

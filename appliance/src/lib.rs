@@ -21,6 +21,7 @@ pub mod bench;
 pub mod cli;
 pub use ctxpod_sansio::config;
 pub mod crypto;
+pub mod dashboard;
 pub mod device;
 pub mod engine;
 pub mod limits;

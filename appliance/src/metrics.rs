@@ -86,11 +86,43 @@ pub struct Metrics {
     pub backfill_last_pass: IntGauge,
 }
 
-fn latency_buckets() -> Vec<f64> {
+/// Upper bounds of the request-latency buckets (20 µs to 2.6 s, doubling).
+pub fn latency_buckets() -> Vec<f64> {
     prometheus::exponential_buckets(20e-6, 2.0, 18).expect("valid bucket parameters")
 }
 
 impl Metrics {
+    /// The request-latency histogram of each operation served so far (cumulative bucket
+    /// counts at [`latency_buckets`]), sorted by op.
+    pub fn latency_by_op(&self) -> Vec<ctxpod_api::types::OpLatency> {
+        use prometheus::core::Collector;
+        let mut out: Vec<_> = self
+            .request_seconds
+            .collect()
+            .iter()
+            .flat_map(|mf| mf.get_metric())
+            .map(|m| {
+                let h = m.get_histogram();
+                ctxpod_api::types::OpLatency {
+                    op: m
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == "op")
+                        .map(|l| l.value().to_string())
+                        .unwrap_or_default(),
+                    buckets: h
+                        .get_bucket()
+                        .iter()
+                        .map(|b| b.cumulative_count())
+                        .collect(),
+                    count: h.get_sample_count(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.op.cmp(&b.op));
+        out
+    }
+
     pub fn new() -> Self {
         let r = Registry::new();
         macro_rules! reg {

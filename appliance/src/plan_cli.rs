@@ -1,10 +1,14 @@
-//! `ctxpod plan`: the planner (`ctxpod_plan::planner`) from the command line. Reuse comes
-//! from a trace (its exact curve, its request rate and prompt lengths) or a stated sharing
-//! ratio; the drive from a firmware-sim profile (`tlc`, `qlc`, or a TOML file).
+//! `ctxpod plan` and `POST /v1/plan`: the planner (`ctxpod_plan::planner`) from the command
+//! line or the dashboard, from the same arguments ([`PlanArgs`], a JSON body on the API with
+//! the same names and defaults). Reuse comes from a trace (its exact curve, its request rate
+//! and prompt lengths; CLI only), the pod's live miss-ratio curve, or a stated sharing ratio;
+//! the drive from a firmware-sim profile (`tlc`, `qlc`, or a TOML file on the CLI).
 
+use ctxpod_api::types::MrcResponse;
 use ctxpod_plan::planner::{self, Drive, NodeShape, PlanInput, Reuse};
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Args, Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PlanArgs {
     /// Model: a preset (llama-3.1-70b, deepseek-v3, ...) or
     /// `layers=..,kv_heads=..,head_dim=..,dtype=..`.
@@ -22,8 +26,13 @@ pub struct PlanArgs {
     #[arg(long)]
     pub input_tokens: Option<f64>,
     /// Reuse from a trace (Mooncake JSONL): its exact hit-ratio curve.
-    #[arg(long, conflicts_with = "sharing")]
+    #[arg(long, conflicts_with_all = ["sharing", "live"])]
+    #[serde(skip)]
     pub trace: Option<std::path::PathBuf>,
+    /// Reuse from the pod's live miss-ratio curve (`GET /v1/mrc?scope=pod` of --addr): the
+    /// rate defaults to the one it was measured at; --input-tokens is needed.
+    #[arg(long, conflicts_with = "sharing")]
+    pub live: bool,
     /// Reuse as a stated share of prompt blocks found in the tier (needs --retention-s).
     #[arg(long)]
     pub sharing: Option<f64>,
@@ -57,8 +66,24 @@ pub struct PlanArgs {
     pub gpu_mfu: f64,
     /// Print the inputs and the plan as JSON.
     #[arg(long)]
+    #[serde(skip)]
     pub json: bool,
 }
+
+impl Default for PlanArgs {
+    /// The command line's defaults (so the API's are the same).
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            a: PlanArgs,
+        }
+        <Wrap as clap::Parser>::parse_from(["plan"]).a
+    }
+}
+
+/// The drive profiles the API accepts by name (a profile file is for the CLI only).
+pub const API_DRIVES: [&str; 4] = ["tlc", "qlc", "tlc-noplp", "qlc-noplp"];
 
 /// Parameters per token of the presets (billions; active parameters for MoE), from the
 /// models' cards.
@@ -92,14 +117,53 @@ pub fn drive_of(spec: &str) -> anyhow::Result<Drive> {
     })
 }
 
-/// The planner's input from the arguments.
-pub fn input_of(a: &PlanArgs) -> anyhow::Result<PlanInput> {
+/// The planner's input from the arguments, and the pod's live curve when `a.live`.
+pub fn input_of(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<PlanInput> {
     let model = ctxpod_plan::model::shape(&a.model).map_err(|e| anyhow::anyhow!(e))?;
     let params = a
         .params_b
         .or_else(|| preset_params_b(&a.model))
         .ok_or_else(|| anyhow::anyhow!("--params-b is needed for a custom model"))?;
+    anyhow::ensure!(
+        [a.trace.is_some(), a.live, a.sharing.is_some()]
+            .iter()
+            .filter(|&&x| x)
+            .count()
+            <= 1,
+        "give one reuse: --trace FILE, --live or --sharing RATIO"
+    );
     let (reuse, rate, input) = match (&a.trace, a.sharing) {
+        (None, None) if a.live => {
+            let c = live.ok_or_else(|| anyhow::anyhow!("the live curve was not read"))?;
+            let input = a
+                .input_tokens
+                .ok_or_else(|| anyhow::anyhow!("--input-tokens is needed with --live"))?;
+            anyhow::ensure!(
+                c.references > 0 && c.references_per_s > 0.0,
+                "the live curve has no references yet: nothing to plan from"
+            );
+            anyhow::ensure!(
+                input > 0.0 && a.tokens_per_block > 0,
+                "--input-tokens and --tokens-per-block must be positive"
+            );
+            // Each request references each of its blocks once (a hit read or a miss
+            // written), so the curve was measured at references/s ÷ blocks a request.
+            let blocks = (input / a.tokens_per_block as f64).ceil();
+            let measured = c.references_per_s / blocks;
+            let points = c
+                .points
+                .iter()
+                .map(|p| (p.capacity_blocks as f64, p.hit_ratio))
+                .collect();
+            (
+                Reuse::Curve {
+                    points,
+                    at_requests_per_s: measured,
+                },
+                a.rate.unwrap_or(measured),
+                input,
+            )
+        }
         (Some(t), _) => {
             let reqs = ctxpod_plan::trace::read_file(t)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", t.display()))?;
@@ -133,7 +197,9 @@ pub fn input_of(a: &PlanArgs) -> anyhow::Result<PlanInput> {
             a.input_tokens
                 .ok_or_else(|| anyhow::anyhow!("--input-tokens is needed without a trace"))?,
         ),
-        (None, None) => anyhow::bail!("give the reuse: --trace FILE or --sharing RATIO"),
+        (None, None) => {
+            anyhow::bail!("give the reuse: --trace FILE, --live or --sharing RATIO")
+        }
     };
     Ok(PlanInput {
         model,
@@ -158,8 +224,16 @@ pub fn input_of(a: &PlanArgs) -> anyhow::Result<PlanInput> {
     })
 }
 
-pub fn run(a: &PlanArgs) -> anyhow::Result<planner::Plan> {
-    let input = input_of(a)?;
+/// The plan for `a` as `ctxpod plan --json` prints it and `POST /v1/plan` answers it:
+/// `{"input": PlanInput, "plan": Plan}`.
+pub fn plan_json(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<serde_json::Value> {
+    let input = input_of(a, live)?;
+    let p = planner::plan(&input).map_err(|e| anyhow::anyhow!(e))?;
+    Ok(serde_json::json!({"input": input, "plan": p}))
+}
+
+pub fn run(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<planner::Plan> {
+    let input = input_of(a, live)?;
     let p = planner::plan(&input).map_err(|e| anyhow::anyhow!(e))?;
     if a.json {
         println!(

@@ -102,7 +102,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             kind,
@@ -110,7 +110,7 @@ impl ApiError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid", message)
     }
 
@@ -160,7 +160,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// The route table: every (method, path) the node answers, and the router built from it.
 pub struct Routes<S> {
@@ -230,6 +230,10 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/namespaces/{ns}/rotate-key", rotate_key)
         .add(M::POST, "/v1/admin/rotate-kek", rotate_kek)
         .add(M::GET, "/v1/cluster", cluster)
+        .add(M::GET, "/v1/overview", crate::dashboard::overview)
+        .add(M::POST, "/v1/plan", crate::dashboard::plan)
+        .add(M::GET, "/ui", crate::dashboard::ui_index)
+        .add(M::GET, "/ui/{file}", crate::dashboard::ui_file)
 }
 
 pub fn router(
@@ -293,6 +297,7 @@ fn op_name(method: &Method, path: &str) -> &'static str {
         (_, p) if p.ends_with("/pin") => "pin",
         (_, p) if p.ends_with("/events") => "events",
         (_, p) if p.starts_with("/v1/namespaces") => "namespace",
+        (_, p) if p.starts_with("/ui") => "ui",
         _ => "admin",
     }
 }
@@ -305,12 +310,17 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
     const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
     Some(match (method.as_str(), path) {
         ("GET" | "HEAD", "/healthz" | "/readyz") => Public,
-        // Access patterns span tenants: the operator's.
-        ("GET" | "HEAD", "/metrics" | "/v1/stats" | "/v1/mrc") => Admin,
-        // Clients route by the members' addresses: any caller may read them.
-        ("GET" | "HEAD", "/v1/cluster") => Read,
+        // The dashboard's files hold no data: what it shows comes through the API.
+        ("GET" | "HEAD", "/ui" | "/ui/{file}") => Public,
+        // Access patterns span tenants: the operator's (an admin, or a viewer).
+        ("GET" | "HEAD", "/metrics" | "/v1/stats" | "/v1/mrc" | "/v1/overview") => Monitor,
+        // Clients route by the members' addresses: any caller may read them; anyone may
+        // plan.
+        ("GET" | "HEAD", "/v1/cluster") | ("POST", "/v1/plan") => Look,
         ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
-        ("GET" | "HEAD", "/v1/namespaces" | "/v1/namespaces/{ns}") => Read,
+        // The list: each caller sees its own (a viewer sees every tenant's).
+        ("GET" | "HEAD", "/v1/namespaces") => Look,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}") => Read,
         ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,
         ("GET" | "HEAD", BLOCK) => Read,
         ("PUT" | "DELETE", BLOCK) => Write,
@@ -573,7 +583,7 @@ async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) 
         .get::<MatchedPath>()
         .and_then(|p| access_of(req.method(), p.as_str()))
         // No such route (or method): only an authenticated caller learns that.
-        .unwrap_or(Access::Read);
+        .unwrap_or(Access::Look);
     if access == Access::Public {
         return next.run(req).await;
     }
@@ -694,7 +704,7 @@ pub const DRAIN_BYTES_MAX: u64 = 64 << 20;
 
 /// Reads a body of at most `max` bytes. A longer body is never buffered: it is drained (up
 /// to [`DRAIN_BYTES_MAX`]) and refused with 413.
-async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes> {
+pub(crate) async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes> {
     use http_body_util::BodyExt;
     let too_large = || ApiError::too_large(format!("body over the limit of {max} bytes"));
     let declared = content_length(h).map(|l| l as u64);
@@ -863,9 +873,14 @@ async fn cluster(State(st): State<AppState>, h: HeaderMap) -> Json<ctxpod_api::t
 }
 
 async fn stats(State(st): State<AppState>) -> Json<Stats> {
+    Json(node_stats(&st))
+}
+
+/// This node's stats, with the requests in flight now.
+pub(crate) fn node_stats(st: &AppState) -> Stats {
     let mut s = st.engine.stats();
     s.inflight_requests = (st.max_inflight - st.limiter.available_permits()) as u64;
-    Json(s)
+    s
 }
 
 /// The node's miss-ratio curve (`ctxpod_plan::mrc`), read at 48 capacities from 16 blocks
@@ -877,19 +892,22 @@ async fn mrc(
     axum::extract::RawQuery(q): axum::extract::RawQuery,
     h: HeaderMap,
 ) -> ApiResult<Json<MrcResponse>> {
-    let pod = match q.as_deref() {
-        None | Some("") | Some("scope=node") => false,
-        Some("scope=pod") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(format!(
-                "unknown query {other:?}: scope=node or scope=pod"
-            )))
-        }
-    };
-    let mine = node_mrc(&st)?;
+    match q.as_deref() {
+        None | Some("") | Some("scope=node") => Ok(Json(node_mrc(&st)?)),
+        Some("scope=pod") => Ok(Json(pod_mrc(&st, &p, &h).await?)),
+        Some(other) => Err(ApiError::invalid(format!(
+            "unknown query {other:?}: scope=node or scope=pod"
+        ))),
+    }
+}
+
+/// The pod's curve, merged from every member's (asked for the caller); 502 if one does not
+/// give it.
+pub(crate) async fn pod_mrc(st: &AppState, p: &Principal, h: &HeaderMap) -> ApiResult<MrcResponse> {
+    let mine = node_mrc(st)?;
     let view = st.pod.view();
-    if !pod || view.members.len() < 2 {
-        return Ok(Json(mine));
+    if view.members.len() < 2 {
+        return Ok(mine);
     }
     let asks = view
         .members
@@ -902,7 +920,7 @@ async fn mrc(
                 .get(format!("{}/v1/mrc", m.http))
                 .timeout(Duration::from_secs(5))
                 .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref());
-            let req = st.peers.for_caller(req, &h, Some(&p));
+            let req = st.peers.for_caller(req, h, Some(p));
             async move {
                 match req.send().await {
                     Ok(r) if r.status().is_success() => r.json::<MrcResponse>().await.ok(),
@@ -920,7 +938,7 @@ async fn mrc(
     }
     let mut all = vec![mine];
     all.extend(others.into_iter().flatten());
-    Ok(Json(merge_pod_curves(&all)))
+    Ok(merge_pod_curves(&all))
 }
 
 /// This node's curve.
@@ -941,6 +959,7 @@ fn node_mrc(st: &AppState) -> ApiResult<MrcResponse> {
         references: h.total as u64,
         mean_block_bytes: mean,
         capacity_blocks,
+        references_per_s: h.total / st.engine.uptime().as_secs_f64().max(1e-3),
         points,
     })
 }
@@ -1004,6 +1023,7 @@ pub fn merge_pod_curves(members: &[MrcResponse]) -> MrcResponse {
         references: refs,
         mean_block_bytes: mean,
         capacity_blocks: total_cap,
+        references_per_s: members.iter().map(|m| m.references_per_s).sum(),
         points: curve_points(total_cap, mean.max(1), hit),
     }
 }
@@ -2145,7 +2165,8 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    /// The router's routes equal the OpenAPI document's operations.
+    /// The pod's curve: each member at its share of the pod's capacity, weighted by its
+    /// references; the pod's rate is the members' sum.
     #[test]
     fn pod_curves_merge_by_capacity_share_and_references() {
         let node = |cap: u64, refs: u64, knee: u64| MrcResponse {
@@ -2154,6 +2175,7 @@ mod tests {
             references: refs,
             mean_block_bytes: 4096,
             capacity_blocks: cap,
+            references_per_s: refs as f64 / 10.0,
             // Hit ratio 0 below `knee` blocks, 0.5 from it on.
             points: curve_points(cap, 4096, |c| if c >= knee as f64 { 0.5 } else { 0.0 }),
         };
@@ -2175,8 +2197,10 @@ mod tests {
         let m = merge_pod_curves(&[node(1000, 300, 100), node(1000, 100, 100_000)]);
         let top = m.points.iter().find(|p| p.capacity_blocks >= 1000).unwrap();
         assert!((top.hit_ratio - 0.375).abs() < 1e-9, "{top:?}");
+        assert!((m.references_per_s - 40.0).abs() < 1e-9);
     }
 
+    /// The router's routes equal the OpenAPI document's operations.
     #[test]
     fn routes_equal_the_openapi_spec() {
         let spec: serde_json::Value =
@@ -2206,7 +2230,7 @@ mod tests {
             let a = access_of(&m, p).unwrap_or_else(|| panic!("{m} {p} has no access rule"));
             assert_eq!(
                 a == Access::Public,
-                p == "/healthz" || p == "/readyz",
+                p == "/healthz" || p == "/readyz" || p.starts_with("/ui"),
                 "{m} {p}"
             );
         }

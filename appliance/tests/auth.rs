@@ -33,7 +33,7 @@ const K2: &[u8] = b"chain-key-2";
 const K3: &[u8] = b"chain-key-3";
 
 /// A node with tenants `a`, `b` and `q` (q: 1 MiB and 20 requests/s, burst 20) and tokens
-/// `root` (admin), `a-rw`, `a-ro`, `b-rw`, `b-ro`, `q-rw`.
+/// `root` (admin), `a-rw`, `a-ro`, `b-rw`, `b-ro`, `q-rw`, `look` (viewer).
 async fn node(dir: &std::path::Path) -> (Node, Tokens) {
     let creds = [
         ("root", "admin", None),
@@ -42,6 +42,7 @@ async fn node(dir: &std::path::Path) -> (Node, Tokens) {
         ("b-rw", "tenant-rw", Some("b")),
         ("b-ro", "tenant-ro", Some("b")),
         ("q-rw", "tenant-rw", Some("q")),
+        ("look", "viewer", None),
     ];
     let tenants = "[[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"b\"\n\
         [[tenants]]\nname = \"q\"\nquota_bytes = \"1MiB\"\nrequests_per_second = 20\nburst = 20\n";
@@ -128,6 +129,7 @@ fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
     let keys = format!("{{\"keys\":[\"{k}\"]}}").into_bytes();
     let path = route.replace("{ns}", ns).replace("{key}", &k);
     let body = match (method, route) {
+        ("GET", "/ui/{file}") => return Some(("/ui/app.js".into(), Vec::new())),
         ("GET" | "HEAD" | "DELETE", _) => Vec::new(),
         ("PUT", "/v1/namespaces/{ns}") => Vec::new(),
         ("PUT", "/v1/namespaces/{ns}/blocks/{key}") => block(9, 1000).to_vec(),
@@ -143,6 +145,9 @@ fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
             frame::encode(&[frame::Entry::put(K1, &d)])
         }
         ("POST", "/v1/namespaces/{ns}/rotate-key") | ("POST", "/v1/admin/rotate-kek") => Vec::new(),
+        ("POST", "/v1/plan") => {
+            br#"{"sharing":0.5,"rate":1,"input_tokens":512,"retention_s":60}"#.to_vec()
+        }
         _ => return None,
     };
     Some((path, body))
@@ -166,18 +171,15 @@ fn spec_routes() -> BTreeSet<(String, String)> {
 /// expected.
 type Case<'a> = (&'a str, Option<String>, Vec<(&'a str, &'a str)>, Vec<u16>);
 
-/// What a route needs, as the test states it independently of the node's table.
+/// What a route needs, as the test states it independently of the node's table: `public`;
+/// `look` (any token, a viewer's too); `read` and `write` (a tenant's, not a viewer's);
+/// `monitor` (admin or viewer); `admin`.
 fn needs(method: &str, route: &str) -> &'static str {
     match (method, route) {
-        (_, "/healthz" | "/readyz") => "public",
-        (
-            _,
-            "/metrics"
-            | "/v1/stats"
-            | "/v1/mrc"
-            | "/v1/admin/rotate-kek"
-            | "/v1/namespaces/{ns}/rotate-key",
-        ) => "admin",
+        (_, "/healthz" | "/readyz" | "/ui" | "/ui/{file}") => "public",
+        (_, "/metrics" | "/v1/stats" | "/v1/mrc" | "/v1/overview") => "monitor",
+        (_, "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => "admin",
+        ("GET", "/v1/cluster" | "/v1/namespaces") | ("POST", "/v1/plan") => "look",
         ("GET" | "HEAD", _) => "read",
         ("POST", r)
             if r.ends_with("/match") || r.ends_with("/present") || r.ends_with("/batch/get") =>
@@ -240,13 +242,22 @@ async fn auth_matrix_over_every_route_and_op() {
         }
         let a_ro = format!("Bearer {}", t.get("a-ro"));
         let a_rw = format!("Bearer {}", t.get("a-rw"));
-        if need == "write" || need == "admin" {
+        if matches!(need, "write" | "admin" | "monitor") {
             cases.push(("read-only token", Some(a_ro.clone()), vec![], vec![403]));
         }
-        if need == "admin" {
+        if matches!(need, "admin" | "monitor") {
             cases.push((
                 "tenant token on an admin route",
                 Some(a_rw.clone()),
+                vec![],
+                vec![403],
+            ));
+        }
+        // A viewer sees the pod, never a block, and changes nothing.
+        if matches!(need, "read" | "write" | "admin") {
+            cases.push((
+                "viewer token on a tenant's or admin route",
+                Some(format!("Bearer {}", t.get("look"))),
                 vec![],
                 vec![403],
             ));
@@ -264,7 +275,7 @@ async fn auth_matrix_over_every_route_and_op() {
         if route.contains("{ns}") && !(method == "PUT" && route == "/v1/namespaces/{ns}") {
             for id in ["b-rw", "b-ro"] {
                 let want = match (id, need) {
-                    (_, "admin") | ("b-ro", "write") => vec![403],
+                    (_, "admin" | "monitor") | ("b-ro", "write") => vec![403],
                     _ => vec![404],
                 };
                 cases.push((
@@ -765,4 +776,149 @@ async fn tenant_quotas_answer_507_and_429() {
         m.contains("ctxpod_quota_rejections_total{kind=\"rate\",tenant=\"q\"}"),
         "{m}"
     );
+}
+
+/// The body of a whole HTTP/1.1 answer read by [`raw`] (not chunked: every JSON answer has
+/// a length).
+fn body_of(out: &[u8]) -> &[u8] {
+    let at = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header end");
+    &out[at + 4..]
+}
+
+/// A `viewer` token (the dashboard's) sees the pod, every tenant's namespaces and usage,
+/// the stats, metrics and curves, and may plan; it reads no block over HTTP or CXP1 and
+/// writes nothing (the matrix above checks every refusal). The page itself is public and
+/// asks for a token when the node wants one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_sees_the_pod_and_no_block() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, t) = node(&dir.path().join("n")).await;
+    seed(&node, &t).await;
+    let look = format!("Bearer {}", t.get("look"));
+    let auth = [("authorization", look.as_str())];
+    for path in ["/metrics", "/v1/stats", "/v1/mrc", "/v1/cluster"] {
+        let (st, _) = raw(&node, "GET", path, &auth, b"").await;
+        assert_eq!(st, 200, "viewer: GET {path}");
+    }
+    let (st, out) = raw(&node, "GET", "/v1/overview", &auth, b"").await;
+    assert_eq!(st, 200);
+    let o: ctxpod_api::types::Overview = serde_json::from_slice(body_of(&out)).expect("overview");
+    assert_eq!(o.members.len(), 1);
+    assert_eq!(o.members[0].health, "ok");
+    let s = o.members[0].stats.as_ref().expect("stats");
+    assert_eq!(s.block_count, 5);
+    let mut names: Vec<(&str, u64)> = o
+        .namespaces
+        .iter()
+        .map(|n| (n.name.as_str(), n.block_count))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            ("a/data", 3),
+            ("a/only-a", 1),
+            ("b/data", 1),
+            ("default", 0)
+        ]
+    );
+    // The latency histograms count the seed's puts.
+    let puts = s
+        .latency
+        .iter()
+        .find(|l| l.op == "put")
+        .expect("put latency");
+    assert_eq!(puts.count, 5);
+    assert_eq!(puts.buckets.len(), s.latency_bounds_s.len());
+    assert!(puts.buckets.windows(2).all(|w| w[0] <= w[1]));
+    let (st, out) = raw(&node, "GET", "/v1/namespaces", &auth, b"").await;
+    assert_eq!(st, 200);
+    let l: ctxpod_api::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
+    assert_eq!(l.namespaces.len(), 4, "{l:?}");
+    // A tenant's list stays its own.
+    let a = format!("Bearer {}", t.get("a-ro"));
+    let (_, out) = raw(
+        &node,
+        "GET",
+        "/v1/namespaces",
+        &[("authorization", &a)],
+        b"",
+    )
+    .await;
+    let l: ctxpod_api::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
+    let mut mine: Vec<_> = l.namespaces.iter().map(|n| n.name.as_str()).collect();
+    mine.sort();
+    assert_eq!(mine, ["data", "only-a"]);
+
+    // The planner answers what `ctxpod plan --json` prints for the same arguments; bad
+    // arguments are 400 with the reason, and no file is read for a drive.
+    let body = br#"{"model":"qwen2.5-72b","sharing":0.4,"rate":7,"input_tokens":3000,"retention_s":120,"drive":"tlc","replication":2}"#;
+    let (st, out) = raw(&node, "POST", "/v1/plan", &auth, body).await;
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&out));
+    let got: serde_json::Value = serde_json::from_slice(body_of(&out)).expect("plan");
+    let want = ctxpod::plan_cli::plan_json(
+        &ctxpod::plan_cli::PlanArgs {
+            model: "qwen2.5-72b".into(),
+            sharing: Some(0.4),
+            rate: Some(7.0),
+            input_tokens: Some(3000.0),
+            retention_s: 120.0,
+            drive: "tlc".into(),
+            replication: 2,
+            ..Default::default()
+        },
+        None,
+    )
+    .expect("plan");
+    // Both through JSON text (serde_json's default float parsing may differ from the
+    // value printed in the last bit; the printed text is what the CLI gives).
+    let want: serde_json::Value = serde_json::from_str(&want.to_string()).expect("json");
+    assert_eq!(got, want);
+    for (bad, why) in [
+        (
+            &br#"{"drive":"/etc/passwd","sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1}"#
+                [..],
+            "drive",
+        ),
+        (
+            br#"{"sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1,"trace":"/x"}"#,
+            "unknown field",
+        ),
+        (br#"{"rate":1,"input_tokens":1}"#, "give the reuse"),
+        (
+            br#"{"model":"gpt-9","sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1}"#,
+            "gpt-9",
+        ),
+        (br#"{"live":true}"#, "input-tokens is needed"),
+        (
+            br#"{"live":true,"sharing":0.5,"input_tokens":512}"#,
+            "give one reuse",
+        ),
+    ] {
+        let (st, out) = raw(&node, "POST", "/v1/plan", &auth, bad).await;
+        let text = String::from_utf8_lossy(body_of(&out)).to_string();
+        assert_eq!(st, 400, "{text}");
+        assert!(text.contains(why), "{why}: {text}");
+    }
+
+    // No block over CXP1 either.
+    let w = wire(&node, t.get("look")).await;
+    let r = w.get("data", &[Bytes::from_static(K1)]).await;
+    assert!(
+        matches!(r, Err(TransferError::Refused { status: 403, .. })),
+        "{r:?}"
+    );
+
+    // The page: public, asks for a token here, strict CSP; unknown files are 404.
+    let (st, out) = raw(&node, "GET", "/ui", &[], b"").await;
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(st, 200);
+    assert!(text.contains("data-auth=\"on\""), "{text}");
+    assert!(text.contains("content-security-policy: default-src 'none'; script-src 'self'"));
+    for (path, want) in [("/ui/app.js", 200), ("/ui/app.css", 200), ("/ui/x.js", 404)] {
+        assert_eq!(raw(&node, "GET", path, &[], b"").await.0, want, "{path}");
+    }
 }

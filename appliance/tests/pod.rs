@@ -1330,6 +1330,28 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
         (refs, cap)
     );
     assert_eq!(pod_curve.points.last().unwrap().capacity_blocks, 4 * cap);
+    // The dashboard's overview, asked of any node: every member with its stats, and each
+    // namespace's blocks summed over the members (120 blocks once, and twice in r2).
+    let o = nodes[2].client.overview().await.unwrap();
+    assert_eq!(o.members.len(), 3);
+    let mut blocks = 0;
+    for (m, n) in o.members.iter().zip(&nodes) {
+        assert_eq!(m.health, "ok", "{m:?}");
+        let s = m.stats.as_ref().expect("stats");
+        assert_eq!(s.block_count, n.client.stats().await.unwrap().block_count);
+        blocks += s.block_count;
+    }
+    let ns_blocks = |name: &str| {
+        o.namespaces
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.block_count)
+    };
+    assert_eq!(
+        (ns_blocks("default"), ns_blocks("r2")),
+        (Some(120), Some(240))
+    );
+    assert_eq!(blocks, 360);
     // With a member down, the R = 2 blocks are still all found, and a batch put still
     // stores two copies (the next member in rank order stands in).
     nodes[2].kill9();

@@ -14,21 +14,20 @@ const BLOCKS_PER_REGION: u64 = 1024;
 /// regions + 2), plus the device's first region (superblock): not block capacity.
 const RESERVED_REGIONS: u64 = 4;
 
-/// `ctxpod plan`'s defaults.
-fn plan_args() -> ctxpod::plan_cli::PlanArgs {
-    use clap::Parser;
-    #[derive(clap::Parser)]
-    struct P {
-        #[command(flatten)]
-        a: ctxpod::plan_cli::PlanArgs,
-    }
-    P::parse_from(["plan"]).a
+/// The conversation trace's path, from the crate's directory as the test runner gives it
+/// when the test runs (the path compiled in may be another checkout's: the build is shared
+/// between checkouts).
+fn conversation_path() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(
+            || env!("CARGO_MANIFEST_DIR").into(),
+            std::path::PathBuf::from,
+        )
+        .join("../data/traces/mooncake_conversation_trace.jsonl")
 }
 
 fn conversation() -> Vec<trace::Request> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../data/traces/mooncake_conversation_trace.jsonl");
-    trace::read_file(&p).expect("the conversation trace")
+    trace::read_file(&conversation_path()).expect("the conversation trace")
 }
 
 /// For 10 k, 20 k and 50 k blocks: a node whose regions hold that many blocks (the reserve
@@ -43,13 +42,13 @@ async fn replay_through_a_node_matches_the_exact_lru() {
         .map(|i| (1000.0 * (100.0f64).powf(i as f64 / 23.0)) as u64)
         .collect();
     let exact = mrc::exact_curve(&reqs, &caps);
-    let plan_points = match ctxpod::plan_cli::input_of(&ctxpod::plan_cli::PlanArgs {
-        trace: Some(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../data/traces/mooncake_conversation_trace.jsonl"),
-        ),
-        ..plan_args()
-    })
+    let plan_points = match ctxpod::plan_cli::input_of(
+        &ctxpod::plan_cli::PlanArgs {
+            trace: Some(conversation_path()),
+            ..Default::default()
+        },
+        None,
+    )
     .expect("plan input")
     .reuse
     {

@@ -249,6 +249,8 @@ pub(crate) struct Core {
     pub mrc: Option<Mutex<ctxpod_plan::mrc::Mrc>>,
     /// Bytes of the blocks referenced, to turn blocks into bytes.
     pub mrc_ref_bytes: AtomicU64,
+    /// When the engine opened: the curve's window, and the node's uptime.
+    pub started: std::time::Instant,
     pub events: events::Events,
     pub presence: presence::Presence,
     pub read_bits: ReadBits,
@@ -913,6 +915,11 @@ impl Engine {
         }
     }
 
+    /// Time since the engine opened.
+    pub fn uptime(&self) -> Duration {
+        self.core.started.elapsed()
+    }
+
     /// The node's miss-ratio curve so far: its histogram, sampling rate, keys tracked, and
     /// the mean size of a referenced block; `None` when off (`mrc_sample_rate = 0`).
     pub fn mrc(&self) -> Option<(ctxpod_plan::mrc::Histogram, f64, usize, u64)> {
@@ -1445,6 +1452,11 @@ impl Engine {
             leases: c.leases.len() as u64,
             inflight_requests: 0,
             recovered_records: ld(&n.recovered_records),
+            uptime_s: c.started.elapsed().as_secs_f64(),
+            received_bytes: c.metrics.received_bytes.get(),
+            sent_bytes: c.metrics.sent_bytes.get(),
+            latency_bounds_s: crate::metrics::latency_buckets(),
+            latency: c.metrics.latency_by_op(),
         }
     }
 

@@ -213,6 +213,7 @@ pub(super) async fn open(
             ))
         }),
         mrc_ref_bytes: AtomicU64::new(0),
+        started: std::time::Instant::now(),
         events: Default::default(),
         presence: Default::default(),
         read_bits: ReadBits::new(READ_BITS),
