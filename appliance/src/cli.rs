@@ -457,7 +457,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Replay { t, args } => {
             let c = t.creds.http(&t.addr)?;
-            crate::replay::run(&c, &t.ns, &args).await?;
+            crate::replay::run(&c, Some(t.creds.connect()?), &t.ns, &args).await?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Match { t, keys } => {

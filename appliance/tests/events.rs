@@ -137,9 +137,27 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
         .map(|i| (key(i), block(i as u64, 512 << 10)))
         .collect();
     for chunk in churn.chunks(16) {
-        c.put("tenant-a", chunk, Durability::Fast)
-            .await
-            .expect("churn put");
+        // Every block must land for the device to fill: entries a loaded node answers
+        // busy (503) are put again, a bounded number of times.
+        let mut todo = chunk.to_vec();
+        for attempt in 0..=20 {
+            let st = c
+                .put("tenant-a", &todo, Durability::Fast)
+                .await
+                .expect("churn put");
+            assert!(st.iter().all(|s| matches!(s, 200 | 201 | 503)), "{st:?}");
+            todo = todo
+                .into_iter()
+                .zip(st)
+                .filter(|(_, s)| *s == 503)
+                .map(|(b, _)| b)
+                .collect();
+            if todo.is_empty() {
+                break;
+            }
+            assert!(attempt < 20, "churn puts still busy after 20 tries");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     let mut evicted = HashSet::new();
     tokio::time::timeout(Duration::from_secs(60), async {

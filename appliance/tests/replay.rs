@@ -5,6 +5,7 @@ mod common;
 
 use common::Node;
 use ctxpod::replay::{replay, ReplayArgs};
+use ctxpod_api::transfer_client::TransferClient;
 use ctxpod_plan::{lru, mrc, trace};
 
 /// Blocks of 16,112 bytes take 16 KiB records: 1,024 to a 16 MiB region.
@@ -24,6 +25,23 @@ fn conversation_path() -> std::path::PathBuf {
             std::path::PathBuf::from,
         )
         .join("../data/traces/mooncake_conversation_trace.jsonl")
+}
+
+/// The replay's arguments: blocks of `block_bytes` (in parts of `part_bytes`), puts
+/// acknowledged before the flush, as fast as possible.
+fn fast_args(block_bytes: u64, part_bytes: Option<u64>) -> ReplayArgs {
+    ReplayArgs {
+        trace: "unused".into(),
+        model: "llama-3.1-8b".into(),
+        tokens_per_block: trace::MOONCAKE_BLOCK_TOKENS,
+        block_bytes: Some(ctxpod::config::ByteSize(block_bytes)),
+        part_bytes: part_bytes.map(ctxpod::config::ByteSize),
+        speed: 0.0,
+        limit: None,
+        fast: true,
+        prefetch: false,
+        json: false,
+    }
 }
 
 fn conversation() -> Vec<trace::Request> {
@@ -68,17 +86,8 @@ async fn replay_through_a_node_matches_the_exact_lru() {
             ],
         )
         .await;
-        let args = ReplayArgs {
-            trace: "unused".into(),
-            model: "llama-3.1-8b".into(),
-            tokens_per_block: trace::MOONCAKE_BLOCK_TOKENS,
-            block_bytes: Some(ctxpod::config::ByteSize(BLOCK_BYTES)),
-            speed: 0.0,
-            limit: None,
-            fast: true,
-            json: false,
-        };
-        let r = replay(&node.client, "default", &reqs, &args, |_, _| {})
+        let args = fast_args(BLOCK_BYTES, None);
+        let r = replay(&node.client, None, "default", &reqs, &args, |_, _| {})
             .await
             .expect("replay");
         let want = lru::simulate(&reqs, blocks as usize).prefix_hit_ratio;
@@ -133,4 +142,60 @@ async fn replay_through_a_node_matches_the_exact_lru() {
         eprintln!("{target}: the node's sampled curve is within {mae:.4} of the exact one");
         assert!(mae < 0.02, "{target}: node MRC MAE {mae}");
     }
+}
+
+/// Blocks larger than a part are stored as parts (3 here: 8,192 + 8,192 + 3,616 bytes) and
+/// a block is a hit only with all of them: on a node that evicts nothing the replay's hit
+/// ratio is the trace's own (an LRU that holds everything), the node holds three parts per
+/// distinct block, and a block missing one part is a miss that is written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_larger_than_a_part_are_replayed_in_parts() {
+    let reqs: Vec<trace::Request> = conversation().into_iter().take(400).collect();
+    let s = trace::summary(&reqs);
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(&dir.path().join("n"), &["--capacity", "1GiB"]).await;
+    let args = fast_args(20_000, Some(8192));
+    let r = replay(&node.client, None, "default", &reqs, &args, |_, _| {})
+        .await
+        .expect("replay");
+    let want = lru::simulate(&reqs, s.unique_blocks as usize).prefix_hit_ratio;
+    assert_eq!(r.parts_per_block, 3);
+    assert_eq!(r.block_refs, s.block_refs);
+    assert_eq!(
+        r.hit_ratio, want,
+        "nothing is evicted: every reuse is a hit"
+    );
+    assert_eq!(r.bytes_written, (r.block_refs - r.prefix_hits) * 20_000);
+    assert_eq!(r.bytes_read, r.prefix_hits * 20_000);
+    let st = node.client.stats().await.expect("stats");
+    assert_eq!(st.block_count, 3 * s.unique_blocks);
+    // One part gone: the request's first block is no longer a hit, so nothing of its
+    // chain is, and the block is written again whole.
+    let first = reqs[0].hash_ids[0];
+    let part1 = ctxpod::replay::Parts::new(20_000, 8192).key(first, 1);
+    assert!(node.client.delete("default", &part1).await.expect("delete"));
+    let again = replay(&node.client, None, "default", &reqs[..1], &args, |_, _| {})
+        .await
+        .expect("replay");
+    assert_eq!(again.prefix_hits, 0);
+    assert_eq!(again.bytes_written, reqs[0].hash_ids.len() as u64 * 20_000);
+    let back = node.client.get("default", &part1).await.expect("get");
+    assert_eq!(back.map(|b| b.len()), Some(8192));
+
+    // The same replay fetching its hits with PREFETCH over CXP1 into a memory region:
+    // the same hits, every part checked as it lands.
+    node.client
+        .create_namespace("pf", None)
+        .await
+        .expect("create");
+    let t = TransferClient::connect(&node.transfer_addr())
+        .await
+        .expect("cxp1");
+    let pf = replay(&node.client, Some(t), "pf", &reqs, &args, |_, _| {})
+        .await
+        .expect("replay with prefetch");
+    assert_eq!(
+        (pf.prefix_hits, pf.bytes_read),
+        (r.prefix_hits, r.bytes_read)
+    );
 }
