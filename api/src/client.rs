@@ -486,6 +486,30 @@ impl Client {
         Ok(resp.json().await?)
     }
 
+    /// `POST /v1/admin/drain` (admin): the node starts draining (see `DrainStatus`).
+    pub async fn drain(&self) -> Result<crate::types::DrainStatus, ClientError> {
+        let resp = self
+            .send(self.http.post(self.url("/v1/admin/drain")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `GET /v1/admin/drain` (admin): how far the node's drain is.
+    pub async fn drain_status(&self) -> Result<crate::types::DrainStatus, ClientError> {
+        let resp = self
+            .send(self.http.get(self.url("/v1/admin/drain")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `DELETE /v1/admin/drain` (admin): the node is up again.
+    pub async fn undrain(&self) -> Result<crate::types::DrainStatus, ClientError> {
+        let resp = self
+            .send(self.http.delete(self.url("/v1/admin/drain")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let resp = self.send(self.http.get(self.url("/metrics"))).await?;

@@ -192,6 +192,23 @@ pub struct OpLatency {
     pub count: u64,
 }
 
+/// `/v1/admin/drain`: how far this node's drain is.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DrainStatus {
+    /// `up` (not draining), `draining` (copying its blocks away), or `drained` (a whole
+    /// pass found every block held by its first members: stopping the node loses nothing).
+    pub state: String,
+    /// Backfill passes finished since the drain began.
+    pub passes: u64,
+    /// The last pass: blocks looked at, copied, and copies that failed.
+    pub last_scanned: u64,
+    pub last_copied_blocks: u64,
+    pub last_failed: u64,
+    /// Why this node cannot drain (no etcd membership, or the backfill is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
 /// `GET /v1/overview`: the pod at a glance, as the dashboard shows it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Overview {

@@ -109,6 +109,22 @@ enum Cmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Drain the node before it leaves the pod: it ranks last for every block and copies
+    /// what it holds to the blocks' first members; `--wait` shows progress until drained
+    /// (then stopping it loses nothing); `--cancel` makes it `up` again.
+    Drain {
+        /// The node to drain.
+        #[arg(long, env = "CTXPOD_ADDR", default_value = "http://127.0.0.1:7400")]
+        addr: String,
+        #[command(flatten)]
+        creds: Creds,
+        /// Show progress until it is drained.
+        #[arg(long, conflicts_with = "cancel")]
+        wait: bool,
+        /// Take the drain back: the node is up again.
+        #[arg(long)]
+        cancel: bool,
+    },
     /// Print the node's statistics as JSON.
     Stat {
         #[command(flatten)]
@@ -417,6 +433,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::from(4))
                 }
             }
+        }
+        Cmd::Drain {
+            addr,
+            creds,
+            wait,
+            cancel,
+        } => {
+            let c = creds.http(&addr)?;
+            let mut s = if cancel {
+                c.undrain().await?
+            } else {
+                c.drain().await?
+            };
+            while wait && s.state != "drained" {
+                eprint!(
+                    "\rdrain: {} after {} passes (last: {} blocks looked at, {} copied, {} failed)   ",
+                    s.state, s.passes, s.last_scanned, s.last_copied_blocks, s.last_failed
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                s = c.drain_status().await?;
+            }
+            if wait {
+                eprintln!();
+            }
+            println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Stat { t } => {
             let s = t.creds.http(&t.addr)?.stats().await?;

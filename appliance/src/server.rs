@@ -50,6 +50,8 @@ pub struct AppState {
     pub ns_records: Option<Arc<(String, crate::pod::etcd::Etcd)>>,
     /// Copies of each block in the pod (`pod.replication`).
     pub replication: usize,
+    /// This node's drain (`/v1/admin/drain`).
+    pub drain: Arc<crate::pod::drain::Drain>,
 }
 
 impl AppState {
@@ -229,6 +231,9 @@ pub fn routes() -> Routes<AppState> {
         .add(M::GET, "/v1/namespaces/{ns}/events", events)
         .add(M::POST, "/v1/namespaces/{ns}/rotate-key", rotate_key)
         .add(M::POST, "/v1/admin/rotate-kek", rotate_kek)
+        .add(M::POST, "/v1/admin/drain", drain_start)
+        .add(M::GET, "/v1/admin/drain", drain_status)
+        .add(M::DELETE, "/v1/admin/drain", drain_cancel)
         .add(M::GET, "/v1/cluster", cluster)
         .add(M::GET, "/v1/overview", crate::dashboard::overview)
         .add(M::POST, "/v1/plan", crate::dashboard::plan)
@@ -258,6 +263,7 @@ pub fn router(
         peers: pod.peers.clone(),
         ns_records: pod.records.clone().map(Arc::new),
         replication: pod.replication,
+        drain: pod.drain.clone(),
     };
     routes()
         .into_router()
@@ -318,6 +324,7 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
         // plan.
         ("GET" | "HEAD", "/v1/cluster") | ("POST", "/v1/plan") => Look,
         ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
+        ("POST" | "GET" | "HEAD" | "DELETE", "/v1/admin/drain") => Admin,
         // The list: each caller sees its own (a viewer sees every tenant's).
         ("GET" | "HEAD", "/v1/namespaces") => Look,
         ("GET" | "HEAD", "/v1/namespaces/{ns}") => Read,
@@ -870,6 +877,23 @@ async fn cluster(State(st): State<AppState>, h: HeaderMap) -> Json<ctxpod_api::t
             })
             .collect(),
     })
+}
+
+/// `POST /v1/admin/drain`: this node starts draining (202), or says why it cannot (409).
+async fn drain_start(State(st): State<AppState>) -> ApiResult<Response> {
+    match st.drain.start() {
+        Ok(s) => Ok((StatusCode::ACCEPTED, Json(s)).into_response()),
+        Err(why) => Err(ApiError::new(StatusCode::CONFLICT, "cannot_drain", why)),
+    }
+}
+
+async fn drain_status(State(st): State<AppState>) -> Json<DrainStatus> {
+    Json(st.drain.status())
+}
+
+/// `DELETE /v1/admin/drain`: the node is up again.
+async fn drain_cancel(State(st): State<AppState>) -> Json<DrainStatus> {
+    Json(st.drain.cancel())
 }
 
 async fn stats(State(st): State<AppState>) -> Json<Stats> {

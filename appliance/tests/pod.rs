@@ -503,6 +503,10 @@ async fn a_single_node_is_a_pod_of_one() {
     assert_eq!(id.trim(), c.node_id);
     n.restart().await;
     assert_eq!(n.client.cluster().await.unwrap().node_id, c.node_id);
+    // Nothing to drain to, and no record to say so: refused, with the reason.
+    let e = n.client.drain().await.unwrap_err().to_string();
+    assert!(e.contains("etcd"), "{e}");
+    assert_eq!(n.client.drain_status().await.unwrap().state, "up");
 }
 
 /// A fourth node joins a 3-node pod under a read load: about a quarter of the blocks now
@@ -1490,4 +1494,88 @@ async fn a_pod_over_mtls_with_tokens() {
         .filter(|k| pc.ranked("kv", k)[..2].contains(&"c".to_string()))
         .count() as u64;
     assert_eq!(count(&nodes).await.iter().sum::<u64>(), 240 + stand_ins);
+}
+
+/// Draining a node before it leaves: once asked, it ranks last for every block (new
+/// blocks land elsewhere), its backfill copies what it holds to the blocks' first members,
+/// and when it says `drained` it can be stopped for good without losing a block, although
+/// with one copy (R = 1) a third of the blocks were held by it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_leaves_without_losing_a_block() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    // Passes only when asked (drain) or when the view changes: not on a timer.
+    let config = pod_config("dr", &etcd, "backfill_interval_s = 3600\n");
+    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
+    let keys: Vec<Vec<u8>> = (0..350).map(r2_key).collect();
+    for (i, k) in keys[..300].iter().enumerate() {
+        put_durable(&pc, k, r2_data(i as u64)).await;
+    }
+    let only_on_c = held_here(&nodes[2], "default", &keys[..300])
+        .await
+        .iter()
+        .filter(|h| **h)
+        .count();
+    assert!(only_on_c > 60, "c holds {only_on_c} of 300 blocks");
+    assert_eq!(nodes[2].client.drain_status().await.unwrap().state, "up");
+    assert_eq!(nodes[2].client.drain().await.unwrap().state, "draining");
+    // Every view ranks c last.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        pc.refresh().await.unwrap();
+        if keys
+            .iter()
+            .all(|k| pc.ranked("default", k).last().map(String::as_str) == Some("c"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "c is not ranked last everywhere");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let c = nodes[0].client.cluster().await.unwrap();
+    assert_eq!(
+        c.members.iter().find(|m| m.id == "c").unwrap().state,
+        "draining"
+    );
+    // New blocks land elsewhere.
+    for (i, k) in keys.iter().enumerate().skip(300) {
+        put_durable(&pc, k, r2_data(i as u64)).await;
+    }
+    assert!(held_here(&nodes[2], "default", &keys[300..])
+        .await
+        .iter()
+        .all(|h| !h));
+    // Drained within a liveness bound; then c stops for good.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let s = loop {
+        let s = nodes[2].client.drain_status().await.unwrap();
+        if s.state == "drained" {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "not drained after 60 s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        s.passes >= 1 && s.last_copied_blocks == 0 && s.last_failed == 0,
+        "{s:?}"
+    );
+    nodes[2].kill9();
+    // Its lease expires (3 s): the pod is a and b.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pc.members().len() > 2 {
+        assert!(Instant::now() < deadline, "c is still a member");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        pc.refresh().await.unwrap();
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            pc.get("default", k).await.unwrap(),
+            Some(r2_data(i as u64)),
+            "block {i} after c left"
+        );
+    }
+    eprintln!(
+        "drain: c held {only_on_c} blocks alone; drained in {} passes",
+        s.passes
+    );
 }

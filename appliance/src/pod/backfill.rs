@@ -19,7 +19,8 @@
 //! first R (written there while they were away, or held from before a join) is copied to
 //! them too, and stays where it is until evicted: a read finds it at the first member.
 //!
-//! A pass runs every `pod.backfill_interval_s` and soon after each change of the view;
+//! A pass runs every `pod.backfill_interval_s` and soon after each change of the view, and
+//! back to back while this node drains ([`super::drain`]) until one copies nothing;
 //! when the view changes during a pass, the pass stops and the next one starts over with
 //! the new view. Requests carry `x-ctxpod-forwarded-by` (the member stores them itself)
 //! and the peer token ([`super::Peers`]).
@@ -63,6 +64,8 @@ pub struct Backfill {
     /// The pod's replication (for namespaces that set none).
     pub replication: usize,
     pub bytes_per_s: u64,
+    /// This node's drain: asks for passes, and is told how they went.
+    pub drain: Arc<super::drain::Drain>,
 }
 
 impl Backfill {
@@ -74,10 +77,13 @@ impl Backfill {
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let mut changes = self.membership.subscribe();
+            let mut again = false;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(interval) => {}
+                    _ = tokio::time::sleep(interval), if !again => {}
+                    _ = std::future::ready(()), if again => {}
+                    _ = self.drain.kick.notified() => {}
                     r = changes.changed() => {
                         if r.is_err() {
                             return;
@@ -89,11 +95,34 @@ impl Backfill {
                     }
                 }
                 changes.borrow_and_update();
+                again = false;
                 let m = self.engine.metrics().clone();
+                // A pass counts for the drain when its view has this node draining and
+                // another member up to take the blocks.
+                let view = self.membership.view();
+                let for_drain = self.drain.draining()
+                    && view.members.iter().any(|m| {
+                        m.id == self.me && m.state == super::membership::MemberState::Draining
+                    })
+                    && view
+                        .members
+                        .iter()
+                        .any(|m| m.id != self.me && m.state == super::membership::MemberState::Up);
                 let outcome = tokio::select! {
                     _ = stop.cancelled() => return,
                     r = self.pass() => r,
                 };
+                if let (true, Ok(r)) = (for_drain, &outcome) {
+                    again = self.drain.pass_done(r);
+                } else if self.drain.draining() {
+                    // Not counted (the view did not show the drain yet, or the pass
+                    // failed): try again soon.
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(SETTLE) => {}
+                    }
+                    again = true;
+                }
                 match outcome {
                     Ok(r) => {
                         let kind = if r.restarted { "restarted" } else { "done" };

@@ -317,6 +317,23 @@ fn parse_member(v: &[u8]) -> Option<MemberInfo> {
 pub struct Registration {
     stop: tokio_util::sync::CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
+    handle: RegistrationHandle,
+}
+
+/// Changes this node's member record while registered (its `state`: draining or up).
+#[derive(Clone)]
+pub struct RegistrationHandle {
+    me: Arc<parking_lot::Mutex<MemberInfo>>,
+    /// Puts the record again now.
+    kick: Arc<tokio::sync::Notify>,
+}
+
+impl RegistrationHandle {
+    /// Sets the record's state; it is put again at once under the node's lease.
+    pub fn set_state(&self, state: MemberState) {
+        self.me.lock().state = state;
+        self.kick.notify_one();
+    }
 }
 
 impl Registration {
@@ -328,26 +345,35 @@ impl Registration {
         membership: Option<Arc<Membership>>,
     ) -> anyhow::Result<Registration> {
         let key = member_key(&members_prefix(pod), &me.id);
-        let value = serde_json::to_vec(&me)?;
         let ttl_s = ttl.as_secs().max(2) as i64;
         let lease = etcd.grant(ttl_s).await?;
-        etcd.put(&key, &value, Some(lease)).await?;
+        etcd.put(&key, &serde_json::to_vec(&me)?, Some(lease))
+            .await?;
+        let handle = RegistrationHandle {
+            me: Arc::new(parking_lot::Mutex::new(me)),
+            kick: Arc::new(tokio::sync::Notify::new()),
+        };
         let stop = tokio_util::sync::CancellationToken::new();
         let s = stop.clone();
+        let h = handle.clone();
         let task = tokio::spawn(async move {
             let mut lease = Some(lease);
             let every = Duration::from_millis(ttl_s as u64 * 1000 / 3);
             loop {
-                tokio::select! {
+                let kicked = tokio::select! {
                     _ = s.cancelled() => break,
-                    _ = tokio::time::sleep(every) => {}
-                }
+                    _ = tokio::time::sleep(every) => false,
+                    _ = h.kick.notified() => true,
+                };
+                let value = serde_json::to_vec(&*h.me.lock()).expect("a member record encodes");
                 let r = match lease {
                     Some(l) => etcd.keepalive(l).await.map(|ttl| ttl.map(|_| l)),
                     None => Ok(None),
                 };
-                // The lease lives but the record may not (deleted by hand): put it back.
+                // The lease lives but the record may not (deleted by hand), or has changed
+                // (kicked): put it (back).
                 let r = match r {
+                    Ok(Some(l)) if kicked => etcd.put(&key, &value, Some(l)).await.map(|_| Some(l)),
                     Ok(Some(l)) => match etcd.get(&key).await {
                         Ok(Some(_)) => Ok(Some(l)),
                         Ok(None) => etcd.put(&key, &value, Some(l)).await.map(|_| {
@@ -391,7 +417,13 @@ impl Registration {
         Ok(Registration {
             stop,
             task: Some(task),
+            handle,
         })
+    }
+
+    /// A handle that changes the registered record.
+    pub fn handle(&self) -> RegistrationHandle {
+        self.handle.clone()
     }
 
     /// Leaves the pod now: the lease is revoked and the record goes with it.

@@ -10,11 +10,14 @@
 //!   every member (fan-out, and records in etcd for those that were away).
 //! - [`backfill`]: a throttled background pass copying blocks to the members that should
 //!   hold them and do not (after a restart or a join).
+//! - [`drain`]: a node leaving on purpose ranks last everywhere and copies its blocks away
+//!   first.
 //!
 //! [`Pod::join`] is what `ctxpod serve` calls once its listeners are bound.
 
 pub mod backfill;
 pub mod batch;
+pub mod drain;
 pub mod etcd;
 pub mod forward;
 pub mod membership;
@@ -37,6 +40,8 @@ pub struct Pod {
     /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
     pub records: Option<(String, etcd::Etcd)>,
     registration: Option<Registration>,
+    /// Draining this node before it leaves (needs etcd and the backfill).
+    pub drain: Arc<drain::Drain>,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -134,6 +139,7 @@ impl Pod {
                 replication: p.replication,
                 membership,
                 records: Some((p.name.clone(), etcd)),
+                drain: Arc::new(drain::Drain::new(Some(registration.handle()))),
                 registration: Some(registration),
                 stop,
             });
@@ -162,6 +168,7 @@ impl Pod {
             membership,
             records: None,
             registration: None,
+            drain: Arc::new(drain::Drain::new(None)),
             stop,
         })
     }
@@ -185,6 +192,7 @@ impl Pod {
         }
         let p = &cfg.pod;
         if p.backfill_interval_s == 0 || (p.members.is_empty() && p.etcd_endpoints.is_empty()) {
+            self.drain.backfill_off("pod.backfill_interval_s is 0");
             return;
         }
         if auth_enabled && !self.peers.has_token() {
@@ -192,6 +200,8 @@ impl Pod {
                 "backfill is off: authentication is on and pod.peer_token_file is not set \
                  (read repair still copies the blocks that are read)"
             );
+            self.drain
+                .backfill_off("authentication is on and pod.peer_token_file is not set");
             return;
         }
         backfill::Backfill {
@@ -201,6 +211,7 @@ impl Pod {
             me: self.me.id.clone(),
             replication: self.replication,
             bytes_per_s: p.backfill_bytes_per_s.0,
+            drain: self.drain.clone(),
         }
         .spawn(
             Duration::from_secs(p.backfill_interval_s),
