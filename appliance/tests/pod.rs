@@ -1001,6 +1001,11 @@ async fn missing_share(
 /// Waits (60 s at most, a liveness bound) until member `id` holds every one of `keys` it
 /// ranks among the first two in `default`.
 async fn wait_backfilled(pc: &PodClient, n: &Node, id: &str, keys: &[Vec<u8>]) {
+    // Its share is counted from the client's ranking: with `id` in it, or it is empty.
+    assert!(
+        pc.members().iter().any(|m| m.id == id),
+        "{id} is not in the client's view"
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let left = missing_share(pc, n, id, "default", keys, 2).await;
@@ -1052,6 +1057,9 @@ async fn backfill_brings_a_restarted_and_a_new_node_their_share_without_reads() 
         "c ranks among the first two for {missed} of the new blocks"
     );
     nodes[2].restart().await;
+    // The client's view has c again (it may have dropped it while c was away), so c's
+    // share below is counted with c in the ranking.
+    wait_members(&pc, 3).await;
     wait_backfilled(&pc, &nodes[2], "c", &keys).await;
     // Copied by a's and b's passes (either may have copied a block first).
     let mut copied = 0.0;
