@@ -42,14 +42,13 @@ const ASSETS: [(&str, &str, &str); 3] = [
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-fn asset(name: &str, auth_on: bool) -> Response {
+/// One of the page's files with its headers; `edit` may change its text.
+fn asset(name: &str, edit: impl FnOnce(&'static str) -> String) -> Response {
     let Some((_, ctype, body)) = ASSETS.iter().find(|(n, _, _)| *n == name) else {
         return ApiError::new(StatusCode::NOT_FOUND, "no_such_file", "no such file")
             .into_response();
     };
-    // The page asks for a token first only when the node wants one.
-    let body = body.replace("{{AUTH}}", if auth_on { "on" } else { "off" });
-    let mut r = body.into_response();
+    let mut r = edit(body).into_response();
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
     h.insert(
@@ -70,12 +69,14 @@ fn asset(name: &str, auth_on: bool) -> Response {
 
 /// `GET /ui`: the page.
 pub async fn ui_index(State(st): State<AppState>) -> Response {
-    asset("index.html", st.auth.enabled())
+    // The page asks for a token first only when the node wants one.
+    let auth = if st.auth.enabled() { "on" } else { "off" };
+    asset("index.html", |page| page.replace("{{AUTH}}", auth))
 }
 
 /// `GET /ui/{file}`: its script and style sheet.
-pub async fn ui_file(State(st): State<AppState>, Path(file): Path<String>) -> Response {
-    asset(&file, st.auth.enabled())
+pub async fn ui_file(Path(file): Path<String>) -> Response {
+    asset(&file, str::to_string)
 }
 
 /// `GET /v1/overview`: every member with its stats (asked at once, 2 s each; a member that
@@ -99,14 +100,9 @@ pub async fn overview(
                     .collect::<Vec<_>>();
                 return ("ok".to_string(), Some(node_stats(&st)), ns);
             }
-            let get = |path: &str| {
-                let req = st
-                    .peers
-                    .http
-                    .get(format!("{}{path}", m.http))
-                    .timeout(Duration::from_secs(2))
-                    .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref());
-                st.peers.for_caller(req, &h, Some(&p)).send()
+            let get = |path| {
+                st.member_get(&m.http, path, Duration::from_secs(2), &h, &p)
+                    .send()
             };
             let (stats, ns) = futures::future::join(get("/v1/stats"), get("/v1/namespaces")).await;
             let (health, stats) = match stats {

@@ -179,8 +179,8 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Fetches the parts `keys` of a prefix in order, into `out` as (index, bytes) until the
-/// first one missing; PREFETCH into `region` (registered on `t`) when given, else
+/// The bytes of the parts `keys` of a prefix, in order, up to the first one missing: by
+/// PREFETCH into the region registered on the connection when `pf` is given, else by
 /// `batch/get`.
 async fn fetch(
     client: &Client,

@@ -55,6 +55,26 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// A GET of `path` on the member at `base` for the caller (its credentials, or the
+    /// peer token standing in: [`crate::pod::Peers::for_caller`]), marked as sent by this
+    /// node.
+    pub(crate) fn member_get(
+        &self,
+        base: &str,
+        path: &str,
+        timeout: Duration,
+        h: &HeaderMap,
+        p: &Principal,
+    ) -> reqwest::RequestBuilder {
+        let req = self
+            .peers
+            .http
+            .get(format!("{base}{path}"))
+            .timeout(timeout)
+            .header(crate::pod::forward::HEADER_FORWARDED, self.node_id.as_ref());
+        self.peers.for_caller(req, h, Some(p))
+    }
+
     /// Copies of each block of namespace `scoped` (node-side name): its own setting, else
     /// the pod's.
     pub fn replication_of(&self, scoped: &str) -> usize {
@@ -900,10 +920,13 @@ async fn stats(State(st): State<AppState>) -> Json<Stats> {
     Json(node_stats(&st))
 }
 
-/// This node's stats, with the requests in flight now.
+/// This node's stats, with the requests in flight now and the request-latency histograms
+/// (what `/v1/stats` answers).
 pub(crate) fn node_stats(st: &AppState) -> Stats {
     let mut s = st.engine.stats();
     s.inflight_requests = (st.max_inflight - st.limiter.available_permits()) as u64;
+    s.latency_bounds_s = crate::metrics::latency_buckets();
+    s.latency = st.engine.metrics().latency_by_op();
     s
 }
 
@@ -938,13 +961,7 @@ pub(crate) async fn pod_mrc(st: &AppState, p: &Principal, h: &HeaderMap) -> ApiR
         .iter()
         .filter(|m| m.id != *st.node_id)
         .map(|m| {
-            let req = st
-                .peers
-                .http
-                .get(format!("{}/v1/mrc", m.http))
-                .timeout(Duration::from_secs(5))
-                .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref());
-            let req = st.peers.for_caller(req, h, Some(p));
+            let req = st.member_get(&m.http, "/v1/mrc", Duration::from_secs(5), h, p);
             async move {
                 match req.send().await {
                     Ok(r) if r.status().is_success() => r.json::<MrcResponse>().await.ok(),

@@ -1455,8 +1455,9 @@ impl Engine {
             uptime_s: c.started.elapsed().as_secs_f64(),
             received_bytes: c.metrics.received_bytes.get(),
             sent_bytes: c.metrics.sent_bytes.get(),
-            latency_bounds_s: crate::metrics::latency_buckets(),
-            latency: c.metrics.latency_by_op(),
+            // The request-latency histograms are the server's: `server::node_stats`.
+            latency_bounds_s: Vec::new(),
+            latency: Vec::new(),
         }
     }
 
