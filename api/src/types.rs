@@ -152,6 +152,10 @@ pub struct Stats {
     pub dram_hits: u64,
     pub misses: u64,
     pub integrity_errors: u64,
+    /// Device reads that failed outside a client's request (a record to move at reclaim, a
+    /// record of the tail scanned at start): each cost that one record, nothing more.
+    #[serde(default)]
+    pub media_errors: u64,
     pub evicted_blocks: u64,
     pub evicted_regions: u64,
     pub reinserted_blocks: u64,

@@ -3,7 +3,8 @@
 //!
 //! - Payload AAD = `"ctxpod/block/v1" ‖ ns_id ‖ key_id ‖ key_len ‖ key`: a record moved under
 //!   another key, namespace or key generation fails to open.
-//! - Payload nonce = [`crate::record::nonce_for`]`(seq)`: unique per node and write.
+//! - Payload nonce = [`crate::record::nonce_for`]`(seq, salt)`: unique per node and write
+//!   (the sequence number), and across copies of one data directory (the incarnation's salt).
 //! - DEK wrapping: AES-256-GCM under the KEK with a random nonce, AAD binding ns_id and key_id.
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};

@@ -21,6 +21,9 @@ pub struct Metrics {
     pub hits: IntCounterVec,
     pub misses: IntCounter,
     pub integrity_errors: IntCounter,
+    /// Device reads that failed (uncorrectable), by what was reading: `reclaim` (a record
+    /// eviction meant to move; it is dropped instead), `tail_scan` (start-up re-indexing).
+    pub media_errors: IntCounterVec,
     pub evicted_blocks: IntCounter,
     pub evicted_regions: IntCounter,
     pub reinserted_blocks: IntCounter,
@@ -173,6 +176,14 @@ impl Metrics {
             integrity_errors: reg!(counter(
                 "ctxpod_integrity_errors_total",
                 "Records that failed a header, GCM or CRC32C check and were quarantined"
+            )),
+            media_errors: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_media_errors_total",
+                    "Device reads that failed outside a client's request, by what was \
+                     reading; the record concerned is dropped, the node stays writable"
+                ),
+                &["op"]
             )),
             evicted_blocks: reg!(counter(
                 "ctxpod_evicted_blocks_total",

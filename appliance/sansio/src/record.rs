@@ -17,7 +17,7 @@
 //! | 16 | 4 | plaintext length |
 //! | 20 | 4 | plaintext CRC32C |
 //! | 24 | 8 | write sequence number (unique per node, never reused) |
-//! | 32 | 12 | AES-GCM nonce |
+//! | 32 | 12 | AES-GCM nonce: sequence number (8) ‖ the writing incarnation's random salt (4) |
 //! | 44 | 8 | region epoch: the `open_seq` of the region the record was written into |
 //! | 52 | 12 | reserved, zero |
 //! | 64 | 128 | key, zero padded |
@@ -75,13 +75,22 @@ pub fn record_bytes(len: usize) -> usize {
     (HEADER_BYTES + len + TAG_BYTES).next_multiple_of(IO_ALIGN_BYTES)
 }
 
-/// The nonce of the record written with sequence number `seq`: the sequence number is unique
-/// per node for its whole life, so a nonce never repeats under any data key.
-pub fn nonce_for(seq: u64) -> [u8; NONCE_BYTES] {
+/// The nonce of the record written with sequence number `seq` by a node incarnation whose
+/// random salt is `salt`: the sequence number (bytes 0..8) is unique per node for its whole
+/// life, and the salt (bytes 8..12), drawn afresh at every start, keeps two nodes started
+/// from copies of one data directory (same keys, same sequence) from sealing under the same
+/// (key, nonce) but with a chance of 2^-32 per pair of starts.
+pub fn nonce_for(seq: u64, salt: [u8; 4]) -> [u8; NONCE_BYTES] {
     let mut n = [0u8; NONCE_BYTES];
     n[..8].copy_from_slice(&seq.to_le_bytes());
-    n[8..].copy_from_slice(b"CXPN");
+    n[8..].copy_from_slice(&salt);
     n
+}
+
+/// Whether `nonce` is one [`nonce_for`] gives for `seq` (with any salt). Records written
+/// before the salt existed carry the constant `CXPN` there, which passes too.
+pub fn nonce_matches(seq: u64, nonce: &[u8; NONCE_BYTES]) -> bool {
+    nonce[..8] == seq.to_le_bytes()
 }
 
 /// Sets the region epoch of an encoded header in place (and its header CRC).
@@ -161,7 +170,7 @@ mod tests {
             len: 1000,
             crc32c: 0xdead_beef,
             seq: 77,
-            nonce: nonce_for(77),
+            nonce: nonce_for(77, *b"salt"),
             region_epoch: 0,
             key: vec![1, 2, 3],
             plaintext: false,
@@ -229,6 +238,9 @@ mod tests {
         assert_eq!(record_bytes(4096 - 272), 4096);
         assert_eq!(record_bytes(4096 - 271), 8192);
         assert_eq!(record_bytes(1 << 20), (1 << 20) + 4096);
-        assert_ne!(nonce_for(1), nonce_for(2));
+        assert_ne!(nonce_for(1, [0; 4]), nonce_for(2, [0; 4]));
+        assert_ne!(nonce_for(1, [0; 4]), nonce_for(1, [1, 0, 0, 0]));
+        assert!(nonce_matches(9, &nonce_for(9, *b"abcd")));
+        assert!(!nonce_matches(9, &nonce_for(10, *b"abcd")));
     }
 }

@@ -88,6 +88,21 @@ impl S3Fifo {
         self.map.contains_key(key)
     }
 
+    /// Drops every entry of namespace `ns_id` (block keys start with it): its blocks left
+    /// the index when the namespace was deleted. O(entries); namespace deletes are rare.
+    pub fn remove_namespace(&mut self, ns_id: u32) {
+        let prefix = ns_id.to_be_bytes();
+        let doomed: Vec<CacheKey> = self
+            .map
+            .keys()
+            .filter(|k| k.starts_with(&prefix))
+            .cloned()
+            .collect();
+        for k in doomed {
+            self.remove(&k);
+        }
+    }
+
     /// Inserts a block; blocks larger than the small queue's share are not cached.
     pub fn insert(&mut self, key: CacheKey, data: Bytes, crc32c: u32) {
         let c = cost(&key, &data);

@@ -1,12 +1,15 @@
 //! KV events: which keys were stored, evicted or deleted, per namespace, so a KV-aware router
-//! can send a request to where its prefix lives. One bounded broadcast queue per node; a
-//! subscriber that falls behind loses the oldest events and is told how many (it should
-//! resynchronise, e.g. with MATCH). Emitting costs nothing while nobody listens.
+//! can send a request to where its prefix lives. One bounded broadcast queue per namespace
+//! that has subscribers; a subscriber that falls behind loses the oldest events of its own
+//! namespace and is told how many (it should resynchronise, e.g. with MATCH): another
+//! tenant's traffic neither costs it events nor shows in its count. Emitting costs nothing
+//! for a namespace nobody listens to.
 
 use bytes::Bytes;
+use std::collections::HashMap;
 use tokio::sync::broadcast;
 
-/// Events buffered per node for the slowest subscriber.
+/// Events buffered per namespace for its slowest subscriber.
 pub const EVENTS_QUEUE: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,41 +29,79 @@ pub struct KvEvent {
     pub key: Bytes,
 }
 
+#[derive(Default)]
 pub struct Events {
-    tx: broadcast::Sender<KvEvent>,
-}
-
-impl Default for Events {
-    fn default() -> Self {
-        Events {
-            tx: broadcast::channel(EVENTS_QUEUE).0,
-        }
-    }
+    /// Namespace id → its queue, while it has (or recently had) subscribers.
+    by_ns: parking_lot::RwLock<HashMap<u32, broadcast::Sender<KvEvent>>>,
 }
 
 impl Events {
     /// Emits an event for a block key (`ns_id` ‖ key, as in the index).
     pub fn block(&self, bkey: &[u8], kind: KvEventKind) {
-        if self.tx.receiver_count() == 0 || bkey.len() < 4 {
+        if bkey.len() < 4 {
             return;
         }
         let ns_id = u32::from_be_bytes(bkey[..4].try_into().expect("4 bytes"));
-        let _ = self.tx.send(KvEvent {
+        let m = self.by_ns.read();
+        let Some(tx) = m.get(&ns_id).filter(|tx| tx.receiver_count() > 0) else {
+            return;
+        };
+        let _ = tx.send(KvEvent {
             ns_id,
             kind,
             key: Bytes::copy_from_slice(&bkey[4..]),
         });
     }
 
+    /// The namespace is gone: its subscribers are told, and its queue dropped.
     pub fn namespace_deleted(&self, ns_id: u32) {
-        let _ = self.tx.send(KvEvent {
-            ns_id,
-            kind: KvEventKind::NamespaceDeleted,
-            key: Bytes::new(),
-        });
+        if let Some(tx) = self.by_ns.write().remove(&ns_id) {
+            let _ = tx.send(KvEvent {
+                ns_id,
+                kind: KvEventKind::NamespaceDeleted,
+                key: Bytes::new(),
+            });
+        }
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<KvEvent> {
-        self.tx.subscribe()
+    /// A receiver of namespace `ns_id`'s events. Queues nobody listens to any more are let
+    /// go here.
+    pub fn subscribe(&self, ns_id: u32) -> broadcast::Receiver<KvEvent> {
+        let mut m = self.by_ns.write();
+        m.retain(|id, tx| *id == ns_id || tx.receiver_count() > 0);
+        m.entry(ns_id)
+            .or_insert_with(|| broadcast::channel(EVENTS_QUEUE).0)
+            .subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bkey(ns: u32, key: &[u8]) -> Vec<u8> {
+        let mut k = ns.to_be_bytes().to_vec();
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// A subscriber's losses count only its own namespace's events.
+    #[test]
+    fn another_namespace_costs_a_subscriber_nothing() {
+        let e = Events::default();
+        let mut mine = e.subscribe(1);
+        let _theirs = e.subscribe(2);
+        e.block(&bkey(1, b"a"), KvEventKind::Stored);
+        for i in 0..(2 * EVENTS_QUEUE as u32) {
+            e.block(&bkey(2, &i.to_be_bytes()), KvEventKind::Stored);
+        }
+        let ev = mine.try_recv().expect("its own event, not lagged");
+        assert_eq!((ev.ns_id, &ev.key[..]), (1, &b"a"[..]));
+        assert!(mine.try_recv().is_err(), "nothing of namespace 2");
+        e.namespace_deleted(1);
+        assert_eq!(
+            mine.try_recv().expect("told").kind,
+            KvEventKind::NamespaceDeleted
+        );
     }
 }

@@ -215,6 +215,7 @@ pub(crate) struct Counters {
     dram_hits: AtomicU64,
     misses: AtomicU64,
     integrity_errors: AtomicU64,
+    media_errors: AtomicU64,
     evicted_blocks: AtomicU64,
     evicted_regions: AtomicU64,
     reinserted_blocks: AtomicU64,
@@ -243,7 +244,13 @@ pub(crate) struct Core {
     kek_fingerprint: parking_lot::Mutex<[u8; 8]>,
     namespaces: RwLock<HashMap<String, Arc<Namespace>>>,
     ns_by_id: RwLock<HashMap<u32, Arc<Namespace>>>,
+    /// Verified plaintext of blocks the index holds. Never holds a block the index does not
+    /// (or holds under another record): the writer drops entries right after the index
+    /// write that removes them ([`Core::dram_forget`]), and a read admits what it read only
+    /// if no such removal ran since it read the index ([`Core::dram_admit`]).
     dram: Mutex<S3Fifo>,
+    /// Bumped, under the `dram` lock, by every [`Core::dram_forget`].
+    dram_invalidations: AtomicU64,
     pub leases: Leases,
     /// The miss-ratio curve of the node's block references (GET hits and PUTs), sampled.
     pub mrc: Option<Mutex<ctxpod_plan::mrc::Mrc>>,
@@ -255,6 +262,9 @@ pub(crate) struct Core {
     pub presence: presence::Presence,
     pub read_bits: ReadBits,
     seq: SeqAlloc,
+    /// Drawn at random at every start: the last 4 bytes of every nonce this incarnation
+    /// seals under ([`record::nonce_for`]).
+    nonce_salt: [u8; 4],
     offload: OffloadEngine,
     pub metrics: Arc<Metrics>,
     pub counters: Counters,
@@ -281,6 +291,44 @@ impl Core {
         if !self.failed.swap(true, Ordering::SeqCst) {
             tracing::error!(error = %format!("{e:#}"), "{what} failed; the node stops accepting writes");
         }
+    }
+
+    /// Drops the DRAM copies of blocks whose index entries were removed (evicted, deleted,
+    /// quarantined) and of every block of the namespaces in `namespaces`. Called once that
+    /// index write is done, before anyone is told of it.
+    pub(crate) fn dram_forget<'a>(
+        &self,
+        bkeys: impl IntoIterator<Item = &'a [u8]>,
+        namespaces: &[u32],
+    ) {
+        let mut d = self.dram.lock();
+        self.dram_invalidations.fetch_add(1, Ordering::SeqCst);
+        for k in bkeys {
+            d.remove(k);
+        }
+        for &id in namespaces {
+            d.remove_namespace(id);
+        }
+    }
+
+    /// A ticket for [`Core::dram_admit`], taken before the index is read.
+    fn dram_ticket(&self) -> u64 {
+        self.dram_invalidations.load(Ordering::SeqCst)
+    }
+
+    /// Puts a block just read from `loc` into the DRAM tier, unless the index no longer
+    /// holds that record. `ticket` was taken before the index lookup that gave `loc`: if no
+    /// removal ran since, the entry is current (a removal that comes later drops it);
+    /// otherwise the index is asked again, under the lock the removals take.
+    fn dram_admit(&self, bkey: CacheKey, data: Bytes, loc: &BlockLoc, ticket: u64) -> Result<()> {
+        let mut d = self.dram.lock();
+        if self.dram_invalidations.load(Ordering::SeqCst) != ticket
+            && self.index.get_block(&bkey)?.map(|l| l.seq) != Some(loc.seq)
+        {
+            return Ok(());
+        }
+        d.insert(bkey, data, loc.crc32c);
+        Ok(())
     }
 
     fn next_seq(&self) -> anyhow::Result<u64> {
@@ -369,7 +417,7 @@ fn open_record(
         || h.crc32c != loc.crc32c
         || h.seq != loc.seq
         || h.key_id != loc.key_id
-        || h.nonce != record::nonce_for(h.seq)
+        || !record::nonce_matches(h.seq, &h.nonce)
     {
         return Err("record header does not match the index".into());
     }
@@ -488,11 +536,11 @@ impl StagedBlock {
         ns_id: u32,
         (key_id, dek): (u32, Option<&AeadKey>),
         key: &[u8],
-        seq: u64,
+        (seq, salt): (u64, [u8; 4]),
         crc: u32,
     ) -> AlignedBuf {
         let len = self.len;
-        let nonce = record::nonce_for(seq);
+        let nonce = record::nonce_for(seq, salt);
         let tag = match dek {
             Some(dek) => crypto::seal(
                 dek,
@@ -692,15 +740,15 @@ impl Engine {
         let prep = if existing.is_some() {
             PutPrep::Crc(crc)
         } else {
-            let (ns_id, key2) = (ns.id, key.to_vec());
+            let (ns_id, key2, salt) = (ns.id, key.to_vec(), self.core.nonce_salt);
             let record = if self.core.geometry.plaintext_at_rest {
                 // Nothing to seal: the header is written here, with no trip to the AEAD
                 // engine.
-                staged.seal(ns_id, (key_id, None), &key2, seq, crc)
+                staged.seal(ns_id, (key_id, None), &key2, (seq, salt), crc)
             } else {
                 self.core
                     .offload
-                    .aead(move || staged.seal(ns_id, (key_id, Some(&dek)), &key2, seq, crc))
+                    .aead(move || staged.seal(ns_id, (key_id, Some(&dek)), &key2, (seq, salt), crc))
                     .await?
             };
             PutPrep::Record(crc, record)
@@ -780,21 +828,22 @@ impl Engine {
             c.metrics.hits.with_label_values(&["dram"]).inc();
             return Ok(Some(b));
         }
+        let ticket = c.dram_ticket();
         let found = match c.index.get_block(&bkey)? {
             Some(loc) => self
                 .read_record(&ns, key, &bkey, loc)
                 .await?
-                .map(|b| (b, loc.crc32c)),
+                .map(|b| (b, loc)),
             None => None,
         };
         match found {
-            Some((b, crc)) => {
+            Some((b, loc)) => {
                 self.reference(&bkey, b.len());
                 c.read_bits.set(&bkey);
                 c.counters.hits.fetch_add(1, Ordering::Relaxed);
                 c.metrics.hits.with_label_values(&["flash"]).inc();
-                c.dram.lock().insert(bkey, b.clone(), crc);
-                Ok(Some((b, crc)))
+                c.dram_admit(bkey, b.clone(), &loc, ticket)?;
+                Ok(Some((b, loc.crc32c)))
             }
             None => {
                 c.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -871,12 +920,13 @@ impl Engine {
         }
     }
 
-    /// Whether the block is present (index or DRAM tier), without reading it.
+    /// Whether the block is present, without reading it: what a GET would find (the DRAM
+    /// tier only ever holds blocks the index holds).
     pub async fn contains(&self, ns: &str, key: &[u8]) -> Result<bool> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
         let bkey = block_key(ns.id, key);
-        Ok(self.core.dram.lock().contains(&bkey) || self.core.index.get_block(&bkey)?.is_some())
+        Ok(self.core.index.get_block(&bkey)?.is_some())
     }
 
     /// Up to `limit` keys of namespace `ns` held on flash, in key order, after `after`
@@ -946,6 +996,15 @@ impl Engine {
         }
     }
 
+    /// The length of the block a GET would serve now, without reading it (`None`: absent):
+    /// what an answer admits against its byte budgets before the read.
+    pub fn block_len(&self, ns: &str, key: &[u8]) -> Result<Option<usize>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let loc = self.core.index.get_block(&block_key(ns.id, key))?;
+        Ok(loc.map(|l| l.len as usize))
+    }
+
     /// Whether the index holds the block (it is on flash), whatever the DRAM tier holds.
     pub fn on_flash(&self, ns: &str, key: &[u8]) -> Result<bool> {
         Self::check_key(key)?;
@@ -974,39 +1033,24 @@ impl Engine {
             bkey: bkey.clone(),
             reply: tx,
         })?;
+        // The writer dropped the DRAM copy once the delete was in the index.
         let existed = rx
             .await
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
-        let in_dram = {
-            let mut d = self.core.dram.lock();
-            let had = d.contains(&bkey);
-            d.remove(&bkey);
-            had
-        };
-        if existed || in_dram {
+        if existed {
             self.core.events.block(&bkey, events::KvEventKind::Deleted);
         }
-        Ok(existed || in_dram)
+        Ok(existed)
     }
 
-    /// Number of leading keys of `chain` present (in the index, or in the DRAM tier only).
+    /// Number of leading keys of `chain` present, from the in-memory presence set (no
+    /// RocksDB lookup per key). The DRAM tier holds nothing the index does not.
     pub async fn match_prefix(&self, ns: &str, chain: Vec<Vec<u8>>) -> Result<u64> {
         for k in &chain {
             Self::check_key(k)?;
         }
         let ns = self.ns(ns)?;
-        let core = self.core.clone();
-        // The in-memory presence set first (no RocksDB lookup per key); a key it lacks may
-        // still be in the DRAM tier only.
-        let mut matched = 0usize;
-        while matched < chain.len() {
-            matched += core.presence.leading(ns.id, &chain[matched..]);
-            match chain.get(matched) {
-                Some(k) if core.dram.lock().contains(&block_key(ns.id, k)) => matched += 1,
-                _ => break,
-            }
-        }
-        Ok(matched as u64)
+        Ok(self.core.presence.leading(ns.id, &chain) as u64)
     }
 
     /// Pins the present keys among `keys` for `ttl`; returns how many were pinned.
@@ -1026,8 +1070,7 @@ impl Engine {
         let mut each = Vec::with_capacity(keys.len());
         for k in keys {
             let bkey = block_key(ns.id, &k);
-            let present = self.core.dram.lock().contains(&bkey)
-                || self.core.index.get_block(&bkey)?.is_some();
+            let present = self.core.index.get_block(&bkey)?.is_some();
             if present {
                 self.core
                     .leases
@@ -1059,8 +1102,7 @@ impl Engine {
             for chunk in bkeys.chunks(256) {
                 let locs = core.index.multi_get_blocks(chunk)?;
                 for (bkey, loc) in chunk.iter().zip(locs) {
-                    let here = loc.is_some() || core.dram.lock().contains(bkey);
-                    let ok = here && core.leases.hold(bkey).is_ok();
+                    let ok = loc.is_some() && core.leases.hold(bkey).is_ok();
                     if ok {
                         held.bkeys.push(bkey.clone());
                     }
@@ -1082,7 +1124,7 @@ impl Engine {
         ns: &str,
     ) -> Result<(u32, tokio::sync::broadcast::Receiver<events::KvEvent>)> {
         let ns = self.ns(ns)?;
-        Ok((ns.id, self.core.events.subscribe()))
+        Ok((ns.id, self.core.events.subscribe(ns.id)))
     }
 
     pub async fn unpin(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<u64> {
@@ -1439,6 +1481,7 @@ impl Engine {
             dram_hits: ld(&n.dram_hits),
             misses: ld(&n.misses),
             integrity_errors: ld(&n.integrity_errors),
+            media_errors: ld(&n.media_errors),
             evicted_blocks: ld(&n.evicted_blocks),
             evicted_regions: ld(&n.evicted_regions),
             reinserted_blocks: ld(&n.reinserted_blocks),
@@ -1468,3 +1511,6 @@ impl Engine {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod coherence_tests;

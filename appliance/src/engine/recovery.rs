@@ -180,11 +180,19 @@ pub(super) async fn open(
     };
     let next_reserved = reserved + SEQ_CHUNK;
     let mut regions = load_regions(&index, &geometry)?;
-    let recovered =
+    let scan =
         recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces, None).await?;
+    let recovered = scan.records;
     counters
         .recovered_records
         .store(recovered, Ordering::Relaxed);
+    counters
+        .media_errors
+        .store(scan.media_errors, Ordering::Relaxed);
+    metrics
+        .media_errors
+        .with_label_values(&["tail_scan"])
+        .inc_by(scan.media_errors);
     if recovered > 0 {
         tracing::info!(
             records = recovered,
@@ -204,6 +212,8 @@ pub(super) async fn open(
         .collect();
     Ok(Core {
         dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
+        dram_invalidations: AtomicU64::new(0),
+        nonce_salt: rand::random(),
         leases: Leases::new(cfg.leases_max),
         // Bounded whatever the rate: past `mrc_keys_max` keys the rate is lowered.
         mrc: (cfg.mrc_sample_rate > 0.0).then(|| {
@@ -278,7 +288,7 @@ pub(super) async fn reopen_after_no_space(
     let g = &core.geometry;
     let mut regions = load_regions(&core.index, g)?;
     let namespaces = core.ns_by_id.read().clone();
-    recover_open_tail(
+    let scan = recover_open_tail(
         &*core.device,
         &core.index,
         g,
@@ -287,6 +297,13 @@ pub(super) async fn reopen_after_no_space(
         stop_at,
     )
     .await?;
+    core.counters
+        .media_errors
+        .fetch_add(scan.media_errors, Ordering::Relaxed);
+    core.metrics
+        .media_errors
+        .with_label_values(&["tail_scan"])
+        .inc_by(scan.media_errors);
     let epoch = core.next_seq()?;
     fresh_tail_epochs(
         &core.index,
@@ -435,8 +452,10 @@ async fn write_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> 
 }
 
 async fn check_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
-    let (buf, r) = dev.read_at(AlignedBuf::zeroed(IO_ALIGN_BYTES), 0).await;
-    r.context("read device superblock")?;
+    let mut errors = 0;
+    let Some(buf) = read_retrying(dev, IO_ALIGN_BYTES, 0, &mut errors).await else {
+        bail!("the device superblock could not be read ({TAIL_READ_TRIES} tries)");
+    };
     let want = superblock_bytes(g)?;
     if buf[..] != want[..] {
         bail!(
@@ -606,7 +625,7 @@ async fn recover_open_tail(
     regions: &mut [RegionMeta],
     namespaces: &HashMap<u32, Arc<Namespace>>,
     stop_at: Option<(u32, u32)>,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<TailScan> {
     let Some(r) = regions
         .iter()
         .enumerate()
@@ -614,23 +633,31 @@ async fn recover_open_tail(
         .max_by_key(|(_, m)| m.open_seq)
         .map(|(r, _)| r)
     else {
-        return Ok(0);
+        return Ok(TailScan::default());
     };
     let m = regions[r];
     let base = g.data_offset + r as u64 * g.region_bytes;
     let mut pos = m.write_ptr as u64;
     let mut wb = rocksdb::WriteBatch::default();
     let (cf_blocks, cf_br) = (index.cf(index::CF_BLOCKS), index.cf(index::CF_BY_REGION));
-    let mut n = 0;
+    let mut scan = TailScan::default();
     let end = match stop_at {
         Some((sr, so)) if sr as usize == r => so as u64,
         _ => g.region_bytes,
     };
     while pos + IO_ALIGN_BYTES as u64 <= end {
-        let (buf, res) = dev
-            .read_at(AlignedBuf::reused(IO_ALIGN_BYTES), base + pos)
-            .await;
-        res.context("scan the open region's tail")?;
+        // An unreadable header ends the scan (the record's length is unknown), after the
+        // drive's own retries and ours; the node starts and stays writable.
+        let Some(buf) =
+            read_retrying(dev, IO_ALIGN_BYTES, base + pos, &mut scan.media_errors).await
+        else {
+            tracing::warn!(
+                region = r,
+                offset = pos,
+                "the open region's tail is unreadable here; the scan ends"
+            );
+            break;
+        };
         let Ok(h) = RecordHeader::decode(&buf) else {
             break;
         };
@@ -654,10 +681,19 @@ async fn recover_open_tail(
             seq: h.seq,
             stored_ms: super::now_ms(),
         };
-        let (buf, res) = dev
-            .read_at(AlignedBuf::reused(record_len as usize), base + pos)
-            .await;
-        res.context("read a record of the open region's tail")?;
+        // An unreadable body costs that record only: its header (checked, of this epoch)
+        // says where the next one begins.
+        let Some(buf) =
+            read_retrying(dev, record_len as usize, base + pos, &mut scan.media_errors).await
+        else {
+            tracing::warn!(
+                region = r,
+                offset = pos,
+                "a record of the open region's tail is unreadable; it is skipped"
+            );
+            pos += record_len;
+            continue;
+        };
         if !matches!(
             super::verify_record(buf, dek.as_deref(), h.ns_id, &h.key, &loc),
             super::Verified::Ok(_)
@@ -667,10 +703,10 @@ async fn recover_open_tail(
         let bkey = index::block_key(h.ns_id, &h.key);
         wb.put_cf(cf_blocks, &bkey, loc.encode());
         wb.put_cf(cf_br, index::by_region_key(r as u32, pos as u32), &bkey);
-        n += 1;
+        scan.records += 1;
         pos += record_len;
     }
-    if n > 0 {
+    if pos > m.write_ptr as u64 {
         regions[r].write_ptr = pos as u32;
         wb.put_cf(
             index.cf(index::CF_REGIONS),
@@ -679,5 +715,36 @@ async fn recover_open_tail(
         );
         index.write(wb, index::WriteMode::Wal { sync: true })?;
     }
-    Ok(n)
+    Ok(scan)
+}
+
+/// What a scan of the open region's tail found.
+#[derive(Default)]
+pub(super) struct TailScan {
+    /// Records re-indexed.
+    pub records: u64,
+    /// Reads that failed every try.
+    pub media_errors: u64,
+}
+
+/// Reads at start-up (the superblock, the open region's tail) are tried this many times
+/// before the range counts as unreadable.
+const TAIL_READ_TRIES: u32 = 3;
+
+/// `len` bytes at `off`, tried [`TAIL_READ_TRIES`] times; `None` (counted in `errors`) if
+/// every try failed.
+async fn read_retrying(
+    dev: &dyn Device,
+    len: usize,
+    off: u64,
+    errors: &mut u64,
+) -> Option<AlignedBuf> {
+    for _ in 0..TAIL_READ_TRIES {
+        let (buf, res) = dev.read_at(AlignedBuf::reused(len), off).await;
+        if res.is_ok() {
+            return Some(buf);
+        }
+    }
+    *errors += 1;
+    None
 }

@@ -132,6 +132,10 @@ struct CommitJob {
     /// The batch's own changes: with the WAL and synced for a checkpoint, without otherwise.
     wb: WriteBatch,
     replies: Vec<Reply>,
+    /// Blocks (deleted, quarantined) and namespaces (dropped) whose DRAM copies go once `wb`
+    /// is written, before any reply.
+    forget: Vec<Vec<u8>>,
+    forget_ns: Vec<u32>,
     /// Some command needs everything acknowledged so far on stable media.
     sync: bool,
     /// The batch's records were written durable (they need no flush themselves).
@@ -304,6 +308,9 @@ async fn commit_index(core: &Arc<Core>, job: CommitJob) {
     core.metrics
         .index_commit_seconds
         .observe(t.elapsed().as_secs_f64());
+    if !job.forget.is_empty() || !job.forget_ns.is_empty() {
+        core.dram_forget(job.forget.iter().map(Vec::as_slice), &job.forget_ns);
+    }
     if job.sync {
         core.unsynced.store(false, Ordering::SeqCst);
     }
@@ -552,6 +559,18 @@ impl Writer {
         }
     }
 
+    /// A block leaves the index at reclaim (into `wb`): counted, announced, out of the
+    /// presence set. Its DRAM copy goes once `wb` is written.
+    fn evict_entry(&self, wb: &mut WriteBatch, bkey: &[u8], loc: &BlockLoc) {
+        let core = &self.core;
+        wb.delete_cf(core.index.cf(index::CF_BLOCKS), bkey);
+        self.account_bkey(bkey, loc.len);
+        core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
+        core.metrics.evicted_blocks.inc();
+        core.events.block(bkey, KvEventKind::Evicted);
+        core.presence.remove(bkey);
+    }
+
     fn account_bkey(&self, bkey: &[u8], len: u32) {
         let id = u32::from_be_bytes(
             bkey[..4]
@@ -603,6 +622,7 @@ impl Writer {
         let mut new_entries: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
         let mut needs_checkpoint = false;
         let mut first_record = None;
+        let (mut forget, mut forget_ns) = (Vec::new(), Vec::new());
         for cmd in cmds {
             match cmd {
                 WriteCmd::Put(mut p) => {
@@ -684,6 +704,7 @@ impl Writer {
                         self.core.presence.remove(&bkey);
                         needs_checkpoint = true;
                         self.account(&ns, loc.len, false);
+                        forget.push(bkey.clone());
                         pending.insert(bkey, None);
                         replies.push(Reply::Delete(reply, true));
                     }
@@ -698,6 +719,7 @@ impl Writer {
                             wb.put_cf(cfs.2, &bkey, loc.encode());
                             needs_checkpoint = true;
                             self.account_bkey(&bkey, loc.len);
+                            forget.push(bkey.clone());
                             pending.insert(bkey, None);
                         }
                     }
@@ -708,6 +730,7 @@ impl Writer {
                     let hi = (ns.id + 1).to_be_bytes();
                     wb.delete_range_cf(cfs.0, lo, hi);
                     self.core.presence.drop_namespace(ns.id);
+                    forget_ns.push(ns.id);
                     needs_checkpoint = true;
                     wb.delete_range_cf(core.index.cf(index::CF_KEYS), lo, hi);
                     wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
@@ -764,6 +787,8 @@ impl Writer {
             checkpoint: checkpoint.then(|| earlier.unwrap_or_default()),
             wb,
             replies,
+            forget,
+            forget_ns,
             sync,
             durable_writes: sync,
             written,
@@ -833,17 +858,15 @@ impl Writer {
         let mut wb = WriteBatch::default();
         let mut moved = 0u64;
         let mut written = 0u64;
+        // Blocks that leave the index: their DRAM copies go once it is written.
+        let mut gone: Vec<Vec<u8>> = Vec::new();
         for (bkey, loc) in live {
             let pinned = core.leases.is_pinned(&bkey);
             let hot =
                 core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
             if !(pinned || hot) {
-                wb.delete_cf(cf_blocks, &bkey);
-                self.account_bkey(&bkey, loc.len);
-                core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
-                core.metrics.evicted_blocks.inc();
-                core.events.block(&bkey, KvEventKind::Evicted);
-                core.presence.remove(&bkey);
+                self.evict_entry(&mut wb, &bkey, &loc);
+                gone.push(bkey);
                 continue;
             }
             let buf = AlignedBuf::reused(loc.record_len as usize);
@@ -851,19 +874,31 @@ impl Writer {
                 .device
                 .read_at(buf, core.dev_offset(r, loc.offset))
                 .await;
-            res?;
+            // A record the device cannot read is that record's loss only: it is dropped
+            // like an unpinned one and counted; the node stays writable.
+            if let Err(e) = res {
+                tracing::warn!(
+                    region = r,
+                    offset = loc.offset,
+                    error = %e,
+                    "a record to move at reclaim could not be read; it is dropped"
+                );
+                core.metrics
+                    .media_errors
+                    .with_label_values(&["reclaim"])
+                    .inc();
+                core.counters.media_errors.fetch_add(1, Ordering::Relaxed);
+                self.evict_entry(&mut wb, &bkey, &loc);
+                gone.push(bkey);
+                continue;
+            }
             let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
                 h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
             });
             let target = if intact { self.alloc(buf.len())? } else { None };
             let Some((nr, noff)) = target else {
                 // A record that no longer checks out, or no room left: it leaves the index.
-                wb.delete_cf(cf_blocks, &bkey);
-                self.account_bkey(&bkey, loc.len);
-                core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
-                core.metrics.evicted_blocks.inc();
-                core.events.block(&bkey, KvEventKind::Evicted);
-                core.presence.remove(&bkey);
+                self.evict_entry(&mut wb, &bkey, &loc);
                 if !intact {
                     core.counters
                         .integrity_errors
@@ -871,6 +906,7 @@ impl Writer {
                     core.metrics.integrity_errors.inc();
                     wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
                 }
+                gone.push(bkey);
                 continue;
             };
             if !pinned {
@@ -908,6 +944,7 @@ impl Writer {
             idx.write(earlier, index::WriteMode::Wal { sync: false })?;
         }
         idx.write(wb, index::WriteMode::Wal { sync: true })?;
+        core.dram_forget(gone.iter().map(Vec::as_slice), &[]);
         self.free.push_back(r);
         core.counters
             .evicted_regions
