@@ -184,6 +184,14 @@ pub async fn plan(
         )));
     }
     let live = if args.live {
+        // The live curve is the node's access pattern: the role `/v1/mrc` needs.
+        if !p.may(crate::auth::Access::Monitor) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "planning from the live curve needs the role /v1/mrc needs (admin or viewer)",
+            ));
+        }
         Some(pod_mrc(&st, &p, &h).await?)
     } else {
         None

@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod budget;
 pub mod cli;
 pub use ctxpod_sansio::config;
 pub mod crypto;

@@ -38,8 +38,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     limiter: Arc<Semaphore>,
     max_inflight: usize,
-    /// KiB of request bodies being received or stored at once (PUT and batch/put).
-    ingest: Arc<Semaphore>,
+    /// The node's byte budgets (request bodies, answers, staging), shared with CXP1.
+    pub budgets: crate::budget::Budgets,
     pub auth: Arc<Authenticator>,
     /// The pod this node is in, and its own id there.
     pub pod: Arc<crate::pod::membership::Membership>,
@@ -95,24 +95,37 @@ impl AppState {
             .map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "quota", m))
     }
 
+    /// Takes `bytes` of the egress budget for an answer to `peer` (its address's share and
+    /// the node's), or answers 503 when it is spent.
+    fn admit_egress(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        bytes: usize,
+    ) -> ApiResult<Vec<crate::budget::Permit>> {
+        self.budgets.take_egress(peer, bytes).ok_or_else(|| {
+            self.engine
+                .metrics()
+                .busy_rejections
+                .with_label_values(&["egress"])
+                .inc();
+            ApiError::busy("too many answers waiting for their clients; retry later")
+        })
+    }
+
     /// Reserves room for a body of `bytes`, or answers 503 when the ingest budget is spent.
     fn admit_body(&self, bytes: usize) -> ApiResult<IngestPermit> {
-        let kib = bytes.div_ceil(1024).max(1) as u32;
-        self.ingest
-            .clone()
-            .try_acquire_many_owned(kib)
-            .map_err(|_| {
-                self.engine
-                    .metrics()
-                    .busy_rejections
-                    .with_label_values(&["ingest"])
-                    .inc();
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "busy",
-                    "too many request bodies in flight; retry later",
-                )
-            })
+        self.budgets.ingest.try_take(bytes).ok_or_else(|| {
+            self.engine
+                .metrics()
+                .busy_rejections
+                .with_label_values(&["ingest"])
+                .inc();
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many request bodies in flight; retry later",
+            )
+        })
     }
 }
 
@@ -138,6 +151,10 @@ impl ApiError {
 
     fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+
+    fn busy(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
     }
 }
 
@@ -265,18 +282,14 @@ pub fn router(
     engine: Arc<Engine>,
     auth: Arc<Authenticator>,
     max_inflight: usize,
-    ingest_bytes_max: u64,
+    budgets: crate::budget::Budgets,
     pod: &crate::pod::Pod,
 ) -> Router {
-    let ingest_kib = (ingest_bytes_max / 1024).clamp(
-        ctxpod_api::BATCH_BODY_BYTES_MAX as u64 / 1024,
-        Semaphore::MAX_PERMITS as u64,
-    ) as usize;
     let state = AppState {
         engine,
         limiter: Arc::new(Semaphore::new(max_inflight)),
         max_inflight,
-        ingest: Arc::new(Semaphore::new(ingest_kib)),
+        budgets,
         auth,
         pod: pod.membership.clone(),
         node_id: pod.me.id.as_str().into(),
@@ -1435,11 +1448,22 @@ async fn put_block(
 async fn get_block(
     State(st): State<AppState>,
     Extension(p): Extension<Principal>,
+    Peer(peer): Peer,
     Path((ns, key)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let ns = scope(&p, &ns)?;
     let key = parse_key(&key)?;
+    let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block");
+    // The block's bytes are taken from the egress budget before it is read, and given back
+    // once the body is written out.
+    let Some(len) = st.engine.block_len(&ns, &key)? else {
+        return Err(not_found());
+    };
+    let permits = st.admit_egress(peer, len)?;
     match st.engine.get(&ns, &key).await? {
+        Some((data, _)) if data.len() > len => Err(ApiError::busy(
+            "the block was replaced while it was read; retry",
+        )),
         Some((data, crc)) => {
             st.engine.metrics().sent_bytes.inc_by(data.len() as u64);
             Ok((
@@ -1449,17 +1473,60 @@ async fn get_block(
                         header::HeaderName::from_static(ctxpod_api::HEADER_CRC32C),
                         ctxpod_api::crc32c_hex(crc),
                     ),
+                    (header::CONTENT_LENGTH, data.len().to_string()),
                 ],
-                data,
+                body_holding(vec![data], permits),
             )
                 .into_response())
         }
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "no such block",
-        )),
+        None => Err(not_found()),
     }
+}
+
+/// The caller's address, when the listener gave it.
+pub(crate) struct Peer(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<crate::tls::PeerInfo>>()
+                .map(|c| c.0.addr.ip()),
+        ))
+    }
+}
+
+/// Bytes of a body handed to hyper at a time: it asks for the next piece only once it has
+/// room for it, so what a body holds is given back as its bytes leave.
+const BODY_PIECE_BYTES: usize = 64 << 10;
+
+/// A response body of `pieces` (cut into [`BODY_PIECE_BYTES`] slices, no copy) that holds
+/// `permits` until its last piece is handed to the connection: a client that never reads
+/// keeps its answer's share of the budgets, not more.
+fn body_holding(pieces: Vec<Bytes>, permits: Vec<crate::budget::Permit>) -> Body {
+    let mut slices = Vec::new();
+    for p in pieces {
+        let mut at = 0;
+        while at < p.len() {
+            let end = (at + BODY_PIECE_BYTES).min(p.len());
+            slices.push(p.slice(at..end));
+            at = end;
+        }
+    }
+    let state = (slices.into_iter(), permits);
+    Body::from_stream(futures::stream::unfold(
+        state,
+        |(mut it, permits)| async move {
+            it.next()
+                .map(|piece| (Ok::<_, std::convert::Infallible>(piece), (it, permits)))
+        },
+    ))
 }
 
 async fn head_block(
@@ -1613,6 +1680,7 @@ async fn present_keys(
 async fn batch_get(
     State(st): State<AppState>,
     Extension(p): Extension<Principal>,
+    Peer(peer): Peer,
     Path(ns): Path<String>,
     h: HeaderMap,
     body: Body,
@@ -1621,11 +1689,11 @@ async fn batch_get(
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
     st.engine.namespace(&scoped)?;
-    let results = if st.answers_for_pod(&h) {
-        pod_batch_get(&st, &p, &ns, &scoped, &h, &keys).await
+    let (results, permits) = if st.answers_for_pod(&h) {
+        let results = pod_batch_get(&st, &p, &ns, &scoped, &h, &keys).await;
+        charge_answers(&st, peer, results)
     } else {
-        let all: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        local_batch_get(&st, &scoped, &all).await
+        admitted_batch_get(&st, peer, &scoped, &keys).await
     };
     let mut budget = BATCH_GET_BYTES_MAX;
     let mut out = Vec::new();
@@ -1649,8 +1717,113 @@ async fn batch_get(
             &mut out,
         );
     }
+    drop(results);
     st.engine.metrics().sent_bytes.inc_by(sent);
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+    // The frame holds the answer's egress share until it is written out.
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, out.len().to_string()),
+        ],
+        body_holding(vec![Bytes::from(out)], permits),
+    )
+        .into_response())
+}
+
+/// A `batch/get` served here: blocks admitted in order while they fit the answer
+/// ([`BATCH_GET_BYTES_MAX`]) and the node's egress budget, each taken before the read; only
+/// admitted blocks are read, the others answer 413 (the answer is full: ask again for
+/// them) or 503 (busy) without costing anything.
+async fn admitted_batch_get(
+    st: &AppState,
+    peer: Option<std::net::IpAddr>,
+    scoped: &str,
+    keys: &[Vec<u8>],
+) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
+    let mut room = BATCH_GET_BYTES_MAX;
+    let mut permits = Vec::new();
+    let mut busy = 0u64;
+    let plan: Vec<Result<usize, u16>> = keys
+        .iter()
+        .map(|k| match st.engine.block_len(scoped, k) {
+            Err(e) => Err(status_of(&e).0.as_u16()),
+            Ok(None) => Err(404),
+            Ok(Some(len)) if len > room => Err(413),
+            Ok(Some(len)) => match st.budgets.take_egress(peer, len) {
+                Some(p) => {
+                    room -= len;
+                    permits.extend(p);
+                    Ok(len)
+                }
+                None => {
+                    busy += 1;
+                    Err(503)
+                }
+            },
+        })
+        .collect();
+    if busy > 0 {
+        st.engine
+            .metrics()
+            .busy_rejections
+            .with_label_values(&["egress"])
+            .inc_by(busy);
+    }
+    let admitted: Vec<&[u8]> = keys
+        .iter()
+        .zip(&plan)
+        .filter(|(_, p)| p.is_ok())
+        .map(|(k, _)| &k[..])
+        .collect();
+    let mut read = local_batch_get(st, scoped, &admitted).await.into_iter();
+    let refused = |status| pod_batch::Got {
+        status,
+        crc32c: None,
+        len: 0,
+        data: None,
+    };
+    let got = plan
+        .iter()
+        .map(|p| match p {
+            Ok(len) => match read.next() {
+                // Stored again, larger, since it was admitted: ask again.
+                Some(g) if g.data.as_ref().is_some_and(|d| d.len() > *len) => refused(503),
+                Some(g) => g,
+                None => refused(500),
+            },
+            Err(st) => refused(*st),
+        })
+        .collect();
+    (got, permits)
+}
+
+/// Members' answers to a pod `batch/get`, charged to the egress budget as they are (the
+/// members bounded them): blocks the budget has no room for answer 503.
+fn charge_answers(
+    st: &AppState,
+    peer: Option<std::net::IpAddr>,
+    results: Vec<pod_batch::Got>,
+) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
+    let mut permits = Vec::new();
+    let results = results
+        .into_iter()
+        .map(|g| match &g.data {
+            Some(d) => match st.admit_egress(peer, d.len()) {
+                Ok(p) => {
+                    permits.extend(p);
+                    g
+                }
+                Err(_) => pod_batch::Got {
+                    status: 503,
+                    crc32c: None,
+                    len: 0,
+                    data: None,
+                },
+            },
+            None => g,
+        })
+        .collect();
+    (results, permits)
 }
 
 /// This node's answers to a `batch/get` of `keys`.
@@ -2090,6 +2263,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
     let scheme = if cfg.tls.enabled() { "https" } else { "http" };
     println!("ctxpod listening on {scheme}://{addr}");
+    let budgets = crate::budget::Budgets::from_config(&cfg);
     let transfer = match cfg.transfer_listen {
         Some(at) => {
             let l = tokio::net::TcpListener::bind(at)
@@ -2100,21 +2274,12 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             std::fs::write(&tmp, format!("{taddr}\n"))?;
             std::fs::rename(&tmp, &f)?;
             tracing::info!(addr = %taddr, "ctxpod serving the CXP1 transfer protocol");
-            let sem = |b: u64| {
-                Arc::new(tokio::sync::Semaphore::new(
-                    b.min(usize::MAX as u64 >> 4) as usize
-                ))
-            };
-            let budgets = crate::transfer::Budgets {
-                ingest: sem(cfg.ingest_bytes_max.0),
-                staging: sem(cfg.prefetch_staging_bytes.0),
-            };
             Some(tokio::spawn(crate::transfer::serve(
                 l,
                 engine.clone(),
                 auth.clone(),
                 tls.clone(),
-                budgets,
+                budgets.clone(),
             )))
         }
         None => None,
@@ -2131,7 +2296,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         engine.clone(),
         auth.clone(),
         cfg.max_inflight_requests,
-        cfg.ingest_bytes_max.0,
+        budgets,
         &pod,
     );
     // The HTTP address is published last: once it is there, both listeners serve.
@@ -2148,10 +2313,13 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             .await
             .context("HTTP server")?;
         }
-        None => axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("HTTP server")?,
+        None => axum::serve(
+            crate::tls::PlainListener(listener),
+            app.into_make_service_with_connect_info::<crate::tls::PeerInfo>(),
+        )
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("HTTP server")?,
     }
     if let Some(t) = transfer {
         t.abort();

@@ -269,3 +269,47 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
         stream.remote_addr().clone()
     }
 }
+
+/// The HTTP listener without TLS: its connections carry the same [`PeerInfo`] (no subject).
+pub struct PlainListener(pub TcpListener);
+
+impl axum::serve::Listener for PlainListener {
+    type Io = TcpStream;
+    type Addr = PeerInfo;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((s, addr)) => {
+                    let _ = s.set_nodelay(true);
+                    return (
+                        s,
+                        PeerInfo {
+                            addr,
+                            subject: None,
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!("HTTP listener: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<PeerInfo> {
+        Ok(PeerInfo {
+            addr: self.0.local_addr()?,
+            subject: None,
+        })
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PlainListener>>
+    for PeerInfo
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, PlainListener>) -> Self {
+        stream.remote_addr().clone()
+    }
+}

@@ -12,6 +12,7 @@
 //! pushes against the staging budget (`prefetch_staging_bytes`).
 
 use crate::auth::{Access, Authenticator, Principal};
+use crate::budget::{Budgets, Permit};
 use crate::engine::events::{KvEvent, KvEventKind};
 use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
 use bytes::Buf;
@@ -45,6 +46,9 @@ pub const OUT_BYTES_PER_CONNECTION: usize = 64 << 20;
 /// Live prefetch tickets (pushing, or holding their lease) and subscriptions per connection.
 pub const TICKETS_PER_CONNECTION: usize = 1024;
 pub const REGIONS_PER_CONNECTION: usize = 256;
+/// Bytes of blocks one connection's prefetches may hold staged at once: its share of the
+/// node's `prefetch_staging_bytes`.
+pub const STAGING_PER_CONNECTION: usize = 64 << 20;
 /// Blocks of one ticket staged (read and verified) ahead of the one being pushed.
 pub const STAGE_AHEAD: usize = 32;
 /// Events sent in one `Event` frame at most.
@@ -52,15 +56,6 @@ const EVENTS_PER_FRAME: usize = 256;
 /// Largest frame this node accepts and announces.
 pub const MAX_FRAME_BYTES: u32 = ctxpod_api::proto::FRAME_BYTES_MAX;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Node-wide budgets shared by every connection.
-#[derive(Clone)]
-pub struct Budgets {
-    /// Bytes of request bodies being received or stored.
-    pub ingest: Arc<Semaphore>,
-    /// Bytes of blocks staged in node memory for pushes.
-    pub staging: Arc<Semaphore>,
-}
 
 /// Accepts connections until the task is dropped.
 pub async fn serve(
@@ -82,17 +77,19 @@ pub async fn serve(
         let (engine, auth, budgets) = (engine.clone(), auth.clone(), budgets.clone());
         let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(sock, tls, engine, auth, budgets).await {
+            if let Err(e) = connection(sock, peer, tls, engine, auth, budgets).await {
                 tracing::debug!(%peer, "transfer connection closed: {e}");
             }
         });
     }
 }
 
-/// A frame on its way to the socket, holding its share of the connection's output budget.
+/// A frame on its way to the socket, holding its share of the connection's output budget
+/// and, for a Get's blocks, of the node's egress budget.
 struct Out {
     parts: Vec<Bytes>,
     _budget: Option<OwnedSemaphorePermit>,
+    _egress: Vec<Permit>,
 }
 
 /// What every task of one connection shares.
@@ -102,6 +99,8 @@ struct Conn {
     budgets: Budgets,
     out: mpsc::Sender<Out>,
     out_bytes: Arc<Semaphore>,
+    /// This connection's share of the node's staging budget ([`STAGING_PER_CONNECTION`]).
+    staging_mine: Arc<Semaphore>,
     /// Region id → size in bytes.
     regions: Mutex<HashMap<u32, u64>>,
     /// Live tickets and subscriptions, by id.
@@ -109,14 +108,29 @@ struct Conn {
     /// Cancelled when the connection ends: every ticket and subscription stops.
     closed: CancellationToken,
     peer_max: usize,
+    /// The client's address: its share of the node's egress budget.
+    peer: std::net::IpAddr,
 }
 
 impl Conn {
     /// Queues a frame, waiting while the connection's output budget is spent. False once
     /// the connection is closing.
     async fn send(&self, parts: Vec<Bytes>) -> bool {
+        self.send_reserved(parts, 0, Vec::new()).await
+    }
+
+    /// [`Conn::send`] of a frame of which `reserved` bytes already hold their share of the
+    /// connection's output budget, in `permits`.
+    async fn send_reserved(
+        &self,
+        parts: Vec<Bytes>,
+        reserved: usize,
+        permits: Vec<Permit>,
+    ) -> bool {
         let bytes: usize = parts.iter().map(|p| p.len()).sum();
-        let want = bytes.clamp(1, OUT_BYTES_PER_CONNECTION) as u32;
+        let want = bytes
+            .saturating_sub(reserved)
+            .clamp(1, OUT_BYTES_PER_CONNECTION) as u32;
         let permit = tokio::select! {
             p = self.out_bytes.clone().acquire_many_owned(want) => p.ok(),
             _ = self.closed.cancelled() => None,
@@ -128,6 +142,7 @@ impl Conn {
             .send(Out {
                 parts,
                 _budget: permit,
+                _egress: permits,
             })
             .await
             .is_ok()
@@ -170,6 +185,7 @@ impl Conn {
 
 async fn connection(
     sock: TcpStream,
+    addr: std::net::SocketAddr,
     tls: Option<Arc<crate::tls::Tls>>,
     engine: Arc<Engine>,
     auth: Arc<Authenticator>,
@@ -229,10 +245,12 @@ async fn connection(
         budgets,
         out: tx,
         out_bytes: Arc::new(Semaphore::new(OUT_BYTES_PER_CONNECTION)),
+        staging_mine: Arc::new(Semaphore::new(STAGING_PER_CONNECTION)),
         regions: Mutex::new(HashMap::new()),
         tickets: Mutex::new(HashMap::new()),
         closed: CancellationToken::new(),
         peer_max: peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize,
+        peer: addr.ip(),
     });
     let result = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who).await;
     conn.closed.cancel();
@@ -383,12 +401,8 @@ async fn read_requests(
             return Ok(());
         }
         let slot = inflight.clone().try_acquire_owned();
-        let budget = conn
-            .budgets
-            .ingest
-            .clone()
-            .try_acquire_many_owned(body_len.max(1) as u32);
-        let (Ok(slot), Ok(budget)) = (slot, budget) else {
+        let budget = conn.budgets.ingest.try_take(body_len);
+        let (Ok(slot), Some(budget)) = (slot, budget) else {
             input.skip(body_len).await?;
             let f = Response::Error("busy: too many requests in flight, retry later".into())
                 .encode(op, status::BUSY, id);
@@ -436,6 +450,13 @@ async fn read_requests(
                         Err(m) => error(op, id, status::NO_SPACE, m),
                     }
                 }
+                Parsed::Other(Request::Get { ns, keys }) => {
+                    let (parts, reserved, permits) = get(&conn, &ns, &keys, op, id).await;
+                    drop(budget);
+                    conn.send_reserved(parts, reserved, permits).await;
+                    drop(slot);
+                    return;
+                }
                 Parsed::Other(r) => match handle(&conn, r, op, id).await {
                     Some(parts) => parts,
                     None => return,
@@ -472,29 +493,8 @@ async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<B
         Request::Ping => vec![Response::Pong.encode(op, status::OK, id)],
         // PUT bodies never get here: `read_put` stages them as they arrive.
         Request::Put { .. } => error(op, id, status::INTERNAL, "internal: PUT decoded whole"),
-        Request::Get { ns, keys } => {
-            let results = futures::future::join_all(keys.iter().map(|k| engine.get(&ns, k))).await;
-            // The response must fit the client's frame limit: blocks past it answer 413 and
-            // are fetched again in a smaller batch.
-            let mut room = conn.peer_max.saturating_sub(64 + keys.len() * 10);
-            let out = results
-                .into_iter()
-                .map(|r| match r {
-                    Ok(Some((b, crc))) if b.len() <= room => {
-                        room -= b.len();
-                        GetEntry {
-                            status: status::OK,
-                            crc32c: crc,
-                            data: b,
-                        }
-                    }
-                    Ok(Some(_)) => entry(status::TOO_LARGE),
-                    Ok(None) => entry(status::NOT_FOUND),
-                    Err(e) => entry(code(&e)),
-                })
-                .collect();
-            Response::Get(out).encode_parts(op, status::OK, id)
-        }
+        // Answered by `get`, which holds budgets until its frame is written.
+        Request::Get { .. } => error(op, id, status::INTERNAL, "internal: Get in handle"),
         Request::Match { ns, keys } => count(
             engine
                 .match_prefix(&ns, keys.iter().map(|k| k.to_vec()).collect())
@@ -625,6 +625,80 @@ async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<B
     })
 }
 
+/// A Get. Blocks are admitted in order while they fit the client's frame, this
+/// connection's output budget and the node's egress budget, each taken before the block is
+/// read; only admitted blocks are read, the others answer 413 (the frame is full: ask again
+/// in a smaller batch) or BUSY without costing the node anything. The frame, the bytes of
+/// it already taken from the connection's output budget, and the budgets' permits, held
+/// until the frame is written.
+async fn get(
+    conn: &Arc<Conn>,
+    ns: &str,
+    keys: &[Bytes],
+    op: Op,
+    id: u64,
+) -> (Vec<Bytes>, usize, Vec<Permit>) {
+    let engine = &conn.engine;
+    let mut room = conn.peer_max.saturating_sub(64 + keys.len() * 10);
+    let (mut reserved, mut permits) = (0usize, Vec::new());
+    let mut busy = 0u64;
+    // Per key: the bytes admitted for it, or the status it answers without a read.
+    let plan: Vec<Result<usize, u16>> = keys
+        .iter()
+        .map(|k| match engine.block_len(ns, k) {
+            Err(e) => Err(code(&e)),
+            Ok(None) => Err(status::NOT_FOUND),
+            Ok(Some(len)) if len > room => Err(status::TOO_LARGE),
+            Ok(Some(len)) => {
+                let mine = conn
+                    .out_bytes
+                    .clone()
+                    .try_acquire_many_owned(len.max(1) as u32)
+                    .ok();
+                match (mine, conn.budgets.take_egress(Some(conn.peer), len)) {
+                    (Some(a), Some(b)) => {
+                        room -= len;
+                        reserved += len.max(1);
+                        permits.push(a);
+                        permits.extend(b);
+                        Ok(len)
+                    }
+                    _ => {
+                        busy += 1;
+                        Err(status::BUSY)
+                    }
+                }
+            }
+        })
+        .collect();
+    if busy > 0 {
+        engine
+            .metrics()
+            .busy_rejections
+            .with_label_values(&["egress"])
+            .inc_by(busy);
+    }
+    let results = futures::future::join_all(plan.iter().zip(keys).map(|(p, k)| async move {
+        match p {
+            Ok(len) => match engine.get(ns, k).await {
+                Ok(Some((data, crc))) if data.len() <= *len => GetEntry {
+                    status: status::OK,
+                    crc32c: crc,
+                    data,
+                },
+                // Stored again, larger, since it was admitted: ask again.
+                Ok(Some(_)) => entry(status::BUSY),
+                Ok(None) => entry(status::NOT_FOUND),
+                Err(e) => entry(code(&e)),
+            },
+            Err(st) => entry(*st),
+        }
+    }))
+    .await;
+    let parts = Response::Get(results).encode_parts(op, status::OK, id);
+    (parts, reserved, permits)
+}
+
 fn entry(status: u16) -> GetEntry {
     GetEntry {
         status,
@@ -697,15 +771,30 @@ async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: CancellationTok
     }
     let staging = &conn.budgets.staging;
     let pr = &p;
+    // A block is staged under its share of the node's staging budget and of this
+    // connection's (so one client that stalls its pushes cannot take the node's), both
+    // taken for the entry's `max_len` before the read and cut to the block's size after it.
     let stage = |i: usize| {
         let (p, e) = (pr, &pr.entries[i]);
-        let want = (e.max_len as usize).clamp(1, ctxpod_api::BLOCK_BYTES_MAX) as u32;
+        let want = (e.max_len as usize).clamp(1, ctxpod_api::BLOCK_BYTES_MAX);
         async move {
-            let permit = match p.policy {
-                Policy::BestEffort => staging.clone().try_acquire_many_owned(want).ok(),
-                _ => staging.clone().acquire_many_owned(want).await.ok(),
+            let mine = conn.staging_mine.clone();
+            let permits = match p.policy {
+                Policy::BestEffort => mine
+                    .try_acquire_many_owned(want as u32)
+                    .ok()
+                    .and_then(|a| staging.try_take(want).map(|b| (a, b))),
+                _ => match mine.acquire_many_owned(want as u32).await.ok() {
+                    Some(a) => staging.take(want).await.map(|b| (a, b)),
+                    None => None,
+                },
             };
-            let Some(permit) = permit else {
+            let Some(mut permits) = permits else {
+                engine
+                    .metrics()
+                    .busy_rejections
+                    .with_label_values(&["staging"])
+                    .inc();
                 return (i, Err(status::BUSY), None);
             };
             let r = match engine.get(&p.ns, &e.key).await {
@@ -714,7 +803,12 @@ async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: CancellationTok
                 Ok(None) => Err(status::NOT_FOUND),
                 Err(e) => Err(code(&e)),
             };
-            (i, r, Some(permit))
+            let staged = r.as_ref().map_or(1, |(b, _)| b.len().max(1));
+            if staged < want {
+                drop(permits.0.split(want - staged));
+                drop(permits.1.split(want - staged));
+            }
+            (i, r, Some(permits))
         }
     };
     let here: Vec<usize> = (0..present.len()).filter(|&i| present[i]).collect();

@@ -908,6 +908,16 @@ async fn a_viewer_sees_the_pod_and_no_block() {
         assert!(text.contains(why), "{why}: {text}");
     }
 
+    // Planning from the live curve reads the node's access pattern: the role `/v1/mrc`
+    // needs (monitor). A tenant may plan, but not from it. (At adc7102 any token could.)
+    let a = format!("Bearer {}", t.get("a-rw"));
+    let tenant = [("authorization", a.as_str())];
+    let live = br#"{"live":true,"input_tokens":512}"#;
+    let (st, out) = raw(&node, "POST", "/v1/plan", &tenant, live).await;
+    assert_eq!(st, 403, "{}", String::from_utf8_lossy(&out));
+    let plain = br#"{"sharing":0.5,"rate":1,"input_tokens":512,"retention_s":60}"#;
+    assert_eq!(raw(&node, "POST", "/v1/plan", &tenant, plain).await.0, 200);
+
     // No block over CXP1 either.
     let w = wire(&node, t.get("look")).await;
     let r = w.get("data", &[Bytes::from_static(K1)]).await;

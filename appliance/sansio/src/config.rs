@@ -169,6 +169,14 @@ pub struct Config {
     /// Bytes of PUT and batch/put bodies received and being stored at once; beyond it
     /// requests answer 503 with `Retry-After`. Bounds ingest memory.
     pub ingest_bytes_max: ByteSize,
+    /// Bytes of blocks admitted to answers (GET, batch/get, CXP1 Get) and not yet handed to
+    /// the socket, node-wide: taken before a block is read, given back once its bytes are
+    /// written out. A block that finds it spent answers 503 (CXP1: `BUSY` for that entry).
+    /// Bounds the memory clients that ask and never read can make the node hold.
+    pub egress_bytes_max: ByteSize,
+    /// The share of `egress_bytes_max` the clients of one address may hold together, so
+    /// that clients stalling from one place leave the rest to everyone else.
+    pub egress_bytes_per_peer_max: ByteSize,
     /// Puts and deletes queued for the writer; more answer 503 with `Retry-After`.
     pub write_queue_depth: usize,
     /// Most puts in one group commit.
@@ -456,6 +464,8 @@ impl Default for Config {
             encrypt_at_rest: true,
             max_inflight_requests: 1024,
             ingest_bytes_max: ByteSize(1 << 30),
+            egress_bytes_max: ByteSize(1 << 30),
+            egress_bytes_per_peer_max: ByteSize(256 << 20),
             write_queue_depth: 512,
             group_commit_max_blocks: 256,
             group_commit_max_bytes: ByteSize(32 << 20),
@@ -520,6 +530,17 @@ impl Config {
             self.max_inflight_requests > 0,
             "max_inflight_requests must be positive"
         );
+        for (name, b) in [
+            ("ingest_bytes_max", self.ingest_bytes_max),
+            ("egress_bytes_max", self.egress_bytes_max),
+            ("egress_bytes_per_peer_max", self.egress_bytes_per_peer_max),
+            ("prefetch_staging_bytes", self.prefetch_staging_bytes),
+        ] {
+            anyhow::ensure!(
+                b.0 >= ctxpod_api::BLOCK_BYTES_MAX as u64,
+                "{name} must hold at least one largest block (8 MiB)"
+            );
+        }
         if let Some(r) = self.region_bytes {
             anyhow::ensure!(
                 r.0.is_multiple_of(4096) && (REGION_BYTES_MIN..=REGION_BYTES_MAX).contains(&r.0),

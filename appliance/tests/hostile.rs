@@ -1,0 +1,194 @@
+//! Hostile clients against the real binary: each attack asks the node for far more memory
+//! than it has (≥ 4 GiB) and never reads what it asked for. For each: the node stays up,
+//! its resident memory stays within its configured budgets + 512 MiB, and a fresh client
+//! (from another address, 127.0.0.2) is served, byte for byte, during the attack.
+//! (At adc7102 one CXP1 Get frame of 2.6 KB naming one 8 MiB block 512 times raised the
+//! node's RSS by 4.1 GiB, as did 64 HTTP `batch/get`s of 8 × 8 MiB that were never read.)
+
+mod common;
+
+use common::{content, Node};
+use ctxpod_api::proto::Request;
+use ctxpod_api::Durability;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const MIB: u64 = 1 << 20;
+const BIG: usize = 8 << 20;
+/// The node's configured byte budgets in these tests: DRAM tier, ingest, egress, staging.
+const BUDGETS: [(&str, &str); 4] = [
+    ("CTXPOD_INGEST_BYTES_MAX", "64MiB"),
+    ("CTXPOD_EGRESS_BYTES_MAX", "256MiB"),
+    ("CTXPOD_EGRESS_BYTES_PER_PEER_MAX", "128MiB"),
+    ("CTXPOD_PREFETCH_STAGING_BYTES", "64MiB"),
+];
+const DRAM_MIB: u64 = 64;
+/// Sum of the budgets above (the per-peer share is part of egress), plus the DRAM tier.
+const BUDGETS_MIB: u64 = 64 + 256 + 64 + DRAM_MIB;
+const RSS_SLACK_MIB: u64 = 512;
+
+fn rss_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+async fn start() -> (tempfile::TempDir, Node) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start_with(
+        &dir.path().join("n"),
+        &["--capacity", "256MiB", "--dram", &format!("{DRAM_MIB}MiB")],
+        &BUDGETS,
+    )
+    .await;
+    node.client
+        .put("default", b"big", content(b"big", BIG), Durability::Durable)
+        .await
+        .expect("put big");
+    (dir, node)
+}
+
+/// A GET of block `big` from a fresh connection whose source address is 127.0.0.2 (the
+/// attackers are 127.0.0.1): true if it answered 200 with the block's bytes.
+async fn fresh_client_served(node: &Node) -> bool {
+    let addr: std::net::SocketAddr = node
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind("127.0.0.2:0".parse().expect("addr"))
+        .expect("bind 127.0.0.2");
+    let mut s = sock.connect(addr).await.expect("connect");
+    let req = format!(
+        "GET /v1/namespaces/default/blocks/{} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        hex::encode(b"big")
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut back = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut back)).await;
+    let Ok(Ok(_)) = read else { return false };
+    let Some(at) = back.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    back.starts_with(b"HTTP/1.1 200") && back[at + 4..] == content(b"big", BIG)[..]
+}
+
+/// Samples the node's RSS every 20 ms until `stop`; the largest seen.
+fn rss_sampler(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut max = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            max = max.max(rss_bytes(pid));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        max
+    })
+}
+
+/// Waits until the node has refused at least one answer for lack of egress budget: the
+/// attack has spent it.
+async fn wait_for_egress_refusals(node: &Node) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = node.client.metrics().await.expect("metrics");
+        let n = m
+            .lines()
+            .find_map(|l| l.strip_prefix("ctxpod_busy_rejections_total{queue=\"egress\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as u64;
+        if n > 0 {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the attack never spent the egress budget"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Checks the bound and service during an attack already under way; returns a report.
+async fn judge(node: &mut Node, what: &str, asked: u64, base: u64) -> String {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = rss_sampler(node.pid(), stop.clone());
+    let refused = wait_for_egress_refusals(node).await;
+    // Let the node settle under the attack, then a fresh client is served.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let served = fresh_client_served(node).await;
+    let ready = node.client.ready().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let max = sampler.await.expect("sampler");
+    let bound = (BUDGETS_MIB + RSS_SLACK_MIB) * MIB;
+    let line = format!(
+        "{what}: asked for {} GiB; node RSS {} MiB before, {} MiB at most during (bound {} \
+         MiB); {refused} blocks refused busy; fresh client served: {served}; ready: {ready}",
+        asked >> 30,
+        base / MIB,
+        max / MIB,
+        bound / MIB
+    );
+    eprintln!("{line}");
+    assert!(max <= bound, "{line}");
+    assert!(served, "{line}");
+    assert!(ready, "{line}");
+    line
+}
+
+/// CXP1: 16 connections each pipeline 8 Get frames naming the same 8 MiB block 512 times
+/// (a 2.6 KB frame asking 4 GiB), and never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cxp1_gets_that_are_never_read_hold_only_their_budget() {
+    let (_dir, mut node) = start().await;
+    let base = rss_bytes(node.pid());
+    let mut held = Vec::new();
+    let frame = Request::Get {
+        ns: "default".into(),
+        keys: vec![bytes::Bytes::from_static(b"big"); 512],
+    };
+    let (conns, frames) = (16u64, 8u64);
+    for _ in 0..conns {
+        let mut s = node.raw_wire().await;
+        common::cxp1_hello(&mut s).await;
+        for id in 0..frames {
+            s.write_all(&frame.encode(id)).await.expect("write get");
+        }
+        s.flush().await.expect("flush");
+        held.push(s);
+    }
+    let asked = conns * frames * 512 * BIG as u64;
+    judge(&mut node, "CXP1 Get ×512 of one 8 MiB block", asked, base).await;
+    drop(held);
+}
+
+/// HTTP: 64 connections each ask `batch/get` for 8 × 8 MiB and never read the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_batch_gets_that_are_never_read_hold_only_their_budget() {
+    let (_dir, mut node) = start().await;
+    let base = rss_bytes(node.pid());
+    let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
+    let req = format!(
+        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\ncontent-type: \
+         application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut held = Vec::new();
+    let conns = 64u64;
+    for _ in 0..conns {
+        let mut s = node.raw_http().await;
+        s.write_all(req.as_bytes()).await.expect("write");
+        s.flush().await.expect("flush");
+        held.push(s);
+    }
+    let asked = conns * 8 * BIG as u64;
+    judge(&mut node, "HTTP batch/get 8 × 8 MiB, unread", asked, base).await;
+    drop(held);
+}
