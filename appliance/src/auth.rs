@@ -57,6 +57,10 @@ pub struct Principal {
     /// The tenant whose namespaces it works in; `None`: the operator's own (unscoped)
     /// namespaces, which is also every caller's when authentication is off.
     pub tenant: Option<Arc<str>>,
+    /// For a bearer token, a fingerprint of its stored hash (so that a token re-created
+    /// under the same id is another credential); 0 otherwise. See
+    /// [`Authenticator::still_valid`].
+    pub credential: u64,
 }
 
 impl Principal {
@@ -66,6 +70,7 @@ impl Principal {
             id: Arc::from("anonymous"),
             role: Role::Admin,
             tenant: None,
+            credential: 0,
         }
     }
 
@@ -281,6 +286,14 @@ pub enum Limited {
     Rate,
 }
 
+/// A token's stored hash as a non-zero number, to tell credentials apart.
+fn fingerprint(h: &TokenHash) -> u64 {
+    u64::from_le_bytes(h.digest[..8].try_into().expect("8 bytes")) | 1
+}
+
+/// How often live connections and streams check that their credential is still loaded.
+pub const REVOCATION_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The node's credentials and tenants. Reloadable (SIGHUP): the token list is swapped whole.
 pub struct Authenticator {
     enabled: bool,
@@ -359,6 +372,7 @@ impl Authenticator {
                 id: Arc::from(id),
                 role: grant.role,
                 tenant: grant.tenant.clone(),
+                credential: fingerprint(hash),
             }),
             Some(_) => Err(self.refuse(AuthError::Wrong)),
             None => {
@@ -376,8 +390,26 @@ impl Authenticator {
                 id: Arc::from(subject),
                 role: g.role,
                 tenant: g.tenant.clone(),
+                credential: 0,
             }),
             None => Err(self.refuse(AuthError::UnknownIdentity)),
+        }
+    }
+
+    /// Whether `p`'s bearer token is still loaded, with the same hash, role and tenant: a
+    /// live connection or stream of a token removed or changed at a reload ends. Callers
+    /// that did not come by a token (no authentication, a client certificate) stay valid.
+    pub fn still_valid(&self, p: &Principal) -> bool {
+        if !self.enabled || p.credential == 0 {
+            return true;
+        }
+        match self.tokens.read().by_id.get(&*p.id) {
+            Some((hash, grant)) => {
+                fingerprint(hash) == p.credential
+                    && grant.role == p.role
+                    && grant.tenant == p.tenant
+            }
+            None => false,
         }
     }
 
@@ -460,6 +492,7 @@ mod tests {
             id: "a".into(),
             role: Role::TenantRo,
             tenant: Some("acme".into()),
+            credential: 0,
         };
         assert_eq!(a.scope("default").as_deref(), Ok("acme/default"));
         assert!(a.scope("../x").is_err());

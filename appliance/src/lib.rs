@@ -21,6 +21,7 @@ pub mod bench;
 pub mod budget;
 pub mod cli;
 pub use ctxpod_sansio::config;
+pub mod conn;
 pub mod crypto;
 pub mod dashboard;
 pub mod device;

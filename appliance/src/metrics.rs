@@ -37,6 +37,11 @@ pub struct Metrics {
     pub index_commit_seconds: Histogram,
     pub group_commit_seconds: Histogram,
     pub busy_rejections: IntCounterVec,
+    /// Connections held, by listener (`http`, `transfer`).
+    pub connections: IntGaugeVec,
+    /// Connections refused or closed by a limit, by listener and why (`listener`, `peer`:
+    /// the caps; `idle`: the idle timeout; `handshakes`: too many TLS handshakes).
+    pub connections_refused: IntCounterVec,
     /// Offload engines (`crc32c`, `aes-gcm`): operations run, seconds their workers were
     /// busy, submissions refused (queue full), operations failed by injected faults.
     pub offload: prometheus::GaugeVec,
@@ -234,6 +239,17 @@ impl Metrics {
                     "Time of one RocksDB batch write (synced or not)"
                 )
                 .buckets(latency_buckets())
+            )),
+            connections: reg!(IntGaugeVec::new(
+                Opts::new("ctxpod_connections", "Connections held, by listener"),
+                &["listener"]
+            )),
+            connections_refused: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_connections_refused_total",
+                    "Connections refused or closed by a limit, by listener and why"
+                ),
+                &["listener", "why"]
             )),
             busy_rejections: reg!(IntCounterVec::new(
                 Opts::new(

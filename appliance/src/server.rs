@@ -2140,7 +2140,14 @@ async fn events(
             return Some((Ok(Event::default().event(name).data(data)), Some(rx)));
         }
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    // A token removed or changed at a reload ends its streams.
+    let (auth, who) = (st.auth.clone(), p.clone());
+    let revoked = async move {
+        while auth.still_valid(&who) {
+            tokio::time::sleep(crate::auth::REVOCATION_CHECK).await;
+        }
+    };
+    Ok(Sse::new(stream.take_until(revoked)).keep_alive(KeepAlive::default()))
 }
 
 async fn pin(
@@ -2264,6 +2271,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let scheme = if cfg.tls.enabled() { "https" } else { "http" };
     println!("ctxpod listening on {scheme}://{addr}");
     let budgets = crate::budget::Budgets::from_config(&cfg);
+    let handshakes = crate::conn::Handshakes::new(cfg.tls_handshakes_max);
     let transfer = match cfg.transfer_listen {
         Some(at) => {
             let l = tokio::net::TcpListener::bind(at)
@@ -2280,6 +2288,12 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
                 auth.clone(),
                 tls.clone(),
                 budgets.clone(),
+                crate::conn::Gate::new(
+                    "transfer",
+                    crate::conn::Limits::from_config(&cfg),
+                    engine.metrics().clone(),
+                ),
+                handshakes.clone(),
             )))
         }
         None => None,
@@ -2302,25 +2316,11 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     // The HTTP address is published last: once it is there, both listeners serve.
     std::fs::write(&tmp, format!("{addr}\n"))?;
     std::fs::rename(&tmp, &addr_file)?;
-    match tls {
-        Some(tls) => {
-            let l = crate::tls::TlsListener::new(listener, tls)?;
-            axum::serve(
-                l,
-                app.into_make_service_with_connect_info::<crate::tls::PeerInfo>(),
-            )
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("HTTP server")?;
-        }
-        None => axum::serve(
-            crate::tls::PlainListener(listener),
-            app.into_make_service_with_connect_info::<crate::tls::PeerInfo>(),
-        )
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server")?,
-    }
+    let limits = crate::conn::Limits::from_config(&cfg);
+    let gate = crate::conn::Gate::new("http", limits.clone(), engine.metrics().clone());
+    let (conns, accepting) = crate::tls::accept_loop(listener, tls, gate, handshakes);
+    crate::conn::serve_http(conns, app, limits.header_read, shutdown_signal()).await;
+    accepting.abort();
     if let Some(t) = transfer {
         t.abort();
     }

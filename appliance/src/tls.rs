@@ -198,118 +198,65 @@ impl Tls {
     }
 }
 
-/// An HTTP listener whose connections are TLS: handshakes run concurrently (a slow client
-/// never delays others), and finished ones are handed to the server.
-pub struct TlsListener {
-    rx: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, PeerInfo)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
+/// A connection's byte stream, plain or TLS.
+pub type BoxIo = Box<dyn crate::conn::Io>;
 
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl TlsListener {
-    pub fn new(listener: TcpListener, tls: Arc<Tls>) -> std::io::Result<TlsListener> {
-        let local = listener.local_addr()?;
-        let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
-        let task = tokio::spawn(async move {
-            loop {
-                let sock = match listener.accept().await {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        tracing::warn!("HTTP listener: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (tls, tx) = (tls.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let _ = sock.set_nodelay(true);
-                    match tls.accept(sock).await {
-                        Ok(c) => {
-                            let _ = tx.send(c).await;
-                        }
-                        Err(e) => tracing::debug!("TLS handshake failed: {e}"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { rx, local, task })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = PeerInfo;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(c) => c,
-            // The accept task only ends with the listener.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<PeerInfo> {
-        Ok(PeerInfo {
-            addr: self.local,
-            subject: None,
-        })
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
-    for PeerInfo
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        stream.remote_addr().clone()
-    }
-}
-
-/// The HTTP listener without TLS: its connections carry the same [`PeerInfo`] (no subject).
-pub struct PlainListener(pub TcpListener);
-
-impl axum::serve::Listener for PlainListener {
-    type Io = TcpStream;
-    type Addr = PeerInfo;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+/// Accepts HTTP connections on `listener` until the returned task is aborted: each is
+/// admitted by `gate` (else closed at once), its TLS handshake, if any, runs concurrently
+/// (a slow client never delays others) within `handshakes`, and finished ones are handed to
+/// the server on the channel.
+pub fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    gate: Arc<crate::conn::Gate>,
+    handshakes: Arc<crate::conn::Handshakes>,
+) -> (
+    tokio::sync::mpsc::Receiver<(BoxIo, PeerInfo, crate::conn::Admitted)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<(BoxIo, PeerInfo, crate::conn::Admitted)>(ACCEPTED_QUEUE);
+    let task = tokio::spawn(async move {
         loop {
-            match self.0.accept().await {
-                Ok((s, addr)) => {
-                    let _ = s.set_nodelay(true);
-                    return (
-                        s,
-                        PeerInfo {
-                            addr,
-                            subject: None,
-                        },
-                    );
-                }
+            let (sock, addr) = match listener.accept().await {
+                Ok(c) => c,
                 Err(e) => {
                     tracing::warn!("HTTP listener: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
-            }
+            };
+            // Over a cap: closed at once (dropped), counted by the gate.
+            let Ok(place) = gate.admit(addr.ip()) else {
+                continue;
+            };
+            let _ = sock.set_nodelay(true);
+            let Some(tls) = &tls else {
+                let peer = PeerInfo {
+                    addr,
+                    subject: None,
+                };
+                if tx.send((Box::new(sock), peer, place)).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let Some(permit) = handshakes.try_start() else {
+                gate.count("handshakes");
+                continue;
+            };
+            let (tls, tx) = (tls.clone(), tx.clone());
+            tokio::spawn(async move {
+                let r = tls.accept(sock).await;
+                drop(permit);
+                match r {
+                    Ok((s, peer)) => {
+                        let _ = tx.send((Box::new(s), peer, place)).await;
+                    }
+                    Err(e) => tracing::debug!("TLS handshake failed: {e}"),
+                }
+            });
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<PeerInfo> {
-        Ok(PeerInfo {
-            addr: self.0.local_addr()?,
-            subject: None,
-        })
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PlainListener>>
-    for PeerInfo
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, PlainListener>) -> Self {
-        stream.remote_addr().clone()
-    }
+    });
+    (rx, task)
 }

@@ -13,6 +13,7 @@
 
 use crate::auth::{Access, Authenticator, Principal};
 use crate::budget::{Budgets, Permit};
+use crate::conn::Gate;
 use crate::engine::events::{KvEvent, KvEventKind};
 use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
 use bytes::Buf;
@@ -64,6 +65,8 @@ pub async fn serve(
     auth: Arc<Authenticator>,
     tls: Option<Arc<crate::tls::Tls>>,
     budgets: Budgets,
+    gate: Arc<Gate>,
+    handshakes: Arc<crate::conn::Handshakes>,
 ) {
     loop {
         let (sock, peer) = match listener.accept().await {
@@ -74,10 +77,26 @@ pub async fn serve(
                 continue;
             }
         };
+        // Over a cap: closed at once (dropped), counted by the gate.
+        let Ok(place) = gate.admit(peer.ip()) else {
+            continue;
+        };
+        let handshake = match &tls {
+            Some(_) => match handshakes.try_start() {
+                Some(p) => Some(p),
+                None => {
+                    gate.count("handshakes");
+                    continue;
+                }
+            },
+            None => None,
+        };
         let (engine, auth, budgets) = (engine.clone(), auth.clone(), budgets.clone());
-        let tls = tls.clone();
+        let (tls, gate) = (tls.clone(), gate.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(sock, peer, tls, engine, auth, budgets).await {
+            let _place = place;
+            let r = connection(sock, peer, (tls, handshake), engine, auth, budgets, gate).await;
+            if let Err(e) = r {
                 tracing::debug!(%peer, "transfer connection closed: {e}");
             }
         });
@@ -105,6 +124,11 @@ struct Conn {
     regions: Mutex<HashMap<u32, u64>>,
     /// Live tickets and subscriptions, by id.
     tickets: Mutex<HashMap<u64, CancellationToken>>,
+    /// Requests running ([`INFLIGHT_PER_CONNECTION`] at most; more are answered BUSY).
+    inflight: Arc<Semaphore>,
+    activity: Arc<Activity>,
+    /// Who authenticated on this connection: checked against reloads of the credentials.
+    who: Mutex<Option<Principal>>,
     /// Cancelled when the connection ends: every ticket and subscription stops.
     closed: CancellationToken,
     peer_max: usize,
@@ -186,10 +210,11 @@ impl Conn {
 async fn connection(
     sock: TcpStream,
     addr: std::net::SocketAddr,
-    tls: Option<Arc<crate::tls::Tls>>,
+    (tls, handshake): (Option<Arc<crate::tls::Tls>>, Option<OwnedSemaphorePermit>),
     engine: Arc<Engine>,
     auth: Arc<Authenticator>,
     budgets: Budgets,
+    gate: Arc<Gate>,
 ) -> anyhow::Result<()> {
     sock.set_nodelay(true)?;
     // Who the connection is before any `Auth`: everyone's admin when authentication is off,
@@ -202,6 +227,7 @@ async fn connection(
         }
         Some(tls) => {
             let (stream, peer) = tls.accept(sock).await?;
+            drop(handshake);
             if let (None, Some(s)) = (&who, &peer.subject) {
                 who = auth.identity(s).ok();
             }
@@ -225,20 +251,34 @@ async fn connection(
     wr.write_all(&ours.encode()).await?;
     wr.flush().await?;
     let (tx, mut rx) = mpsc::channel::<Out>(1024);
-    let writer = tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
-            for p in &out.parts {
-                if wr.write_all(p).await.is_err() {
+    let closed = CancellationToken::new();
+    let activity = Arc::new(Activity::default());
+    let writer = {
+        let (closed, activity) = (closed.clone(), activity.clone());
+        tokio::spawn(async move {
+            while let Some(out) = tokio::select! {
+                o = rx.recv() => o,
+                _ = closed.cancelled() => None,
+            } {
+                for p in &out.parts {
+                    let written = tokio::select! {
+                        r = wr.write_all(p) => r.is_ok(),
+                        // A client that stopped reading is let go with its frames.
+                        _ = closed.cancelled() => false,
+                    };
+                    if !written {
+                        return;
+                    }
+                    activity.touch();
+                }
+                // Over TLS a write may leave records in the session's buffer until a
+                // flush: flush whenever no further frame is queued (a no-op on plain TCP).
+                if rx.is_empty() && wr.flush().await.is_err() {
                     return;
                 }
             }
-            // Over TLS a write may leave records in the session's buffer until a flush:
-            // flush whenever no further frame is queued (a no-op on plain TCP).
-            if rx.is_empty() && wr.flush().await.is_err() {
-                return;
-            }
-        }
-    });
+        })
+    };
     let conn = Arc::new(Conn {
         engine,
         auth,
@@ -248,15 +288,75 @@ async fn connection(
         staging_mine: Arc::new(Semaphore::new(STAGING_PER_CONNECTION)),
         regions: Mutex::new(HashMap::new()),
         tickets: Mutex::new(HashMap::new()),
-        closed: CancellationToken::new(),
+        inflight: Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION)),
+        activity,
+        who: Mutex::new(who.clone()),
+        closed,
         peer_max: peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize,
         peer: addr.ip(),
     });
-    let result = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who).await;
+    // Idle: no byte either way for `idle`, no request running, no live ticket or
+    // subscription (those may rightly stay quiet). Then the connection is closed.
+    let idle = gate.limits.idle;
+    let tick = (idle / 4).clamp(Duration::from_millis(100), crate::auth::REVOCATION_CHECK);
+    let watchdog = async {
+        loop {
+            tokio::time::sleep(tick).await;
+            // A credential removed or changed at a reload ends its live connections.
+            let revoked = conn
+                .who
+                .lock()
+                .as_ref()
+                .is_some_and(|p| !conn.auth.still_valid(p));
+            if revoked {
+                gate.count("revoked");
+                return;
+            }
+            let busy = conn.inflight.available_permits() < INFLIGHT_PER_CONNECTION
+                || !conn.tickets.lock().is_empty();
+            if !busy && conn.activity.quiet_for() >= idle {
+                gate.count("idle");
+                return;
+            }
+        }
+    };
+    let result = tokio::select! {
+        r = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who) => r,
+        () = watchdog => Ok(()),
+    };
     conn.closed.cancel();
     drop(conn);
     let _ = writer.await;
     result
+}
+
+/// When a connection last moved a byte (a request's header in, a frame out).
+struct Activity {
+    start: Instant,
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_ms: Default::default(),
+        }
+    }
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        let last = self.last_ms.load(std::sync::atomic::Ordering::Relaxed);
+        self.start
+            .elapsed()
+            .saturating_sub(Duration::from_millis(last))
+    }
 }
 
 /// What each request op needs.
@@ -354,7 +454,7 @@ async fn read_requests(
     mut input: FrameInput<Rd>,
     mut who: Option<Principal>,
 ) -> anyhow::Result<()> {
-    let inflight = Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION));
+    let inflight = conn.inflight.clone();
     loop {
         // A framing error (over the limit, unknown op) ends the connection: its byte stream
         // can no longer be trusted.
@@ -364,10 +464,14 @@ async fn read_requests(
             Err(InputError::Io(e)) => return Err(e.into()),
             Err(InputError::Framing(e)) => return Err(e.into()),
         };
+        conn.activity.touch();
         let (op, id) = (header.op, header.request_id);
         if op == Op::Auth {
             match authenticate(conn, &mut input, header, body_len).await? {
-                Some(p) => who = Some(p),
+                Some(p) => {
+                    *conn.who.lock() = Some(p.clone());
+                    who = Some(p);
+                }
                 // A wrong credential ends the connection: no guessing on one connection.
                 None => return Ok(()),
             }

@@ -323,14 +323,54 @@ async fn token_files_reload_on_sighup() {
     c.create_namespace("x", None)
         .await
         .expect("tenant b writes");
-    // A removed token stops working at the next reload.
+    // Live with the token: a CXP1 connection with a KV event subscription, and an SSE
+    // stream of the same events.
+    let how = Connect {
+        token: Some(later.clone()),
+        tls: None,
+    };
+    let w = TransferClient::connect_with(&node.transfer_addr(), &how)
+        .await
+        .expect("CXP1 with engine-b's token");
+    let mut sub = w.subscribe("x").await.expect("subscribe");
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let sse = reqwest::Client::new()
+        .get(format!("{}/v1/namespaces/x/events", node.url))
+        .bearer_auth(&later)
+        .send()
+        .await
+        .expect("SSE");
+    assert_eq!(sse.status(), 200);
+    let mut sse = sse.bytes_stream();
+    // A removed token stops working at the next reload, and its live connection and
+    // stream are closed within seconds. (At adc7102 both went on.)
     std::fs::remove_file(tokens.join("engine-b")).expect("remove");
     sighup(&node);
+    let revoked_at = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(20);
     while c.namespaces().await.is_ok() {
         assert!(Instant::now() < deadline, "the removed token still works");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let within = Duration::from_secs(5);
+    let cxp1 = tokio::time::timeout(within, async { while sub.next().await.is_some() {} }).await;
+    assert!(
+        cxp1.is_ok(),
+        "the revoked token's CXP1 subscription still runs"
+    );
+    let cxp1_closed = revoked_at.elapsed();
+    let ended = tokio::time::timeout(within, async {
+        use futures::StreamExt;
+        while let Some(Ok(_)) = sse.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the revoked token's SSE stream still runs");
+    eprintln!(
+        "revoked token: CXP1 connection closed {} ms, SSE stream {} ms after the reload",
+        cxp1_closed.as_millis(),
+        revoked_at.elapsed().as_millis()
+    );
+    assert!(w.ping().await.is_err(), "the CXP1 connection is closed");
 }
 
 /// Plain TCP or no authentication on a non-loopback address is refused unless asked for.

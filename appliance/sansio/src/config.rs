@@ -177,6 +177,20 @@ pub struct Config {
     /// The share of `egress_bytes_max` the clients of one address may hold together, so
     /// that clients stalling from one place leave the rest to everyone else.
     pub egress_bytes_per_peer_max: ByteSize,
+    /// Connections each listener (HTTP, CXP1) holds at once; more are closed at once and
+    /// counted (`ctxpod_connections_refused_total{why="listener"}`).
+    pub connections_max: usize,
+    /// Connections one peer address holds on one listener at once; more are closed at once
+    /// (`why="peer"`).
+    pub connections_per_peer_max: usize,
+    /// Seconds a connection may move no byte either way (HTTP: between or inside requests;
+    /// CXP1: with no request running and no live ticket or subscription) before it is
+    /// closed (`why="idle"`).
+    pub idle_timeout_s: u64,
+    /// Seconds an HTTP request's head (request line and headers) may take to arrive.
+    pub header_read_timeout_s: u64,
+    /// TLS handshakes running at once, both listeners together; more are refused.
+    pub tls_handshakes_max: usize,
     /// Puts and deletes queued for the writer; more answer 503 with `Retry-After`.
     pub write_queue_depth: usize,
     /// Most puts in one group commit.
@@ -466,6 +480,11 @@ impl Default for Config {
             ingest_bytes_max: ByteSize(1 << 30),
             egress_bytes_max: ByteSize(1 << 30),
             egress_bytes_per_peer_max: ByteSize(256 << 20),
+            connections_max: 8192,
+            connections_per_peer_max: 1024,
+            idle_timeout_s: 300,
+            header_read_timeout_s: 10,
+            tls_handshakes_max: 256,
             write_queue_depth: 512,
             group_commit_max_blocks: 256,
             group_commit_max_bytes: ByteSize(32 << 20),
@@ -529,6 +548,15 @@ impl Config {
         anyhow::ensure!(
             self.max_inflight_requests > 0,
             "max_inflight_requests must be positive"
+        );
+        anyhow::ensure!(
+            self.connections_max > 0
+                && self.connections_per_peer_max > 0
+                && self.tls_handshakes_max > 0
+                && self.idle_timeout_s > 0
+                && self.header_read_timeout_s > 0,
+            "connections_max, connections_per_peer_max, tls_handshakes_max, idle_timeout_s \
+             and header_read_timeout_s must be positive"
         );
         for (name, b) in [
             ("ingest_bytes_max", self.ingest_bytes_max),

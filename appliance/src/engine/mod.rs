@@ -996,12 +996,17 @@ impl Engine {
         }
     }
 
-    /// The length of the block a GET would serve now, without reading it (`None`: absent):
-    /// what an answer admits against its byte budgets before the read.
+    /// The length of the block a GET would serve now, without reading it (`None`: absent,
+    /// counted as a miss, as a GET would count it): what an answer admits against its byte
+    /// budgets before the read.
     pub fn block_len(&self, ns: &str, key: &[u8]) -> Result<Option<usize>> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
         let loc = self.core.index.get_block(&block_key(ns.id, key))?;
+        if loc.is_none() {
+            self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.core.metrics.misses.inc();
+        }
         Ok(loc.map(|l| l.len as usize))
     }
 
