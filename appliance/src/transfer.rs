@@ -252,19 +252,22 @@ async fn connection(
     wr.flush().await?;
     let (tx, mut rx) = mpsc::channel::<Out>(1024);
     let closed = CancellationToken::new();
+    // Cancelled when the client is let go (idle, revoked) or does not take the frames left
+    // once the connection ends: the writer stops waiting on its socket.
+    let abandon = CancellationToken::new();
     let activity = Arc::new(Activity::default());
-    let writer = {
-        let (closed, activity) = (closed.clone(), activity.clone());
+    let mut writer = {
+        let (abandon, activity) = (abandon.clone(), activity.clone());
         tokio::spawn(async move {
             while let Some(out) = tokio::select! {
                 o = rx.recv() => o,
-                _ = closed.cancelled() => None,
+                _ = abandon.cancelled() => None,
             } {
                 for p in &out.parts {
                     let written = tokio::select! {
                         r = wr.write_all(p) => r.is_ok(),
                         // A client that stopped reading is let go with its frames.
-                        _ = closed.cancelled() => false,
+                        _ = abandon.cancelled() => false,
                     };
                     if !written {
                         return;
@@ -320,13 +323,21 @@ async fn connection(
             }
         }
     };
-    let result = tokio::select! {
-        r = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who) => r,
-        () = watchdog => Ok(()),
+    let (result, let_go) = tokio::select! {
+        r = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who) => (r, false),
+        () = watchdog => (Ok(()), true),
     };
     conn.closed.cancel();
     drop(conn);
-    let _ = writer.await;
+    if let_go {
+        abandon.cancel();
+    }
+    // Frames already queued (a last answer, an error) still go out, if the client takes
+    // them within the idle timeout.
+    if tokio::time::timeout(idle, &mut writer).await.is_err() {
+        abandon.cancel();
+        let _ = writer.await;
+    }
     result
 }
 
