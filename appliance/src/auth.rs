@@ -276,6 +276,7 @@ impl Bucket {
 #[derive(Debug)]
 struct TenantLimits {
     quota_bytes: Option<u64>,
+    namespaces_max: Option<u32>,
     rate: Option<Mutex<Bucket>>,
 }
 
@@ -301,6 +302,8 @@ pub struct Authenticator {
     tokens: RwLock<Tokens>,
     identities: HashMap<String, Grant>,
     tenants: HashMap<String, TenantLimits>,
+    /// Namespaces per tenant unless its entry says otherwise.
+    namespaces_max_default: u32,
     metrics: Arc<Metrics>,
 }
 
@@ -335,6 +338,7 @@ impl Authenticator {
             tokens: RwLock::new(tokens),
             identities,
             tenants,
+            namespaces_max_default: cfg.tenant_namespaces_max,
             metrics,
         })
     }
@@ -413,6 +417,27 @@ impl Authenticator {
         }
     }
 
+    /// How many namespaces `p`'s tenant may have; `None` for the operator's own space.
+    pub fn namespaces_max(&self, p: &Principal) -> Option<usize> {
+        let t = p.tenant.as_deref()?;
+        let max = self
+            .tenants
+            .get(t)
+            .and_then(|l| l.namespaces_max)
+            .unwrap_or(self.namespaces_max_default);
+        Some(max as usize)
+    }
+
+    /// Counts a tenant's request refused for its namespace count.
+    pub fn count_namespace_limit(&self, p: &Principal) {
+        if let Some(t) = p.tenant.as_deref() {
+            self.metrics
+                .quota_rejections
+                .with_label_values(&[t, "namespaces"])
+                .inc();
+        }
+    }
+
     /// Admits one request of `p` against its tenant's request rate.
     pub fn admit(&self, p: &Principal) -> Result<(), Limited> {
         let Some(t) = p.tenant.as_deref() else {
@@ -460,6 +485,7 @@ impl Authenticator {
 fn limits_of(t: &TenantConfig) -> TenantLimits {
     TenantLimits {
         quota_bytes: t.quota_bytes.map(|b: ByteSize| b.0),
+        namespaces_max: t.namespaces_max,
         rate: t
             .requests_per_second
             .map(|r| Mutex::new(Bucket::new(r, t.burst.unwrap_or(r.max(1))))),

@@ -1121,6 +1121,28 @@ async fn put_namespace(
             )));
         }
     }
+    // A tenant's namespaces are bounded in number (a new one, asked by a client: a change
+    // sent on by another member was bounded there).
+    if let Some(max) = st.auth.namespaces_max(&p) {
+        let new = st.engine.namespace(&ns).is_err() && routed_incarnation(&h)?.is_none();
+        if new {
+            let prefix = ns.split_once('/').map_or("", |(t, _)| t);
+            let have = st
+                .engine
+                .namespaces()
+                .iter()
+                .filter(|n| n.name.split_once('/').is_some_and(|(t, _)| t == prefix))
+                .count();
+            if have >= max {
+                st.auth.count_namespace_limit(&p);
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "namespace_limit",
+                    format!("the tenant has {have} namespaces, its limit"),
+                ));
+            }
+        }
+    }
     let mut settings = NsSettings {
         quota_bytes: req.quota_bytes,
         replication: req.replication,

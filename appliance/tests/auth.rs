@@ -45,7 +45,8 @@ async fn node(dir: &std::path::Path) -> (Node, Tokens) {
         ("look", "viewer", None),
     ];
     let tenants = "[[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"b\"\n\
-        [[tenants]]\nname = \"q\"\nquota_bytes = \"1MiB\"\nrequests_per_second = 20\nburst = 20\n";
+        [[tenants]]\nname = \"q\"\nquota_bytes = \"1MiB\"\nrequests_per_second = 20\nburst = 20\n\
+        namespaces_max = 2\n";
     let (n, t) = common::node_with_tokens(dir, &["--capacity", "256MiB"], &creds, tenants).await;
     let t = creds.iter().map(|c| (c.0, t[c.0].clone())).collect();
     (n, Tokens(t))
@@ -726,6 +727,11 @@ async fn tenant_quotas_answer_507_and_429() {
     let q = http(&node, t.get("q-rw"));
     q.create_namespace("x", None).await.expect("create");
     q.create_namespace("y", None).await.expect("create");
+    // Two namespaces at most: a third is refused (403), changing one it has is not.
+    let e = q.create_namespace("z", None).await.unwrap_err();
+    assert_eq!(e.status(), Some(403), "{e}");
+    assert!(e.to_string().contains("namespace_limit"), "{e}");
+    q.create_namespace("x", None).await.expect("x again");
     // 1 MiB across both namespaces: the third 400 KB block is over.
     q.put("x", b"1", block(1, 400_000), Durability::Durable)
         .await

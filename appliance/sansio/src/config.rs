@@ -191,6 +191,9 @@ pub struct Config {
     pub header_read_timeout_s: u64,
     /// TLS handshakes running at once, both listeners together; more are refused.
     pub tls_handshakes_max: usize,
+    /// Namespaces a tenant may have unless its `[[tenants]]` entry says otherwise; creating
+    /// one more answers 403 `namespace_limit`.
+    pub tenant_namespaces_max: u32,
     /// Puts and deletes queued for the writer; more answer 503 with `Retry-After`.
     pub write_queue_depth: usize,
     /// Most puts in one group commit.
@@ -435,6 +438,10 @@ pub struct TenantConfig {
     /// Requests allowed at once above the rate (default: one second's worth).
     #[serde(default)]
     pub burst: Option<u32>,
+    /// Namespaces the tenant may have (default: `tenant_namespaces_max`); creating one
+    /// more answers 403 `namespace_limit`.
+    #[serde(default)]
+    pub namespaces_max: Option<u32>,
 }
 
 /// TLS for the HTTP and CXP1 listeners. Certificate, key and client CA are PEM files,
@@ -485,6 +492,7 @@ impl Default for Config {
             idle_timeout_s: 300,
             header_read_timeout_s: 10,
             tls_handshakes_max: 256,
+            tenant_namespaces_max: 256,
             write_queue_depth: 512,
             group_commit_max_blocks: 256,
             group_commit_max_bytes: ByteSize(32 << 20),
