@@ -93,13 +93,30 @@ impl Asker<'_> {
         if got.len() != keys.len() {
             return Err(Some(502));
         }
+        // Bytes taken from a member are checked against their CRC32C before they are served
+        // or stored: an entry that does not match is a miss here, as a corrupt record read
+        // from flash is (the next candidate is asked).
         Ok(got
             .iter()
-            .map(|e| Got {
-                status: e.status,
-                crc32c: e.crc32c,
-                len: e.len,
-                data: e.data.map(|d| body.slice_ref(d)),
+            .map(|e| match e.data {
+                Some(d) if e.crc32c != Some(ctxpod_api::crc32c(d)) => {
+                    tracing::warn!(
+                        member = %m.id,
+                        "a member answered a block whose bytes do not match its CRC32C"
+                    );
+                    Got {
+                        status: 404,
+                        crc32c: None,
+                        len: 0,
+                        data: None,
+                    }
+                }
+                _ => Got {
+                    status: e.status,
+                    crc32c: e.crc32c,
+                    len: e.len,
+                    data: e.data.map(|d| body.slice_ref(d)),
+                },
             })
             .collect())
     }

@@ -100,8 +100,23 @@ pub fn route(
 
 /// Why a forward did not give an answer to pass on.
 pub enum ForwardError {
-    /// The member could not be reached (connect, timeout): try the next one.
+    /// The member could not be reached (connect, timeout), or answered a block whose bytes
+    /// do not match its CRC32C: try the next one.
     Unreachable,
+}
+
+/// Whether a member's answer to a block GET may be passed on: its body matches the CRC32C
+/// it announced (`x-ctxpod-crc32c`). Bytes taken from a member are checked like bytes read
+/// from flash: a member that lies, or a path that damaged them, costs a fall-back, never a
+/// wrong byte served.
+pub fn member_block_intact(body: &[u8], crc_header: Option<&HeaderValue>) -> bool {
+    let Some(want) = crc_header
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| u32::from_str_radix(v, 16).ok())
+    else {
+        return false;
+    };
+    ctxpod_api::crc32c(body) == want
 }
 
 /// Sends the request to `m` and turns its answer into ours (status, headers, body streamed).
@@ -153,6 +168,9 @@ pub async fn forward(
     }
     let resp = req.send().await.map_err(|_| ForwardError::Unreachable)?;
     let mut out = Response::builder().status(resp.status());
+    // A block's bytes are checked before they are passed on (≤ 8 MiB: buffered).
+    let block_get = *method == Method::GET && resp.status() == StatusCode::OK;
+    let crc = resp.headers().get(ctxpod_api::HEADER_CRC32C).cloned();
     for (name, value) in resp.headers() {
         if matches!(
             name.as_str(),
@@ -162,13 +180,30 @@ pub async fn forward(
         }
         out = out.header(name, value);
     }
-    Ok(out
-        .body(Body::from_stream(resp.bytes_stream()))
-        .unwrap_or_else(|_| {
-            let mut r = Response::new(Body::empty());
-            *r.status_mut() = StatusCode::BAD_GATEWAY;
-            r
-        }))
+    let body = if block_get {
+        if resp
+            .content_length()
+            .is_some_and(|n| n > ctxpod_api::BLOCK_BYTES_MAX as u64)
+        {
+            return Err(ForwardError::Unreachable);
+        }
+        let bytes = resp.bytes().await.map_err(|_| ForwardError::Unreachable)?;
+        if bytes.len() > ctxpod_api::BLOCK_BYTES_MAX || !member_block_intact(&bytes, crc.as_ref()) {
+            tracing::warn!(
+                member = %m.id,
+                "a member answered a block whose bytes do not match its CRC32C; trying the next"
+            );
+            return Err(ForwardError::Unreachable);
+        }
+        Body::from(bytes)
+    } else {
+        Body::from_stream(resp.bytes_stream())
+    };
+    Ok(out.body(body).unwrap_or_else(|_| {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::BAD_GATEWAY;
+        r
+    }))
 }
 
 #[cfg(test)]
@@ -188,6 +223,20 @@ mod tests {
             }),
             1,
         )
+    }
+
+    #[test]
+    fn a_member_block_passes_only_with_its_crc() {
+        let body = b"some block bytes";
+        let good = HeaderValue::from_str(&ctxpod_api::crc32c_hex(ctxpod_api::crc32c(body)))
+            .expect("header");
+        assert!(member_block_intact(body, Some(&good)));
+        assert!(!member_block_intact(b"other bytes", Some(&good)));
+        assert!(!member_block_intact(body, None));
+        assert!(!member_block_intact(
+            body,
+            Some(&HeaderValue::from_static("zz"))
+        ));
     }
 
     #[test]
