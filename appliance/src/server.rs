@@ -492,14 +492,29 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
         }
         Route::Write { members, copies } => {
-            let len = req
+            // The body is held (within the ingest budget) so that it can go to several
+            // members, or to the next one if a member cannot be reached. It is charged the
+            // most it may hold, before any byte is read: its announced length (over the
+            // block limit: 413 at once), or a whole block when it announces none (chunked).
+            let announced = req
                 .headers()
                 .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0);
-            // The body is held (within the ingest budget) so that it can go to several
-            // members, or to the next one if a member cannot be reached.
+                .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
+            let len = match announced {
+                Some(Some(n)) if n > ctxpod_api::BLOCK_BYTES_MAX as u64 => {
+                    return ApiError::too_large(format!(
+                        "a block of {n} bytes is over the limit of {}",
+                        ctxpod_api::BLOCK_BYTES_MAX
+                    ))
+                    .into_response()
+                }
+                Some(Some(n)) => n as usize,
+                Some(None) => {
+                    return ApiError::invalid("content-length is not a number").into_response()
+                }
+                None if req.method() == Method::DELETE => 0,
+                None => ctxpod_api::BLOCK_BYTES_MAX,
+            };
             let _permit = match st.admit_body(len) {
                 Ok(p) => p,
                 Err(e) => return e.into_response(),

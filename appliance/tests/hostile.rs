@@ -366,6 +366,39 @@ async fn idle_and_half_open_connections_are_let_go() {
     assert!(node.client.ready().await, "{line}");
 }
 
+/// Node `a` of a static pod of two whose member `b` is `fake` (equal capacities), with
+/// extra environment; the fake's server task.
+async fn static_pod_with(
+    fake: axum::Router,
+    envs: &[(&str, &str)],
+) -> (
+    tempfile::TempDir,
+    Node,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let fake_addr = l.local_addr().expect("addr");
+    let server = tokio::spawn(async move { axum::serve(l, fake).await });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = format!(
+        "[pod]\nnode_id = \"a\"\nmembers = [\n  {{ id = \"a\", http = \"http://127.0.0.1:1\", \
+         capacity = \"1GiB\" }},\n  {{ id = \"b\", http = \"http://{fake_addr}\", capacity = \
+         \"1GiB\" }},\n]\n"
+    );
+    let node = Node::start_configured_with(
+        &dir.path().join("n"),
+        &["--capacity", "256MiB"],
+        &toml,
+        envs,
+        ctxpod_api::connect::Connect::default(),
+        false,
+    )
+    .await;
+    (dir, node, server)
+}
+
 /// A member of the pod (static membership) that answers every block, single and batched,
 /// with bytes that do not match the CRC32C it announces (damage on the way, or a member
 /// gone bad): the node asking it falls back along the ranking and never serves those
@@ -428,25 +461,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
                 }),
             )
     };
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let fake_addr = l.local_addr().expect("addr");
-    let server = tokio::spawn(async move { axum::serve(l, fake).await });
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = format!(
-        "[pod]\nnode_id = \"a\"\nmembers = [\n  {{ id = \"a\", http = \"http://127.0.0.1:1\", \
-         capacity = \"1GiB\" }},\n  {{ id = \"b\", http = \"http://{fake_addr}\", capacity = \
-         \"1GiB\" }},\n]\n"
-    );
-    let node = Node::start_configured(
-        &dir.path().join("n"),
-        &["--capacity", "256MiB"],
-        &toml,
-        ctxpod_api::connect::Connect::default(),
-        false,
-    )
-    .await;
+    let (_dir, node, server) = static_pod_with(fake, &[]).await;
     let http = reqwest::Client::new();
     let keys: Vec<Vec<u8>> = (0..64u32).map(|i| i.to_be_bytes().to_vec()).collect();
     let (mut served_wrong, mut singles) = (0, 0);
@@ -488,5 +503,54 @@ async fn damaged_bytes_from_a_member_are_never_served() {
     );
     assert!(asked > 1, "the node asked the member");
     assert_eq!((served_wrong, batch_wrong), (0, 0));
+    server.abort();
+}
+
+/// Bodies forwarded to another member are charged the most they may hold before a byte is
+/// read: 40 chunked PUTs (no length announced) of blocks that member `b` holds, each sent
+/// 4 MiB of and then stalled, through a node whose ingest budget is 64 MiB: at most 8 are
+/// taken (a whole 8 MiB block each), the others answered 503 at once. (At adc7102 a
+/// chunked body took a 1 KiB share and could buffer 8 MiB: all 40 were taken.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_bodies_are_charged_before_they_are_read() {
+    let fake = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+    let (_dir, node, server) = static_pod_with(fake, &[("CTXPOD_INGEST_BYTES_MAX", "64MiB")]).await;
+    let placement = ctxpod_api::placement::Placement::new([
+        ctxpod_api::placement::Member::new("a", 1 << 30, false),
+        ctxpod_api::placement::Member::new("b", 1 << 30, false),
+    ]);
+    let keys: Vec<Vec<u8>> = (0u32..)
+        .map(|i| i.to_be_bytes().to_vec())
+        .filter(|k| placement.replicas("default", k, 1)[0].id == "b")
+        .take(40)
+        .collect();
+    let chunk = vec![0x42u8; 4 << 20];
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for k in &keys {
+        let mut s = node.raw_http().await;
+        let head = format!(
+            "PUT /v1/namespaces/default/blocks/{} HTTP/1.1\r\nhost: x\r\n\
+             transfer-encoding: chunked\r\n\r\n{:x}\r\n",
+            hex::encode(k),
+            chunk.len()
+        );
+        s.write_all(head.as_bytes()).await.expect("head");
+        // A refused body is not read: the write may stall or fail then.
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(&chunk)).await;
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 && buf[..n].starts_with(b"HTTP/1.1 503") => refused += 1,
+            _ => {}
+        }
+        held.push(s);
+    }
+    let taken = keys.len() - refused;
+    eprintln!(
+        "40 stalled chunked PUTs forwarded to a member: {taken} taken, {refused} answered 503"
+    );
+    assert!(taken <= 8, "{taken} bodies taken with a 64 MiB budget");
+    assert!(refused >= 32, "{refused} refused");
+    drop(held);
     server.abort();
 }

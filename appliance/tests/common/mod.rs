@@ -100,7 +100,19 @@ impl Node {
         how: Connect,
         https: bool,
     ) -> Node {
-        let mut n = Self::unstarted(dir, args, &[], false);
+        Self::start_configured_with(dir, args, config, &[], how, https).await
+    }
+
+    /// [`Node::start_configured`] with extra environment.
+    pub async fn start_configured_with(
+        dir: &Path,
+        args: &[&str],
+        config: &str,
+        envs: &[(&str, &str)],
+        how: Connect,
+        https: bool,
+    ) -> Node {
+        let mut n = Self::unstarted(dir, args, envs, false);
         n.config = Some(config.to_string());
         n.how = how;
         n.https = https;
