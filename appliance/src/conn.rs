@@ -117,6 +117,29 @@ impl Gate {
         })
     }
 
+    /// The next connection `listener` accepts within the caps, with its place; those over a
+    /// cap are closed at once (dropped) and counted. Accept errors (out of descriptors, …)
+    /// are logged and retried after a pause.
+    pub async fn accept(
+        self: &Arc<Gate>,
+        listener: &tokio::net::TcpListener,
+    ) -> (tokio::net::TcpStream, std::net::SocketAddr, Admitted) {
+        loop {
+            let (sock, addr) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(listener = self.name, "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Ok(place) = self.admit(addr.ip()) {
+                let _ = sock.set_nodelay(true);
+                return (sock, addr, place);
+            }
+        }
+    }
+
     /// Counts a connection refused or closed for `why` (`idle`, `handshakes`).
     pub fn count(&self, why: &str) {
         self.metrics

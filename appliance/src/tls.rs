@@ -218,19 +218,7 @@ pub fn accept_loop(
         tokio::sync::mpsc::channel::<(BoxIo, PeerInfo, crate::conn::Admitted)>(ACCEPTED_QUEUE);
     let task = tokio::spawn(async move {
         loop {
-            let (sock, addr) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("HTTP listener: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            // Over a cap: closed at once (dropped), counted by the gate.
-            let Ok(place) = gate.admit(addr.ip()) else {
-                continue;
-            };
-            let _ = sock.set_nodelay(true);
+            let (sock, addr, place) = gate.accept(&listener).await;
             let Some(tls) = &tls else {
                 let peer = PeerInfo {
                     addr,

@@ -69,18 +69,7 @@ pub async fn serve(
     handshakes: Arc<crate::conn::Handshakes>,
 ) {
     loop {
-        let (sock, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!("transfer listener: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Over a cap: closed at once (dropped), counted by the gate.
-        let Ok(place) = gate.admit(peer.ip()) else {
-            continue;
-        };
+        let (sock, peer, place) = gate.accept(&listener).await;
         let handshake = match &tls {
             Some(_) => match handshakes.try_start() {
                 Some(p) => Some(p),

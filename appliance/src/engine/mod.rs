@@ -1002,7 +1002,12 @@ impl Engine {
     pub fn block_len(&self, ns: &str, key: &[u8]) -> Result<Option<usize>> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
-        let loc = self.core.index.get_block(&block_key(ns.id, key))?;
+        let bkey = block_key(ns.id, key);
+        // A DRAM hit needs no index lookup: the DRAM tier holds only blocks the index holds.
+        if let Some(len) = self.core.dram.lock().len_of(&bkey) {
+            return Ok(Some(len));
+        }
+        let loc = self.core.index.get_block(&bkey)?;
         if loc.is_none() {
             self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
             self.core.metrics.misses.inc();
