@@ -210,6 +210,22 @@ impl Client {
         })
     }
 
+    /// Stores a copy of a block another member holds ([`crate::HEADER_COPY`], fast
+    /// durability): read repair's put. A block the pod deleted is refused (410).
+    pub async fn put_copy(&self, ns: &str, key: &[u8], data: Bytes) -> Result<(), ClientError> {
+        let crc = crate::crc32c(&data);
+        self.send(
+            self.http
+                .put(self.url(&Self::block_path(ns, key)))
+                .header(crate::HEADER_CRC32C, crate::crc32c_hex(crc))
+                .header(crate::HEADER_DURABILITY, Durability::Fast.as_str())
+                .header(crate::HEADER_COPY, "1")
+                .body(data),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// The block's bytes, or `None` on 404. Checked against `x-ctxpod-crc32c`.
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
         let resp = self

@@ -59,6 +59,10 @@ pub const HEADER_TENANT: &str = "x-ctxpod-tenant";
 /// that computes the placement itself), so the node that receives it serves it. Its value
 /// names who routed it.
 pub const HEADER_ROUTED: &str = "x-ctxpod-forwarded-by";
+/// On a put (or `batch/put`): the bytes are a copy of a block another member holds (read
+/// repair, backfill), not a new write. A node refuses a copy of a block the pod deleted
+/// (410, code `deleted`), so a member that missed a delete cannot write the block back.
+pub const HEADER_COPY: &str = "x-ctxpod-copy";
 
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {

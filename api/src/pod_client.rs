@@ -260,6 +260,23 @@ impl PodClient {
         Ok(None)
     }
 
+    /// Deletes a block from the pod: sent, not marked as routed, to the first of its ranked
+    /// members that answers, which records the delete (a tombstone, with etcd) and sends it
+    /// to every member a read would try. True if a member held it.
+    pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
+        let mut last = None;
+        for m in self.ranked_members(ns, key) {
+            match Client::connect(&m.http, &self.how)?.delete(ns, key).await {
+                Err(e) if unreachable(&e) => {
+                    last = Some(e);
+                    let _ = self.refresh().await;
+                }
+                r => return r,
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
+    }
+
     /// Writes a copy back to a member that should hold one. `fast`: a lost repair is
     /// repaired again by a later read.
     async fn repair(
@@ -269,8 +286,10 @@ impl PodClient {
         key: &[u8],
         data: &Bytes,
     ) -> Result<(), ClientError> {
+        // Marked as a copy: a member that holds a tombstone for the block (it was deleted
+        // while the member we read it from was away) refuses it.
         self.client(&m.http)?
-            .put(ns, key, data.clone(), Durability::Fast)
+            .put_copy(ns, key, data.clone())
             .await?;
         self.repairs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

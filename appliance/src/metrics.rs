@@ -92,6 +92,18 @@ pub struct Metrics {
     pub backfill_failed: IntCounter,
     /// Unix time the last backfill pass ended (0: none yet).
     pub backfill_last_pass: IntGauge,
+    /// Block tombstones this node knows of (the pod's deletes still remembered in etcd).
+    pub pod_tombstones: IntGauge,
+    /// Tombstones applied here, by outcome (`deleted`: this node held the block and
+    /// deleted it; `absent`).
+    pub pod_tombstones_applied: IntCounterVec,
+    /// Block deletes through the pod refused, by reason (`tombstones_full`, `etcd`).
+    pub pod_deletes_refused: IntCounterVec,
+    /// Copies of a deleted block refused (read repair, backfill).
+    pub copies_refused: IntCounter,
+    /// Times this node emptied itself on return, having been away longer than
+    /// `pod.tombstone_retention_s`.
+    pub pod_emptied_on_return: IntCounter,
 }
 
 /// Upper bounds of the request-latency buckets (20 µs to 2.6 s, doubling).
@@ -381,6 +393,32 @@ impl Metrics {
             backfill_last_pass: reg!(gauge(
                 "ctxpod_backfill_last_pass_timestamp_seconds",
                 "Unix time the last backfill pass ended (0: none yet)"
+            )),
+            pod_tombstones: reg!(gauge(
+                "ctxpod_pod_tombstones",
+                "Block tombstones this node knows of (pod deletes still remembered in etcd)"
+            )),
+            pod_tombstones_applied: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_pod_tombstones_applied_total",
+                    "Tombstones applied here, by outcome (deleted, absent)"
+                ),
+                &["outcome"]
+            )),
+            pod_deletes_refused: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_pod_deletes_refused_total",
+                    "Block deletes through the pod refused, by reason (tombstones_full, etcd)"
+                ),
+                &["reason"]
+            )),
+            copies_refused: reg!(counter(
+                "ctxpod_copies_refused_total",
+                "Copies of a block the pod deleted refused (read repair, backfill)"
+            )),
+            pod_emptied_on_return: reg!(counter(
+                "ctxpod_pod_emptied_on_return_total",
+                "Times this node emptied itself on return after longer away than the tombstone retention"
             )),
             registry: r,
             sim: std::sync::OnceLock::new(),

@@ -52,9 +52,27 @@ pub struct AppState {
     pub replication: usize,
     /// This node's drain (`/v1/admin/drain`).
     pub drain: Arc<crate::pod::drain::Drain>,
+    /// The pod's block deletes (`None`: no etcd).
+    pub tombstones: Option<Arc<crate::pod::tombstones::Tombstones>>,
 }
 
 impl AppState {
+    /// A copy ([`ctxpod_api::HEADER_COPY`]: read repair, backfill) of a block the pod
+    /// deleted is refused: 410 `deleted`.
+    fn refuse_deleted_copy(&self, h: &HeaderMap, ns: &str, key: &[u8]) -> ApiResult<()> {
+        match &self.tombstones {
+            Some(t) if h.contains_key(ctxpod_api::HEADER_COPY) && t.holds(ns, key) => {
+                self.engine.metrics().copies_refused.inc();
+                Err(ApiError::new(
+                    StatusCode::GONE,
+                    "deleted",
+                    "the pod deleted this block: copies of it are refused",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// A GET of `path` on the member at `base` for the caller (its credentials, or the
     /// peer token standing in: [`crate::pod::Peers::for_caller`]), marked as sent by this
     /// node.
@@ -297,6 +315,7 @@ pub fn router(
         ns_records: pod.records.clone().map(Arc::new),
         replication: pod.replication,
         drain: pod.drain.clone(),
+        tombstones: pod.tombstones.as_ref().map(|(t, _)| t.clone()),
     };
     routes()
         .into_router()
@@ -456,15 +475,21 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
     if view.members.len() < 2 || req.headers().contains_key(forward::HEADER_FORWARDED) {
         return next.run(req).await;
     }
+    // The block, by its namespace's node-side name.
+    let mut block = None;
     let route = match forward::block_of(req.uri().path()) {
         Some((ns, key)) => {
-            // The namespace's own replication, if it sets one (by its node-side name).
-            let r = req
+            let scoped = req
                 .extensions()
                 .get::<Principal>()
-                .and_then(|p| p.scope(ns).ok())
-                .map_or(st.replication, |scoped| st.replication_of(&scoped));
-            forward::route(&view, &st.node_id, req.method(), ns, &key, r)
+                .and_then(|p| p.scope(ns).ok());
+            // The namespace's own replication, if it sets one.
+            let r = scoped
+                .as_ref()
+                .map_or(st.replication, |scoped| st.replication_of(scoped));
+            let route = forward::route(&view, &st.node_id, req.method(), ns, &key, r);
+            block = scoped.map(|s| (s, key));
+            route
         }
         None => Route::Local,
     };
@@ -532,6 +557,11 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                 }
             };
             let is_delete = parts.method == Method::DELETE;
+            if let (true, Some(t), Some((ns, key))) = (is_delete, &st.tombstones, &block) {
+                if let Err(e) = t.room_for(ns, key) {
+                    return delete_not_recorded(e);
+                }
+            }
             // The first `copies` members that answer each get the request, in rank order.
             let mut answers: Vec<Response> = Vec::new();
             for m in &members {
@@ -549,9 +579,34 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                 };
                 answers.push(resp);
             }
+            // A delete is then recorded (a tombstone, with etcd): members that are away
+            // delete their copy when they return, every member deletes any copy taken
+            // meanwhile, and no copy of it is taken back. Recorded after the members
+            // answered, which tells whether one held the block (every member applies a
+            // tombstone as it learns of it); a delete not recorded answers 503 and the
+            // client sends it again.
+            if let (true, Some(t), Some((ns, key))) = (is_delete, &st.tombstones, &block) {
+                if let Err(e) = t.record(ns, key).await {
+                    return delete_not_recorded(e);
+                }
+            }
             pick_answer(answers, copies, is_delete)
         }
     }
+}
+
+/// 503 (retry after a second) for a block delete the pod cannot record.
+fn delete_not_recorded(e: crate::pod::tombstones::Refused) -> Response {
+    tracing::warn!("block delete refused: {e}");
+    let mut r = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        e.to_string(),
+    )
+    .into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 /// Forwards a request to `m` and counts the outcome (`ctxpod_forwarded_total`); `None`
@@ -1456,6 +1511,7 @@ async fn put_block(
                 .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
         ),
     };
+    st.refuse_deleted_copy(&h, &ns, &key)?;
     let declared = content_length(&h);
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     let _permit = st.admit_body(
@@ -2012,8 +2068,22 @@ async fn batch_put(
     let statuses = if st.answers_for_pod(&h) {
         pod_batch_put(&st, &p, &ns, &scoped, &h, &jobs, dur).await
     } else {
-        let all: Vec<usize> = (0..jobs.len()).collect();
-        local_batch_put(&st, &scoped, &jobs, &all, dur).await
+        // Copies of blocks the pod deleted are refused one by one (410); the rest stored.
+        let mut statuses = vec![0u16; jobs.len()];
+        let mut store = Vec::with_capacity(jobs.len());
+        for (i, (k, _, _)) in jobs.iter().enumerate() {
+            match st.refuse_deleted_copy(&h, &scoped, k) {
+                Ok(()) => store.push(i),
+                Err(e) => statuses[i] = e.status.as_u16(),
+            }
+        }
+        for (i, s) in store
+            .iter()
+            .zip(local_batch_put(&st, &scoped, &jobs, &store, dur).await)
+        {
+            statuses[*i] = s;
+        }
+        statuses
     };
     let mut out = Vec::new();
     frame::encode_header(jobs.len() as u32, &mut out);
@@ -2341,7 +2411,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             .and_then(|s| s.trim().parse().ok()),
         None => None,
     };
-    let pod = crate::pod::Pod::join(&cfg, addr, taddr).await?;
+    let pod = crate::pod::Pod::join(&cfg, addr, taddr, &engine).await?;
     pod.start_background(engine.clone(), &cfg, auth.enabled());
     let app = router(
         engine.clone(),

@@ -1584,3 +1584,167 @@ async fn a_drained_node_leaves_without_losing_a_block() {
         s.passes
     );
 }
+
+/// Kills node `i` (of three) and waits (20 s at most) until node 0's view has dropped it.
+async fn kill_until_gone(nodes: &mut [Node], i: usize) {
+    nodes[i].kill9();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while nodes[0].client.cluster().await.unwrap().members.len() > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the killed node's lease did not expire"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Deletes reach a member that was down: blocks are deleted through one node while one of
+/// their two holders is dead; the holder comes back, backfill passes run on every node and
+/// the pod client reads every block (read repair). No read, through any node or the pod
+/// client, ever returns a deleted block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_deleted_while_a_holder_is_down_never_reads_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let config = pod_config("del", &etcd, "replication = 2\nbackfill_interval_s = 1\n");
+    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
+    let n = 40u64;
+    let keys: Vec<Vec<u8>> = (0..n).map(r2_key).collect();
+    assert_eq!(r2_write(&pc, 0, n).await, n);
+    let on_c = keys
+        .iter()
+        .filter(|k| pc.ranked("default", k)[..2].contains(&"c".to_string()))
+        .count();
+    assert!(on_c >= 10, "c holds {on_c} of {n}");
+    // c dies and leaves the view (its lease expires); every block is deleted through a.
+    kill_until_gone(&mut nodes, 2).await;
+    // Half through a plain client of a, half through the pod client (which sends each to
+    // a member that records it).
+    for (i, k) in keys.iter().enumerate() {
+        let held = if i % 2 == 0 {
+            nodes[0].client.delete("default", k).await.unwrap()
+        } else {
+            pc.delete("default", k).await.unwrap()
+        };
+        assert!(held, "block {i} was held");
+    }
+    // c comes back; every node runs backfill passes that start after c's return, and the
+    // pod client reads each block (a hit on c would be repaired onto the others).
+    nodes[2].restart().await;
+    wait_views(&nodes, 3).await;
+    wait_members(&pc, 3).await;
+    let back = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut came_back = 0;
+    for round in 0..3 {
+        for node in &nodes {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let m = reqwest_text(&format!("{}/metrics", node.url)).await;
+                if metric_of(&m, "ctxpod_backfill_last_pass_timestamp_seconds") as u64
+                    > back + round
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{}: no backfill pass", node.url);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        for k in &keys {
+            came_back += pc.get("default", k).await.unwrap().is_some() as usize;
+            for node in &nodes {
+                came_back += node.client.get("default", k).await.unwrap().is_some() as usize;
+            }
+        }
+    }
+    assert_eq!(
+        came_back,
+        0,
+        "deleted blocks read back {came_back} times (of {} reads)",
+        keys.len() * 4 * 3
+    );
+    // c deleted its copies on return (before it registered), from the tombstones.
+    let m = reqwest_text(&format!("{}/metrics", nodes[2].url)).await;
+    let applied = metric_of(
+        &m,
+        "ctxpod_pod_tombstones_applied_total{outcome=\"deleted\"}",
+    );
+    assert!(
+        applied >= on_c as f64,
+        "c applied {applied} tombstones to its {on_c} blocks"
+    );
+    assert_eq!(metric_of(&m, "ctxpod_pod_tombstones"), n as f64);
+    // A copy of a deleted block is refused (read repair's put); the client's own put of
+    // the key is stored.
+    for node in &nodes {
+        let e = node
+            .client
+            .put_copy("default", &keys[0], r2_data(0))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(410), "{}: {e}", node.url);
+    }
+    put_durable(&pc, &keys[0], r2_data(0)).await;
+    assert_eq!(pc.get("default", &keys[0]).await.unwrap(), Some(r2_data(0)));
+    eprintln!(
+        "deletes: {n} deleted with c away ({on_c} held by c), 0 of {} reads came back",
+        keys.len() * 4 * 3
+    );
+}
+
+/// Tombstones expire after `pod.tombstone_retention_s`, and a node away longer than that
+/// comes back empty (it cannot know what was deleted meanwhile): a block deleted while it
+/// was away does not come back, even with its tombstone gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let config = pod_config(
+        "ttl",
+        &etcd,
+        "replication = 2\nbackfill_interval_s = 1\ntombstone_retention_s = 10\n",
+    );
+    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
+    let n = 20u64;
+    let keys: Vec<Vec<u8>> = (0..n).map(r2_key).collect();
+    assert_eq!(r2_write(&pc, 0, n).await, n);
+    kill_until_gone(&mut nodes, 2).await;
+    for k in &keys[..n as usize / 2] {
+        pc.delete("default", k).await.unwrap();
+    }
+    let tombstones = |node: &Node| {
+        let url = format!("{}/metrics", node.url);
+        async move { metric_of(&reqwest_text(&url).await, "ctxpod_pod_tombstones") }
+    };
+    assert_eq!(tombstones(&nodes[0]).await, (n / 2) as f64);
+    // Gone within the retention and a sixteenth (plus etcd's lease clock).
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while tombstones(&nodes[0]).await > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "tombstones still held 25 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // c has been away longer than the retention: it empties itself, then takes its share
+    // of the blocks still in the pod back from backfill.
+    nodes[2].restart().await;
+    wait_views(&nodes, 3).await;
+    wait_members(&pc, 3).await;
+    let m = reqwest_text(&format!("{}/metrics", nodes[2].url)).await;
+    assert_eq!(metric_of(&m, "ctxpod_pod_emptied_on_return_total"), 1.0);
+    wait_backfilled(&pc, &nodes[2], "c", &keys[n as usize / 2..]).await;
+    for (i, k) in keys.iter().enumerate() {
+        let want = (i >= n as usize / 2).then(|| r2_data(i as u64));
+        assert_eq!(pc.get("default", k).await.unwrap(), want, "block {i}");
+        for node in &nodes {
+            assert_eq!(
+                node.client.get("default", k).await.unwrap(),
+                want,
+                "block {i}"
+            );
+        }
+    }
+}

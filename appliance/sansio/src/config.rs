@@ -279,6 +279,17 @@ pub struct PodConfig {
     pub backfill_interval_s: u64,
     /// Most bytes per second a backfill pass sends.
     pub backfill_bytes_per_s: ByteSize,
+    /// Seconds a block delete is remembered in etcd (a tombstone under
+    /// `/ctxpod/<name>/tombstones/`), so that a member that was away when it was deleted
+    /// deletes its copy on return and no backfill or read repair writes it back. A node that
+    /// comes back after being away longer than this empties itself before it rejoins (it
+    /// cannot know what was deleted meanwhile). Also how long a copy of a deleted block is
+    /// refused. Needs etcd.
+    pub tombstone_retention_s: u64,
+    /// Most tombstones the pod keeps (each node holds their keys in memory, about 100 bytes
+    /// each): at the limit, a block delete through the pod answers 503 until older ones
+    /// expire.
+    pub tombstones_max: usize,
 }
 
 /// One member of a static pod.
@@ -312,6 +323,8 @@ impl Default for PodConfig {
             peer_ca_file: None,
             backfill_interval_s: 300,
             backfill_bytes_per_s: ByteSize(64 << 20),
+            tombstone_retention_s: 86_400,
+            tombstones_max: 1_000_000,
         }
     }
 }
@@ -345,6 +358,14 @@ impl PodConfig {
         anyhow::ensure!(
             self.backfill_bytes_per_s.0 >= 1 << 20,
             "pod.backfill_bytes_per_s must be at least 1 MiB"
+        );
+        anyhow::ensure!(
+            (10..=30 * 86_400).contains(&self.tombstone_retention_s),
+            "pod.tombstone_retention_s must be within 10..=2592000 (30 days)"
+        );
+        anyhow::ensure!(
+            (1..=100_000_000).contains(&self.tombstones_max),
+            "pod.tombstones_max must be within 1..=100000000"
         );
         for e in &self.etcd_endpoints {
             anyhow::ensure!(

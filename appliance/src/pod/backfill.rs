@@ -66,6 +66,9 @@ pub struct Backfill {
     pub bytes_per_s: u64,
     /// This node's drain: asks for passes, and is told how they went.
     pub drain: Arc<super::drain::Drain>,
+    /// The pod's block deletes: a tombstoned block is never copied (and a member refuses
+    /// the copy anyway).
+    pub tombstones: Option<Arc<super::tombstones::Tombstones>>,
 }
 
 impl Backfill {
@@ -272,12 +275,19 @@ impl Backfill {
         let mut batch: Vec<(&[u8], Bytes)> = Vec::new();
         let mut bytes = 0usize;
         for (i, k) in keys.iter().enumerate() {
-            match self.engine.read_for_copy(scoped, k).await {
+            let deleted = self.tombstones.as_ref().is_some_and(|t| t.holds(scoped, k));
+            let read = if deleted {
+                Ok(None)
+            } else {
+                self.engine.read_for_copy(scoped, k).await
+            };
+            match read {
                 Ok(Some((d, _))) => {
                     bytes += d.len();
                     batch.push((k, d));
                 }
-                // Evicted or deleted since it was listed: nothing to copy.
+                // Evicted or deleted since it was listed (or deleted in the pod, its
+                // tombstone not applied here yet): nothing to copy.
                 Ok(None) | Err(EngineError::NotFound(_)) => {}
                 Err(e) => {
                     tracing::warn!("backfill: read of a block to copy: {e}");
@@ -307,6 +317,7 @@ impl Backfill {
             let resp = self
                 .request(m, tenant, ns, "batch/put")
                 .header("content-type", "application/octet-stream")
+                .header(ctxpod_api::HEADER_COPY, "1")
                 .body(frame::encode(&entries))
                 .send()
                 .await?;
@@ -325,6 +336,9 @@ impl Backfill {
                         report.copied_bytes += d.len() as u64;
                         met.backfill_copied_blocks.inc();
                         met.backfill_copied_bytes.inc_by(d.len() as u64);
+                    } else if s == 410 {
+                        // Deleted in the pod: the tombstone reaches this node too and
+                        // deletes its copy.
                     } else {
                         self.failed(report, 1);
                     }

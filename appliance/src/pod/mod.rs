@@ -12,6 +12,8 @@
 //!   hold them and do not (after a restart or a join).
 //! - [`drain`]: a node leaving on purpose ranks last everywhere and copies its blocks away
 //!   first.
+//! - [`tombstones`]: block deletes recorded in etcd, so a member that was away deletes its
+//!   copy on return, and no copy of a deleted block is written back.
 //!
 //! [`Pod::join`] is what `ctxpod serve` calls once its listeners are bound.
 
@@ -22,6 +24,7 @@ pub mod etcd;
 pub mod forward;
 pub mod membership;
 pub mod namespaces;
+pub mod tombstones;
 
 use anyhow::Context;
 use membership::{MemberInfo, MemberState, Membership, Registration};
@@ -42,6 +45,8 @@ pub struct Pod {
     registration: Option<Registration>,
     /// Draining this node before it leaves (needs etcd and the backfill).
     pub drain: Arc<drain::Drain>,
+    /// The pod's block deletes (with etcd), and the revision to follow them from.
+    pub tombstones: Option<(Arc<tombstones::Tombstones>, i64)>,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -85,6 +90,7 @@ impl Pod {
         cfg: &crate::config::Config,
         http: SocketAddr,
         transfer: Option<SocketAddr>,
+        engine: &crate::engine::Engine,
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
         let id = node_id(p.node_id.as_deref(), &cfg.data_dir)?;
@@ -118,6 +124,12 @@ impl Pod {
                 .with_context(|| {
                     format!("list the pod's members in etcd at {:?}", p.etcd_endpoints)
                 })?;
+            // Deletes made while this node was away are applied before it registers, so
+            // nothing is routed to it while it still holds a deleted block.
+            let tombstones =
+                tombstones::Tombstones::open(engine, etcd.clone(), &p.name, p, &cfg.data_dir)
+                    .await
+                    .context("apply the pod's block deletes (tombstones in etcd)")?;
             let registration = Registration::register(
                 etcd.clone(),
                 &p.name,
@@ -141,6 +153,7 @@ impl Pod {
                 records: Some((p.name.clone(), etcd)),
                 drain: Arc::new(drain::Drain::new(Some(registration.handle()))),
                 registration: Some(registration),
+                tombstones: Some(tombstones),
                 stop,
             });
         }
@@ -169,6 +182,7 @@ impl Pod {
             records: None,
             registration: None,
             drain: Arc::new(drain::Drain::new(None)),
+            tombstones: None,
             stop,
         })
     }
@@ -182,6 +196,10 @@ impl Pod {
         cfg: &crate::config::Config,
         auth_enabled: bool,
     ) {
+        if let Some((t, rev)) = &self.tombstones {
+            t.clone()
+                .spawn(engine.clone(), *rev, self.stop.child_token());
+        }
         if let Some((pod, etcd)) = &self.records {
             namespaces::spawn_reconcile(
                 engine.clone(),
@@ -212,6 +230,7 @@ impl Pod {
             replication: self.replication,
             bytes_per_s: p.backfill_bytes_per_s.0,
             drain: self.drain.clone(),
+            tombstones: self.tombstones.as_ref().map(|(t, _)| t.clone()),
         }
         .spawn(
             Duration::from_secs(p.backfill_interval_s),
