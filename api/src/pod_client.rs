@@ -78,7 +78,15 @@ impl PodClient {
         for u in urls {
             match self.client(&u)?.cluster().await {
                 Ok(c) if !c.members.is_empty() => {
-                    let mut members = c.members;
+                    // A member whose URL has another scheme than the node that named it is
+                    // left out: a client of a TLS pod never sends its token over plain
+                    // HTTP.
+                    let scheme = u.split_once("://").map_or("", |(s, _)| s);
+                    let mut members: Vec<ClusterMember> = c
+                        .members
+                        .into_iter()
+                        .filter(|m| m.http.split_once("://").map(|(s, _)| s) == Some(scheme))
+                        .collect();
                     members.sort_by(|a, b| a.id.cmp(&b.id));
                     let placement = placement_of(&members);
                     *self.view.write().expect("view") = Arc::new(View {

@@ -92,6 +92,8 @@ pub struct Metrics {
     pub backfill_failed: IntCounter,
     /// Unix time the last backfill pass ended (0: none yet).
     pub backfill_last_pass: IntGauge,
+    /// Member records in etcd left out of this node's view as invalid (forged or broken).
+    pub pod_member_records_rejected: IntGauge,
     /// Block tombstones this node knows of (the pod's deletes still remembered in etcd).
     pub pod_tombstones: IntGauge,
     /// Tombstones applied here, by outcome (`deleted`: this node held the block and
@@ -393,6 +395,10 @@ impl Metrics {
             backfill_last_pass: reg!(gauge(
                 "ctxpod_backfill_last_pass_timestamp_seconds",
                 "Unix time the last backfill pass ended (0: none yet)"
+            )),
+            pod_member_records_rejected: reg!(gauge(
+                "ctxpod_pod_member_records_rejected",
+                "Member records in etcd left out of the view as invalid (forged or broken)"
             )),
             pod_tombstones: reg!(gauge(
                 "ctxpod_pod_tombstones",

@@ -905,6 +905,8 @@ fn pod_gauges(st: &AppState) {
     m.pod_members.set(st.pod.view().members.len() as i64);
     m.pod_etcd_up.set(st.pod.etcd_up() as i64);
     m.pod_etcd_last_ok.set(st.pod.etcd_last_ok());
+    m.pod_member_records_rejected
+        .set(st.pod.rejected_records() as i64);
 }
 
 /// The pod as this node sees it: members (each probed on `/healthz` and asked for its

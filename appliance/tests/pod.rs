@@ -73,7 +73,7 @@ async fn members_join_leave_and_expire_through_etcd_leases() {
     let mut etcd = EtcdServer::start(tmp.path());
     let client = Etcd::new(vec![etcd.url.clone()]).unwrap();
     let stop = CancellationToken::new();
-    let watcher = Membership::watch_etcd(client.clone(), "t", stop.clone())
+    let watcher = Membership::watch_etcd(client.clone(), "t", "http", stop.clone())
         .await
         .unwrap();
     assert!(watcher.view().members.is_empty());
@@ -160,7 +160,7 @@ async fn a_lost_lease_is_taken_again() {
     let _etcd = EtcdServer::start(tmp.path());
     let client = Etcd::new(vec![_etcd.url.clone()]).unwrap();
     let stop = CancellationToken::new();
-    let watcher = Membership::watch_etcd(client.clone(), "t", stop.clone())
+    let watcher = Membership::watch_etcd(client.clone(), "t", "http", stop.clone())
         .await
         .unwrap();
     let reg = Registration::register(
@@ -1392,44 +1392,12 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
 async fn a_pod_over_mtls_with_tokens() {
     let tmp = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(tmp.path());
-    let pki_dir = tmp.path().join("pki");
-    std::fs::create_dir_all(&pki_dir).unwrap();
-    let ca = common::pki::Ca::new("pod CA");
-    let ca_file = ca.write(&pki_dir.join("ca.crt"));
-    let (peer_tok, peer_hash) = ctxpod::auth::new_token("peer").unwrap();
-    let (acme_tok, acme_hash) = ctxpod::auth::new_token("acme-rw").unwrap();
-    let peer_file = pki_dir.join("peer-token");
-    std::fs::write(&peer_file, format!("{}\n", *peer_tok)).unwrap();
-    let client_cert = ca.client(&pki_dir, "engine-7", false);
-    let how = |token: &str| Connect {
-        token: Some(token.to_string()),
-        tls: Some(common::pki::client_tls(&ca, Some(&client_cert))),
-    };
-    let config = |id: &str| {
-        let cert = ca.node(&pki_dir, id);
-        format!(
-            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {ca_file:?}\n\
-             [[auth.tokens]]\nid = \"peer\"\nrole = \"admin\"\nhash = \"{peer_hash}\"\n\
-             [[auth.tokens]]\nid = \"acme-rw\"\nrole = \"tenant-rw\"\ntenant = \"acme\"\n\
-             hash = \"{acme_hash}\"\n[[tenants]]\nname = \"acme\"\n\
-             [pod]\nname = \"tls\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
-             lease_ttl_s = 3\nreplication = 2\nbackfill_interval_s = 1\n\
-             peer_token_file = {peer_file:?}\n",
-            cert.cert, cert.key, etcd.url
-        )
-    };
+    let pod = TlsPod::new(tmp.path());
+    let acme_tok = pod.acme_tok.clone();
+    let how = |token: &str| pod.how(token);
     let mut nodes = Vec::new();
     for id in ["a", "b", "c"] {
-        let n = Node::start_configured(
-            &tmp.path().join(id),
-            &["--capacity", "256MiB"],
-            &config(id),
-            how(&acme_tok),
-            true,
-        )
-        .await;
-        assert!(n.url.starts_with("https://"));
-        nodes.push(n);
+        nodes.push(pod.node(tmp.path(), id, &etcd).await);
     }
     wait_views(&nodes, 3).await;
     // Usage of every member, asked over mTLS with the peer token.
@@ -1499,6 +1467,298 @@ async fn a_pod_over_mtls_with_tokens() {
         .filter(|k| pc.ranked("kv", k)[..2].contains(&"c".to_string()))
         .count() as u64;
     assert_eq!(count(&nodes).await.iter().sum::<u64>(), 240 + stand_ins);
+}
+
+/// A pod over mTLS with tokens: one CA signs every node's certificate and an engine's
+/// client certificate; `peer` (admin) is the peer token, `acme-rw` a tenant's.
+struct TlsPod {
+    ca: common::pki::Ca,
+    pki: std::path::PathBuf,
+    ca_file: std::path::PathBuf,
+    peer_file: std::path::PathBuf,
+    peer_hash: String,
+    peer_tok: String,
+    acme_tok: String,
+    acme_hash: String,
+    client_cert: common::pki::Files,
+}
+
+impl TlsPod {
+    fn new(dir: &std::path::Path) -> TlsPod {
+        let pki = dir.join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        let ca = common::pki::Ca::new("pod CA");
+        let ca_file = ca.write(&pki.join("ca.crt"));
+        let (peer_tok, peer_hash) = ctxpod::auth::new_token("peer").unwrap();
+        let (acme_tok, acme_hash) = ctxpod::auth::new_token("acme-rw").unwrap();
+        let peer_file = pki.join("peer-token");
+        std::fs::write(&peer_file, format!("{}\n", *peer_tok)).unwrap();
+        let client_cert = ca.client(&pki, "engine-7", false);
+        TlsPod {
+            ca,
+            pki,
+            ca_file,
+            peer_file,
+            peer_hash: peer_hash.to_string(),
+            peer_tok: peer_tok.to_string(),
+            acme_tok: acme_tok.to_string(),
+            acme_hash: acme_hash.to_string(),
+            client_cert,
+        }
+    }
+
+    fn how(&self, token: &str) -> Connect {
+        Connect {
+            token: Some(token.to_string()),
+            tls: Some(common::pki::client_tls(&self.ca, Some(&self.client_cert))),
+        }
+    }
+
+    /// Node `id`'s configuration: pod `tls` through `etcd`, R = 2, 1 s backfill passes.
+    fn config(&self, id: &str, etcd: &EtcdServer) -> String {
+        let cert = self.ca.node(&self.pki, id);
+        format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\n\
+             [[auth.tokens]]\nid = \"peer\"\nrole = \"admin\"\nhash = \"{}\"\n\
+             [[auth.tokens]]\nid = \"acme-rw\"\nrole = \"tenant-rw\"\ntenant = \"acme\"\n\
+             hash = \"{}\"\n[[tenants]]\nname = \"acme\"\n\
+             [pod]\nname = \"tls\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
+             lease_ttl_s = 3\nreplication = 2\nbackfill_interval_s = 1\n\
+             peer_token_file = {:?}\n",
+            cert.cert,
+            cert.key,
+            self.ca_file,
+            self.peer_hash,
+            self.acme_hash,
+            etcd.url,
+            self.peer_file
+        )
+    }
+
+    async fn node(&self, dir: &std::path::Path, id: &str, etcd: &EtcdServer) -> Node {
+        let n = Node::start_configured(
+            &dir.join(id),
+            &["--capacity", "256MiB"],
+            &self.config(id, etcd),
+            self.how(&self.acme_tok),
+            true,
+        )
+        .await;
+        assert!(n.url.starts_with("https://"));
+        n
+    }
+}
+
+/// A listener standing for a forged member: counts the connections it is offered and,
+/// with `tls` (a certificate from a CA the pod does not trust), the handshakes that
+/// complete, and keeps every byte of HTTP it receives.
+struct Impostor {
+    url: String,
+    connections: Arc<std::sync::atomic::AtomicU64>,
+    handshakes: Arc<std::sync::atomic::AtomicU64>,
+    received: Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Impostor {
+    async fn start(tls: Option<&common::pki::Files>) -> Impostor {
+        use rustls_pki_types::pem::PemObject;
+        use std::sync::atomic::Ordering::Relaxed;
+        use tokio::io::AsyncReadExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", l.local_addr().unwrap());
+        let acceptor = tls.map(|f| {
+            let certs = rustls_pki_types::CertificateDer::pem_file_iter(&f.cert)
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(&f.key).unwrap();
+            let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::aws_lc_rs::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+            tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+        });
+        let connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let handshakes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, h, r) = (connections.clone(), handshakes.clone(), received.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = l.accept().await {
+                c.fetch_add(1, Relaxed);
+                let (acceptor, h, r) = (acceptor.clone(), h.clone(), r.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    let read = tokio::time::timeout(Duration::from_secs(5), async {
+                        match acceptor {
+                            Some(a) => {
+                                let Ok(mut s) = a.accept(sock).await else {
+                                    return;
+                                };
+                                h.fetch_add(1, Relaxed);
+                                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                                    r.lock().unwrap().extend_from_slice(&buf[..n]);
+                                }
+                            }
+                            None => {
+                                let mut s = sock;
+                                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                                    r.lock().unwrap().extend_from_slice(&buf[..n]);
+                                }
+                            }
+                        }
+                    });
+                    let _ = read.await;
+                });
+            }
+        });
+        Impostor {
+            url,
+            connections,
+            handshakes,
+            received,
+            task,
+        }
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Forged member records in etcd: one naming a plain `http://` URL in a TLS pod, one that
+/// claims another node's id, one claiming all the placement, and one naming an `https://`
+/// server whose certificate the pod's CA did not sign. The first three never enter any
+/// view; the last does, and is tried, but no credential and no request reaches it. Every
+/// block put through a node (two copies each, in a tenant's namespace) reads back right
+/// through every node and the pod client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_member_records_get_no_credential_and_cause_no_wrong_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let pod = TlsPod::new(tmp.path());
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c"] {
+        nodes.push(pod.node(tmp.path(), id, &etcd).await);
+    }
+    wait_views(&nodes, 3).await;
+    let plain = Impostor::start(None).await;
+    let evil_ca = common::pki::Ca::new("not the pod's CA");
+    let evil_cert = evil_ca.server(&pod.pki, "impostor");
+    let tls = Impostor::start(Some(&evil_cert)).await;
+    let e = Etcd::new(vec![etcd.url.clone()]).unwrap();
+    let prefix = members_prefix("tls");
+    let forged = [
+        (
+            "evil-plain",
+            format!(
+                r#"{{"id":"evil-plain","http":"{}","capacity":1099511627776}}"#,
+                plain.url
+            ),
+        ),
+        (
+            "zz",
+            format!(
+                r#"{{"id":"a","http":"{}","capacity":1099511627776}}"#,
+                tls.url
+            ),
+        ),
+        (
+            "evil-huge",
+            format!(
+                r#"{{"id":"evil-huge","http":"{}","capacity":18446744073709551615}}"#,
+                tls.url
+            ),
+        ),
+        (
+            "evil-tls",
+            format!(
+                r#"{{"id":"evil-tls","http":"{}","capacity":1099511627776}}"#,
+                tls.url
+            ),
+        ),
+    ];
+    for (k, v) in &forged {
+        e.put(&format!("{prefix}{k}"), v.as_bytes(), None)
+            .await
+            .unwrap();
+    }
+    // Every view: the three nodes and evil-tls; three records rejected.
+    let admin = |n: &Node| {
+        ctxpod_api::client::Client::connect(n.url.clone(), &pod.how(&pod.peer_tok)).unwrap()
+    };
+    for node in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ids: Vec<String> = node
+                .client
+                .cluster()
+                .await
+                .unwrap()
+                .members
+                .into_iter()
+                .map(|m| m.id)
+                .collect();
+            let m = admin(node).metrics().await.unwrap();
+            if ids == ["a", "b", "c", "evil-tls"]
+                && metric_of(&m, "ctxpod_pod_member_records_rejected") == 3.0
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: view {ids:?}", node.url);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    nodes[1].client.create_namespace("kv", None).await.unwrap();
+    let pc = PodClient::connect(&[nodes[0].url.clone()], &pod.how(&pod.acme_tok))
+        .await
+        .unwrap();
+    wait_members(&pc, 4).await;
+    let keys: Vec<Vec<u8>> = (0..60).map(r2_key).collect();
+    let on_evil = keys
+        .iter()
+        .filter(|k| pc.ranked("kv", k)[..2].contains(&"evil-tls".to_string()))
+        .count();
+    assert!(
+        on_evil >= 10,
+        "evil-tls ranks first or second for {on_evil} of 60"
+    );
+    put_each(&nodes[0].client, "kv", 0..60).await;
+    for (i, k) in keys.iter().enumerate() {
+        let want = Some(r2_data(i as u64));
+        assert_eq!(pc.get("kv", k).await.unwrap(), want, "block {i}");
+        for node in &nodes {
+            assert_eq!(node.client.get("kv", k).await.unwrap(), want, "block {i}");
+        }
+    }
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(
+        plain.connections.load(Relaxed),
+        0,
+        "the http:// record was used"
+    );
+    assert!(
+        tls.connections.load(Relaxed) > 0,
+        "evil-tls was never tried"
+    );
+    assert_eq!(
+        tls.handshakes.load(Relaxed),
+        0,
+        "a handshake with evil-tls completed"
+    );
+    assert!(plain.received.lock().unwrap().is_empty() && tls.received.lock().unwrap().is_empty());
+    eprintln!(
+        "forged members: 3 records rejected, evil-tls offered {} connections, 0 handshakes, \
+         {on_evil} of 60 blocks ranked on it all read back",
+        tls.connections.load(Relaxed)
+    );
 }
 
 /// Draining a node before it leaves: once asked, it ranks last for every block (new

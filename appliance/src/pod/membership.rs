@@ -12,7 +12,7 @@ use super::etcd::{Etcd, WatchEvent};
 use ctxpod_api::placement::{Member, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -129,6 +129,8 @@ pub struct Membership {
     etcd_up: AtomicBool,
     /// Unix seconds of the last answer from etcd (0: never).
     etcd_last_ok: AtomicI64,
+    /// Member records in etcd left out of the view as invalid.
+    rejected: AtomicUsize,
 }
 
 pub(crate) fn unix_now() -> i64 {
@@ -145,6 +147,7 @@ impl Membership {
             view: watch::channel(Arc::new(view)).0,
             etcd_up: AtomicBool::new(source != Source::Etcd),
             etcd_last_ok: AtomicI64::new(0),
+            rejected: AtomicUsize::new(0),
         })
     }
 
@@ -196,37 +199,45 @@ impl Membership {
 
     /// Watches the pod's members in etcd (a client, or a node after registering). The
     /// first view is listed before this returns; a task keeps it current until `stop`.
+    /// Records that do not pass [`parse_member`] with `scheme` stay out of the view (and
+    /// are counted: [`Membership::rejected_records`]).
     pub async fn watch_etcd(
         etcd: Etcd,
         pod: &str,
+        scheme: &'static str,
         stop: tokio_util::sync::CancellationToken,
     ) -> anyhow::Result<Arc<Membership>> {
         let prefix = members_prefix(pod);
         let (rev, kvs) = etcd.range_prefix(&prefix).await?;
-        let members = kvs
-            .iter()
-            .filter_map(|kv| parse_member(&kv.value))
-            .collect::<Vec<_>>();
-        let m = Self::with(Source::Etcd, PodView::new(members, rev));
+        let records = Records::listed(kvs, scheme);
+        let m = Self::with(Source::Etcd, PodView::new(records.members(), rev));
+        m.rejected.store(records.rejected(), Ordering::Relaxed);
         m.etcd_ok();
         let me = m.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = me.follow(etcd, prefix, rev) => {}
+                _ = me.follow(etcd, prefix, scheme, records, rev) => {}
             }
         });
         Ok(m)
     }
 
+    /// Member records in etcd that are not taken into the view (they fail
+    /// [`parse_member`]), as of the last change.
+    pub fn rejected_records(&self) -> usize {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
     /// Keeps the view current: watch from `rev + 1`; when the watch breaks, list again.
-    async fn follow(&self, etcd: Etcd, prefix: String, mut rev: i64) {
-        let mut members: BTreeMap<String, MemberInfo> = self
-            .view()
-            .members
-            .iter()
-            .map(|m| (member_key(&prefix, &m.id), m.clone()))
-            .collect();
+    async fn follow(
+        &self,
+        etcd: Etcd,
+        prefix: String,
+        scheme: &'static str,
+        mut records: Records,
+        mut rev: i64,
+    ) {
         loop {
             match etcd.watch_prefix(&prefix, rev + 1).await {
                 Ok(stream) => {
@@ -245,17 +256,15 @@ impl Membership {
                             match ev {
                                 WatchEvent::Put(kv) => {
                                     rev = rev.max(kv.mod_revision);
-                                    if let Some(m) = parse_member(&kv.value) {
-                                        members.insert(kv.key, m);
-                                    }
+                                    records.put(kv, scheme);
                                 }
                                 WatchEvent::Delete { key, mod_revision } => {
                                     rev = rev.max(mod_revision);
-                                    members.remove(&key);
+                                    records.0.remove(&key);
                                 }
                             }
                         }
-                        self.publish(&members, rev);
+                        self.publish(&records, rev);
                     }
                 }
                 Err(e) => self.etcd_failed("watch", &e),
@@ -267,11 +276,8 @@ impl Membership {
                     Ok((r, kvs)) => {
                         self.etcd_ok();
                         rev = r;
-                        members = kvs
-                            .into_iter()
-                            .filter_map(|kv| parse_member(&kv.value).map(|m| (kv.key, m)))
-                            .collect();
-                        self.publish(&members, rev);
+                        records = Records::listed(kvs, scheme);
+                        self.publish(&records, rev);
                         break;
                     }
                     Err(e) => self.etcd_failed("list", &e),
@@ -280,8 +286,9 @@ impl Membership {
         }
     }
 
-    fn publish(&self, members: &BTreeMap<String, MemberInfo>, rev: i64) {
-        let view = PodView::new(members.values().cloned(), rev);
+    fn publish(&self, records: &Records, rev: i64) {
+        self.rejected.store(records.rejected(), Ordering::Relaxed);
+        let view = PodView::new(records.members(), rev);
         let changed = view.members != self.view.borrow().members;
         self.view.send_modify(|v| *v = Arc::new(view));
         if changed {
@@ -293,6 +300,41 @@ impl Membership {
     }
 }
 
+/// Every member record under the prefix, by key: checked, or why not.
+struct Records(BTreeMap<String, Result<MemberInfo, BadRecord>>);
+
+impl Records {
+    fn listed(kvs: Vec<super::etcd::Kv>, scheme: &'static str) -> Records {
+        let mut r = Records(BTreeMap::new());
+        for kv in kvs {
+            r.put(kv, scheme);
+        }
+        r
+    }
+
+    /// A record written: it replaces the one under its key (a valid record overwritten by
+    /// a bad one leaves the view).
+    fn put(&mut self, kv: super::etcd::Kv, scheme: &'static str) {
+        let parsed = parse_member(&kv.key, &kv.value, scheme);
+        if let Err(e) = &parsed {
+            tracing::warn!(key = %kv.key, "member record ignored: {e}");
+        }
+        self.0.insert(kv.key, parsed);
+    }
+
+    fn members(&self) -> Vec<MemberInfo> {
+        self.0
+            .values()
+            .filter_map(|r| r.as_ref().ok())
+            .cloned()
+            .collect()
+    }
+
+    fn rejected(&self) -> usize {
+        self.0.values().filter(|r| r.is_err()).count()
+    }
+}
+
 pub fn members_prefix(pod: &str) -> String {
     format!("/ctxpod/{pod}/members/")
 }
@@ -301,14 +343,64 @@ fn member_key(prefix: &str, id: &str) -> String {
     format!("{prefix}{id}")
 }
 
-fn parse_member(v: &[u8]) -> Option<MemberInfo> {
-    match serde_json::from_slice(v) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!("ignoring a malformed member record: {e}");
-            None
+/// Most capacity a member record may claim (its placement weight): 4 PiB.
+pub const MEMBER_CAPACITY_MAX: u64 = 1 << 52;
+
+/// Why a member record in etcd is not taken into the view.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadRecord {
+    #[error("not a member record: {0}")]
+    Malformed(String),
+    #[error("its id {0:?} is not valid, or not the one its key names")]
+    Id(String),
+    #[error("its URL {0:?} is not a base URL with the pod's scheme ({1}://)")]
+    Url(String, &'static str),
+    #[error("its transfer address {0:?} is not host:port")]
+    Transfer(String),
+    #[error("its capacity {0} is 0 or over {MEMBER_CAPACITY_MAX}")]
+    Capacity(u64),
+    #[error("its zone is over 64 bytes")]
+    Zone,
+}
+
+/// A member record from etcd, checked: the id valid and the one its key names, the HTTP
+/// URL a base URL (no credentials, query or fragment) with the pod's scheme (`https` in a TLS pod: a record naming an
+/// `http://` URL would have credentials sent in the clear), a `host:port` transfer
+/// address, a capacity within 1..=[`MEMBER_CAPACITY_MAX`] (a record claiming more would
+/// take every block's placement).
+pub fn parse_member(key: &str, v: &[u8], scheme: &'static str) -> Result<MemberInfo, BadRecord> {
+    let m: MemberInfo =
+        serde_json::from_slice(v).map_err(|e| BadRecord::Malformed(e.to_string()))?;
+    if !crate::config::valid_node_id(&m.id) || key.rsplit('/').next() != Some(m.id.as_str()) {
+        return Err(BadRecord::Id(m.id));
+    }
+    let url_ok = reqwest::Url::parse(&m.http).is_ok_and(|u| {
+        u.scheme() == scheme
+            && u.host_str().is_some_and(|h| !h.is_empty())
+            && u.username().is_empty()
+            && u.password().is_none()
+            && u.query().is_none()
+            && u.fragment().is_none()
+    });
+    if !url_ok {
+        return Err(BadRecord::Url(m.http, scheme));
+    }
+    if let Some(t) = &m.transfer {
+        let ok = t.len() <= 255
+            && t.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+        if !ok {
+            return Err(BadRecord::Transfer(t.clone()));
         }
     }
+    if m.capacity == 0 || m.capacity > MEMBER_CAPACITY_MAX {
+        return Err(BadRecord::Capacity(m.capacity));
+    }
+    if m.zone.len() > 64 {
+        return Err(BadRecord::Zone);
+    }
+    Ok(m)
 }
 
 /// A node's registration in etcd: its record under a lease, renewed every third of the TTL.
@@ -438,5 +530,57 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_records_are_checked_before_they_enter_the_view() {
+        let rec = |id: &str, http: &str, cap: u64, transfer: Option<&str>| {
+            serde_json::to_vec(&MemberInfo {
+                id: id.into(),
+                http: http.into(),
+                transfer: transfer.map(String::from),
+                capacity: cap,
+                zone: String::new(),
+                state: MemberState::Up,
+            })
+            .unwrap()
+        };
+        let key = |id: &str| format!("/ctxpod/p/members/{id}");
+        let ok = rec("a", "https://10.0.0.1:7400", 1 << 40, Some("10.0.0.1:7401"));
+        assert_eq!(parse_member(&key("a"), &ok, "https").unwrap().id, "a");
+        // The scheme of the pod, and nothing else.
+        let e = parse_member(&key("a"), &ok, "http").unwrap_err();
+        assert!(matches!(e, BadRecord::Url(..)), "{e}");
+        let plain = rec("a", "http://10.0.0.1:7400", 1 << 40, None);
+        assert!(parse_member(&key("a"), &plain, "https").is_err());
+        assert!(parse_member(&key("a"), &plain, "http").is_ok());
+        let bad = [
+            ("a", "b", "https://h:1", 1, None),        // another member's key
+            ("a b", "a b", "https://h:1", 1, None),    // a bad id
+            ("a", "a", "https://u:p@h:1", 1, None),    // credentials in the URL
+            ("a", "a", "https://h:1/?x=1", 1, None),   // a query
+            ("a", "a", "https://:1", 1, None),         // no host
+            ("a", "a", "not a url", 1, None),          // not a URL
+            ("a", "a", "https://h:1", 0, None),        // no capacity
+            ("a", "a", "https://h:1", u64::MAX, None), // all the placement
+            ("a", "a", "https://h:1", 1, Some("h")),   // no port
+            ("a", "a", "https://h:1", 1, Some("h:0")), // port 0
+        ];
+        for (id, k, http, cap, transfer) in bad {
+            let r = rec(id, http, cap, transfer);
+            assert!(
+                parse_member(&key(k), &r, "https").is_err(),
+                "{id} {k} {http} {cap} {transfer:?}"
+            );
+        }
+        assert!(matches!(
+            parse_member(&key("a"), b"{", "https"),
+            Err(BadRecord::Malformed(_))
+        ));
     }
 }

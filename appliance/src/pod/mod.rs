@@ -119,7 +119,14 @@ impl Pod {
         if !p.etcd_endpoints.is_empty() {
             let etcd = etcd::Etcd::new(p.etcd_endpoints.clone())?;
             let ttl = Duration::from_secs(p.lease_ttl_s);
-            let membership = Membership::watch_etcd(etcd.clone(), &p.name, stop.clone())
+            // This node's own record must pass the check every member applies.
+            membership::parse_member(
+                &format!("{}{id}", membership::members_prefix(&p.name)),
+                &serde_json::to_vec(&me)?,
+                scheme,
+            )
+            .with_context(|| format!("this node's member record ({})", me.http))?;
+            let membership = Membership::watch_etcd(etcd.clone(), &p.name, scheme, stop.clone())
                 .await
                 .with_context(|| {
                     format!("list the pod's members in etcd at {:?}", p.etcd_endpoints)
@@ -300,6 +307,9 @@ impl Peers {
         Ok(Peers {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(1))
+                // A TLS pod never sends a request (so never a credential) over plain
+                // HTTP, whatever URL a member record names.
+                .https_only(cfg.tls.enabled())
                 .use_preconfigured_tls(tls)
                 .build()
                 .context("an HTTP client for the pod's members")?,
