@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: build and run the whole test suite (unit, integration against the real
 # binary, crash loop, tamper, eviction, the pod with a real etcd), validate the OpenAPI
-# document, check the Helm chart and test the dashboard in headless chromium.
+# document, check the Helm chart, test the dashboard in headless chromium and fuzz the HTTP
+# contract (schemathesis, scripts/contract.sh).
 # Then fuzzes every parser of untrusted input for 20 s each (scripts/fuzz.sh).
 # CTXPOD_CRASH_CYCLES sets the crash-loop length (default 50); extra arguments go to
 # `cargo nextest run` (e.g. a filter).
@@ -22,6 +23,9 @@ CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/helm-chec
 # after writes, the miss-ratio curve, the planner form == `ctxpod plan`, no console error;
 # screenshots land in $CARGO_TARGET_DIR/ui-artifacts.
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/ui-check.py
+# The HTTP contract: schemathesis runs every operation of api/openapi.json against a node
+# with authentication on, all checks, 0 failures (CTXPOD_CONTRACT_EXAMPLES per operation).
+CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" CTXPOD_VENV="$venv" bash scripts/contract.sh
 # The HTTP API, CXP1 and KV-event suites again over TLS, then over mTLS (the harness makes a
 # CA, the node's certificate and an admin client certificate with rcgen).
 for transport in tls mtls; do

@@ -9,9 +9,10 @@
 
 use crate::auth::Principal;
 use crate::plan_cli::{self, PlanArgs};
+use crate::server::Path;
 use crate::server::{node_stats, pod_mrc, read_body, ApiError, ApiResult, AppState};
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -174,7 +175,7 @@ pub async fn plan(
     let args: PlanArgs = if b.iter().all(u8::is_ascii_whitespace) {
         PlanArgs::default()
     } else {
-        serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
+        crate::server::json_object(&b)?
     };
     if !plan_cli::API_DRIVES.contains(&args.drive.as_str()) {
         return Err(ApiError::invalid(format!(

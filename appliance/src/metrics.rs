@@ -64,7 +64,7 @@ pub struct Metrics {
     pub auth_failures: IntCounterVec,
     /// Authenticated requests refused for their role (403).
     pub forbidden: IntCounter,
-    /// Requests refused for a tenant's limits, by tenant and kind (`rate`: 429, `bytes`: 507).
+    /// Requests refused for a tenant's limits, by tenant and kind (`rate`: 429, `bytes`: 403 `quota`, `namespaces`: 403).
     pub quota_rejections: IntCounterVec,
     /// TLS handshakes that failed (bad or missing client certificate, protocol errors).
     pub tls_handshake_failures: IntCounter,
@@ -338,7 +338,7 @@ impl Metrics {
             quota_rejections: reg!(IntCounterVec::new(
                 Opts::new(
                     "ctxpod_quota_rejections_total",
-                    "Requests refused for a tenant's limits: rate (429) or bytes (507)"
+                    "Requests refused for a tenant's limits: rate (429), bytes (403 quota) or namespaces (403)"
                 ),
                 &["tenant", "kind"]
             )),

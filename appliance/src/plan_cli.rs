@@ -148,7 +148,7 @@ pub fn input_of(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<Plan
             );
             // Each request references each of its blocks once (a hit read or a miss
             // written), so the curve was measured at references/s ÷ blocks a request.
-            let blocks = (input / a.tokens_per_block as f64).ceil();
+            let blocks = (input / a.tokens_per_block as f64).ceil().max(1.0);
             let measured = c.references_per_s / blocks;
             let points = c
                 .points

@@ -11,7 +11,7 @@ use crate::engine::{Engine, EngineError, NsSettings, PutStatus, StagedBlock};
 use crate::metrics::Metrics;
 use crate::pod::batch as pod_batch;
 use axum::body::Body;
-use axum::extract::{MatchedPath, Path, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::handler::Handler;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -106,11 +106,12 @@ impl AppState {
 type IngestPermit = tokio::sync::OwnedSemaphorePermit;
 
 impl AppState {
-    /// Refuses (507) a write that would take the caller's tenant over its byte quota.
+    /// Refuses (403 `quota`) a write that would take the caller's tenant over its byte
+    /// quota.
     fn check_tenant_bytes(&self, p: &Principal, bytes: usize) -> ApiResult<()> {
         self.auth
             .check_tenant_bytes(&self.engine, p, bytes as u64)
-            .map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "quota", m))
+            .map_err(|m| ApiError::new(StatusCode::FORBIDDEN, "quota", m))
     }
 
     /// Takes `bytes` of the egress budget for an answer to `peer` (its address's share and
@@ -194,6 +195,8 @@ pub(crate) fn status_of(e: &EngineError) -> (StatusCode, &'static str) {
         EngineError::Integrity(_) => (StatusCode::UNPROCESSABLE_ENTITY, "integrity"),
         EngineError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
         EngineError::NoSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+        // A quota is a policy on the caller: retrying does not help, deleting does.
+        EngineError::Quota(_) => (StatusCode::FORBIDDEN, "quota"),
         EngineError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
         EngineError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     }
@@ -598,15 +601,13 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
 /// 503 (retry after a second) for a block delete the pod cannot record.
 fn delete_not_recorded(e: crate::pod::tombstones::Refused) -> Response {
     tracing::warn!("block delete refused: {e}");
-    let mut r = ApiError::new(
+    // A 503 carries Retry-After (`ApiError::into_response`).
+    ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
         e.to_string(),
     )
-    .into_response();
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r
+    .into_response()
 }
 
 /// Forwards a request to `m` and counts the outcome (`ctxpod_forwarded_total`); `None`
@@ -872,7 +873,43 @@ async fn read_into(mut body: Body, staged: &mut StagedBlock) -> ApiResult<()> {
 
 async fn read_json<T: serde::de::DeserializeOwned>(h: &HeaderMap, body: Body) -> ApiResult<T> {
     let b = read_body(h, body, JSON_BODY_BYTES_MAX).await?;
-    serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+    json_object(&b)
+}
+
+/// A JSON request body, which must be an object: serde's derived `Deserialize` takes an
+/// array for a struct (its fields in order), which no client means (found by the contract
+/// fuzzer: `[null, null]` created a namespace).
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
+    let v: serde_json::Value =
+        serde_json::from_slice(b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::invalid(
+            "bad JSON body: a JSON object is expected",
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+}
+
+/// `axum::extract::Path` whose refusal (a segment that is not UTF-8, or not of its type)
+/// is the JSON 400 every other bad input gets, not axum's plain text.
+pub struct Path<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(e) => Err(ApiError::invalid(format!("bad path: {}", e.body_text()))),
+        }
+    }
 }
 
 async fn healthz() -> &'static str {
@@ -1183,7 +1220,7 @@ async fn put_namespace(
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
         CreateNamespace::default()
     } else {
-        serde_json::from_slice(&b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?
+        json_object(&b)?
     };
     if let Some(r) = req.replication {
         if !(1..=ctxpod_api::REPLICATION_MAX).contains(&r) {

@@ -551,7 +551,7 @@ async fn read_requests(
                     let bytes = put.entries.iter().map(|e| e.2.len() as u64).sum();
                     match conn.auth.check_tenant_bytes(&conn.engine, &p, bytes) {
                         Ok(()) => vec![handle_put(&conn.engine, put, op, id).await],
-                        Err(m) => error(op, id, status::NO_SPACE, m),
+                        Err(m) => error(op, id, status::FORBIDDEN, m),
                     }
                 }
                 Parsed::Other(Request::Get { ns, keys }) => {

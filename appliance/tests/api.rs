@@ -269,7 +269,7 @@ async fn put_semantics_and_error_codes() {
     assert!(!c.head("default", b"absent").await.expect("head"));
     assert!(!c.delete("default", b"absent").await.expect("delete"));
 
-    // 507: namespace quota.
+    // 403 `quota`: namespace quota (a policy on the caller, not a full device).
     c.create_namespace("small", Some(150_000))
         .await
         .expect("create");
@@ -283,7 +283,8 @@ async fn put_semantics_and_error_codes() {
         .put("small", b"b", block(2, 100_000), Durability::Durable)
         .await
         .unwrap_err();
-    assert_eq!(status(e), 507);
+    assert!(e.to_string().contains("quota"), "{e}");
+    assert_eq!(status(e), 403);
     assert!(c.delete("small", b"a").await.expect("delete"));
     assert_eq!(
         c.put("small", b"b", block(2, 100_000), Durability::Durable)
@@ -564,6 +565,42 @@ async fn live_routes_match_the_spec() {
             }
         }
     }
+}
+
+/// Found by the contract fuzzer (scripts/contract.sh): a JSON body must be an object (serde
+/// takes an array for a struct, so `[null, null]` created a namespace), and a path that is
+/// not UTF-8 answers the JSON error like every other 400.
+#[tokio::test]
+async fn json_bodies_are_objects_and_bad_paths_answer_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let http = node.client.http().clone();
+    for (method, path, body) in [
+        ("PUT", "/v1/namespaces/arr", "[null, null]"),
+        ("POST", "/v1/namespaces/default/match", r#"[["00ff"]]"#),
+        ("POST", "/v1/namespaces/default/present", r#"[["00ff"]]"#),
+        ("POST", "/v1/namespaces/default/pin", r#"[["00ff"], 1000]"#),
+        ("POST", "/v1/namespaces/default/unpin", r#"[["00ff"]]"#),
+        ("POST", "/v1/namespaces/default/batch/get", r#"[["00ff"]]"#),
+        ("POST", "/v1/plan", r#"[0.5, 1, 512, 60]"#),
+        ("GET", "/v1/namespaces/%FF", ""),
+        ("GET", "/v1/namespaces/default/blocks/%FF%FE", ""),
+    ] {
+        let r = http
+            .request(method.parse().unwrap(), format!("{}{path}", node.url))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 400, "{method} {path} {body}");
+        let e: serde_json::Value = r.json().await.unwrap_or_else(|e| {
+            panic!("{method} {path}: not a JSON error: {e}");
+        });
+        assert_eq!(e["error"], "invalid", "{method} {path}: {e}");
+    }
+    let e = node.client.namespace("arr").await.unwrap_err();
+    assert_eq!(status(e), 404, "no namespace was made from an array");
 }
 
 /// Truncated and malformed batch frames are refused with 400; the node goes on serving.

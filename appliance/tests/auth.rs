@@ -721,7 +721,7 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenant_quotas_answer_507_and_429() {
+async fn tenant_quotas_answer_403_and_429() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (node, t) = node(&dir.path().join("n")).await;
     let q = http(&node, t.get("q-rw"));
@@ -743,7 +743,8 @@ async fn tenant_quotas_answer_507_and_429() {
         .put("x", b"3", block(3, 400_000), Durability::Durable)
         .await
         .unwrap_err();
-    assert_eq!(e.status(), Some(507), "{e}");
+    assert_eq!(e.status(), Some(403), "{e}");
+    assert!(e.to_string().contains("quota"), "{e}");
     let qw = wire(&node, t.get("q-rw")).await;
     let r = qw
         .put(
@@ -753,7 +754,7 @@ async fn tenant_quotas_answer_507_and_429() {
         )
         .await;
     assert!(
-        matches!(r, Err(TransferError::Refused { status: 507, .. })),
+        matches!(r, Err(TransferError::Refused { status: 403, .. })),
         "{r:?}"
     );
     // Freeing room lets writes in again.

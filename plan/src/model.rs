@@ -61,15 +61,25 @@ pub struct ModelShape {
 impl ModelShape {
     /// Bytes of KV cache one token takes, all layers together.
     pub fn kv_bytes_per_token(&self) -> u64 {
+        // Saturating: a custom shape read from a request may be absurd; it then plans
+        // absurd sizes instead of overflowing.
+        let dtype = self.dtype.bytes();
         match self.mla {
-            Some(m) => self.layers * (m.kv_lora_rank + m.qk_rope_head_dim) * self.dtype.bytes(),
-            None => 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.bytes(),
+            Some(m) => self
+                .layers
+                .saturating_mul(m.kv_lora_rank.saturating_add(m.qk_rope_head_dim))
+                .saturating_mul(dtype),
+            None => 2u64
+                .saturating_mul(self.layers)
+                .saturating_mul(self.kv_heads)
+                .saturating_mul(self.head_dim)
+                .saturating_mul(dtype),
         }
     }
 
     /// Bytes of one block of `tokens` tokens.
     pub fn block_bytes(&self, tokens: u64) -> u64 {
-        self.kv_bytes_per_token() * tokens
+        self.kv_bytes_per_token().saturating_mul(tokens)
     }
 
     /// A custom shape from `layers=80,kv_heads=8,head_dim=128,dtype=bf16` (or, for MLA,

@@ -169,8 +169,11 @@ pub fn plan(i: &PlanInput) -> Result<Plan, String> {
     }
     let mut notes = Vec::new();
     let kv = i.model.kv_bytes_per_token();
-    let block = kv * i.tokens_per_block;
-    let blocks_per_request = (i.mean_input_tokens / i.tokens_per_block as f64).ceil();
+    let block = kv.saturating_mul(i.tokens_per_block);
+    // A request has at least one block, however few its tokens.
+    let blocks_per_request = (i.mean_input_tokens / i.tokens_per_block as f64)
+        .ceil()
+        .max(1.0);
     let blocks_per_s = i.requests_per_s * blocks_per_request;
     let (hit, mut capacity_blocks) = match &i.reuse {
         Reuse::Curve {
@@ -304,6 +307,29 @@ mod tests {
             replication: 1,
             gpu_flops: 989e12,
             gpu_mfu: 0.5,
+        }
+    }
+
+    /// Inputs a request may carry (absurd but well-formed) give a plan or a reason, never
+    /// an overflow: a block of 10^14 tokens, the largest custom shape, a request of
+    /// a fraction of a token.
+    #[test]
+    fn absurd_inputs_never_overflow() {
+        let sharing = || Reuse::Sharing { ratio: 0.5 };
+        let mut big_block = llama70(sharing(), 0.5, 60.0);
+        big_block.tokens_per_block = 100_000_000_000_000;
+        let mut big_shape = llama70(sharing(), 0.5, 60.0);
+        big_shape.model = crate::model::ModelShape::parse_custom(
+            "layers=1048576,kv_heads=1048576,head_dim=1048576,dtype=fp32",
+        )
+        .unwrap();
+        big_shape.tokens_per_block = 1 << 20;
+        let mut tiny = llama70(sharing(), 0.5, 60.0);
+        tiny.mean_input_tokens = 5e-324;
+        for i in [big_block, big_shape, tiny] {
+            if let Ok(p) = plan(&i) {
+                assert!(p.block_bytes > 0);
+            }
         }
     }
 

@@ -50,6 +50,9 @@ pub enum EngineError {
     TooLarge(String),
     #[error("{0}")]
     NoSpace(String),
+    /// Over a namespace's byte quota: a refusal of the caller's write, not a full device.
+    #[error("{0}")]
+    Quota(String),
     #[error("busy: {0} is full, retry later")]
     Busy(&'static str),
     #[error("internal error: {0:#}")]
@@ -710,7 +713,7 @@ impl Engine {
         if existing.is_none() {
             if let Some(q) = ns.quota_bytes() {
                 if ns.used_bytes.load(Ordering::Relaxed) + len as u64 > q {
-                    return Err(EngineError::NoSpace(format!(
+                    return Err(EngineError::Quota(format!(
                         "namespace {} is at its quota",
                         ns.name
                     )));

@@ -652,7 +652,7 @@ impl Writer {
                     }
                     if let Some(q) = p.ns.quota_bytes() {
                         if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
-                            let _ = p.reply.send(Err(EngineError::NoSpace(format!(
+                            let _ = p.reply.send(Err(EngineError::Quota(format!(
                                 "namespace {} is at its quota",
                                 p.ns.name
                             ))));
