@@ -46,6 +46,11 @@ pub const MATCH_KEYS_MAX: usize = 4096;
 pub const BATCH_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Longest lease a `pin` may ask for, in milliseconds (one hour).
 pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Longest lease a prefetch ticket keeps after its pushes, in milliseconds (one minute): a
+/// prefetch stages blocks that decode reads within seconds, and needs only read access,
+/// so it may not hold the device for long (a longer promise is a `pin`, which needs write
+/// access).
+pub const PREFETCH_LEASE_MS_MAX: u64 = 60_000;
 /// Most copies of a block in a pod (`pod.replication`, a namespace's `replication`).
 pub const REPLICATION_MAX: u32 = 5;
 

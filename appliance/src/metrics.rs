@@ -54,6 +54,12 @@ pub struct Metrics {
     pub dram_capacity_bytes: IntGauge,
     pub regions_free: IntGauge,
     pub leases: IntGauge,
+    /// Device bytes of leased (pinned or held) records.
+    pub leased_bytes: IntGauge,
+    /// Leases refused, by reason (`table`, `node_bytes`, `tenant_bytes`).
+    pub lease_refusals: IntCounterVec,
+    /// Regions eviction kept in place because leased records fill most of them.
+    pub reclaim_skipped: IntCounter,
     pub inflight_requests: IntGauge,
     pub prefetch_blocks: IntCounterVec,
     pub prefetch_pushed_bytes: IntCounter,
@@ -297,6 +303,21 @@ impl Metrics {
             dram_capacity_bytes: reg!(gauge("ctxpod_dram_capacity_bytes", "DRAM tier limit")),
             regions_free: reg!(gauge("ctxpod_regions_free", "Free regions")),
             leases: reg!(gauge("ctxpod_leases", "Keys pinned by a lease")),
+            leased_bytes: reg!(gauge(
+                "ctxpod_leased_bytes",
+                "Device bytes of leased (pinned or held) records"
+            )),
+            lease_refusals: reg!(IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_lease_refusals_total",
+                    "Leases refused, by reason (table, node_bytes, tenant_bytes)"
+                ),
+                &["reason"]
+            )),
+            reclaim_skipped: reg!(counter(
+                "ctxpod_reclaim_skipped_regions_total",
+                "Regions eviction kept in place because leased records fill most of them"
+            )),
             inflight_requests: reg!(gauge(
                 "ctxpod_inflight_requests",
                 "Data requests being served"

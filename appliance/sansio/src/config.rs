@@ -209,6 +209,15 @@ pub struct Config {
     pub offload_inline: bool,
     /// Most keys pinned at once.
     pub leases_max: usize,
+    /// Bytes of blocks pinned or held by prefetch leases at once, node-wide (device bytes
+    /// of their records). Default: half the capacity, so that unleased blocks can always
+    /// be evicted to make room. A pin beyond answers 507 `no_space`; a prefetch beyond
+    /// misses. Eviction keeps a region that is mostly leased where it is instead of
+    /// rewriting it, so a device full of leases answers puts 507 at once.
+    pub leased_bytes_max: Option<ByteSize>,
+    /// Default per tenant of `[[tenants]] leased_bytes_max`. Default: a quarter of the
+    /// capacity.
+    pub tenant_leased_bytes_max: Option<ByteSize>,
     /// Share of block keys whose accesses feed the node's miss-ratio curve (`GET /v1/mrc`,
     /// SHARDS spatial sampling; 1 = every key, 0 = off).
     pub mrc_sample_rate: f64,
@@ -450,9 +459,14 @@ pub struct IdentityConfig {
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     pub name: String,
-    /// Bytes the tenant's namespaces may hold together; writes beyond answer 507.
+    /// Bytes the tenant's namespaces may hold together; writes beyond answer 403 `quota`.
     #[serde(default)]
     pub quota_bytes: Option<ByteSize>,
+    /// Bytes of the tenant's blocks pinned or held by prefetch leases at once (default:
+    /// `tenant_leased_bytes_max`); a pin beyond answers 403 `quota`, a prefetch beyond
+    /// misses.
+    #[serde(default)]
+    pub leased_bytes_max: Option<ByteSize>,
     /// Requests per second (HTTP requests and CXP1 frames); beyond answer 429.
     #[serde(default)]
     pub requests_per_second: Option<u32>,
@@ -521,6 +535,8 @@ impl Default for Config {
             offload_queue_depth: 4096,
             offload_inline: false,
             leases_max: 1 << 20,
+            leased_bytes_max: None,
+            tenant_leased_bytes_max: None,
             mrc_sample_rate: 0.01,
             mrc_keys_max: 1 << 16,
             prefetch_staging_bytes: ByteSize(256 << 20),
@@ -561,7 +577,26 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Bytes of leased (pinned or held) blocks the node allows at once.
+    pub fn leased_bytes_max(&self) -> u64 {
+        self.leased_bytes_max.map_or(self.capacity.0 / 2, |b| b.0)
+    }
+
+    /// Bytes of leased blocks tenant `tenant` may have at once.
+    pub fn tenant_leased_bytes_max(&self, tenant: &str) -> u64 {
+        self.tenants
+            .iter()
+            .find(|t| t.name == tenant)
+            .and_then(|t| t.leased_bytes_max)
+            .or(self.tenant_leased_bytes_max)
+            .map_or(self.capacity.0 / 4, |b| b.0)
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.leased_bytes_max() <= self.capacity.0,
+            "leased_bytes_max must be at most the capacity"
+        );
         anyhow::ensure!(
             (0.0..=1.0).contains(&self.mrc_sample_rate),
             "mrc_sample_rate must be within 0..=1"

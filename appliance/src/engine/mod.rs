@@ -583,6 +583,10 @@ impl Drop for Held {
             self.core.leases.release(b);
         }
         self.core.metrics.leases.set(self.core.leases.len() as i64);
+        self.core
+            .metrics
+            .leased_bytes
+            .set(self.core.leases.bytes() as i64);
     }
 }
 
@@ -1081,18 +1085,28 @@ impl Engine {
             Self::check_key(k)?;
         }
         let mut each = Vec::with_capacity(keys.len());
+        let owner = self.lease_owner(&ns.name);
         for k in keys {
             let bkey = block_key(ns.id, &k);
-            let present = self.core.index.get_block(&bkey)?.is_some();
-            if present {
-                self.core
-                    .leases
-                    .pin(&bkey, until)
-                    .map_err(|_| EngineError::Busy("lease table"))?;
+            let loc = self.core.index.get_block(&bkey)?;
+            if let Some(loc) = &loc {
+                let taken = self.core.leases.pin(
+                    &bkey,
+                    until,
+                    loc.record_len as u64,
+                    owner.as_ref().map(|(name, max)| leases::Owner {
+                        name,
+                        bytes_max: *max,
+                    }),
+                );
+                if let Err(e) = taken {
+                    self.lease_gauges();
+                    return Err(self.lease_refused(e));
+                }
             }
-            each.push(present);
+            each.push(loc.is_some());
         }
-        self.core.metrics.leases.set(self.core.leases.len() as i64);
+        self.lease_gauges();
         Ok(each)
     }
 
@@ -1105,6 +1119,7 @@ impl Engine {
         }
         let ns = self.ns(ns)?;
         let core = self.core.clone();
+        let owner = self.lease_owner(&ns.name);
         let (held, present) = tokio::task::spawn_blocking(move || -> Result<_> {
             let bkeys: Vec<Vec<u8>> = keys.iter().map(|k| block_key(ns.id, k)).collect();
             let mut held = Held {
@@ -1115,7 +1130,25 @@ impl Engine {
             for chunk in bkeys.chunks(256) {
                 let locs = core.index.multi_get_blocks(chunk)?;
                 for (bkey, loc) in chunk.iter().zip(locs) {
-                    let ok = loc.is_some() && core.leases.hold(bkey).is_ok();
+                    // A key the lease limits have no room for is a miss for the prefetch.
+                    let ok = loc.is_some_and(|loc| {
+                        core.leases
+                            .hold(
+                                bkey,
+                                loc.record_len as u64,
+                                owner.as_ref().map(|(name, max)| leases::Owner {
+                                    name,
+                                    bytes_max: *max,
+                                }),
+                            )
+                            .map_err(|e| {
+                                core.metrics
+                                    .lease_refusals
+                                    .with_label_values(&[e.reason()])
+                                    .inc();
+                            })
+                            .is_ok()
+                    });
                     if ok {
                         held.bkeys.push(bkey.clone());
                     }
@@ -1126,8 +1159,45 @@ impl Engine {
         })
         .await
         .map_err(|e| anyhow::anyhow!("hold task: {e}"))??;
-        self.core.metrics.leases.set(self.core.leases.len() as i64);
+        self.lease_gauges();
         Ok((held, present))
+    }
+
+    /// Who the leases of namespace `name` are charged to (its tenant, for a tenant's
+    /// `tenant/ns`), and how many bytes that tenant may lease.
+    fn lease_owner(&self, name: &str) -> Option<(Arc<str>, u64)> {
+        let (tenant, _) = name.split_once('/')?;
+        Some((
+            Arc::from(tenant),
+            self.core.cfg.tenant_leased_bytes_max(tenant),
+        ))
+    }
+
+    /// A refused pin: the lease table full is BUSY (503); the node's leased bytes at their
+    /// limit is 507 `no_space` (leases hold the device); a tenant's, 403 `quota`.
+    fn lease_refused(&self, e: leases::LeaseRefused) -> EngineError {
+        self.core
+            .metrics
+            .lease_refusals
+            .with_label_values(&[e.reason()])
+            .inc();
+        match e {
+            leases::LeaseRefused::Table => EngineError::Busy("lease table"),
+            leases::LeaseRefused::NodeBytes => EngineError::NoSpace(format!(
+                "pinned and held blocks take leased_bytes_max ({} bytes)",
+                self.core.cfg.leased_bytes_max()
+            )),
+            leases::LeaseRefused::OwnerBytes(t) => EngineError::Quota(format!(
+                "tenant {t}'s pinned and held blocks take its leased_bytes_max ({} bytes)",
+                self.core.cfg.tenant_leased_bytes_max(&t)
+            )),
+        }
+    }
+
+    fn lease_gauges(&self) {
+        let m = &self.core.metrics;
+        m.leases.set(self.core.leases.len() as i64);
+        m.leased_bytes.set(self.core.leases.bytes() as i64);
     }
 
     /// KV events of namespace `ns` (see [`events`]): its id, to filter the node-wide stream
@@ -1459,6 +1529,7 @@ impl Engine {
         m.dram_used_bytes.set(d.used_bytes() as i64);
         m.dram_capacity_bytes.set(d.capacity_bytes() as i64);
         m.leases.set(c.leases.len() as i64);
+        m.leased_bytes.set(c.leases.bytes() as i64);
     }
 
     /// Renders `/metrics` after refreshing the gauges.

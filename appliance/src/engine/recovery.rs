@@ -214,7 +214,7 @@ pub(super) async fn open(
         dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
         dram_invalidations: AtomicU64::new(0),
         nonce_salt: rand::random(),
-        leases: Leases::new(cfg.leases_max),
+        leases: Leases::new(cfg.leases_max, cfg.leased_bytes_max()),
         // Bounded whatever the rate: past `mrc_keys_max` keys the rate is lowered.
         mrc: (cfg.mrc_sample_rate > 0.0).then(|| {
             Mutex::new(ctxpod_plan::mrc::Mrc::sampled(
