@@ -1473,7 +1473,13 @@ impl AppState {
         let Some(r) = &self.ns_records else {
             return Ok(());
         };
-        crate::pod::namespaces::publish(&r.1, &r.0, ns, rec)
+        // A deletion is a tombstone: it expires with the pod's block tombstones
+        // (`pod.tombstone_retention_s`), so etcd does not keep every deleted name forever.
+        let lease = match (&self.tombstones, rec.deleted) {
+            (Some(t), true) => Some(t.lease().await.map_err(|e| etcd_unavailable(&e))?),
+            _ => None,
+        };
+        crate::pod::namespaces::publish(&r.1, &r.0, ns, rec, lease)
             .await
             .map_err(|e| etcd_unavailable(&e))
     }

@@ -681,7 +681,9 @@ async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<B
                 policy,
                 deadline: (deadline_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(deadline_ms as u64)),
-                lease: Duration::from_millis((lease_ms as u64).min(ctxpod_api::PREFETCH_LEASE_MS_MAX)),
+                lease: Duration::from_millis(
+                    (lease_ms as u64).min(ctxpod_api::PREFETCH_LEASE_MS_MAX),
+                ),
                 entries,
             };
             // The ticket outlives this request (its pushes, then its lease).

@@ -1970,10 +1970,23 @@ async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
     let n = 20u64;
     let keys: Vec<Vec<u8>> = (0..n).map(r2_key).collect();
     assert_eq!(r2_write(&pc, 0, n).await, n);
+    nodes[0]
+        .client
+        .create_namespace("gone", None)
+        .await
+        .unwrap();
     kill_until_gone(&mut nodes, 2).await;
     for k in &keys[..n as usize / 2] {
         pc.delete("default", k).await.unwrap();
     }
+    // A namespace deleted while c is away: its record is a tombstone that expires too.
+    nodes[0].client.delete_namespace("gone").await.unwrap();
+    let e = Etcd::new(vec![etcd.url.clone()]).unwrap();
+    let gone_key = "/ctxpod/ttl/namespaces/gone";
+    assert!(
+        e.get(gone_key).await.unwrap().is_some(),
+        "the deletion is recorded"
+    );
     let tombstones = |node: &Node| {
         let url = format!("{}/metrics", node.url);
         async move { metric_of(&reqwest_text(&url).await, "ctxpod_pod_tombstones") }
@@ -1995,6 +2008,14 @@ async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
     wait_members(&pc, 3).await;
     let m = reqwest_text(&format!("{}/metrics", nodes[2].url)).await;
     assert_eq!(metric_of(&m, "ctxpod_pod_emptied_on_return_total"), 1.0);
+    assert!(
+        e.get(gone_key).await.unwrap().is_none(),
+        "the namespace tombstone expired"
+    );
+    for node in &nodes {
+        let e = node.client.namespace("gone").await.unwrap_err();
+        assert_eq!(e.status(), Some(404), "{}: {e}", node.url);
+    }
     wait_backfilled(&pc, &nodes[2], "c", &keys[n as usize / 2..]).await;
     for (i, k) in keys.iter().enumerate() {
         let want = (i >= n as usize / 2).then(|| r2_data(i as u64));

@@ -6,7 +6,9 @@
 //!   *incarnation*). A member that cannot be reached then catches up from etcd.
 //! - With etcd, the node first records the namespace under
 //!   `/ctxpod/<pod>/namespaces/<name>` ([`NsRecord`]: settings, incarnation, or a tombstone
-//!   once deleted). Every node applies the records when it starts and every
+//!   once deleted, which expires with the block tombstones after
+//!   `pod.tombstone_retention_s`: a node away longer than that drops, on return, the
+//!   namespaces the pod has no record of). Every node applies the records when it starts and every
 //!   [`RECONCILE_EVERY`] after ([`reconcile`]), so a member that was away, or one that joins
 //!   later, ends with the same namespaces. The change is refused (503) while etcd cannot
 //!   record it.
@@ -142,9 +144,17 @@ pub async fn record(etcd: &Etcd, pod: &str, name: &str) -> anyhow::Result<Option
     })
 }
 
-pub async fn publish(etcd: &Etcd, pod: &str, name: &str, rec: &NsRecord) -> anyhow::Result<()> {
+/// Writes a namespace's record; a deletion's under `lease` (so etcd drops it when the
+/// pod's tombstones expire: [`super::tombstones`]).
+pub async fn publish(
+    etcd: &Etcd,
+    pod: &str,
+    name: &str,
+    rec: &NsRecord,
+    lease: Option<i64>,
+) -> anyhow::Result<()> {
     let key = format!("{}{name}", namespaces_prefix(pod));
-    etcd.put(&key, &serde_json::to_vec(rec)?, None).await
+    etcd.put(&key, &serde_json::to_vec(rec)?, lease).await
 }
 
 /// Applies every namespace record of the pod here; how many changed something. Each

@@ -122,6 +122,20 @@ impl Tombstones {
                  meanwhile may be forgotten, so this node empties itself before it rejoins"
             );
             let n = empty(engine).await?;
+            // Namespaces deleted meanwhile: their records may have expired too. Every
+            // namespace of an etcd pod has a record, so one without is gone.
+            let ns_prefix = super::namespaces::namespaces_prefix(pod);
+            let (_, recs) = t.etcd.range_prefix(&ns_prefix).await?;
+            let known: HashSet<&str> = recs
+                .iter()
+                .filter_map(|kv| kv.key.strip_prefix(&ns_prefix))
+                .collect();
+            for ns in engine.namespaces() {
+                if ns.name != "default" && !known.contains(ns.name.as_str()) {
+                    tracing::info!(namespace = %ns.name, "no longer in the pod: deleted");
+                    engine.delete_namespace(&ns.name).await?;
+                }
+            }
             t.metrics.pod_emptied_on_return.inc();
             tracing::info!(
                 blocks = n,
@@ -220,9 +234,10 @@ impl Tombstones {
         Ok(())
     }
 
-    /// The lease for new tombstones: one per 1/16 of the retention, living the retention
+    /// The lease for new tombstones (block deletes, and namespace deletion records): one
+    /// per 1/16 of the retention, living the retention
     /// plus that slice, so every tombstone lives at least the retention.
-    async fn lease(&self) -> anyhow::Result<i64> {
+    pub async fn lease(&self) -> anyhow::Result<i64> {
         let slice = (self.retention / 16).max(Duration::from_secs(1));
         let mut l = self.lease.lock().await;
         if let Some((id, at)) = *l {
