@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of untrusted input (api/fuzz, libFuzzer through libfuzzer-sys): the
-# CXP1 frame and body decoders (`frame_decoder`), the HTTP API's CXB1 batch frames
-# (`batch_frame`), record headers read back from the device (`record_header`), bearer
-# tokens, token hashes and token files (`token`) and the configuration file (`config`),
+# CXP1 frame and body decoders (`frame_decoder`: the length and header checks the node's
+# socket reader runs too), the node's PUT-body parser fed in arbitrary pieces (`put_body`),
+# the HTTP API's CXB1 batch frames (`batch_frame`), record headers read back from the device
+# (`record_header`), bearer tokens, token hashes and token files (`token`) and the
+# configuration file (`config`),
 # CTXPOD_FUZZ_SECONDS each (default 20; CI runs the default). Builds on stable Rust with
 # libFuzzer's coverage instrumentation (no sanitizer: the codec is safe Rust), in a target
 # directory of its own so the instrumented build never invalidates the main one. The corpus
@@ -22,7 +24,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
 host="$(rustc -vV | sed -n 's/^host: //p')"
 cargo build --quiet --release --manifest-path api/fuzz/Cargo.toml --target-dir "$target" \
   --target "$host"
-for t in frame_decoder batch_frame record_header token config; do
+for t in frame_decoder put_body batch_frame record_header token config; do
   corpus="$target/corpus/$t"
   mkdir -p "$corpus"
   echo "fuzz: $t for $seconds s"

@@ -134,6 +134,8 @@ pub enum ProtoError {
     TooManyEntries(usize),
     #[error("block of {0} bytes is over the block limit")]
     BlockTooLarge(u32),
+    #[error("an empty block: a block is 1 byte to 8 MiB")]
+    EmptyBlock,
     #[error("unknown durability {0}")]
     BadDurability(u8),
     #[error("unknown prefetch policy {0}")]
@@ -227,31 +229,50 @@ impl FrameDecoder {
         if self.buf.len() < 4 {
             return Ok(None);
         }
-        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
-        if len > self.max_frame_bytes {
-            return Err(ProtoError::FrameTooLarge(len, self.max_frame_bytes));
-        }
-        if (len as usize) < HEADER_BYTES {
-            return Err(ProtoError::FrameTooShort(len));
-        }
-        if self.buf.len() < 4 + len as usize {
-            self.buf.reserve(4 + len as usize - self.buf.len());
+        let body = frame_body_len(
+            self.buf[..4].try_into().expect("4 bytes"),
+            self.max_frame_bytes,
+        )?;
+        let len = HEADER_BYTES + body;
+        if self.buf.len() < 4 + len {
+            self.buf.reserve(4 + len - self.buf.len());
             return Ok(None);
         }
         self.buf.advance(4);
-        let mut frame = self.buf.split_to(len as usize).freeze();
-        let op = frame.get_u8();
-        let op = Op::from_u8(op).ok_or(ProtoError::UnknownOp(op))?;
-        let header = Header {
-            op,
-            flags: frame.get_u8(),
-            status: frame.get_u16_le(),
-            request_id: frame.get_u64_le(),
-        };
+        let mut frame = self.buf.split_to(len).freeze();
+        let header = Header::decode(frame[..HEADER_BYTES].try_into().expect("a header"))?;
+        frame.advance(HEADER_BYTES);
         Ok(Some(Frame {
             header,
             body: frame,
         }))
+    }
+}
+
+/// A frame's length prefix, checked: the length of its body (after the header). Every
+/// reader of frames (the node's `proto_io::FrameInput`, [`FrameDecoder`]) asks this.
+pub fn frame_body_len(prefix: [u8; 4], max_frame_bytes: u32) -> Result<usize, ProtoError> {
+    let len = u32::from_le_bytes(prefix);
+    let max = max_frame_bytes.min(FRAME_BYTES_MAX);
+    if len > max {
+        return Err(ProtoError::FrameTooLarge(len, max));
+    }
+    if (len as usize) < HEADER_BYTES {
+        return Err(ProtoError::FrameTooShort(len));
+    }
+    Ok(len as usize - HEADER_BYTES)
+}
+
+impl Header {
+    /// The 12 header bytes that follow the length prefix.
+    pub fn decode(b: &[u8; HEADER_BYTES]) -> Result<Header, ProtoError> {
+        let op = Op::from_u8(b[0]).ok_or(ProtoError::UnknownOp(b[0]))?;
+        Ok(Header {
+            op,
+            flags: b[1],
+            status: u16::from_le_bytes([b[2], b[3]]),
+            request_id: u64::from_le_bytes(b[4..12].try_into().expect("8 bytes")),
+        })
     }
 }
 
@@ -686,19 +707,9 @@ impl Request {
         let req = match op {
             Op::Ping => Request::Ping,
             Op::Put => {
-                let ns = r.ns()?;
-                let durability = match r.u8()? {
-                    0 => Durability::Durable,
-                    1 => Durability::Fast,
-                    d => return Err(ProtoError::BadDurability(d)),
-                };
-                let entries = r.list(|r| {
-                    Ok(PutEntry {
-                        key: r.key()?,
-                        crc32c: r.u32()?,
-                        data: r.block()?,
-                    })
-                })?;
+                // The node's own parser ([`PutBodyParser`]), over the body in memory.
+                let (ns, durability, entries) = decode_put_body(&frame.body)?;
+                r.b.advance(frame.body.len());
                 Request::Put {
                     ns,
                     durability,
@@ -1034,6 +1045,9 @@ impl Reader {
         }
     }
 }
+
+mod put;
+pub use put::{decode_put_body, PutBodyParser, PutStep};
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,9 @@
 //! straight into their destination (a record's buffer on the node, a memory region on the
 //! client), so block data is copied once.
 
-use crate::proto::{Header, Op, ProtoError, HEADER_BYTES};
+use crate::proto::{
+    frame_body_len, Durability, Header, ProtoError, PutBodyParser, PutStep, HEADER_BYTES,
+};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -82,6 +84,21 @@ pub struct FrameInput<R> {
     max_frame_bytes: u32,
 }
 
+/// Where a block's bytes are received: its unfilled part, then how much was landed (the
+/// node's `StagedBlock`, which checksums what lands).
+pub trait Landing {
+    fn unfilled_mut(&mut self) -> &mut [u8];
+    fn advance(&mut self, n: usize);
+}
+
+/// A `Put` body read by [`FrameInput::read_put_body`]: each entry's key, the CRC32C the
+/// client gave, and where its bytes landed.
+pub struct PutBody<B> {
+    pub ns: String,
+    pub durability: Durability,
+    pub entries: Vec<(Bytes, u32, B)>,
+}
+
 /// Why reading the next frame failed: the socket, or framing that cannot be trusted any more
 /// (over the limit, shorter than its header, unknown op). Either ends the connection.
 #[derive(Debug, thiserror::Error)]
@@ -108,23 +125,63 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
         if !self.fill(4).await? {
             return Ok(None);
         }
-        let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes"));
-        if len > self.max_frame_bytes {
-            return Err(ProtoError::FrameTooLarge(len, self.max_frame_bytes).into());
-        }
-        if (len as usize) < HEADER_BYTES {
-            return Err(ProtoError::FrameTooShort(len).into());
-        }
+        // The codec's own checks (the fuzz targets run them): the length before waiting
+        // for the header.
+        let body = frame_body_len(
+            self.buf[..4].try_into().expect("4 bytes"),
+            self.max_frame_bytes,
+        )?;
         self.need(4 + HEADER_BYTES).await?;
-        let op = Op::from_u8(self.buf[4]).ok_or(ProtoError::UnknownOp(self.buf[4]))?;
-        let header = Header {
-            op,
-            flags: self.buf[5],
-            status: u16::from_le_bytes([self.buf[6], self.buf[7]]),
-            request_id: u64::from_le_bytes(self.buf[8..16].try_into().expect("8 bytes")),
-        };
+        let header = Header::decode(self.buf[4..4 + HEADER_BYTES].try_into().expect("a header"))?;
         self.buf.advance(4 + HEADER_BYTES);
-        Ok(Some((header, len as usize - HEADER_BYTES)))
+        Ok(Some((header, body)))
+    }
+
+    /// Reads a `Put` body of `len` bytes with the codec's [`PutBodyParser`]: each block is
+    /// landed straight into the destination `stage(len)` gives (from the buffer, then from
+    /// the socket). `Ok(Err(_))`: the body was consumed but is malformed (answer 400; the
+    /// connection goes on).
+    pub async fn read_put_body<B: Landing>(
+        &mut self,
+        len: usize,
+        mut stage: impl FnMut(usize) -> Result<B, ProtoError>,
+    ) -> std::io::Result<Result<PutBody<B>, ProtoError>> {
+        let mut p = PutBodyParser::new(len);
+        let mut entries = Vec::new();
+        loop {
+            match p.step() {
+                PutStep::Need(_) => {
+                    self.need(1).await?;
+                    let k = p.feed(&self.buf);
+                    self.buf.advance(k);
+                }
+                PutStep::Block { key, crc32c, len } => {
+                    let mut dst = match stage(len) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            self.skip(p.left()).await?;
+                            return Ok(Err(e));
+                        }
+                    };
+                    self.read_into(&mut dst.unfilled_mut()[..len]).await?;
+                    dst.advance(len);
+                    p.landed(len);
+                    entries.push((key, crc32c, dst));
+                }
+                PutStep::Land(_) => unreachable!("blocks are landed whole"),
+                PutStep::Done { ns, durability } => {
+                    return Ok(Ok(PutBody {
+                        ns,
+                        durability,
+                        entries,
+                    }))
+                }
+                PutStep::Bad { error, skip } => {
+                    self.skip(skip).await?;
+                    return Ok(Err(error));
+                }
+            }
+        }
     }
 
     /// At least `n` bytes buffered; false if the peer closed cleanly before any of them.

@@ -16,12 +16,11 @@ use crate::budget::{Budgets, Permit};
 use crate::conn::Gate;
 use crate::engine::events::{KvEvent, KvEventKind};
 use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
-use bytes::Buf;
 use bytes::Bytes;
 use ctxpod_api::proto::{
     status, EventKind, Frame, GetEntry, Header, Hello, Op, Policy, PrefetchEntry, ProtoError,
-    Request, Response, HELLO_AUTHENTICATED, HELLO_AUTH_REQUIRED, HELLO_BYTES, NAMESPACE_BYTES_MAX,
-    TOKEN_BYTES_MAX, VERSION,
+    Request, Response, HELLO_AUTHENTICATED, HELLO_AUTH_REQUIRED, HELLO_BYTES, TOKEN_BYTES_MAX,
+    VERSION,
 };
 use ctxpod_api::proto_io::{FrameInput, InputError};
 use ctxpod_api::Durability;
@@ -1062,84 +1061,23 @@ enum Parsed {
     Invalid(String),
 }
 
-struct StagedPut {
-    ns: String,
-    durability: Durability,
-    entries: Vec<(Bytes, u32, StagedBlock)>,
-}
+/// A `Put` body received (`FrameInput::read_put_body`), each block in the buffer its record
+/// is written from.
+type StagedPut = ctxpod_api::proto_io::PutBody<StagedBlock>;
 
-/// Receives a PUT body of `len` bytes, each block straight into the buffer its record will
-/// be written from. `Ok(Err(_))`: the body was consumed but is malformed (the connection
-/// goes on); `Err(_)`: the connection failed, or the body does not fit its frame.
+/// Receives a PUT body of `len` bytes with the codec's parser, each block straight into the
+/// buffer its record will be written from (its CRC32C computed as it lands). `Ok(Err(_))`:
+/// the body was consumed but is malformed (the connection goes on); `Err(_)`: the
+/// connection failed.
 async fn read_put<R: tokio::io::AsyncRead + Unpin>(
     input: &mut FrameInput<R>,
     len: usize,
 ) -> std::io::Result<Result<StagedPut, ProtoError>> {
-    let bad = |e: ProtoError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-    let mut left = len;
-    let take = async |input: &mut FrameInput<R>, n: usize, left: &mut usize| {
-        if n > *left {
-            return Err(bad(ProtoError::Truncated(Op::Put)));
-        }
-        *left -= n;
-        input.take(n).await
-    };
-    let n = take(input, 1, &mut left).await?[0] as usize;
-    if n == 0 || n > NAMESPACE_BYTES_MAX {
-        input.skip(left).await?;
-        return Ok(Err(ProtoError::BadNamespace(n)));
-    }
-    let Ok(ns) = String::from_utf8(take(input, n, &mut left).await?.to_vec()) else {
-        input.skip(left).await?;
-        return Ok(Err(ProtoError::BadNamespace(n)));
-    };
-    let durability = match take(input, 1, &mut left).await?[0] {
-        0 => Durability::Durable,
-        1 => Durability::Fast,
-        d => {
-            input.skip(left).await?;
-            return Ok(Err(ProtoError::BadDurability(d)));
-        }
-    };
-    let count = take(input, 4, &mut left).await?.get_u32_le() as usize;
-    if count > ctxpod_api::BATCH_ENTRIES_MAX {
-        input.skip(left).await?;
-        return Ok(Err(ProtoError::TooManyEntries(count)));
-    }
-    let mut entries = Vec::with_capacity(count);
-    for _ in 0..count {
-        let k = take(input, 1, &mut left).await?[0] as usize;
-        if k == 0 || k > ctxpod_api::KEY_BYTES_MAX {
-            input.skip(left).await?;
-            return Ok(Err(ProtoError::BadKeyLength(k)));
-        }
-        let key = take(input, k, &mut left).await?;
-        let mut h = take(input, 8, &mut left).await?;
-        let (crc, n) = (h.get_u32_le(), h.get_u32_le());
-        if n as usize > left {
-            return Err(bad(ProtoError::Truncated(Op::Put)));
-        }
-        let mut staged = match StagedBlock::new(n as usize) {
-            Ok(s) => s,
-            Err(_) => {
-                input.skip(left).await?;
-                return Ok(Err(ProtoError::BlockTooLarge(n)));
-            }
-        };
-        input.read_into(staged.unfilled_mut()).await?;
-        staged.advance(n as usize);
-        left -= n as usize;
-        entries.push((key, crc, staged));
-    }
-    if left > 0 {
-        input.skip(left).await?;
-        return Ok(Err(ProtoError::Trailing(Op::Put, left)));
-    }
-    Ok(Ok(StagedPut {
-        ns,
-        durability,
-        entries,
-    }))
+    input
+        .read_put_body(len, |n| {
+            StagedBlock::new(n).map_err(|_| ProtoError::BlockTooLarge(n as u32))
+        })
+        .await
 }
 
 async fn handle_put(engine: &Engine, p: StagedPut, op: Op, id: u64) -> Bytes {
@@ -1148,6 +1086,11 @@ async fn handle_put(engine: &Engine, p: StagedPut, op: Op, id: u64) -> Bytes {
         durability,
         entries,
     } = p;
+    // The wire's durability, mapped by name (never by number).
+    let durability = match durability {
+        ctxpod_api::proto::Durability::Durable => Durability::Durable,
+        ctxpod_api::proto::Durability::Fast => Durability::Fast,
+    };
     let crcs: Vec<u32> = entries.iter().map(|e| e.1).collect();
     let results = futures::future::join_all(entries.into_iter().map(|(key, crc, staged)| {
         let ns = &ns;

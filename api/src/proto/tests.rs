@@ -45,7 +45,10 @@ fn request(r: &mut impl Rng) -> Request {
             },
             entries: (0..r.gen_range(0..6))
                 .map(|_| {
-                    let d = data(r);
+                    // A stored block is 1 byte at least (an empty one is refused).
+                    let d = Some(data(r))
+                        .filter(|d| !d.is_empty())
+                        .unwrap_or_else(|| Bytes::from_static(b"x"));
                     PutEntry {
                         key: key(r),
                         crc32c: crate::crc32c(&d),

@@ -590,6 +590,16 @@ impl Drop for Held {
     }
 }
 
+impl ctxpod_api::proto_io::Landing for StagedBlock {
+    fn unfilled_mut(&mut self) -> &mut [u8] {
+        StagedBlock::unfilled_mut(self)
+    }
+
+    fn advance(&mut self, n: usize) {
+        StagedBlock::advance(self, n)
+    }
+}
+
 enum PutPrep {
     Crc(u32),
     Record(u32, AlignedBuf),
