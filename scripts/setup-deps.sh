@@ -7,7 +7,7 @@
 # python3-venv where missing (the OpenAPI validation in scripts/test.sh), and cargo-nextest.
 set -euo pipefail
 need=()
-for pkg in clang libclang-dev g++ make fio iperf3 etcd-server chromium chromium-driver; do
+for pkg in clang libclang-dev g++ make fio iperf3 etcd-server curl chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # The OpenAPI check runs in a venv; Debian's own python3 needs python3-venv for that.

@@ -5,7 +5,6 @@ mod common;
 
 use common::etcd::EtcdServer;
 use common::Node;
-use ctxpod::pod::etcd::Etcd;
 use ctxpod::pod::membership::{
     members_prefix, MemberInfo, MemberState, Membership, PodView, Registration,
 };
@@ -71,7 +70,7 @@ async fn wait_for(m: &Arc<Membership>, secs: u64, what: &str, ok: impl Fn(&PodVi
 async fn members_join_leave_and_expire_through_etcd_leases() {
     let tmp = tempfile::tempdir().unwrap();
     let mut etcd = EtcdServer::start(tmp.path());
-    let client = Etcd::new(vec![etcd.url.clone()]).unwrap();
+    let client = etcd.client();
     let stop = CancellationToken::new();
     let watcher = Membership::watch_etcd(client.clone(), "t", "http", stop.clone())
         .await
@@ -158,7 +157,7 @@ async fn members_join_leave_and_expire_through_etcd_leases() {
 async fn a_lost_lease_is_taken_again() {
     let tmp = tempfile::tempdir().unwrap();
     let _etcd = EtcdServer::start(tmp.path());
-    let client = Etcd::new(vec![_etcd.url.clone()]).unwrap();
+    let client = _etcd.client();
     let stop = CancellationToken::new();
     let watcher = Membership::watch_etcd(client.clone(), "t", "http", stop.clone())
         .await
@@ -206,8 +205,8 @@ async fn three_nodes_form_a_pod_through_etcd() {
     let config = |id: &str| {
         format!(
             "[pod]\nname = \"p3\"\nnode_id = \"{id}\"\nzone = \"z-{id}\"\n\
-             etcd_endpoints = [\"{}\"]\nlease_ttl_s = 3\n",
-            etcd.url
+             {}lease_ttl_s = 3\n",
+            etcd.pod_lines()
         )
     };
     let mut nodes = Vec::new();
@@ -518,8 +517,8 @@ async fn a_fourth_node_joins_under_load() {
     let etcd = EtcdServer::start(tmp.path());
     let config = |id: &str| {
         format!(
-            "[pod]\nname = \"p4\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\nlease_ttl_s = 3\n",
-            etcd.url
+            "[pod]\nname = \"p4\"\nnode_id = \"{id}\"\n{}lease_ttl_s = 3\n",
+            etcd.pod_lines()
         )
     };
     let mut nodes = Vec::new();
@@ -663,9 +662,9 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     let etcd = EtcdServer::start(tmp.path());
     let config = |id: &str| {
         format!(
-            "[pod]\nname = \"r2\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
+            "[pod]\nname = \"r2\"\nnode_id = \"{id}\"\n{}\
              lease_ttl_s = 3\nreplication = 2\n",
-            etcd.url
+            etcd.pod_lines()
         )
     };
     let ids = ["a", "b", "c"];
@@ -895,9 +894,9 @@ fn pod_config<'a>(
 ) -> impl Fn(&str) -> String + 'a {
     move |id: &str| {
         format!(
-            "[pod]\nname = \"{name}\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
+            "[pod]\nname = \"{name}\"\nnode_id = \"{id}\"\n{}\
              lease_ttl_s = 3\n{extra}",
-            etcd.url
+            etcd.pod_lines()
         )
     }
 }
@@ -1522,7 +1521,7 @@ impl TlsPod {
              [[auth.tokens]]\nid = \"peer\"\nrole = \"admin\"\nhash = \"{}\"\n\
              [[auth.tokens]]\nid = \"acme-rw\"\nrole = \"tenant-rw\"\ntenant = \"acme\"\n\
              hash = \"{}\"\n[[tenants]]\nname = \"acme\"\n\
-             [pod]\nname = \"tls\"\nnode_id = \"{id}\"\netcd_endpoints = [\"{}\"]\n\
+             [pod]\nname = \"tls\"\nnode_id = \"{id}\"\n{}\
              lease_ttl_s = 3\nreplication = 2\nbackfill_interval_s = 1\n\
              peer_token_file = {:?}\n",
             cert.cert,
@@ -1530,7 +1529,7 @@ impl TlsPod {
             self.ca_file,
             self.peer_hash,
             self.acme_hash,
-            etcd.url,
+            etcd.pod_lines(),
             self.peer_file
         )
     }
@@ -1653,7 +1652,7 @@ async fn forged_member_records_get_no_credential_and_cause_no_wrong_byte() {
     let evil_ca = common::pki::Ca::new("not the pod's CA");
     let evil_cert = evil_ca.server(&pod.pki, "impostor");
     let tls = Impostor::start(Some(&evil_cert)).await;
-    let e = Etcd::new(vec![etcd.url.clone()]).unwrap();
+    let e = etcd.client();
     let prefix = members_prefix("tls");
     let forged = [
         (
@@ -1981,7 +1980,7 @@ async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
     }
     // A namespace deleted while c is away: its record is a tombstone that expires too.
     nodes[0].client.delete_namespace("gone").await.unwrap();
-    let e = Etcd::new(vec![etcd.url.clone()]).unwrap();
+    let e = etcd.client();
     let gone_key = "/ctxpod/ttl/namespaces/gone";
     assert!(
         e.get(gone_key).await.unwrap().is_some(),

@@ -251,6 +251,17 @@ pub struct PodConfig {
     /// etcd client URLs (`http://etcd-0.etcd:2379`, ...): the node registers itself under a
     /// lease and watches the other members.
     pub etcd_endpoints: Vec<String>,
+    /// CA certificates that sign etcd's server certificate (`https://` endpoints need it).
+    pub etcd_ca_file: Option<PathBuf>,
+    /// The node's client certificate and key towards etcd (etcd's `--client-cert-auth`).
+    /// With etcd auth on, etcd 3.4 refuses, through its gateway, a client certificate that
+    /// has a common name: issue this one without.
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd's auth: the user the node authenticates as (its role needs read and write on
+    /// the prefix `/ctxpod/<name>/`), and a file holding its password.
+    pub etcd_username: Option<String>,
+    pub etcd_password_file: Option<PathBuf>,
     /// A static member list instead of etcd (small or test pods): every member, this node
     /// included (matched by `node_id`).
     pub members: Vec<StaticMember>,
@@ -321,6 +332,11 @@ impl Default for PodConfig {
         PodConfig {
             name: "default".into(),
             etcd_endpoints: Vec::new(),
+            etcd_ca_file: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
+            etcd_username: None,
+            etcd_password_file: None,
             members: Vec::new(),
             node_id: None,
             zone: String::new(),
@@ -381,7 +397,19 @@ impl PodConfig {
                 e.starts_with("http://") || e.starts_with("https://"),
                 "pod.etcd_endpoints: {e:?} is not an http:// or https:// URL"
             );
+            anyhow::ensure!(
+                !e.starts_with("https://") || self.etcd_ca_file.is_some(),
+                "pod.etcd_endpoints: {e:?} needs pod.etcd_ca_file (the CA of etcd's certificate)"
+            );
         }
+        anyhow::ensure!(
+            self.etcd_cert_file.is_some() == self.etcd_key_file.is_some(),
+            "pod.etcd_cert_file and pod.etcd_key_file go together"
+        );
+        anyhow::ensure!(
+            self.etcd_username.is_some() == self.etcd_password_file.is_some(),
+            "pod.etcd_username and pod.etcd_password_file go together"
+        );
         if let Some(id) = &self.node_id {
             anyhow::ensure!(
                 valid_node_id(id),

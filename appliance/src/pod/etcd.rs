@@ -5,6 +5,14 @@
 //! Keys and values travel base64-encoded; 64-bit integers travel as JSON strings (the
 //! gateway's proto3 JSON mapping); both forms are accepted when reading. Each call tries the
 //! endpoints in turn and fails only when none answers.
+//!
+//! Security ([`Etcd::from_config`]): `https://` endpoints are verified against
+//! `pod.etcd_ca_file`, the node presents `pod.etcd_cert_file` / `etcd_key_file` (etcd's
+//! `--client-cert-auth`), and with `pod.etcd_username` it authenticates (etcd's auth:
+//! `/v3/auth/authenticate`, the token sent in `Authorization` on every call and watch,
+//! taken again when etcd says it is no longer valid). etcd 3.4's gateway refuses a client
+//! certificate that carries a common name while auth is on: give the nodes' etcd client
+//! certificate none.
 
 use anyhow::{bail, Context};
 use base64::Engine as _;
@@ -21,6 +29,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Etcd {
     http: reqwest::Client,
     endpoints: Vec<String>,
+    /// etcd's auth: the user, its password, and the token last given.
+    auth: Option<std::sync::Arc<Auth>>,
+}
+
+struct Auth {
+    user: String,
+    password: String,
+    token: tokio::sync::Mutex<Option<String>>,
 }
 
 /// One key and its value, from a range or a watch.
@@ -82,14 +98,49 @@ fn kv_of(v: &Value) -> anyhow::Result<Kv> {
 impl Etcd {
     /// A client for these endpoints (`http://host:2379`, ...).
     pub fn new(endpoints: Vec<String>) -> anyhow::Result<Etcd> {
+        // Plain `http://` endpoints; the TLS configuration is ctxpod's own (aws-lc-rs), as
+        // reqwest needs one, and trusts nothing.
+        Self::with(
+            endpoints,
+            ctxpod_api::connect::untrusting_tls_config(),
+            None,
+        )
+    }
+
+    /// A client as the pod configuration says: TLS trusting `etcd_ca_file`, the client
+    /// certificate, etcd auth.
+    pub fn from_config(p: &crate::config::PodConfig) -> anyhow::Result<Etcd> {
+        let read =
+            |f: &std::path::Path| std::fs::read(f).with_context(|| format!("read {}", f.display()));
+        let tls = super::client_tls(
+            p.etcd_ca_file.as_deref(),
+            p.etcd_cert_file.as_deref().zip(p.etcd_key_file.as_deref()),
+            "etcd",
+        )?;
+        let auth = match (&p.etcd_username, &p.etcd_password_file) {
+            (Some(user), Some(f)) => {
+                let password = String::from_utf8(read(f)?)
+                    .with_context(|| format!("{} is not UTF-8", f.display()))?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_string();
+                Some((user.clone(), password))
+            }
+            _ => None,
+        };
+        Self::with(p.etcd_endpoints.clone(), tls, auth)
+    }
+
+    fn with(
+        endpoints: Vec<String>,
+        tls: rustls::ClientConfig,
+        auth: Option<(String, String)>,
+    ) -> anyhow::Result<Etcd> {
         if endpoints.is_empty() {
             bail!("no etcd endpoints");
         }
-        // Plain `http://` endpoints; the TLS configuration is ctxpod's own (aws-lc-rs), as
-        // reqwest needs one, and trusts nothing.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
-            .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
+            .use_preconfigured_tls(tls)
             .build()
             .context("etcd HTTP client")?;
         Ok(Etcd {
@@ -98,27 +149,82 @@ impl Etcd {
                 .into_iter()
                 .map(|e| e.trim_end_matches('/').to_string())
                 .collect(),
+            auth: auth.map(|(user, password)| {
+                std::sync::Arc::new(Auth {
+                    user,
+                    password,
+                    token: tokio::sync::Mutex::new(None),
+                })
+            }),
         })
+    }
+
+    /// The auth token to send (`None` without auth): the one held, or a new one when there
+    /// is none or `renew` (etcd refused the one held).
+    async fn token(&self, renew: bool) -> anyhow::Result<Option<String>> {
+        let Some(a) = &self.auth else {
+            return Ok(None);
+        };
+        let mut t = a.token.lock().await;
+        if renew || t.is_none() {
+            let v = self
+                .post_json(
+                    "/v3/auth/authenticate",
+                    &json!({ "name": a.user, "password": a.password }),
+                    None,
+                )
+                .await
+                .context("etcd authenticate")?;
+            *t = Some(
+                v["token"]
+                    .as_str()
+                    .context("etcd authenticate answered no token")?
+                    .to_string(),
+            );
+        }
+        Ok(t.clone())
     }
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
 
-    /// One unary call: the first endpoint that answers 200 gives the answer.
+    /// One unary call, with the auth token when etcd auth is on (taken again once if etcd
+    /// says it is not valid: expired, or etcd restarted).
     async fn call(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        let token = self.token(false).await?;
+        match self.post_json(path, &body, token.as_deref()).await {
+            Err(e) if self.auth.is_some() && e.downcast_ref::<Unauthenticated>().is_some() => {
+                let token = self.token(true).await?;
+                self.post_json(path, &body, token.as_deref()).await
+            }
+            r => r,
+        }
+    }
+
+    /// POSTs `body` to `path`: the first endpoint that answers 200 gives the answer.
+    async fn post_json(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let mut last = None;
         for e in &self.endpoints {
-            let r = self
+            let mut req = self
                 .http
                 .post(format!("{e}{path}"))
                 .timeout(CALL_TIMEOUT)
-                .json(&body)
-                .send()
-                .await;
-            match r {
+                .json(body);
+            if let Some(t) = token {
+                req = req.header(reqwest::header::AUTHORIZATION, t);
+            }
+            match req.send().await {
                 Ok(resp) if resp.status().is_success() => {
                     return resp.json().await.with_context(|| format!("etcd {path}"));
+                }
+                Ok(resp) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                    return Err(Unauthenticated.into());
                 }
                 Ok(resp) => {
                     let st = resp.status();
@@ -223,15 +329,16 @@ impl Etcd {
             "start_revision": start_revision.to_string(),
         }});
         let mut last = None;
+        // A watch started with an expired token breaks at once; the caller lists again
+        // (which takes a new token) and watches from there.
+        let token = self.token(false).await?;
         for e in &self.endpoints {
             // No overall timeout: the answer is a stream that lasts as long as the watch.
-            match self
-                .http
-                .post(format!("{e}/v3/watch"))
-                .json(&body)
-                .send()
-                .await
-            {
+            let mut req = self.http.post(format!("{e}/v3/watch")).json(&body);
+            if let Some(t) = &token {
+                req = req.header(reqwest::header::AUTHORIZATION, t);
+            }
+            match req.send().await {
                 Ok(resp) if resp.status().is_success() => {
                     return Ok(watch_stream(resp.bytes_stream()));
                 }
@@ -242,6 +349,11 @@ impl Etcd {
         Err(last.unwrap_or_else(|| anyhow::anyhow!("no etcd endpoints")))
     }
 }
+
+/// etcd refused the auth token (401): take a new one.
+#[derive(Debug, thiserror::Error)]
+#[error("etcd: the auth token is not valid")]
+struct Unauthenticated;
 
 /// The gateway streams one JSON object per watch response, back to back (newline-separated).
 /// This splits them, whatever the chunking, and turns each into its events.

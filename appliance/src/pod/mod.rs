@@ -29,7 +29,7 @@ pub mod tombstones;
 use anyhow::Context;
 use membership::{MemberInfo, MemberState, Membership, Registration};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,7 +117,7 @@ impl Pod {
         let peers = Peers::from_config(cfg)?;
         let stop = tokio_util::sync::CancellationToken::new();
         if !p.etcd_endpoints.is_empty() {
-            let etcd = etcd::Etcd::new(p.etcd_endpoints.clone())?;
+            let etcd = etcd::Etcd::from_config(p)?;
             let ttl = Duration::from_secs(p.lease_ttl_s);
             // This node's own record must pass the check every member applies.
             membership::parse_member(
@@ -260,6 +260,28 @@ impl Drop for Pod {
     }
 }
 
+/// A TLS client configuration from files: trusting `ca` (nothing without one), presenting
+/// `identity` (certificate, key) when given. `towards` names the far side in errors.
+pub(crate) fn client_tls(
+    ca: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+    towards: &str,
+) -> anyhow::Result<rustls::ClientConfig> {
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+    let Some(ca) = ca else {
+        return Ok(ctxpod_api::connect::untrusting_tls_config());
+    };
+    let identity = match identity {
+        Some((c, k)) => Some((read(c)?, read(k)?)),
+        None => None,
+    };
+    ctxpod_api::connect::tls_client_config(
+        &read(ca)?,
+        identity.as_ref().map(|(c, k)| (&c[..], &k[..])),
+    )
+    .with_context(|| format!("TLS towards {towards} (CA {})", ca.display()))
+}
+
 /// How this node reaches the other members: one HTTP client (trusting the pod's CA and
 /// presenting this node's certificate when TLS is on) and the peer token for the node's own
 /// requests (backfill, namespace copies, usage in `/v1/cluster`). Forwarded client
@@ -278,20 +300,14 @@ impl Peers {
             .peer_ca_file
             .as_ref()
             .or(cfg.tls.client_ca_file.as_ref());
-        let tls = match ca {
-            Some(ca) => {
-                let identity = match (&cfg.tls.cert_file, &cfg.tls.key_file) {
-                    (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
-                    _ => None,
-                };
-                ctxpod_api::connect::tls_client_config(
-                    &read(ca)?,
-                    identity.as_ref().map(|(c, k)| (&c[..], &k[..])),
-                )
-                .with_context(|| format!("TLS towards the pod's members (CA {})", ca.display()))?
-            }
-            None => ctxpod_api::connect::untrusting_tls_config(),
-        };
+        let tls = client_tls(
+            ca.map(PathBuf::as_path),
+            cfg.tls
+                .cert_file
+                .as_deref()
+                .zip(cfg.tls.key_file.as_deref()),
+            "the pod's members",
+        )?;
         let token = match &cfg.pod.peer_token_file {
             Some(f) => {
                 let t = String::from_utf8(read(f)?)
