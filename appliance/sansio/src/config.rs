@@ -209,6 +209,9 @@ pub struct Config {
     pub offload_inline: bool,
     /// Most keys pinned at once.
     pub leases_max: usize,
+    /// Most namespaces with KV-event subscribers at once (their subscribers share one queue
+    /// of 4096 events, at most ~0.8 MiB); a subscription to one more answers 503.
+    pub event_queues_max: usize,
     /// Bytes of blocks pinned or held by prefetch leases at once, node-wide (device bytes
     /// of their records). Default: half the capacity, so that unleased blocks can always
     /// be evicted to make room. A pin beyond answers 507 `no_space`; a prefetch beyond
@@ -563,6 +566,7 @@ impl Default for Config {
             offload_queue_depth: 4096,
             offload_inline: false,
             leases_max: 1 << 20,
+            event_queues_max: 256,
             leased_bytes_max: None,
             tenant_leased_bytes_max: None,
             mrc_sample_rate: 0.01,

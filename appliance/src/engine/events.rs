@@ -29,10 +29,23 @@ pub struct KvEvent {
     pub key: Bytes,
 }
 
-#[derive(Default)]
 pub struct Events {
     /// Namespace id → its queue, while it has (or recently had) subscribers.
     by_ns: parking_lot::RwLock<HashMap<u32, broadcast::Sender<KvEvent>>>,
+    /// Most queues at once (`event_queues_max`): each holds up to [`EVENTS_QUEUE`] events
+    /// of about 80 bytes and a key (≤ 128 bytes), so at most ~0.8 MiB.
+    max: usize,
+}
+
+/// Every namespace that may have subscribers has a queue already (`event_queues_max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("event queues are at event_queues_max")]
+pub struct QueuesFull;
+
+impl Default for Events {
+    fn default() -> Self {
+        Events::new(256)
+    }
 }
 
 impl Events {
@@ -64,14 +77,25 @@ impl Events {
         }
     }
 
+    pub fn new(max: usize) -> Events {
+        Events {
+            by_ns: Default::default(),
+            max,
+        }
+    }
+
     /// A receiver of namespace `ns_id`'s events. Queues nobody listens to any more are let
-    /// go here.
-    pub fn subscribe(&self, ns_id: u32) -> broadcast::Receiver<KvEvent> {
+    /// go here; a new queue beyond `max` is refused (the fan-out's memory is bounded:
+    /// subscribers of one namespace share its queue).
+    pub fn subscribe(&self, ns_id: u32) -> Result<broadcast::Receiver<KvEvent>, QueuesFull> {
         let mut m = self.by_ns.write();
         m.retain(|id, tx| *id == ns_id || tx.receiver_count() > 0);
-        m.entry(ns_id)
+        if !m.contains_key(&ns_id) && m.len() >= self.max {
+            return Err(QueuesFull);
+        }
+        Ok(m.entry(ns_id)
             .or_insert_with(|| broadcast::channel(EVENTS_QUEUE).0)
-            .subscribe()
+            .subscribe())
     }
 }
 
@@ -89,8 +113,8 @@ mod tests {
     #[test]
     fn another_namespace_costs_a_subscriber_nothing() {
         let e = Events::default();
-        let mut mine = e.subscribe(1);
-        let _theirs = e.subscribe(2);
+        let mut mine = e.subscribe(1).expect("room");
+        let _theirs = e.subscribe(2).expect("room");
         e.block(&bkey(1, b"a"), KvEventKind::Stored);
         for i in 0..(2 * EVENTS_QUEUE as u32) {
             e.block(&bkey(2, &i.to_be_bytes()), KvEventKind::Stored);
@@ -102,6 +126,25 @@ mod tests {
         assert_eq!(
             mine.try_recv().expect("told").kind,
             KvEventKind::NamespaceDeleted
+        );
+    }
+
+    /// The fan-out is bounded: at most `max` queues, shared by a namespace's subscribers;
+    /// a queue nobody listens to makes room again.
+    #[test]
+    fn event_queues_are_bounded() {
+        let e = Events::new(2);
+        let a1 = e.subscribe(1).expect("room");
+        let _a2 = e.subscribe(1).expect("the same queue");
+        let b = e.subscribe(2).expect("room");
+        assert_eq!(e.subscribe(3).unwrap_err(), QueuesFull);
+        drop(b);
+        let _c = e.subscribe(3).expect("b's queue was let go");
+        drop(a1);
+        assert_eq!(
+            e.subscribe(4).unwrap_err(),
+            QueuesFull,
+            "1 still has a subscriber"
         );
     }
 }

@@ -1217,7 +1217,15 @@ impl Engine {
         ns: &str,
     ) -> Result<(u32, tokio::sync::broadcast::Receiver<events::KvEvent>)> {
         let ns = self.ns(ns)?;
-        Ok((ns.id, self.core.events.subscribe(ns.id)))
+        let rx = self.core.events.subscribe(ns.id).map_err(|_| {
+            self.core
+                .metrics
+                .busy_rejections
+                .with_label_values(&["events"])
+                .inc();
+            EngineError::Busy("event queues (event_queues_max)")
+        })?;
+        Ok((ns.id, rx))
     }
 
     pub async fn unpin(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<u64> {

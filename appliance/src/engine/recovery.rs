@@ -224,7 +224,7 @@ pub(super) async fn open(
         }),
         mrc_ref_bytes: AtomicU64::new(0),
         started: std::time::Instant::now(),
-        events: Default::default(),
+        events: super::events::Events::new(cfg.event_queues_max),
         presence: Default::default(),
         read_bits: ReadBits::new(READ_BITS),
         seq: SeqAlloc {
