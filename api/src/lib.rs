@@ -68,6 +68,10 @@ pub const HEADER_ROUTED: &str = "x-ctxpod-forwarded-by";
 /// repair, backfill), not a new write. A node refuses a copy of a block the pod deleted
 /// (410, code `deleted`), so a member that missed a delete cannot write the block back.
 pub const HEADER_COPY: &str = "x-ctxpod-copy";
+/// On a `batch/get`: the most block bytes the answer may carry (at most 64 MiB); blocks
+/// beyond answer 413. A node answering a batch for the pod gives each member its share of
+/// the answer this way, having taken it from its egress budget before asking.
+pub const HEADER_ANSWER_BYTES_MAX: &str = "x-ctxpod-answer-bytes-max";
 
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {

@@ -1827,11 +1827,19 @@ async fn batch_get(
     let req: KeysRequest = read_json(&h, body).await?;
     let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
     st.engine.namespace(&scoped)?;
+    let room = match h.get(ctxpod_api::HEADER_ANSWER_BYTES_MAX) {
+        None => BATCH_GET_BYTES_MAX,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| ApiError::invalid("x-ctxpod-answer-bytes-max must be a number"))?
+            .min(BATCH_GET_BYTES_MAX as u64) as usize,
+    };
     let (results, permits) = if st.answers_for_pod(&h) {
-        let results = pod_batch_get(&st, &p, &ns, &scoped, &h, &keys).await;
-        charge_answers(&st, peer, results)
+        pod_batch_get(&st, peer, &p, &ns, &scoped, &h, &keys, room).await
     } else {
-        admitted_batch_get(&st, peer, &scoped, &keys).await
+        admitted_batch_get(&st, Some(peer), &scoped, &keys, room).await
     };
     let mut budget = BATCH_GET_BYTES_MAX;
     let mut out = Vec::new();
@@ -1872,13 +1880,17 @@ async fn batch_get(
 /// ([`BATCH_GET_BYTES_MAX`]) and the node's egress budget, each taken before the read; only
 /// admitted blocks are read, the others answer 413 (the answer is full: ask again for
 /// them) or 503 (busy) without costing anything.
+///
+/// `charge`: `Some(peer)` takes each block from the egress budget (the caller's address's
+/// share and the node's); `None` when the caller reserved the room already (a pod batch's
+/// own part).
 async fn admitted_batch_get(
     st: &AppState,
-    peer: Option<std::net::IpAddr>,
+    charge: Option<Option<std::net::IpAddr>>,
     scoped: &str,
     keys: &[Vec<u8>],
+    mut room: usize,
 ) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
-    let mut room = BATCH_GET_BYTES_MAX;
     let mut permits = Vec::new();
     let mut busy = 0u64;
     let plan: Vec<Result<usize, u16>> = keys
@@ -1887,13 +1899,17 @@ async fn admitted_batch_get(
             Err(e) => Err(status_of(&e).0.as_u16()),
             Ok(None) => Err(404),
             Ok(Some(len)) if len > room => Err(413),
-            Ok(Some(len)) => match st.budgets.take_egress(peer, len) {
-                Some(p) => {
+            Ok(Some(len)) => match charge.map(|peer| st.budgets.take_egress(peer, len)) {
+                None => {
+                    room -= len;
+                    Ok(len)
+                }
+                Some(Some(p)) => {
                     room -= len;
                     permits.extend(p);
                     Ok(len)
                 }
-                None => {
+                Some(None) => {
                     busy += 1;
                     Err(503)
                 }
@@ -1935,35 +1951,6 @@ async fn admitted_batch_get(
     (got, permits)
 }
 
-/// Members' answers to a pod `batch/get`, charged to the egress budget as they are (the
-/// members bounded them): blocks the budget has no room for answer 503.
-fn charge_answers(
-    st: &AppState,
-    peer: Option<std::net::IpAddr>,
-    results: Vec<pod_batch::Got>,
-) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
-    let mut permits = Vec::new();
-    let results = results
-        .into_iter()
-        .map(|g| match &g.data {
-            Some(d) => match st.admit_egress(peer, d.len()) {
-                Ok(p) => {
-                    permits.extend(p);
-                    g
-                }
-                Err(_) => pod_batch::Got {
-                    status: 503,
-                    crc32c: None,
-                    len: 0,
-                    data: None,
-                },
-            },
-            None => g,
-        })
-        .collect();
-    (results, permits)
-}
-
 /// This node's answers to a `batch/get` of `keys`.
 async fn local_batch_get(st: &AppState, scoped: &str, keys: &[&[u8]]) -> Vec<pod_batch::Got> {
     // Owned keys: the stream's futures may not borrow from the closure's argument.
@@ -2000,14 +1987,33 @@ async fn local_batch_get(st: &AppState, scoped: &str, keys: &[&[u8]]) -> Vec<pod
 
 /// A `batch/get` for the whole pod (`pod::batch`): each key at its candidates in rank
 /// order, one round per rank, each round's members asked at once.
+///
+/// Admitted before it is fetched: each round splits the answer's room left (at most
+/// `room`, 64 MiB) among the members it asks (a block's worth each at least; members
+/// beyond that are not asked and their keys answer 413), takes each share from the egress budget
+/// before asking (a share it cannot have answers 503), tells each member its share
+/// (`x-ctxpod-answer-bytes-max`; blocks beyond answer 413, as do blocks a member sends
+/// beyond it), and gives back what the answers did not use. This node's own part is
+/// admitted block by block within its share. So a pod batch holds at most `room` bytes of
+/// blocks, whatever the members hold.
+#[allow(clippy::too_many_arguments)]
 async fn pod_batch_get(
     st: &AppState,
+    peer: Option<std::net::IpAddr>,
     p: &Principal,
     ns: &str,
     scoped: &str,
     h: &HeaderMap,
     keys: &[Vec<u8>],
-) -> Vec<pod_batch::Got> {
+    mut room: usize,
+) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
+    let refused = |status| pod_batch::Got {
+        status,
+        crc32c: None,
+        len: 0,
+        data: None,
+    };
+    let mut held: Vec<crate::budget::Permit> = Vec::new();
     let view = st.pod.view();
     let n = crate::pod::forward::read_candidates(st.replication_of(scoped));
     let ranked: Vec<Vec<&crate::pod::membership::MemberInfo>> = keys
@@ -2025,23 +2031,59 @@ async fn pod_batch_get(
         if groups.is_empty() {
             break;
         }
-        let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
+        // Every share holds a whole block at least, so a batch always makes progress: the
+        // members that do not fit this answer's room are not asked (their keys answer 413:
+        // ask again).
+        let share = (room / groups.len()).max(ctxpod_api::BLOCK_BYTES_MAX.min(room));
+        let fit = room.checked_div(share).unwrap_or(0);
+        let mut asks = Vec::new();
+        for (g, (m, idx)) in groups.into_values().enumerate() {
+            if g >= fit {
+                for i in idx {
+                    out[i] = Some(refused(413));
+                }
+                continue;
+            }
+            match st.budgets.take_egress(peer, share.max(1)) {
+                Some(permits) => asks.push((m, idx, permits)),
+                None => {
+                    st.engine
+                        .metrics()
+                        .busy_rejections
+                        .with_label_values(&["egress"])
+                        .inc_by(idx.len() as u64);
+                    for i in idx {
+                        out[i] = Some(refused(503));
+                    }
+                }
+            }
+        }
+        let answers = futures::future::join_all(asks.into_iter().map(|(m, idx, permits)| {
             let asker = &asker;
             async move {
-                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
                 let r = if m.id == *st.node_id {
-                    Ok(local_batch_get(st, scoped, &ks).await)
+                    let ks: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
+                    Ok(admitted_batch_get(st, None, scoped, &ks, share).await.0)
                 } else {
-                    asker.batch_get(m, &ks).await
+                    let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                    asker.batch_get(m, &ks, share).await
                 };
-                (idx, r)
+                (idx, r, permits)
             }
         }))
         .await;
-        for (idx, r) in answers {
+        for (idx, r, mut permits) in answers {
+            let mut used = 0usize;
             match r {
                 Ok(got) => {
-                    for (i, g) in idx.into_iter().zip(got) {
+                    for (i, mut g) in idx.into_iter().zip(got) {
+                        let len = g.data.as_ref().map_or(0, |d| d.len());
+                        if used + len > share {
+                            // Over the share the member was given: not kept.
+                            g = refused(413);
+                        } else {
+                            used += len;
+                        }
                         // A miss here may be a hit at the next candidate.
                         if g.status != 404 {
                             out[i] = Some(g);
@@ -2052,27 +2094,25 @@ async fn pod_batch_get(
                 Err(None) | Err(Some(404)) => {}
                 Err(Some(status)) => {
                     for i in idx {
-                        out[i] = Some(pod_batch::Got {
-                            status,
-                            crc32c: None,
-                            len: 0,
-                            data: None,
-                        });
+                        out[i] = Some(refused(status));
                     }
                 }
             }
+            // What the answer did not use goes back to the budget.
+            for permit in &mut permits {
+                drop(permit.split(share.max(1) - used.min(share.max(1))));
+            }
+            if used > 0 {
+                held.extend(permits);
+            }
+            room -= used;
         }
     }
-    out.into_iter()
-        .map(|g| {
-            g.unwrap_or(pod_batch::Got {
-                status: 404,
-                crc32c: None,
-                len: 0,
-                data: None,
-            })
-        })
-        .collect()
+    let got = out
+        .into_iter()
+        .map(|g| g.unwrap_or_else(|| refused(404)))
+        .collect();
+    (got, held)
 }
 
 async fn batch_put(

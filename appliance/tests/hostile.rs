@@ -368,6 +368,17 @@ async fn idle_and_half_open_connections_are_let_go() {
 
 /// Node `a` of a static pod of two whose member `b` is `fake` (equal capacities), with
 /// extra environment; the fake's server task.
+/// The keys of a `batch/get` request a fake member received.
+fn keys_asked(body: &[u8]) -> Vec<Vec<u8>> {
+    let req: serde_json::Value = serde_json::from_slice(body).expect("keys request");
+    req["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| hex::decode(k.as_str().expect("hex")).expect("hex"))
+        .collect()
+}
+
 async fn static_pod_with(
     fake: axum::Router,
     envs: &[(&str, &str)],
@@ -438,14 +449,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
                     let w = wrong2.clone();
                     a2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     async move {
-                        let req: serde_json::Value =
-                            serde_json::from_slice(&body).expect("keys request");
-                        let keys: Vec<Vec<u8>> = req["keys"]
-                            .as_array()
-                            .expect("keys")
-                            .iter()
-                            .map(|k| hex::decode(k.as_str().expect("hex")).expect("hex"))
-                            .collect();
+                        let keys = keys_asked(&body);
                         let entries: Vec<ctxpod_api::frame::Entry> = keys
                             .iter()
                             .map(|k| ctxpod_api::frame::Entry {
@@ -553,4 +557,104 @@ async fn forwarded_bodies_are_charged_before_they_are_read() {
     assert!(refused >= 32, "{refused} refused");
     drop(held);
     server.abort();
+}
+
+/// A pod `batch/get` is admitted before its members are asked: a member that answers every
+/// key with an 8 MiB block (CRC right, so nothing else would stop it) whatever its share,
+/// asked by 8 concurrent batches of 1,024 keys through the node (64 GiB asked), makes the
+/// node read at most each answer's share: its RSS stays within its budgets + 512 MiB, it
+/// stays ready, and the over-long answers cost a 502 per entry. (Before, the node read every
+/// member answer whole, and read its own part of a pod batch without any admission.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_answers_are_admitted_before_they_are_fetched() {
+    use axum::routing::{get, post};
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let block = bytes::Bytes::from(vec![5u8; BIG]);
+    let crc = ctxpod_api::crc32c(&block);
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let fake = {
+        let (block, asked) = (block.clone(), asked.clone());
+        axum::Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(|| async { "ok" }))
+            .route(
+                "/v1/namespaces/{ns}/batch/get",
+                post(move |body: bytes::Bytes| {
+                    let block = block.clone();
+                    asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    async move {
+                        let keys = keys_asked(&body);
+                        // Streamed, so the fake holds one block, not the answer.
+                        let mut head = b"CXB1".to_vec();
+                        head.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+                        let mut parts = vec![bytes::Bytes::from(head)];
+                        for k in &keys {
+                            let mut e = vec![k.len() as u8, 0x03];
+                            e.extend_from_slice(&200u16.to_le_bytes());
+                            e.extend_from_slice(&crc.to_le_bytes());
+                            e.extend_from_slice(&(BIG as u32).to_le_bytes());
+                            e.extend_from_slice(k);
+                            parts.push(e.into());
+                            parts.push(block.clone());
+                        }
+                        axum::body::Body::from_stream(futures::stream::iter(
+                            parts.into_iter().map(Ok::<_, std::io::Error>),
+                        ))
+                    }
+                }),
+            )
+    };
+    let (_dir, node, server) = static_pod_with(fake, &BUDGETS).await;
+    let base = rss_bytes(node.pid());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = rss_sampler(node.pid(), stop.clone());
+    let keys: Vec<String> = (0..1024u32).map(|i| hex::encode(i.to_be_bytes())).collect();
+    let body = serde_json::json!({ "keys": keys }).to_string();
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/namespaces/default/batch/get", node.url);
+    let attacks: Vec<_> = (0..8)
+        .map(|_| {
+            let (http, url, body) = (http.clone(), url.clone(), body.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("send");
+                assert_eq!(r.status(), 200);
+                let b = r.bytes().await.expect("answer");
+                let got = ctxpod_api::frame::decode(&b).expect("a batch frame");
+                let data: usize = got.iter().filter_map(|e| e.data).map(|d| d.len()).sum();
+                assert!(data <= 64 << 20, "an answer of {data} bytes");
+                got.iter().filter(|e| e.status == 502).count()
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for a in attacks {
+        refused += a.await.expect("attack");
+    }
+    let ready = node.client.ready().await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let max = sampler.await.expect("sampler");
+    server.abort();
+    let bound = (BUDGETS_MIB + RSS_SLACK_MIB) * MIB;
+    let report = format!(
+        "pod batch/get, a member answering 8 MiB a key: asked {} GiB; RSS {} → max {} MiB \
+         (bound {} MiB); {refused} entries refused 502; member asked {} times; ready {ready}",
+        (8 * 1024 * BIG as u64) >> 30,
+        base / MIB,
+        max / MIB,
+        bound / MIB,
+        asked.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    eprintln!("{report}");
+    assert!(ready, "{report}");
+    assert!(max <= bound, "{report}");
+    assert!(
+        refused > 0 && asked.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "{report}"
+    );
 }

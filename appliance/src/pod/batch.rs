@@ -86,9 +86,36 @@ impl Asker<'_> {
 
     /// `batch/get` of `keys` at `m`; `Err(status)` when it refused the whole request,
     /// `Err(None)` when it could not be reached.
-    pub async fn batch_get(&self, m: &MemberInfo, keys: &[&[u8]]) -> Result<Vec<Got>, Option<u16>> {
-        let resp = Self::send(self.post(m, "batch/get").json(&Self::keys_request(keys))).await?;
-        let body = resp.bytes().await.map_err(|_| None)?;
+    /// `keys` from member `m`, its answer carrying at most `bytes_max` bytes of blocks.
+    pub async fn batch_get(
+        &self,
+        m: &MemberInfo,
+        keys: &[&[u8]],
+        bytes_max: usize,
+    ) -> Result<Vec<Got>, Option<u16>> {
+        let req = self
+            .post(m, "batch/get")
+            .header(ctxpod_api::HEADER_ANSWER_BYTES_MAX, bytes_max)
+            .json(&Self::keys_request(keys));
+        let resp = Self::send(req).await?;
+        // Read no more than an honest answer may hold: the share's blocks, and each key's
+        // entry header. A member that sends more costs a 502, never the memory.
+        let limit = 8 + keys.len() * (12 + ctxpod_api::KEY_BYTES_MAX) + bytes_max;
+        if resp.content_length().is_some_and(|n| n as usize > limit) {
+            tracing::warn!(member = %m.id, "a member's batch/get answer is over its share");
+            return Err(Some(502));
+        }
+        let mut body = bytes::BytesMut::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+            let chunk = chunk.map_err(|_| None)?;
+            if body.len() + chunk.len() > limit {
+                tracing::warn!(member = %m.id, "a member's batch/get answer is over its share");
+                return Err(Some(502));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let body = body.freeze();
         let got = frame::decode(&body).map_err(|_| Some(502))?;
         if got.len() != keys.len() {
             return Err(Some(502));
