@@ -577,6 +577,11 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
         axum::Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(|| async { "ok" }))
+            // It holds no single block: a GET falls back to the node.
+            .route(
+                "/v1/namespaces/{ns}/blocks/{key}",
+                get(|| async { axum::http::StatusCode::NOT_FOUND }),
+            )
             .route(
                 "/v1/namespaces/{ns}/batch/get",
                 post(move |body: bytes::Bytes| {
@@ -605,6 +610,19 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
             )
     };
     let (_dir, node, server) = static_pod_with(fake, &BUDGETS).await;
+    // The block a fresh client reads during the attack, stored on the node itself.
+    let stored = reqwest::Client::new()
+        .put(format!(
+            "{}/v1/namespaces/default/blocks/{}",
+            node.url,
+            hex::encode(b"big")
+        ))
+        .header(ctxpod_api::HEADER_ROUTED, "test")
+        .body(content(b"big", BIG))
+        .send()
+        .await
+        .expect("put");
+    assert!(stored.status().is_success(), "{}", stored.status());
     let base = rss_bytes(node.pid());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = rss_sampler(node.pid(), stop.clone());
@@ -632,6 +650,13 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
             })
         })
         .collect();
+    // A fresh client is served while the attack runs.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while asked.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the member was never asked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let served = fresh_client_served(&node).await;
     let mut refused = 0;
     for a in attacks {
         refused += a.await.expect("attack");
@@ -643,7 +668,8 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
     let bound = (BUDGETS_MIB + RSS_SLACK_MIB) * MIB;
     let report = format!(
         "pod batch/get, a member answering 8 MiB a key: asked {} GiB; RSS {} → max {} MiB \
-         (bound {} MiB); {refused} entries refused 502; member asked {} times; ready {ready}",
+         (bound {} MiB); {refused} entries refused 502; member asked {} times; fresh client \
+         served: {served}; ready {ready}",
         (8 * 1024 * BIG as u64) >> 30,
         base / MIB,
         max / MIB,
@@ -651,7 +677,7 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
         asked.load(std::sync::atomic::Ordering::Relaxed)
     );
     eprintln!("{report}");
-    assert!(ready, "{report}");
+    assert!(ready && served, "{report}");
     assert!(max <= bound, "{report}");
     assert!(
         refused > 0 && asked.load(std::sync::atomic::Ordering::Relaxed) > 0,
