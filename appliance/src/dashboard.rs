@@ -8,9 +8,10 @@
 //! `admin` or a `viewer` sees the pod.
 
 use crate::auth::Principal;
+use crate::errors::{ApiError, ApiResult};
 use crate::plan_cli::{self, PlanArgs};
 use crate::server::Path;
-use crate::server::{node_stats, pod_mrc, read_body, ApiError, ApiResult, AppState};
+use crate::server::{node_stats, pod_mrc, read_body, AppState};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};

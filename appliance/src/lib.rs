@@ -2,7 +2,8 @@
 //!
 //! Layers, top to bottom (see docs/ARCHITECTURE.md):
 //! - [`cli`] and [`server`]: the command line and HTTP API v1; the only code that knows HTTP.
-//!   [`transfer`]: the CXP1 listener.
+//!   [`transfer`]: the CXP1 listener. [`errors`]: the error → status map both listeners
+//!   answer with.
 //! - [`auth`] and [`tls`]: who is calling (tokens, client certificates → tenant and role),
 //!   what each request may do, tenant quotas; rustls on both listeners.
 //! - [`engine`]: namespaces, the put/get paths, group commit, eviction, leases, DRAM tier,
@@ -26,6 +27,7 @@ pub mod crypto;
 pub mod dashboard;
 pub mod device;
 pub mod engine;
+pub mod errors;
 pub mod limits;
 pub mod metrics;
 pub mod plan_cli;

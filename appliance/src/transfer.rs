@@ -577,7 +577,7 @@ async fn read_requests(
 }
 
 fn code(e: &EngineError) -> u16 {
-    crate::server::status_of(e).0.as_u16()
+    crate::errors::status_of(e).0.as_u16()
 }
 
 fn error(op: Op, id: u64, st: u16, msg: impl Into<String>) -> Vec<Bytes> {

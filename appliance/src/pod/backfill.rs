@@ -44,17 +44,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// How long one request to a member may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What a pass did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PassReport {
-    pub scanned: u64,
-    pub copied_blocks: u64,
-    pub copied_bytes: u64,
-    /// Copies that could not be made (member unreachable, or refusing).
-    pub failed: u64,
-    /// The view changed during the pass: it stopped early.
-    pub restarted: bool,
-}
+pub use super::PassReport;
 
 pub struct Backfill {
     pub engine: Arc<Engine>,

@@ -8,8 +8,8 @@
 //! (`up` again). It needs etcd membership (the state travels in the member record) and the
 //! backfill (`pod.backfill_interval_s` > 0, and the peer token when authentication is on).
 
-use super::backfill::PassReport;
 use super::membership::{MemberState, RegistrationHandle};
+use super::PassReport;
 use ctxpod_api::types::DrainStatus;
 use parking_lot::Mutex;
 use std::sync::Arc;

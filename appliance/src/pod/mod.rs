@@ -33,6 +33,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a backfill pass did (the backfill makes it, the drain reads it).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassReport {
+    pub scanned: u64,
+    pub copied_blocks: u64,
+    pub copied_bytes: u64,
+    /// Copies that could not be made (member unreachable, or refusing).
+    pub failed: u64,
+    /// The view changed during the pass: it stopped early.
+    pub restarted: bool,
+}
+
 /// This node's place in its pod.
 pub struct Pod {
     pub me: MemberInfo,
