@@ -863,10 +863,16 @@ impl Writer {
             }
         }
         let budget = core.geometry.region_bytes / 2;
+        // Each record's lease, asked once.
+        let pinned: Vec<bool> = live
+            .iter()
+            .map(|(bkey, _)| core.leases.is_pinned(bkey))
+            .collect();
         let leased: u64 = live
             .iter()
-            .filter(|(bkey, _)| core.leases.is_pinned(bkey))
-            .map(|(_, loc)| loc.record_len as u64)
+            .zip(&pinned)
+            .filter(|(_, p)| **p)
+            .map(|((_, loc), _)| loc.record_len as u64)
             .sum();
         if leased > budget {
             self.sealed.push_back(r);
@@ -880,8 +886,7 @@ impl Writer {
         let mut written = 0u64;
         // Blocks that leave the index: their DRAM copies go once it is written.
         let mut gone: Vec<Vec<u8>> = Vec::new();
-        for (bkey, loc) in live {
-            let pinned = core.leases.is_pinned(&bkey);
+        for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
             let hot =
                 core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
             if !(pinned || hot) {
