@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The HTTP contract: an independent API fuzzer (schemathesis, from PyPI) runs every operation
-# of api/openapi.json against a real node with authentication on, with all its checks
+# of wire/openapi.json against a real node with authentication on, with all its checks
 # (server errors, status codes, content types, headers and bodies against the document,
 # schema-invalid requests refused, schema-valid ones accepted, 401 without credentials,
 # methods, …) and fails on any failure: the document must be exactly as strict as the node.
@@ -128,7 +128,7 @@ mkdir -p "$report"
   SCHEMATHESIS_HOOKS="$repo/scripts/contract_hooks.py" \
   CTXPOD_CONTRACT_URL="$base" CTXPOD_CONTRACT_TOKEN="$token" \
     exec "$venv/bin/schemathesis" --config-file "$repo/scripts/contract.toml" \
-      run "$repo/api/openapi.json" \
+      run "$repo/wire/openapi.json" \
       --url "$base" \
       --header "Authorization: Bearer $token" \
       --checks all \

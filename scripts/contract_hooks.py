@@ -1,6 +1,6 @@
-"""schemathesis hooks for scripts/contract.sh: what api/openapi.json cannot say in JSON Schema.
+"""schemathesis hooks for scripts/contract.sh: what wire/openapi.json cannot say in JSON Schema.
 
-- `POST …/batch/put` takes a CXB1 frame (api/src/frame.rs). The schema says "binary, 8 bytes
+- `POST …/batch/put` takes a CXB1 frame (wire/src/frame.rs). The schema says "binary, 8 bytes
   to 64 MiB" and the request body's description gives the layout, but no JSON Schema can
   make a generator build one, so a body generated as schema-valid (positive) is turned into
   a CXB1 frame built from its bytes. Negative bodies are sent as generated.

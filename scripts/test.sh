@@ -14,7 +14,7 @@ venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator==0.9.0 \
   helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2 selenium==4.51.0
-"$venv/bin/python" -m openapi_spec_validator api/openapi.json
+"$venv/bin/python" -m openapi_spec_validator wire/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 # The Helm chart: every values file renders, lints and validates (Helm v4's engine in
 # process, Kubernetes 1.31 schemas), and the real binary accepts each rendered config.
@@ -23,7 +23,7 @@ CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/helm-chec
 # after writes, the miss-ratio curve, the planner form == `ctxpod plan`, no console error;
 # screenshots land in $CARGO_TARGET_DIR/ui-artifacts.
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/ui-check.py
-# The HTTP contract: schemathesis runs every operation of api/openapi.json against a node
+# The HTTP contract: schemathesis runs every operation of wire/openapi.json against a node
 # with authentication on, all checks, 0 failures (CTXPOD_CONTRACT_EXAMPLES per operation).
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" CTXPOD_VENV="$venv" bash scripts/contract.sh
 # The HTTP API, CXP1 and KV-event suites again over TLS, then over mTLS (the harness makes a

@@ -8,13 +8,13 @@
 //! hash is enough because the secret has 256 bits of entropy (nothing to brute-force, unlike
 //! a password); the salt keeps equal secrets from having equal hashes.
 //!
-//! Each tenant has its own space of namespace names ([`ctxpod_api::namespace::scoped`]):
+//! Each tenant has its own space of namespace names ([`ctxpod_wire::namespace::scoped`]):
 //! a tenant can only name its own namespaces, so it cannot reach, or learn of, another's.
 
 use crate::config::{AuthConfig, ByteSize, Config, TenantConfig};
-use crate::metrics::Metrics;
 use aws_lc_rs::digest;
-pub use ctxpod_api::proto::Role;
+use ctxpod_engine::metrics::Metrics;
+pub use ctxpod_wire::proto::Role;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use zeroize::Zeroizing;
 
-pub use ctxpod_sansio::token::{
+pub use ctxpod_format::token::{
     check_token_id, parse_token, parse_token_file, AuthError, TokenFile, TokenHash, SALT_BYTES,
     SECRET_BYTES,
 };
@@ -86,15 +86,15 @@ impl Principal {
 
     /// The node's name of the caller's namespace `ns`, after checking `ns` is a plain
     /// namespace name (no `/`, no dots first, ≤ 63 characters).
-    pub fn scope(&self, ns: &str) -> Result<String, ctxpod_api::namespace::NamespaceNameError> {
-        ctxpod_api::namespace::check_namespace_name(ns)?;
-        Ok(ctxpod_api::namespace::scoped(self.tenant.as_deref(), ns))
+    pub fn scope(&self, ns: &str) -> Result<String, ctxpod_wire::namespace::NamespaceNameError> {
+        ctxpod_wire::namespace::check_namespace_name(ns)?;
+        Ok(ctxpod_wire::namespace::scoped(self.tenant.as_deref(), ns))
     }
 
     /// The caller's name for a node-side namespace name, or `None` if it is not the
     /// caller's. An admin or a viewer without a tenant sees every name as the node stores it.
     pub fn unscope<'a>(&self, stored: &'a str) -> Option<&'a str> {
-        let (t, n) = ctxpod_api::namespace::split_scoped(stored);
+        let (t, n) = ctxpod_wire::namespace::split_scoped(stored);
         match (&self.tenant, t) {
             (Some(mine), Some(t)) if **mine == *t => Some(n),
             (Some(_), _) => None,
@@ -161,7 +161,7 @@ impl Grant {
                 return Err(format!("{what}: a tenant role needs a tenant"))
             }
             (_, Some(t)) => {
-                ctxpod_api::namespace::check_tenant_name(t).map_err(|e| format!("{what}: {e}"))?
+                ctxpod_wire::namespace::check_tenant_name(t).map_err(|e| format!("{what}: {e}"))?
             }
             _ => {}
         }
@@ -323,7 +323,7 @@ impl Authenticator {
         }
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
-            ctxpod_api::namespace::check_tenant_name(&t.name)
+            ctxpod_wire::namespace::check_tenant_name(&t.name)
                 .map_err(|e| anyhow::anyhow!("tenant {:?}: {e}", t.name))?;
             anyhow::ensure!(
                 tenants.insert(t.name.clone(), limits_of(t)).is_none(),
@@ -461,7 +461,7 @@ impl Authenticator {
     /// at admission: writes already in flight may overshoot it by their size.
     pub fn check_tenant_bytes(
         &self,
-        engine: &crate::engine::Engine,
+        engine: &ctxpod_engine::Engine,
         p: &Principal,
         bytes: u64,
     ) -> Result<(), String> {

@@ -10,12 +10,12 @@
 //! read bandwidth; `--repeat` runs everything again and prints the medians.
 
 use crate::config::ByteSize;
-use crate::device::{self, AlignedBuf, IoEngine};
 use anyhow::{ensure, Context};
 use bytes::Bytes;
-use ctxpod_api::client::Client;
-use ctxpod_api::transfer_client::TransferClient;
-use ctxpod_api::Durability;
+use ctxpod_client::client::Client;
+use ctxpod_client::transfer_client::TransferClient;
+use ctxpod_engine::device::{self, AlignedBuf, IoEngine};
+use ctxpod_wire::Durability;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -373,7 +373,7 @@ struct Node {
     /// The CXP1 listener's address.
     transfer: Option<String>,
     /// How clients reach it (TLS with `--tls`).
-    how: ctxpod_api::connect::Connect,
+    how: ctxpod_client::connect::Connect,
     /// Where `--perf` profiles of this node's phases go.
     perf: Option<PathBuf>,
 }
@@ -435,7 +435,7 @@ fn bench_tls(dir: &Path) -> anyhow::Result<(String, std::sync::Arc<rustls::Clien
     std::fs::write(&cf, cert.pem())?;
     std::fs::write(&kf, key.serialize_pem())?;
     let toml = format!("[tls]\ncert_file = {cf:?}\nkey_file = {kf:?}\n");
-    let client = ctxpod_api::connect::tls_client_config(ca.pem().as_bytes(), None)?;
+    let client = ctxpod_client::connect::tls_client_config(ca.pem().as_bytes(), None)?;
     Ok((toml, std::sync::Arc::new(client)))
 }
 
@@ -467,7 +467,7 @@ impl Node {
         if a.no_encrypt_at_rest {
             cmd.env("CTXPOD_ENCRYPT_AT_REST", "false");
         }
-        let mut how = ctxpod_api::connect::Connect::default();
+        let mut how = ctxpod_client::connect::Connect::default();
         if a.tls {
             let (toml, client) = bench_tls(&data_dir.with_extension("pki"))?;
             let f = data_dir.with_extension("toml");
@@ -552,8 +552,8 @@ async fn phase(
     batch: usize,
 ) -> anyhow::Result<Row> {
     ensure!(
-        (1..=ctxpod_api::BATCH_ENTRIES_MAX).contains(&batch)
-            && batch * size <= ctxpod_api::BATCH_BODY_BYTES_MAX,
+        (1..=ctxpod_wire::BATCH_ENTRIES_MAX).contains(&batch)
+            && batch * size <= ctxpod_wire::BATCH_BODY_BYTES_MAX,
         "--batch {batch} of {} blocks is outside 1..=1024 blocks and 64 MiB per request",
         ByteSize(size as u64)
     );
@@ -586,7 +586,7 @@ async fn phase(
     let pool: Vec<(Bytes, u32)> = (0..POOL)
         .map(|i| {
             let b = block(size, i);
-            let crc = ctxpod_api::crc32c(&b);
+            let crc = ctxpod_wire::crc32c(&b);
             (b, crc)
         })
         .collect();
@@ -602,8 +602,8 @@ async fn phase(
         (0, Durability::Durable)
     };
     let wire_durability = match durability {
-        Durability::Fast => ctxpod_api::proto::Durability::Fast,
-        Durability::Durable => ctxpod_api::proto::Durability::Durable,
+        Durability::Fast => ctxpod_wire::proto::Durability::Fast,
+        Durability::Durable => ctxpod_wire::proto::Durability::Durable,
     };
     let requests = n.div_ceil(batch as u64);
     let mut s = futures::stream::iter((0..requests).map(|r| {
@@ -1123,7 +1123,7 @@ async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> a
     for part in chain.chunks(100) {
         let blocks: Vec<(Bytes, Bytes)> =
             part.iter().map(|k| (k.clone(), block(4096, 1))).collect();
-        tc.put("default", &blocks, ctxpod_api::proto::Durability::Durable)
+        tc.put("default", &blocks, ctxpod_wire::proto::Durability::Durable)
             .await?;
     }
     let raw: Vec<Vec<u8>> = chain.iter().map(|k| k.to_vec()).collect();
@@ -1162,9 +1162,9 @@ async fn compare_transfer(a: &BenchArgs, device: &str, rows: &mut Vec<Row>) -> a
 /// PREFETCH into regions), 4 connections with 2 batches in flight on each, every block
 /// checked.
 async fn batch_phase(node: &Node, size: usize, n: u64, what: &str) -> anyhow::Result<Row> {
-    use ctxpod_api::proto::PrefetchEntry;
-    use ctxpod_api::region::Region;
-    use ctxpod_api::transfer_client::{BlockState, PrefetchOptions};
+    use ctxpod_client::region::Region;
+    use ctxpod_client::transfer_client::{BlockState, PrefetchOptions};
+    use ctxpod_wire::proto::PrefetchEntry;
     const CONNS: u64 = 4;
     const DEPTH: usize = 2;
     let batch = batch_of(size) as u64;
@@ -1304,7 +1304,7 @@ struct ScaleRow {
 async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
     let size = a.scale_block.0 as usize;
     ensure!(
-        size > 0 && size <= ctxpod_api::BLOCK_BYTES_MAX,
+        size > 0 && size <= ctxpod_wire::BLOCK_BYTES_MAX,
         "--scale-block must be 1 byte to 8 MiB"
     );
     let record = crate::record::record_bytes(size) as u64;
@@ -1349,7 +1349,7 @@ async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
                 let deadline = Instant::now() + Duration::from_secs(60);
                 while !left.is_empty() {
                     let st = tc
-                        .put("default", &left, ctxpod_api::proto::Durability::Fast)
+                        .put("default", &left, ctxpod_wire::proto::Durability::Fast)
                         .await?;
                     ensure!(
                         st.iter().all(|&s| s == 201 || s == 200 || s == 503),
@@ -1390,7 +1390,7 @@ async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
             .put(
                 "default",
                 &[(scale_key(n), data.clone())],
-                ctxpod_api::proto::Durability::Durable,
+                ctxpod_wire::proto::Durability::Durable,
             )
             .await?;
         let load_s = t.elapsed().as_secs_f64();
@@ -1565,7 +1565,7 @@ fn free_port() -> anyhow::Result<u16> {
 /// `--pod`: aggregate throughput of pods of 1, 2, 3… nodes on this machine through the pod
 /// client, and how evenly placement spreads the blocks.
 async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
-    use ctxpod_api::pod_client::PodClient;
+    use ctxpod_client::pod_client::PodClient;
     let size = a.sizes.first().context("--sizes")?.0 as usize;
     let n = (a.bytes.0 / size as u64).max(1);
     let total = n * size as u64;

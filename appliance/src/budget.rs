@@ -149,7 +149,7 @@ impl Budgets {
                 "ingest",
                 cfg.ingest_bytes_max
                     .0
-                    .max(ctxpod_api::BATCH_BODY_BYTES_MAX as u64),
+                    .max(ctxpod_wire::BATCH_BODY_BYTES_MAX as u64),
             ),
             egress: ByteBudget::new("egress", cfg.egress_bytes_max.0),
             egress_per_peer: Arc::new(PeerShares::new(cfg.egress_bytes_per_peer_max.0)),

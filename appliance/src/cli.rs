@@ -3,14 +3,14 @@
 //! `bench`.
 
 use crate::config::{ByteSize, Config};
-use crate::device::IoEngine;
 use anyhow::Context;
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use ctxpod_api::block_hash;
-use ctxpod_api::client::{Client, PutOutcome};
-use ctxpod_api::transfer_client::TransferClient;
-use ctxpod_api::Durability;
+use ctxpod_client::client::{Client, PutOutcome};
+use ctxpod_client::transfer_client::TransferClient;
+use ctxpod_engine::device::IoEngine;
+use ctxpod_wire::block_hash;
+use ctxpod_wire::Durability;
 use figment::providers::Serialized;
 use figment::Figment;
 use std::io::{Read, Write};
@@ -58,13 +58,13 @@ struct Creds {
 }
 
 impl Creds {
-    fn connect(&self) -> anyhow::Result<ctxpod_api::connect::Connect> {
+    fn connect(&self) -> anyhow::Result<ctxpod_client::connect::Connect> {
         anyhow::ensure!(
             self.ca_file.is_some() || self.cert_file.is_none(),
             "--cert-file needs --ca-file (mTLS is TLS)"
         );
         let id = self.cert_file.as_deref().zip(self.key_file.as_deref());
-        Ok(ctxpod_api::connect::Connect::from_files(
+        Ok(ctxpod_client::connect::Connect::from_files(
             self.token.clone(),
             self.ca_file.as_deref(),
             id,
@@ -375,7 +375,7 @@ pub fn main() -> ExitCode {
 }
 
 fn parse_key(k: &str) -> anyhow::Result<Vec<u8>> {
-    ctxpod_api::key::parse_key_hex(k).with_context(|| format!("key {k:?}"))
+    ctxpod_wire::key::parse_key_hex(k).with_context(|| format!("key {k:?}"))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -548,7 +548,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
         } => {
             anyhow::ensure!(
-                ctxpod_api::proto::Role::parse(&role).is_some(),
+                ctxpod_wire::proto::Role::parse(&role).is_some(),
                 "--role must be admin, viewer, tenant-rw or tenant-ro"
             );
             anyhow::ensure!(
@@ -556,7 +556,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "a tenant role needs --tenant; an admin or a viewer has none"
             );
             if let Some(t) = &tenant {
-                ctxpod_api::namespace::check_tenant_name(t)?;
+                ctxpod_wire::namespace::check_tenant_name(t)?;
             }
             let (token, hash) = crate::auth::new_token(&id).map_err(anyhow::Error::msg)?;
             let tenant_line = tenant
@@ -607,16 +607,16 @@ async fn prefetch(
     max_len: ByteSize,
     output: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    use ctxpod_api::proto::{Policy, PrefetchEntry};
-    use ctxpod_api::region::Region;
-    use ctxpod_api::transfer_client::{BlockState, PrefetchOptions};
+    use ctxpod_client::region::Region;
+    use ctxpod_client::transfer_client::{BlockState, PrefetchOptions};
+    use ctxpod_wire::proto::{Policy, PrefetchEntry};
     let policy = match policy {
         "best-effort" => Policy::BestEffort,
         "wait-complete" => Policy::WaitComplete,
         "timeout" => Policy::Timeout,
         p => anyhow::bail!("unknown policy {p:?} (best-effort, wait-complete, timeout)"),
     };
-    let slot = max_len.0.clamp(1, ctxpod_api::BLOCK_BYTES_MAX as u64) as usize;
+    let slot = max_len.0.clamp(1, ctxpod_wire::BLOCK_BYTES_MAX as u64) as usize;
     let raw = keys
         .iter()
         .map(|k| parse_key(k).map(Bytes::from))

@@ -7,7 +7,7 @@
 //! and counted in `ctxpod_connections_refused_total{listener, why}`; the connections held
 //! are `ctxpod_connections{listener}`.
 
-use crate::metrics::Metrics;
+use ctxpod_engine::metrics::Metrics;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;

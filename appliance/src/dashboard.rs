@@ -17,7 +17,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use ctxpod_api::types::{NamespaceInfo, NamespaceList, Overview, OverviewMember, Stats};
+use ctxpod_wire::types::{NamespaceInfo, NamespaceList, Overview, OverviewMember, Stats};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -1,13 +1,13 @@
 //! Errors as the node answers them: the one map from an engine error to a status and a
 //! stable kind (`status_of`, used by both listeners: HTTP answers the status and kind, CXP1
-//! the status's number), and `ApiError`, the HTTP error answer (`api/openapi.json`'s
+//! the status's number), and `ApiError`, the HTTP error answer (`wire/openapi.json`'s
 //! `Error`: `{"error": kind, "message"}`, with `Retry-After` on 503).
 
-use crate::engine::EngineError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ctxpod_api::types::ErrorBody;
+use ctxpod_engine::EngineError;
+use ctxpod_wire::types::ErrorBody;
 
 /// An error answer: status, stable kind, message.
 pub struct ApiError {

@@ -8,9 +8,9 @@
 //!   what each request may do, tenant quotas; rustls on both listeners.
 //! - [`engine`]: namespaces, the put/get paths, group commit, eviction, leases, DRAM tier,
 //!   recovery; the RocksDB index lives in [`engine::index`].
-//! - the CRC32C / AES-GCM work runs on `ctxpod_firmware_sim::offload::OffloadEngine` (the
+//! - the CRC32C / AES-GCM work runs on `ctxpod_engine::offload::OffloadEngine` (the
 //!   "DPU firmware"), whatever the device.
-//! - [`record`] (from `ctxpod-sansio`, with [`config`]) and [`crypto`]: sans-IO codecs of the
+//! - [`record`] (from `ctxpod-format`, with [`config`]) and [`crypto`]: sans-IO codecs of the
 //!   on-device record and its envelope.
 //! - [`replay`]: `ctxpod replay`, a request trace replayed through the client (capacity
 //!   planning, with the `ctxpod-plan` crate).
@@ -21,18 +21,14 @@ pub mod auth;
 pub mod bench;
 pub mod budget;
 pub mod cli;
-pub use ctxpod_sansio::config;
+pub use ctxpod_format::config;
 pub mod conn;
-pub mod crypto;
 pub mod dashboard;
-pub mod device;
-pub mod engine;
 pub mod errors;
+pub mod forward;
 pub mod limits;
-pub mod metrics;
 pub mod plan_cli;
-pub mod pod;
-pub use ctxpod_sansio::record;
+pub use ctxpod_format::record;
 pub mod replay;
 pub mod server;
 pub mod tls;

@@ -7,7 +7,7 @@
 //! than the last-level cache, so that the figure includes the memory traffic a real block
 //! costs, and for a fixed number of bytes (no timing loop that adapts to the machine).
 
-use crate::crypto::{self, AeadKey};
+use ctxpod_engine::crypto::{self, AeadKey};
 use std::io::{Read, Write};
 use std::time::Instant;
 

@@ -4,8 +4,8 @@
 //! and prompt lengths; CLI only), the pod's live miss-ratio curve, or a stated sharing ratio;
 //! the drive from a firmware-sim profile (`tlc`, `qlc`, or a TOML file on the CLI).
 
-use ctxpod_api::types::MrcResponse;
 use ctxpod_plan::planner::{self, Drive, NodeShape, PlanInput, Reuse};
+use ctxpod_wire::types::MrcResponse;
 
 #[derive(clap::Args, Clone, Debug, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]

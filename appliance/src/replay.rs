@@ -21,12 +21,12 @@
 //! keeps the trace's timing scaled, 0 replays as fast as possible.
 
 use bytes::Bytes;
-use ctxpod_api::client::Client;
-use ctxpod_api::proto::PrefetchEntry;
-use ctxpod_api::region::Region;
-use ctxpod_api::transfer_client::{BlockState, PrefetchOptions, TransferClient};
-use ctxpod_api::Durability;
+use ctxpod_client::client::Client;
+use ctxpod_client::region::Region;
+use ctxpod_client::transfer_client::{BlockState, PrefetchOptions, TransferClient};
 use ctxpod_plan::trace::Request;
+use ctxpod_wire::proto::PrefetchEntry;
+use ctxpod_wire::Durability;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -248,16 +248,16 @@ pub async fn replay(
     );
     let part_max = args
         .part_bytes
-        .map_or(ctxpod_api::BLOCK_BYTES_MAX as u64, |b| b.0);
+        .map_or(ctxpod_wire::BLOCK_BYTES_MAX as u64, |b| b.0);
     anyhow::ensure!(
-        (1..=ctxpod_api::BLOCK_BYTES_MAX as u64).contains(&part_max),
+        (1..=ctxpod_wire::BLOCK_BYTES_MAX as u64).contains(&part_max),
         "--part-bytes {part_max}: a part is 1 byte to {}",
-        ctxpod_api::BLOCK_BYTES_MAX
+        ctxpod_wire::BLOCK_BYTES_MAX
     );
     let parts = Parts::new(block as usize, part_max as usize);
     // Parts per batch: within the batch limits of count and bytes.
-    let per_batch =
-        (ctxpod_api::BATCH_BODY_BYTES_MAX / 2 / parts.part).clamp(1, ctxpod_api::BATCH_ENTRIES_MAX);
+    let per_batch = (ctxpod_wire::BATCH_BODY_BYTES_MAX / 2 / parts.part)
+        .clamp(1, ctxpod_wire::BATCH_ENTRIES_MAX);
     let dur = if args.fast {
         Durability::Fast
     } else {
@@ -291,7 +291,7 @@ pub async fn replay(
         let keys: Vec<Vec<u8>> = req.hash_ids.iter().map(|&h| key_of(h)).collect();
         let t = Instant::now();
         let mut matched = 0usize;
-        for chunk in keys.chunks(ctxpod_api::MATCH_KEYS_MAX) {
+        for chunk in keys.chunks(ctxpod_wire::MATCH_KEYS_MAX) {
             let m = client.match_prefix(ns, chunk).await? as usize;
             matched += m;
             if m < chunk.len() {
@@ -397,7 +397,7 @@ pub async fn replay(
 /// report. `transfer`: how to connect over CXP1 (for `--prefetch`).
 pub async fn run(
     client: &Client,
-    transfer: Option<ctxpod_api::connect::Connect>,
+    transfer: Option<ctxpod_client::connect::Connect>,
     ns: &str,
     args: &ReplayArgs,
 ) -> anyhow::Result<ReplayReport> {

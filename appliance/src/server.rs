@@ -1,4 +1,4 @@
-//! HTTP API v1 (axum). The route table is the contract in `api/openapi.json`; the router is
+//! HTTP API v1 (axum). The route table is the contract in `wire/openapi.json`; the router is
 //! built only from [`Routes`], whose list a test compares with the spec.
 //!
 //! Architecture invariant: this is the only module that knows HTTP. It parses and bounds
@@ -7,9 +7,6 @@
 
 use crate::auth::{Access, AuthError, Authenticator, Limited, Principal};
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, NsSettings, PutStatus, StagedBlock};
-use crate::metrics::Metrics;
-use crate::pod::batch as pod_batch;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::handler::Handler;
@@ -19,8 +16,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
-use ctxpod_api::types::*;
-use ctxpod_api::{frame, Durability};
+use ctxpod_engine::metrics::Metrics;
+use ctxpod_engine::{Engine, EngineError, NsSettings, PutStatus, StagedBlock};
+use ctxpod_pod::batch as pod_batch;
+use ctxpod_wire::types::*;
+use ctxpod_wire::{frame, Durability};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,26 +42,26 @@ pub struct AppState {
     pub budgets: crate::budget::Budgets,
     pub auth: Arc<Authenticator>,
     /// The pod this node is in, and its own id there.
-    pub pod: Arc<crate::pod::membership::Membership>,
+    pub pod: Arc<ctxpod_pod::membership::Membership>,
     pub node_id: Arc<str>,
     /// How this node reaches the other members.
-    pub peers: crate::pod::Peers,
+    pub peers: ctxpod_pod::Peers,
     /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
-    pub ns_records: Option<Arc<(String, crate::pod::etcd::Etcd)>>,
+    pub ns_records: Option<Arc<(String, ctxpod_pod::etcd::Etcd)>>,
     /// Copies of each block in the pod (`pod.replication`).
     pub replication: usize,
     /// This node's drain (`/v1/admin/drain`).
-    pub drain: Arc<crate::pod::drain::Drain>,
+    pub drain: Arc<ctxpod_pod::drain::Drain>,
     /// The pod's block deletes (`None`: no etcd).
-    pub tombstones: Option<Arc<crate::pod::tombstones::Tombstones>>,
+    pub tombstones: Option<Arc<ctxpod_pod::tombstones::Tombstones>>,
 }
 
 impl AppState {
-    /// A copy ([`ctxpod_api::HEADER_COPY`]: read repair, backfill) of a block the pod
+    /// A copy ([`ctxpod_wire::HEADER_COPY`]: read repair, backfill) of a block the pod
     /// deleted is refused: 410 `deleted`.
     fn refuse_deleted_copy(&self, h: &HeaderMap, ns: &str, key: &[u8]) -> ApiResult<()> {
         match &self.tombstones {
-            Some(t) if h.contains_key(ctxpod_api::HEADER_COPY) && t.holds(ns, key) => {
+            Some(t) if h.contains_key(ctxpod_wire::HEADER_COPY) && t.holds(ns, key) => {
                 self.engine.metrics().copies_refused.inc();
                 Err(ApiError::new(
                     StatusCode::GONE,
@@ -74,7 +74,7 @@ impl AppState {
     }
 
     /// A GET of `path` on the member at `base` for the caller (its credentials, or the
-    /// peer token standing in: [`crate::pod::Peers::for_caller`]), marked as sent by this
+    /// peer token standing in: [`ctxpod_pod::Peers::for_caller`]), marked as sent by this
     /// node.
     pub(crate) fn member_get(
         &self,
@@ -89,8 +89,8 @@ impl AppState {
             .http
             .get(format!("{base}{path}"))
             .timeout(timeout)
-            .header(crate::pod::forward::HEADER_FORWARDED, self.node_id.as_ref());
-        self.peers.for_caller(req, h, Some(p))
+            .header(ctxpod_pod::route::HEADER_FORWARDED, self.node_id.as_ref());
+        self.peers.for_caller(req, h, p.tenant.as_deref())
     }
 
     /// Copies of each block of namespace `scoped` (node-side name): its own setting, else
@@ -232,7 +232,7 @@ pub fn router(
     auth: Arc<Authenticator>,
     max_inflight: usize,
     budgets: crate::budget::Budgets,
-    pod: &crate::pod::Pod,
+    pod: &ctxpod_pod::Pod,
 ) -> Router {
     let state = AppState {
         engine,
@@ -371,7 +371,7 @@ fn principal_of(st: &AppState, req: &Request) -> Result<Principal, Box<Response>
     } else {
         return Err(Box::new(unauthorized(AuthError::Missing)));
     };
-    if let Some(t) = req.headers().get(ctxpod_api::HEADER_TENANT) {
+    if let Some(t) = req.headers().get(ctxpod_wire::HEADER_TENANT) {
         if p.role != crate::auth::Role::Admin {
             return Err(Box::new(forbidden(
                 &st.engine,
@@ -381,7 +381,7 @@ fn principal_of(st: &AppState, req: &Request) -> Result<Principal, Box<Response>
         let t = t
             .to_str()
             .ok()
-            .filter(|t| ctxpod_api::namespace::check_tenant_name(t).is_ok())
+            .filter(|t| ctxpod_wire::namespace::check_tenant_name(t).is_ok())
             .ok_or_else(|| {
                 Box::new(ApiError::invalid("x-ctxpod-tenant must be a tenant name").into_response())
             })?;
@@ -396,11 +396,11 @@ fn forbidden(engine: &Engine, why: &str) -> Response {
 }
 
 /// Authentication, authorisation by route ([`access_of`]) and the tenant's request rate.
-/// Any node answers (`pod::forward`): a single-block request for a block this node does not
+/// Any node answers (`ctxpod_pod::route`, `forward`): a single-block request for a block this node does not
 /// hold goes to the member that does. Runs after authentication, so a refused caller is
 /// refused here; a request already forwarded is served here.
 async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    use crate::pod::forward::{self, Route};
+    use ctxpod_pod::route::{self as forward, Route};
     // A pod of one (the default) pays one look at the view, nothing more.
     let view = st.pod.view();
     if view.members.len() < 2 || req.headers().contains_key(forward::HEADER_FORWARDED) {
@@ -457,10 +457,10 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                 .get(header::CONTENT_LENGTH)
                 .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
             let len = match announced {
-                Some(Some(n)) if n > ctxpod_api::BLOCK_BYTES_MAX as u64 => {
+                Some(Some(n)) if n > ctxpod_wire::BLOCK_BYTES_MAX as u64 => {
                     return ApiError::too_large(format!(
                         "a block of {n} bytes is over the limit of {}",
-                        ctxpod_api::BLOCK_BYTES_MAX
+                        ctxpod_wire::BLOCK_BYTES_MAX
                     ))
                     .into_response()
                 }
@@ -469,14 +469,14 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
                     return ApiError::invalid("content-length is not a number").into_response()
                 }
                 None if req.method() == Method::DELETE => 0,
-                None => ctxpod_api::BLOCK_BYTES_MAX,
+                None => ctxpod_wire::BLOCK_BYTES_MAX,
             };
             let _permit = match st.admit_body(len) {
                 Ok(p) => p,
                 Err(e) => return e.into_response(),
             };
             let (parts, body) = req.into_parts();
-            let body = match axum::body::to_bytes(body, ctxpod_api::BLOCK_BYTES_MAX + 1).await {
+            let body = match axum::body::to_bytes(body, ctxpod_wire::BLOCK_BYTES_MAX + 1).await {
                 Ok(b) => b,
                 Err(_) => {
                     return ApiError::new(
@@ -527,7 +527,7 @@ async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> R
 }
 
 /// 503 (retry after a second) for a block delete the pod cannot record.
-fn delete_not_recorded(e: crate::pod::tombstones::Refused) -> Response {
+fn delete_not_recorded(e: ctxpod_pod::tombstones::Refused) -> Response {
     tracing::warn!("block delete refused: {e}");
     // A 503 carries Retry-After (`ApiError::into_response`).
     ApiError::new(
@@ -542,19 +542,22 @@ fn delete_not_recorded(e: crate::pod::tombstones::Refused) -> Response {
 /// when `m` cannot be reached.
 async fn forward_counted(
     st: &AppState,
-    m: &crate::pod::membership::MemberInfo,
+    m: &ctxpod_pod::membership::MemberInfo,
     parts: &axum::http::request::Parts,
     body: Option<Bytes>,
     outcome: &str,
 ) -> Option<Response> {
-    match crate::pod::forward::forward(
+    match crate::forward::forward(
         &st.peers,
         m,
         &st.node_id,
         &parts.method,
         &parts.uri,
         &parts.headers,
-        parts.extensions.get::<Principal>(),
+        parts
+            .extensions
+            .get::<Principal>()
+            .and_then(|p| p.tenant.as_deref()),
         body,
     )
     .await
@@ -563,7 +566,7 @@ async fn forward_counted(
             count_forwarded(st, outcome);
             Some(r)
         }
-        Err(crate::pod::forward::ForwardError::Unreachable) => {
+        Err(crate::forward::ForwardError::Unreachable) => {
             count_forwarded(st, "unreachable");
             None
         }
@@ -695,7 +698,7 @@ async fn admit_and_measure(State(st): State<AppState>, req: Request, next: Next)
 }
 
 fn parse_key(s: &str) -> ApiResult<Vec<u8>> {
-    ctxpod_api::key::parse_key_hex(s).map_err(|e| ApiError::invalid(e.to_string()))
+    ctxpod_wire::key::parse_key_hex(s).map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 fn parse_keys(keys: &[String], max: usize) -> ApiResult<Vec<Vec<u8>>> {
@@ -722,7 +725,7 @@ fn present(p: &Principal, mut info: NamespaceInfo) -> NamespaceInfo {
 }
 
 fn durability(h: &HeaderMap) -> ApiResult<Durability> {
-    match h.get(ctxpod_api::HEADER_DURABILITY) {
+    match h.get(ctxpod_wire::HEADER_DURABILITY) {
         None => Ok(Durability::Durable),
         Some(v) => v
             .to_str()
@@ -877,8 +880,8 @@ fn pod_gauges(st: &AppState) {
 /// The pod as this node sees it: members (each probed on `/healthz` and asked for its
 /// `/v1/stats`, 1 s at most, all at once), where the membership comes from, and whether
 /// etcd answers. Members are asked with the peer token, or else the caller's own.
-async fn cluster(State(st): State<AppState>, h: HeaderMap) -> Json<ctxpod_api::types::Cluster> {
-    use ctxpod_api::types::{Cluster, ClusterMember};
+async fn cluster(State(st): State<AppState>, h: HeaderMap) -> Json<ctxpod_wire::types::Cluster> {
+    use ctxpod_wire::types::{Cluster, ClusterMember};
     pod_gauges(&st);
     let view = st.pod.view();
     let s = st.engine.stats();
@@ -975,7 +978,7 @@ async fn stats(State(st): State<AppState>) -> Json<Stats> {
 pub(crate) fn node_stats(st: &AppState) -> Stats {
     let mut s = st.engine.stats();
     s.inflight_requests = (st.max_inflight - st.limiter.available_permits()) as u64;
-    s.latency_bounds_s = crate::metrics::latency_buckets();
+    s.latency_bounds_s = ctxpod_engine::metrics::latency_buckets();
     s.latency = st.engine.metrics().latency_by_op();
     s
 }
@@ -1142,7 +1145,7 @@ async fn put_namespace(
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    use crate::pod::namespaces::{self as pns, NsRecord};
+    use ctxpod_pod::namespaces::{self as pns, NsRecord};
     let ns = scope(&p, &ns)?;
     let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
@@ -1151,10 +1154,10 @@ async fn put_namespace(
         json_object(&b)?
     };
     if let Some(r) = req.replication {
-        if !(1..=ctxpod_api::REPLICATION_MAX).contains(&r) {
+        if !(1..=ctxpod_wire::REPLICATION_MAX).contains(&r) {
             return Err(ApiError::invalid(format!(
                 "replication must be within 1..={}",
-                ctxpod_api::REPLICATION_MAX
+                ctxpod_wire::REPLICATION_MAX
             )));
         }
     }
@@ -1242,7 +1245,7 @@ async fn delete_namespace(
     uri: axum::http::Uri,
     h: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    use crate::pod::namespaces::{self as pns, NsRecord};
+    use ctxpod_pod::namespaces::{self as pns, NsRecord};
     let ns = scope(&p, &ns)?;
     let is_default = ns == "default";
     if let Some(inc) = routed_incarnation(&h)? {
@@ -1303,10 +1306,10 @@ async fn delete_namespace(
 
 /// The namespace incarnation a member sent with a change it made (a routed request).
 fn routed_incarnation(h: &HeaderMap) -> ApiResult<Option<u64>> {
-    if !h.contains_key(crate::pod::forward::HEADER_FORWARDED) {
+    if !h.contains_key(ctxpod_pod::route::HEADER_FORWARDED) {
         return Ok(None);
     }
-    match h.get(crate::pod::namespaces::HEADER_NS_INCARNATION) {
+    match h.get(ctxpod_pod::namespaces::HEADER_NS_INCARNATION) {
         None => Ok(None),
         Some(v) => v
             .to_str()
@@ -1322,7 +1325,7 @@ impl AppState {
     /// Whether a request here is answered for the whole pod: the node is in a pod of
     /// several and the request was not routed here by a member or a pod-aware client.
     fn answers_for_pod(&self, h: &HeaderMap) -> bool {
-        self.pod.view().members.len() >= 2 && !h.contains_key(crate::pod::forward::HEADER_FORWARDED)
+        self.pod.view().members.len() >= 2 && !h.contains_key(ctxpod_pod::route::HEADER_FORWARDED)
     }
 
     /// A per-key question asked of every member a read of each key would try, each member
@@ -1330,17 +1333,17 @@ impl AppState {
     /// whether any member said yes. A member answering `None` said no to all of its keys.
     async fn any_candidate<'m, F, Fut>(
         &self,
-        view: &'m crate::pod::membership::PodView,
+        view: &'m ctxpod_pod::membership::PodView,
         ns: &str,
         scoped: &str,
         keys: &[Vec<u8>],
         ask: F,
     ) -> Vec<bool>
     where
-        F: Fn(&'m crate::pod::membership::MemberInfo, Vec<usize>) -> Fut,
+        F: Fn(&'m ctxpod_pod::membership::MemberInfo, Vec<usize>) -> Fut,
         Fut: std::future::Future<Output = Option<Vec<bool>>>,
     {
-        let n = crate::pod::forward::read_candidates(self.replication_of(scoped));
+        let n = ctxpod_pod::route::read_candidates(self.replication_of(scoped));
         let groups = pod_batch::group(
             keys.iter()
                 .enumerate()
@@ -1372,7 +1375,7 @@ impl AppState {
             me: &self.node_id,
             ns,
             headers: h,
-            caller: Some(p),
+            caller_tenant: p.tenant.as_deref(),
         }
     }
 
@@ -1382,11 +1385,11 @@ impl AppState {
     }
 
     /// The pod's live record of namespace `ns` (none without etcd, or once deleted).
-    async fn live_record(&self, ns: &str) -> ApiResult<Option<crate::pod::namespaces::NsRecord>> {
+    async fn live_record(&self, ns: &str) -> ApiResult<Option<ctxpod_pod::namespaces::NsRecord>> {
         let Some(r) = &self.ns_records else {
             return Ok(None);
         };
-        let rec = crate::pod::namespaces::record(&r.1, &r.0, ns)
+        let rec = ctxpod_pod::namespaces::record(&r.1, &r.0, ns)
             .await
             .map_err(|e| etcd_unavailable(&e))?;
         Ok(rec.filter(|r| !r.deleted))
@@ -1396,7 +1399,7 @@ impl AppState {
     async fn record_namespace(
         &self,
         ns: &str,
-        rec: &crate::pod::namespaces::NsRecord,
+        rec: &ctxpod_pod::namespaces::NsRecord,
     ) -> ApiResult<()> {
         let Some(r) = &self.ns_records else {
             return Ok(());
@@ -1407,7 +1410,7 @@ impl AppState {
             (Some(t), true) => Some(t.lease().await.map_err(|e| etcd_unavailable(&e))?),
             _ => None,
         };
-        crate::pod::namespaces::publish(&r.1, &r.0, ns, rec, lease)
+        ctxpod_pod::namespaces::publish(&r.1, &r.0, ns, rec, lease)
             .await
             .map_err(|e| etcd_unavailable(&e))
     }
@@ -1430,13 +1433,13 @@ impl AppState {
                 .http
                 .request(method.clone(), format!("{}{}", m.http, uri.path()))
                 .timeout(Duration::from_secs(10))
-                .header(crate::pod::forward::HEADER_FORWARDED, self.node_id.as_ref())
+                .header(ctxpod_pod::route::HEADER_FORWARDED, self.node_id.as_ref())
                 .header(
-                    crate::pod::namespaces::HEADER_NS_INCARNATION,
+                    ctxpod_pod::namespaces::HEADER_NS_INCARNATION,
                     incarnation.to_string(),
                 )
                 .body(body.clone());
-            let req = self.peers.for_caller(req, h, Some(caller));
+            let req = self.peers.for_caller(req, h, caller.tenant.as_deref());
             async move {
                 match req.send().await {
                     Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
@@ -1475,12 +1478,12 @@ async fn put_block(
     let ns = scope(&p, &ns)?;
     let key = parse_key(&key)?;
     let dur = durability(&h)?;
-    let crc = match h.get(ctxpod_api::HEADER_CRC32C) {
+    let crc = match h.get(ctxpod_wire::HEADER_CRC32C) {
         None => None,
         Some(v) => Some(
             v.to_str()
                 .ok()
-                .and_then(ctxpod_api::parse_crc32c_hex)
+                .and_then(ctxpod_wire::parse_crc32c_hex)
                 .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
         ),
     };
@@ -1489,17 +1492,17 @@ async fn put_block(
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     let _permit = st.admit_body(
         declared
-            .unwrap_or(ctxpod_api::BLOCK_BYTES_MAX)
-            .min(ctxpod_api::BLOCK_BYTES_MAX),
+            .unwrap_or(ctxpod_wire::BLOCK_BYTES_MAX)
+            .min(ctxpod_wire::BLOCK_BYTES_MAX),
     )?;
     let staged = match declared {
         // The common case: the body goes straight into the buffer its record is written from.
-        Some(len) if len <= ctxpod_api::BLOCK_BYTES_MAX => {
+        Some(len) if len <= ctxpod_wire::BLOCK_BYTES_MAX => {
             let mut staged = StagedBlock::new(len)?;
             read_into(body, &mut staged).await?;
             staged
         }
-        _ => StagedBlock::copy_of(&read_body(&h, body, ctxpod_api::BLOCK_BYTES_MAX).await?)?,
+        _ => StagedBlock::copy_of(&read_body(&h, body, ctxpod_wire::BLOCK_BYTES_MAX).await?)?,
     };
     st.engine
         .metrics()
@@ -1536,8 +1539,8 @@ async fn get_block(
                 [
                     (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                     (
-                        header::HeaderName::from_static(ctxpod_api::HEADER_CRC32C),
-                        ctxpod_api::crc32c_hex(crc),
+                        header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
+                        ctxpod_wire::crc32c_hex(crc),
                     ),
                     (header::CONTENT_LENGTH, data.len().to_string()),
                 ],
@@ -1636,26 +1639,26 @@ async fn match_prefix(
 ) -> ApiResult<Json<MatchResponse>> {
     let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::MATCH_KEYS_MAX)?;
     let view = st.pod.view();
-    if view.members.len() < 2 || h.contains_key(crate::pod::forward::HEADER_FORWARDED) {
+    if view.members.len() < 2 || h.contains_key(ctxpod_pod::route::HEADER_FORWARDED) {
         return Ok(Json(MatchResponse {
             matched: st.engine.match_prefix(&scoped, keys).await?,
         }));
     }
     // A chain whose blocks live on several members: each member is asked about its own
     // keys, all at once (`pod::forward::match_in_pod`).
-    let n = crate::pod::forward::read_candidates(st.replication_of(&scoped));
-    let cands: Vec<Vec<crate::pod::membership::MemberInfo>> = keys
+    let n = ctxpod_pod::route::read_candidates(st.replication_of(&scoped));
+    let cands: Vec<Vec<ctxpod_pod::membership::MemberInfo>> = keys
         .iter()
         .map(|k| view.ranked(&ns, k).into_iter().take(n).cloned().collect())
         .collect();
-    let by_id: std::collections::HashMap<String, crate::pod::membership::MemberInfo> = view
+    let by_id: std::collections::HashMap<String, ctxpod_pod::membership::MemberInfo> = view
         .members
         .iter()
         .map(|m| (m.id.clone(), m.clone()))
         .collect();
-    let matched = crate::pod::forward::match_in_pod(
+    let matched = ctxpod_pod::route::match_in_pod(
         keys.len(),
         |i| cands[i].iter().map(|m| m.id.clone()).collect(),
         |member, idx| {
@@ -1673,11 +1676,16 @@ async fn match_prefix(
                     .http
                     .post(format!("{}/v1/namespaces/{ns}/match", m.http))
                     .timeout(Duration::from_secs(10))
-                    .header(crate::pod::forward::HEADER_FORWARDED, st.node_id.as_ref())
+                    .header(ctxpod_pod::route::HEADER_FORWARDED, st.node_id.as_ref())
                     .json(&KeysRequest {
                         keys: sub.iter().map(hex::encode).collect(),
                     });
-                match st.peers.for_caller(req, &h, Some(&p)).send().await {
+                match st
+                    .peers
+                    .for_caller(req, &h, p.tenant.as_deref())
+                    .send()
+                    .await
+                {
                     Ok(r) if r.status().is_success() => {
                         Ok(r.json::<MatchResponse>().await?.matched)
                     }
@@ -1710,7 +1718,7 @@ async fn present_keys(
 ) -> ApiResult<Json<PresentResponse>> {
     let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_api::MATCH_KEYS_MAX)?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::MATCH_KEYS_MAX)?;
     st.engine.namespace(&scoped)?;
     let local = |idx: Vec<usize>| {
         let (st, scoped, keys) = (&st, &scoped, &keys);
@@ -1753,9 +1761,9 @@ async fn batch_get(
 ) -> ApiResult<Response> {
     let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
     st.engine.namespace(&scoped)?;
-    let room = match h.get(ctxpod_api::HEADER_ANSWER_BYTES_MAX) {
+    let room = match h.get(ctxpod_wire::HEADER_ANSWER_BYTES_MAX) {
         None => BATCH_GET_BYTES_MAX,
         Some(v) => v
             .to_str()
@@ -1943,8 +1951,8 @@ async fn pod_batch_get(
     };
     let mut held: Vec<crate::budget::Permit> = Vec::new();
     let view = st.pod.view();
-    let n = crate::pod::forward::read_candidates(st.replication_of(scoped));
-    let ranked: Vec<Vec<&crate::pod::membership::MemberInfo>> = keys
+    let n = ctxpod_pod::route::read_candidates(st.replication_of(scoped));
+    let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> = keys
         .iter()
         .map(|k| view.ranked(ns, k).into_iter().take(n).collect())
         .collect();
@@ -1962,7 +1970,7 @@ async fn pod_batch_get(
         // Every share holds a whole block at least, so a batch always makes progress: the
         // members that do not fit this answer's room are not asked (their keys answer 413:
         // ask again).
-        let share = (room / groups.len()).max(ctxpod_api::BLOCK_BYTES_MAX.min(room));
+        let share = (room / groups.len()).max(ctxpod_wire::BLOCK_BYTES_MAX.min(room));
         let fit = room.checked_div(share).unwrap_or(0);
         let mut asks = Vec::new();
         for (g, (m, idx)) in groups.into_values().enumerate() {
@@ -2057,10 +2065,10 @@ async fn batch_put(
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     // Room for the frame and for each block's staged copy.
     let budget = 2 * declared
-        .unwrap_or(ctxpod_api::BATCH_BODY_BYTES_MAX)
-        .min(ctxpod_api::BATCH_BODY_BYTES_MAX);
+        .unwrap_or(ctxpod_wire::BATCH_BODY_BYTES_MAX)
+        .min(ctxpod_wire::BATCH_BODY_BYTES_MAX);
     let _permit = st.admit_body(budget)?;
-    let body = read_body(&h, body, ctxpod_api::BATCH_BODY_BYTES_MAX).await?;
+    let body = read_body(&h, body, ctxpod_wire::BATCH_BODY_BYTES_MAX).await?;
     let entries =
         frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
     let mut jobs = Vec::with_capacity(entries.len());
@@ -2105,7 +2113,7 @@ async fn batch_put(
             &frame::Entry {
                 key: k,
                 status,
-                crc32c: Some(ctxpod_api::crc32c(d)),
+                crc32c: Some(ctxpod_wire::crc32c(d)),
                 len: d.len() as u32,
                 data: None,
             },
@@ -2153,7 +2161,7 @@ async fn pod_batch_put(
 ) -> Vec<u16> {
     let view = st.pod.view();
     let copies = st.replication_of(scoped);
-    let ranked: Vec<Vec<&crate::pod::membership::MemberInfo>> =
+    let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> =
         jobs.iter().map(|(k, _, _)| view.ranked(ns, k)).collect();
     let asker = st.asker(ns, h, p);
     let mut states = vec![pod_batch::PutState::default(); jobs.len()];
@@ -2177,7 +2185,7 @@ async fn pod_batch_put(
                         let blocks: Vec<(&[u8], &Bytes)> =
                             idx.iter().map(|&i| (&jobs[i].0[..], &jobs[i].1)).collect();
                         asker
-                            .batch_put(m, &blocks, h.get(ctxpod_api::HEADER_DURABILITY))
+                            .batch_put(m, &blocks, h.get(ctxpod_wire::HEADER_DURABILITY))
                             .await
                     };
                     (idx, r)
@@ -2231,8 +2239,8 @@ async fn events(
         impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
     >,
 > {
-    use crate::engine::events::KvEventKind;
     use axum::response::sse::{Event, KeepAlive, Sse};
+    use ctxpod_engine::events::KvEventKind;
     use tokio::sync::broadcast::error::RecvError;
     let ns = scope(&p, &ns)?;
     let (ns_id, rx) = st.engine.subscribe(&ns)?;
@@ -2279,13 +2287,13 @@ async fn pin(
 ) -> ApiResult<Json<PinResponse>> {
     let scoped = scope(&p, &ns)?;
     let req: PinRequest = read_json(&h, body).await?;
-    if req.ttl_ms == 0 || req.ttl_ms > ctxpod_api::LEASE_MS_MAX {
+    if req.ttl_ms == 0 || req.ttl_ms > ctxpod_wire::LEASE_MS_MAX {
         return Err(ApiError::invalid(format!(
             "ttl_ms must be within 1..={}",
-            ctxpod_api::LEASE_MS_MAX
+            ctxpod_wire::LEASE_MS_MAX
         )));
     }
-    let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
     let (pinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, Some(req.ttl_ms)).await?;
     Ok(Json(PinResponse { pinned, each }))
 }
@@ -2299,7 +2307,7 @@ async fn unpin(
 ) -> ApiResult<Json<UnpinResponse>> {
     let scoped = scope(&p, &ns)?;
     let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_api::BATCH_ENTRIES_MAX)?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
     let (unpinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, None).await?;
     Ok(Json(UnpinResponse { unpinned, each }))
 }
@@ -2329,7 +2337,7 @@ async fn pin_or_unpin(
     let count = |each: &[bool]| each.iter().filter(|b| **b).count() as u64;
     if !st.answers_for_pod(h) {
         let each = local(keys).await?;
-        let routed = h.contains_key(crate::pod::forward::HEADER_FORWARDED);
+        let routed = h.contains_key(ctxpod_pod::route::HEADER_FORWARDED);
         return Ok((count(&each), routed.then_some(each)));
     }
     st.engine.namespace(scoped)?;
@@ -2424,7 +2432,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             .and_then(|s| s.trim().parse().ok()),
         None => None,
     };
-    let pod = crate::pod::Pod::join(&cfg, addr, taddr, &engine).await?;
+    let pod = ctxpod_pod::Pod::join(&cfg, addr, taddr, &engine).await?;
     pod.start_background(engine.clone(), &cfg, auth.enabled());
     let app = router(
         engine.clone(),
@@ -2533,7 +2541,7 @@ mod tests {
     #[test]
     fn routes_equal_the_openapi_spec() {
         let spec: serde_json::Value =
-            serde_json::from_str(ctxpod_api::OPENAPI_JSON).expect("openapi.json parses");
+            serde_json::from_str(ctxpod_wire::OPENAPI_JSON).expect("openapi.json parses");
         let mut from_spec: Vec<(String, String)> = Vec::new();
         for (path, item) in spec["paths"].as_object().expect("paths") {
             for m in ["get", "put", "post", "delete", "head", "patch", "options"] {

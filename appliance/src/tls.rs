@@ -8,8 +8,8 @@
 //! tenant and role by `auth.identities`).
 
 use crate::config::TlsConfig;
-use crate::metrics::Metrics;
 use anyhow::Context;
+use ctxpod_engine::metrics::Metrics;
 use parking_lot::{Mutex, RwLock};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;

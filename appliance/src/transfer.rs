@@ -1,4 +1,4 @@
-//! The CXP1 transfer listener (`api/PROTOCOL.md`): pipelined PUT / GET / MATCH / PIN /
+//! The CXP1 transfer listener (`wire/PROTOCOL.md`): pipelined PUT / GET / MATCH / PIN /
 //! UNPIN answered out of order, memory regions and PREFETCH tickets whose blocks are staged
 //! from flash into node memory ahead of being PUSHed into the client's region, and KV event
 //! subscriptions.
@@ -14,16 +14,16 @@
 use crate::auth::{Access, Authenticator, Principal};
 use crate::budget::{Budgets, Permit};
 use crate::conn::Gate;
-use crate::engine::events::{KvEvent, KvEventKind};
-use crate::engine::{Engine, EngineError, PutStatus, StagedBlock};
 use bytes::Bytes;
-use ctxpod_api::proto::{
+use ctxpod_client::proto_io::{FrameInput, InputError};
+use ctxpod_engine::events::{KvEvent, KvEventKind};
+use ctxpod_engine::{Engine, EngineError, PutStatus, StagedBlock};
+use ctxpod_wire::proto::{
     status, EventKind, Frame, GetEntry, Header, Hello, Op, Policy, PrefetchEntry, ProtoError,
     Request, Response, HELLO_AUTHENTICATED, HELLO_AUTH_REQUIRED, HELLO_BYTES, TOKEN_BYTES_MAX,
     VERSION,
 };
-use ctxpod_api::proto_io::{FrameInput, InputError};
-use ctxpod_api::Durability;
+use ctxpod_wire::Durability;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -54,7 +54,7 @@ pub const STAGE_AHEAD: usize = 32;
 /// Events sent in one `Event` frame at most.
 const EVENTS_PER_FRAME: usize = 256;
 /// Largest frame this node accepts and announces.
-pub const MAX_FRAME_BYTES: u32 = ctxpod_api::proto::FRAME_BYTES_MAX;
+pub const MAX_FRAME_BYTES: u32 = ctxpod_wire::proto::FRAME_BYTES_MAX;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts connections until the task is dropped.
@@ -588,7 +588,7 @@ fn error(op: Op, id: u64, st: u16, msg: impl Into<String>) -> Vec<Bytes> {
 async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<Bytes>> {
     let engine = &conn.engine;
     let fail = |e: &EngineError| error(op, id, code(e), e.to_string());
-    let count = |r: crate::engine::Result<u64>| match r {
+    let count = |r: ctxpod_engine::Result<u64>| match r {
         Ok(n) => vec![Response::Count(n as u32).encode(op, status::OK, id)],
         Err(e) => fail(&e),
     };
@@ -604,7 +604,7 @@ async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<B
                 .await,
         ),
         Request::Pin { ns, ttl_ms, keys } => {
-            let ttl = Duration::from_millis(ttl_ms.min(ctxpod_api::LEASE_MS_MAX));
+            let ttl = Duration::from_millis(ttl_ms.min(ctxpod_wire::LEASE_MS_MAX));
             count(
                 engine
                     .pin(&ns, keys.iter().map(|k| k.to_vec()).collect(), ttl)
@@ -681,7 +681,7 @@ async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<B
                 deadline: (deadline_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(deadline_ms as u64)),
                 lease: Duration::from_millis(
-                    (lease_ms as u64).min(ctxpod_api::PREFETCH_LEASE_MS_MAX),
+                    (lease_ms as u64).min(ctxpod_wire::PREFETCH_LEASE_MS_MAX),
                 ),
                 entries,
             };
@@ -881,7 +881,7 @@ async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: CancellationTok
     // taken for the entry's `max_len` before the read and cut to the block's size after it.
     let stage = |i: usize| {
         let (p, e) = (pr, &pr.entries[i]);
-        let want = (e.max_len as usize).clamp(1, ctxpod_api::BLOCK_BYTES_MAX);
+        let want = (e.max_len as usize).clamp(1, ctxpod_wire::BLOCK_BYTES_MAX);
         async move {
             let mine = conn.staging_mine.clone();
             let permits = match p.policy {
@@ -1063,7 +1063,7 @@ enum Parsed {
 
 /// A `Put` body received (`FrameInput::read_put_body`), each block in the buffer its record
 /// is written from.
-type StagedPut = ctxpod_api::proto_io::PutBody<StagedBlock>;
+type StagedPut = ctxpod_client::proto_io::PutBody<StagedBlock>;
 
 /// Receives a PUT body of `len` bytes with the codec's parser, each block straight into the
 /// buffer its record will be written from (its CRC32C computed as it lands). `Ok(Err(_))`:
@@ -1088,8 +1088,8 @@ async fn handle_put(engine: &Engine, p: StagedPut, op: Op, id: u64) -> Bytes {
     } = p;
     // The wire's durability, mapped by name (never by number).
     let durability = match durability {
-        ctxpod_api::proto::Durability::Durable => Durability::Durable,
-        ctxpod_api::proto::Durability::Fast => Durability::Fast,
+        ctxpod_wire::proto::Durability::Durable => Durability::Durable,
+        ctxpod_wire::proto::Durability::Fast => Durability::Fast,
     };
     let crcs: Vec<u32> = entries.iter().map(|e| e.1).collect();
     let results = futures::future::join_all(entries.into_iter().map(|(key, crc, staged)| {

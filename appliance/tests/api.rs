@@ -4,8 +4,8 @@
 mod common;
 
 use common::{block, Node};
-use ctxpod_api::client::{ClientError, PutOutcome};
-use ctxpod_api::{frame, Durability};
+use ctxpod_client::client::{ClientError, PutOutcome};
+use ctxpod_wire::{frame, Durability};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -160,7 +160,7 @@ async fn put_semantics_and_error_codes() {
             "default",
             b"k3",
             data.clone(),
-            ctxpod_api::crc32c(&data) ^ 1,
+            ctxpod_wire::crc32c(&data) ^ 1,
             Durability::Durable,
         )
         .await
@@ -168,7 +168,7 @@ async fn put_semantics_and_error_codes() {
     assert_eq!(status(e), 422);
     assert_eq!(c.get("default", b"k3").await.expect("get"), None);
     // The right CRC, uppercase hex accepted, and fast durability.
-    let crc = format!("{:08X}", ctxpod_api::crc32c(&data));
+    let crc = format!("{:08X}", ctxpod_wire::crc32c(&data));
     let r = http
         .put(url("/v1/namespaces/default/blocks/6b32"))
         .header("x-ctxpod-crc32c", crc)
@@ -186,11 +186,11 @@ async fn put_semantics_and_error_codes() {
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["x-ctxpod-crc32c"].to_str().expect("ascii"),
-        format!("{:08x}", ctxpod_api::crc32c(&data))
+        format!("{:08x}", ctxpod_wire::crc32c(&data))
     );
 
     // 413: one byte over the limit, with and without Content-Length.
-    let big = bytes::Bytes::from(vec![1u8; ctxpod_api::BLOCK_BYTES_MAX + 1]);
+    let big = bytes::Bytes::from(vec![1u8; ctxpod_wire::BLOCK_BYTES_MAX + 1]);
     let r = http
         .put(url("/v1/namespaces/default/blocks/b16b"))
         .body(big.clone())
@@ -453,7 +453,7 @@ async fn batches_match_pins_and_namespaces() {
     assert_eq!(status(c.pin("default", &pk, 0).await.unwrap_err()), 400);
     assert_eq!(
         status(
-            c.pin("default", &pk, ctxpod_api::LEASE_MS_MAX + 1)
+            c.pin("default", &pk, ctxpod_wire::LEASE_MS_MAX + 1)
                 .await
                 .unwrap_err()
         ),
@@ -533,7 +533,7 @@ async fn live_routes_match_the_spec() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
     let http = node.client.http().clone();
-    let spec: serde_json::Value = serde_json::from_str(ctxpod_api::OPENAPI_JSON).expect("spec");
+    let spec: serde_json::Value = serde_json::from_str(ctxpod_wire::OPENAPI_JSON).expect("spec");
     let all = ["GET", "PUT", "POST", "DELETE", "HEAD", "PATCH"];
     for (path, item) in spec["paths"].as_object().expect("paths") {
         let concrete = path.replace("{ns}", "probe").replace("{key}", "00");
@@ -661,7 +661,7 @@ async fn malformed_batch_frames() {
         .collect();
     assert_eq!(st, vec![422, 201]);
     // Batch get with too many keys: 413.
-    let keys: Vec<Vec<u8>> = (0..ctxpod_api::BATCH_ENTRIES_MAX as u32 + 1)
+    let keys: Vec<Vec<u8>> = (0..ctxpod_wire::BATCH_ENTRIES_MAX as u32 + 1)
         .map(|i| i.to_be_bytes().to_vec())
         .collect();
     assert_eq!(

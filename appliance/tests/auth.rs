@@ -6,15 +6,15 @@ mod common;
 
 use bytes::Bytes;
 use common::{block, Node};
-use ctxpod_api::client::Client;
-use ctxpod_api::connect::Connect;
-use ctxpod_api::proto::{
+use ctxpod_client::client::Client;
+use ctxpod_client::connect::Connect;
+use ctxpod_client::transfer_client::{TransferClient, TransferError};
+use ctxpod_wire::proto::{
     self, status, Durability as WireDurability, FrameDecoder, Op, Policy, PrefetchEntry, PutEntry,
     Request, Response,
 };
-use ctxpod_api::transfer_client::{TransferClient, TransferError};
-use ctxpod_api::Durability;
-use ctxpod_api::{frame, key::key_hex};
+use ctxpod_wire::Durability;
+use ctxpod_wire::{frame, key::key_hex};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -158,7 +158,7 @@ fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
 
 /// Every (method, route) of the OpenAPI document.
 fn spec_routes() -> BTreeSet<(String, String)> {
-    let spec: serde_json::Value = serde_json::from_str(ctxpod_api::OPENAPI_JSON).expect("spec");
+    let spec: serde_json::Value = serde_json::from_str(ctxpod_wire::OPENAPI_JSON).expect("spec");
     let mut out = BTreeSet::new();
     for (path, item) in spec["paths"].as_object().expect("paths") {
         for m in ["get", "put", "post", "delete", "head", "patch", "options"] {
@@ -370,7 +370,7 @@ async fn auth_matrix_over_every_route_and_op() {
                 durability: WireDurability::Durable,
                 entries: vec![PutEntry {
                     key: key.clone(),
-                    crc32c: ctxpod_api::crc32c(b"x"),
+                    crc32c: ctxpod_wire::crc32c(b"x"),
                     data: Bytes::from_static(b"x"),
                 }],
             },
@@ -598,7 +598,7 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
             Some(404)
         );
     }
-    let names = |l: ctxpod_api::types::NamespaceList| {
+    let names = |l: ctxpod_wire::types::NamespaceList| {
         l.namespaces
             .into_iter()
             .map(|n| n.name)
@@ -645,7 +645,7 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
             || matches!(&got, Ok(v) if v.iter().all(Option::is_none)),
         "{got:?}"
     );
-    let region = ctxpod_api::region::Region::new(1 << 20).expect("region");
+    let region = ctxpod_client::region::Region::new(1 << 20).expect("region");
     bw.register_region(&region).await.expect("region");
     let entries = vec![PrefetchEntry {
         key: keys[0].clone(),
@@ -816,7 +816,7 @@ async fn a_viewer_sees_the_pod_and_no_block() {
     }
     let (st, out) = raw(&node, "GET", "/v1/overview", &auth, b"").await;
     assert_eq!(st, 200);
-    let o: ctxpod_api::types::Overview = serde_json::from_slice(body_of(&out)).expect("overview");
+    let o: ctxpod_wire::types::Overview = serde_json::from_slice(body_of(&out)).expect("overview");
     assert_eq!(o.members.len(), 1);
     assert_eq!(o.members[0].health, "ok");
     let s = o.members[0].stats.as_ref().expect("stats");
@@ -847,7 +847,7 @@ async fn a_viewer_sees_the_pod_and_no_block() {
     assert!(puts.buckets.windows(2).all(|w| w[0] <= w[1]));
     let (st, out) = raw(&node, "GET", "/v1/namespaces", &auth, b"").await;
     assert_eq!(st, 200);
-    let l: ctxpod_api::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
+    let l: ctxpod_wire::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
     assert_eq!(l.namespaces.len(), 4, "{l:?}");
     // A tenant's list stays its own.
     let a = format!("Bearer {}", t.get("a-ro"));
@@ -859,7 +859,7 @@ async fn a_viewer_sees_the_pod_and_no_block() {
         b"",
     )
     .await;
-    let l: ctxpod_api::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
+    let l: ctxpod_wire::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
     let mut mine: Vec<_> = l.namespaces.iter().map(|n| n.name.as_str()).collect();
     mine.sort();
     assert_eq!(mine, ["data", "only-a"]);

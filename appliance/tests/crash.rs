@@ -12,8 +12,8 @@
 mod common;
 
 use common::{block, flip, open_device, records, Node};
-use ctxpod::record::HEADER_BYTES;
-use ctxpod_api::Durability;
+use ctxpod_format::record::HEADER_BYTES;
+use ctxpod_wire::Durability;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
@@ -78,7 +78,7 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().expect("tempdir");
     let worst_cycle =
-        BLOCKS_PER_CYCLE_MAX as u64 * ctxpod::record::record_bytes(BLOCK_BYTES_MAX) as u64;
+        BLOCKS_PER_CYCLE_MAX as u64 * ctxpod_format::record::record_bytes(BLOCK_BYTES_MAX) as u64;
     // Blocks average far below the largest: a quarter of the worst case is ample.
     let capacity_gib = (cycles as u64 * worst_cycle / 4).div_ceil(1 << 30).max(2);
     let capacity = format!("{capacity_gib}GiB");
@@ -133,7 +133,8 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
             .map(|&i| (cycle, i))
             .collect();
         for &i in started.lock().iter() {
-            started_record_bytes += ctxpod::record::record_bytes(spec(seed, cycle, i).2) as u64;
+            started_record_bytes +=
+                ctxpod_format::record::record_bytes(spec(seed, cycle, i).2) as u64;
         }
         node.restart().await;
         recovered += node.client.stats().await.expect("stats").recovered_records;
@@ -178,7 +179,7 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
     // The premise: everything ever started fits in the regions that fill before the eviction
     // reserve (at most 4 regions) is touched, each region wasting at most one largest record.
     let usable = s.region_bytes * (s.regions_total - 5)
-        - s.regions_total * ctxpod::record::record_bytes(BLOCK_BYTES_MAX) as u64;
+        - s.regions_total * ctxpod_format::record::record_bytes(BLOCK_BYTES_MAX) as u64;
     assert!(
         started_record_bytes < usable,
         "test sizing: {started_record_bytes} bytes of records may have caused eviction \

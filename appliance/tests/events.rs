@@ -6,8 +6,8 @@ mod common;
 
 use bytes::Bytes;
 use common::{block, Node};
-use ctxpod_api::proto::{Durability, EventKind};
-use ctxpod_api::transfer_client::Subscription;
+use ctxpod_client::transfer_client::Subscription;
+use ctxpod_wire::proto::{Durability, EventKind};
 use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::Duration;

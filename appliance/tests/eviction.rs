@@ -5,7 +5,7 @@
 mod common;
 
 use common::{block, du, Node};
-use ctxpod_api::Durability;
+use ctxpod_wire::Durability;
 use futures::StreamExt;
 
 const MIB: u64 = 1 << 20;

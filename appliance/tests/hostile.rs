@@ -8,8 +8,8 @@
 mod common;
 
 use common::{content, Node};
-use ctxpod_api::proto::Request;
-use ctxpod_api::Durability;
+use ctxpod_wire::proto::Request;
+use ctxpod_wire::Durability;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -275,10 +275,10 @@ async fn idle_and_half_open_connections_are_let_go() {
             .await
             .expect("connect");
         // Refused ones are closed before the hello is answered.
-        let h = ctxpod_api::proto::Hello {
-            version: ctxpod_api::proto::VERSION,
+        let h = ctxpod_wire::proto::Hello {
+            version: ctxpod_wire::proto::VERSION,
             flags: 0,
-            max_frame_bytes: ctxpod_api::proto::FRAME_BYTES_MAX,
+            max_frame_bytes: ctxpod_wire::proto::FRAME_BYTES_MAX,
         };
         let _ = s.write_all(&h.encode()).await;
         waits.push(tokio::spawn(closed_within(s, started, timeout + slack)));
@@ -403,7 +403,7 @@ async fn static_pod_with(
         &["--capacity", "256MiB"],
         &toml,
         envs,
-        ctxpod_api::connect::Connect::default(),
+        ctxpod_client::connect::Connect::default(),
         false,
     )
     .await;
@@ -421,7 +421,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let right = bytes::Bytes::from(vec![7u8; 4096]);
     let wrong = bytes::Bytes::from(vec![9u8; 4096]);
-    let crc_hex = ctxpod_api::crc32c_hex(ctxpod_api::crc32c(&right));
+    let crc_hex = ctxpod_wire::crc32c_hex(ctxpod_wire::crc32c(&right));
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let fake = {
         let (wrong1, wrong2, crc1, a1, a2) = (
@@ -431,7 +431,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
             asked.clone(),
             asked.clone(),
         );
-        let crc = ctxpod_api::crc32c(&right);
+        let crc = ctxpod_wire::crc32c(&right);
         axum::Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(|| async { "ok" }))
@@ -440,7 +440,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
                 get(move || {
                     let (w, c) = (wrong1.clone(), crc1.clone());
                     a1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    async move { ([(ctxpod_api::HEADER_CRC32C, c)], w) }
+                    async move { ([(ctxpod_wire::HEADER_CRC32C, c)], w) }
                 }),
             )
             .route(
@@ -450,9 +450,9 @@ async fn damaged_bytes_from_a_member_are_never_served() {
                     a2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     async move {
                         let keys = keys_asked(&body);
-                        let entries: Vec<ctxpod_api::frame::Entry> = keys
+                        let entries: Vec<ctxpod_wire::frame::Entry> = keys
                             .iter()
-                            .map(|k| ctxpod_api::frame::Entry {
+                            .map(|k| ctxpod_wire::frame::Entry {
                                 key: k,
                                 status: 200,
                                 crc32c: Some(crc),
@@ -460,7 +460,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
                                 data: Some(&w[..]),
                             })
                             .collect();
-                        ctxpod_api::frame::encode(&entries)
+                        ctxpod_wire::frame::encode(&entries)
                     }
                 }),
             )
@@ -494,7 +494,7 @@ async fn damaged_bytes_from_a_member_are_never_served() {
         .expect("batch get");
     assert_eq!(r.status(), 200);
     let frame = r.bytes().await.expect("frame");
-    let entries = ctxpod_api::frame::decode(&frame).expect("a batch frame");
+    let entries = ctxpod_wire::frame::decode(&frame).expect("a batch frame");
     let batch_wrong = entries
         .iter()
         .filter(|e| e.data.is_some_and(|d| d == &wrong[..]))
@@ -519,9 +519,9 @@ async fn damaged_bytes_from_a_member_are_never_served() {
 async fn forwarded_bodies_are_charged_before_they_are_read() {
     let fake = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
     let (_dir, node, server) = static_pod_with(fake, &[("CTXPOD_INGEST_BYTES_MAX", "64MiB")]).await;
-    let placement = ctxpod_api::placement::Placement::new([
-        ctxpod_api::placement::Member::new("a", 1 << 30, false),
-        ctxpod_api::placement::Member::new("b", 1 << 30, false),
+    let placement = ctxpod_wire::placement::Placement::new([
+        ctxpod_wire::placement::Member::new("a", 1 << 30, false),
+        ctxpod_wire::placement::Member::new("b", 1 << 30, false),
     ]);
     let keys: Vec<Vec<u8>> = (0u32..)
         .map(|i| i.to_be_bytes().to_vec())
@@ -570,7 +570,7 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
     use axum::routing::{get, post};
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let block = bytes::Bytes::from(vec![5u8; BIG]);
-    let crc = ctxpod_api::crc32c(&block);
+    let crc = ctxpod_wire::crc32c(&block);
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let fake = {
         let (block, asked) = (block.clone(), asked.clone());
@@ -617,7 +617,7 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
             node.url,
             hex::encode(b"big")
         ))
-        .header(ctxpod_api::HEADER_ROUTED, "test")
+        .header(ctxpod_wire::HEADER_ROUTED, "test")
         .body(content(b"big", BIG))
         .send()
         .await
@@ -643,7 +643,7 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
                     .expect("send");
                 assert_eq!(r.status(), 200);
                 let b = r.bytes().await.expect("answer");
-                let got = ctxpod_api::frame::decode(&b).expect("a batch frame");
+                let got = ctxpod_wire::frame::decode(&b).expect("a batch frame");
                 let data: usize = got.iter().filter_map(|e| e.data).map(|d| d.len()).sum();
                 assert!(data <= 64 << 20, "an answer of {data} bytes");
                 got.iter().filter(|e| e.status == 502).count()

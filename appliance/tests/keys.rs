@@ -5,7 +5,7 @@
 mod common;
 
 use common::{block, open_device, records, Node};
-use ctxpod_api::Durability;
+use ctxpod_wire::Durability;
 use std::collections::BTreeSet;
 
 fn key(i: u64) -> Vec<u8> {

@@ -5,18 +5,18 @@ mod common;
 
 use common::etcd::EtcdServer;
 use common::Node;
-use ctxpod::pod::membership::{
+use ctxpod_client::connect::Connect;
+use ctxpod_client::pod_client::PodClient;
+use ctxpod_pod::membership::{
     members_prefix, MemberInfo, MemberState, Membership, PodView, Registration,
 };
-use ctxpod_api::connect::Connect;
-use ctxpod_api::pod_client::PodClient;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// A durable put through the pod client, which must be acknowledged.
 async fn put_durable(pc: &PodClient, key: &[u8], data: bytes::Bytes) {
-    pc.put("default", key, data, ctxpod_api::Durability::Durable)
+    pc.put("default", key, data, ctxpod_wire::Durability::Durable)
         .await
         .expect("an acknowledged put");
 }
@@ -213,7 +213,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
     for id in ["a", "b", "c"] {
         nodes.push(pod_node(tmp.path(), id, &config(id)).await);
     }
-    let ids = |c: &ctxpod_api::types::Cluster| -> Vec<String> {
+    let ids = |c: &ctxpod_wire::types::Cluster| -> Vec<String> {
         c.members.iter().map(|m| m.id.clone()).collect()
     };
     // Every node sees all three, healthy, with their advertised addresses.
@@ -251,7 +251,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
     let key = |i: u64| format!("blk-{i:04}").into_bytes();
     for i in 0..n_blocks {
         let data = common::block(i, 4096);
-        let crc = ctxpod_api::crc32c(&data);
+        let crc = ctxpod_wire::crc32c(&data);
         nodes[0]
             .client
             .put_with_crc(
@@ -259,7 +259,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
                 &key(i),
                 data,
                 crc,
-                ctxpod_api::Durability::Durable,
+                ctxpod_wire::Durability::Durable,
             )
             .await
             .unwrap();
@@ -451,8 +451,8 @@ async fn three_nodes_form_a_pod_through_etcd() {
             "default",
             b"still-serving",
             bytes::Bytes::from_static(b"x"),
-            ctxpod_api::crc32c(b"x"),
-            ctxpod_api::Durability::Durable,
+            ctxpod_wire::crc32c(b"x"),
+            ctxpod_wire::Durability::Durable,
         )
         .await
         .expect("a put while etcd is down");
@@ -698,8 +698,8 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
                 "default",
                 &k,
                 d.clone(),
-                ctxpod_api::crc32c(&d),
-                ctxpod_api::Durability::Durable,
+                ctxpod_wire::crc32c(&d),
+                ctxpod_wire::Durability::Durable,
             )
             .await
             .unwrap();
@@ -733,7 +733,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
                         "default",
                         &r2_key(i),
                         r2_data(i),
-                        ctxpod_api::Durability::Durable,
+                        ctxpod_wire::Durability::Durable,
                     )
                     .await
                 {
@@ -857,7 +857,7 @@ async fn r2_write(pc: &PodClient, from: u64, n: u64) -> u64 {
                 "default",
                 &r2_key(i),
                 r2_data(i),
-                ctxpod_api::Durability::Durable,
+                ctxpod_wire::Durability::Durable,
             )
             .await
         {
@@ -872,7 +872,7 @@ async fn r2_write(pc: &PodClient, from: u64, n: u64) -> u64 {
 }
 
 /// Every acknowledged block reads back, through the pod client and through a node.
-async fn r2_check_all(pc: &PodClient, plain: &ctxpod_api::client::Client, upto: u64) {
+async fn r2_check_all(pc: &PodClient, plain: &ctxpod_client::client::Client, upto: u64) {
     for i in 0..upto {
         let want = r2_data(i);
         let got = pc
@@ -943,9 +943,9 @@ async fn wait_members(pc: &PodClient, n: usize) {
 }
 
 /// Puts blocks `range` (r2 keys and data) one by one through a plain client.
-async fn put_each(c: &ctxpod_api::client::Client, ns: &str, range: std::ops::Range<u64>) {
+async fn put_each(c: &ctxpod_client::client::Client, ns: &str, range: std::ops::Range<u64>) {
     for i in range {
-        c.put(ns, &r2_key(i), r2_data(i), ctxpod_api::Durability::Durable)
+        c.put(ns, &r2_key(i), r2_data(i), ctxpod_wire::Durability::Durable)
             .await
             .unwrap();
     }
@@ -954,22 +954,22 @@ async fn put_each(c: &ctxpod_api::client::Client, ns: &str, range: std::ops::Ran
 /// Which of `keys` node `n` holds itself (`present` marked as routed: no fan-out).
 async fn held_here(n: &Node, ns: &str, keys: &[Vec<u8>]) -> Vec<bool> {
     let http = reqwest::Client::builder()
-        .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
+        .use_preconfigured_tls(ctxpod_client::connect::untrusting_tls_config())
         .build()
         .unwrap();
     let mut out = Vec::new();
     for chunk in keys.chunks(1000) {
         let r = http
             .post(format!("{}/v1/namespaces/{ns}/present", n.url))
-            .header(ctxpod_api::HEADER_ROUTED, "test")
-            .json(&ctxpod_api::types::KeysRequest {
+            .header(ctxpod_wire::HEADER_ROUTED, "test")
+            .json(&ctxpod_wire::types::KeysRequest {
                 keys: chunk.iter().map(hex::encode).collect(),
             })
             .send()
             .await
             .unwrap();
         assert!(r.status().is_success(), "present: {}", r.status());
-        let p: ctxpod_api::types::PresentResponse = r.json().await.unwrap();
+        let p: ctxpod_wire::types::PresentResponse = r.json().await.unwrap();
         assert_eq!(p.present.len(), chunk.len());
         out.extend(p.present);
     }
@@ -1100,7 +1100,7 @@ async fn backfill_brings_a_restarted_and_a_new_node_their_share_without_reads() 
 
 async fn reqwest_text(url: &str) -> String {
     reqwest::Client::builder()
-        .use_preconfigured_tls(ctxpod_api::connect::untrusting_tls_config())
+        .use_preconfigured_tls(ctxpod_client::connect::untrusting_tls_config())
         .build()
         .unwrap()
         .get(url)
@@ -1118,7 +1118,7 @@ async fn reqwest_text(url: &str) -> String {
 /// replication holds for plain clients (forwarded) and the pod client alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_and_their_replication_are_the_pods() {
-    use ctxpod_api::types::CreateNamespace;
+    use ctxpod_wire::types::CreateNamespace;
     let tmp = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(tmp.path());
     let (mut nodes, pc) = three_nodes(tmp.path(), &pod_config("ns", &etcd, "")).await;
@@ -1158,7 +1158,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
         let (k, d) = (r2_key(i), r2_data(i));
         nodes[1]
             .client
-            .put("hot", &k, d, ctxpod_api::Durability::Durable)
+            .put("hot", &k, d, ctxpod_wire::Durability::Durable)
             .await
             .unwrap();
     }
@@ -1169,7 +1169,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
             "hot",
             &r2_key(i),
             r2_data(i),
-            ctxpod_api::Durability::Durable,
+            ctxpod_wire::Durability::Durable,
         )
         .await
         .unwrap();
@@ -1194,7 +1194,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
             "late",
             &r2_key(i),
             r2_data(i),
-            ctxpod_api::Durability::Durable,
+            ctxpod_wire::Durability::Durable,
         )
         .await
         .unwrap();
@@ -1261,7 +1261,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
 /// every block wherever it lives, `pin` and `unpin` reach the members holding the keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_sent_to_any_node_are_answered_for_the_pod() {
-    use ctxpod_api::types::CreateNamespace;
+    use ctxpod_wire::types::CreateNamespace;
     let tmp = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(tmp.path());
     let (mut nodes, pc) = three_nodes(tmp.path(), &pod_config("bt", &etcd, "")).await;
@@ -1284,7 +1284,7 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
     for (ns, via, copies) in [("default", 1, 1), ("r2", 2, 2)] {
         let st = nodes[via]
             .client
-            .batch_put(ns, &blocks, ctxpod_api::Durability::Durable)
+            .batch_put(ns, &blocks, ctxpod_wire::Durability::Durable)
             .await
             .unwrap();
         assert!(st.iter().all(|s| *s == 201), "{ns}: {st:?}");
@@ -1371,7 +1371,7 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
     let more: Vec<(Vec<u8>, bytes::Bytes)> = (120..160).map(|i| (r2_key(i), r2_data(i))).collect();
     let st = nodes[1]
         .client
-        .batch_put("r2", &more, ctxpod_api::Durability::Durable)
+        .batch_put("r2", &more, ctxpod_wire::Durability::Durable)
         .await
         .unwrap();
     assert!(st.iter().all(|s| *s == 201), "{st:?}");
@@ -1691,7 +1691,7 @@ async fn forged_member_records_get_no_credential_and_cause_no_wrong_byte() {
     }
     // Every view: the three nodes and evil-tls; three records rejected.
     let admin = |n: &Node| {
-        ctxpod_api::client::Client::connect(n.url.clone(), &pod.how(&pod.peer_tok)).unwrap()
+        ctxpod_client::client::Client::connect(n.url.clone(), &pod.how(&pod.peer_tok)).unwrap()
     };
     for node in &nodes {
         let deadline = Instant::now() + Duration::from_secs(10);

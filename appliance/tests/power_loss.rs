@@ -17,7 +17,7 @@
 //! 200) and `CTXPOD_POWER_SEED` (first seed, default 1) set the run; a failing seed is
 //! printed with the command that replays it alone.
 
-use ctxpod_api::Durability;
+use ctxpod_wire::Durability;
 mod common;
 
 use common::{content, life, open_on_sim, sim_config, try_open_on_sim};

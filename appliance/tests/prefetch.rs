@@ -1,18 +1,18 @@
 //! Prefetch into client memory regions over CXP1, against the real binary: a 1 GiB region
 //! filled byte-exact at the requested offsets, blocks delivered in chain order (await one
 //! block before the last has landed), cancel and deadline as documented in
-//! `api/PROTOCOL.md`, leases that keep prefetched blocks through eviction churn and then
+//! `wire/PROTOCOL.md`, leases that keep prefetched blocks through eviction churn and then
 //! expire, and a client that never reads its socket costing the node bounded memory.
 
 mod common;
 
 use bytes::Bytes;
 use common::{block, Node};
-use ctxpod_api::proto::{
+use ctxpod_client::region::Region;
+use ctxpod_client::transfer_client::{BlockState, PrefetchOptions, TransferClient};
+use ctxpod_wire::proto::{
     self, status, Durability, FrameDecoder, Policy, PrefetchEntry, Request, Response,
 };
-use ctxpod_api::region::Region;
-use ctxpod_api::transfer_client::{BlockState, PrefetchOptions, TransferClient};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -221,7 +221,7 @@ async fn stalled_prefetch(
                 got[index as usize] = st;
                 if st == status::OK {
                     assert_eq!(data, block(seed("stall", index as usize), MIB));
-                    assert_eq!(crc32c, ctxpod_api::crc32c(&data));
+                    assert_eq!(crc32c, ctxpod_wire::crc32c(&data));
                 }
             }
             Response::PrefetchDone { pushed, missed } => {
@@ -336,7 +336,7 @@ async fn deadline_makes_late_blocks_misses_and_cancel_stops_the_rest() {
     assert!(
         matches!(
             bad,
-            Err(ctxpod_api::transfer_client::TransferError::Refused { status: 400, .. })
+            Err(ctxpod_client::transfer_client::TransferError::Refused { status: 400, .. })
         ),
         "{:?}",
         bad.err()
@@ -537,14 +537,14 @@ async fn cli_match_prefetch_events_and_hash_over_cxp1() {
     let keys: Vec<&str> = out.lines().collect();
     assert_eq!(keys.len(), 3);
     let t: Vec<u32> = (0..48).collect();
-    let want = ctxpod_api::block_hash::sequence_hashes(
+    let want = ctxpod_wire::block_hash::sequence_hashes(
         &t,
         16,
-        ctxpod_api::block_hash::salt_hash(Some("model-a"), None),
+        ctxpod_wire::block_hash::salt_hash(Some("model-a"), None),
     );
     assert_eq!(
         keys[2],
-        hex::encode(ctxpod_api::block_hash::key_of(want[2]))
+        hex::encode(ctxpod_wire::block_hash::key_of(want[2]))
     );
     let c = TransferClient::connect(&addr).await.expect("connect");
     let mut sub = c.subscribe("default").await.expect("subscribe");
@@ -590,7 +590,7 @@ async fn cli_match_prefetch_events_and_hash_over_cxp1() {
         assert!(b
             .events
             .iter()
-            .all(|(k, _)| *k == ctxpod_api::proto::EventKind::Stored));
+            .all(|(k, _)| *k == ctxpod_wire::proto::EventKind::Stored));
         stored += b.events.len();
     }
     assert_eq!(stored, 2);

@@ -5,7 +5,7 @@ mod common;
 
 use common::Node;
 use ctxpod::replay::{replay, ReplayArgs};
-use ctxpod_api::transfer_client::TransferClient;
+use ctxpod_client::transfer_client::TransferClient;
 use ctxpod_plan::{lru, mrc, trace};
 
 /// Blocks of 16,112 bytes take 16 KiB records: 1,024 to a 16 MiB region.
@@ -34,8 +34,8 @@ fn fast_args(block_bytes: u64, part_bytes: Option<u64>) -> ReplayArgs {
         trace: "unused".into(),
         model: "llama-3.1-8b".into(),
         tokens_per_block: trace::MOONCAKE_BLOCK_TOKENS,
-        block_bytes: Some(ctxpod::config::ByteSize(block_bytes)),
-        part_bytes: part_bytes.map(ctxpod::config::ByteSize),
+        block_bytes: Some(ctxpod_format::config::ByteSize(block_bytes)),
+        part_bytes: part_bytes.map(ctxpod_format::config::ByteSize),
         speed: 0.0,
         limit: None,
         fast: true,

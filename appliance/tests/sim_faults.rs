@@ -5,9 +5,9 @@
 mod common;
 
 use common::{content, life, open_on_sim, Node};
-use ctxpod::config::Config;
-use ctxpod_api::Durability;
 use ctxpod_firmware_sim::{Fault, FaultPlan, Media, Profile, SimDevice};
+use ctxpod_format::config::Config;
+use ctxpod_wire::Durability;
 use std::sync::Arc;
 
 const CAPACITY: u64 = 80 << 20;
@@ -18,11 +18,11 @@ fn config(dir: &std::path::Path) -> Config {
 
 /// Puts the block whose contents derive from `key`.
 async fn put(
-    node: &ctxpod::engine::Engine,
+    node: &ctxpod_engine::Engine,
     key: &[u8],
     len: usize,
     d: Durability,
-) -> Result<ctxpod::engine::PutStatus, ctxpod::engine::EngineError> {
+) -> Result<ctxpod_engine::PutStatus, ctxpod_engine::EngineError> {
     node.put("default", key, content(key, len), None, d).await
 }
 
@@ -46,8 +46,8 @@ fn next_command(dev: &SimDevice, plan: FaultPlan, fault: Fault) {
 #[test]
 fn every_tear_point_of_a_record_leaves_it_whole_or_absent() {
     let sectors = 6usize;
-    let len = sectors * 4096 - ctxpod::record::HEADER_BYTES - 16;
-    assert_eq!(ctxpod::record::record_bytes(len), sectors * 4096);
+    let len = sectors * 4096 - ctxpod_format::record::HEADER_BYTES - 16;
+    assert_eq!(ctxpod_format::record::record_bytes(len), sectors * 4096);
     for keep in 0..=sectors {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = config(dir.path());
@@ -249,7 +249,7 @@ fn writes_resume_when_space_returns() {
         for i in 10..14 {
             let r = put(i).await;
             assert!(
-                matches!(r, Err(ctxpod::engine::EngineError::NoSpace(_))),
+                matches!(r, Err(ctxpod_engine::EngineError::NoSpace(_))),
                 "a put on a full device is refused with no space: {r:?}"
             );
         }
@@ -327,7 +327,7 @@ async fn the_daemon_serves_on_a_simulated_device() {
 /// on serving, and nothing is ever served wrong.
 #[test]
 fn offload_engine_faults_fail_only_their_request() {
-    use ctxpod_firmware_sim::offload::OffloadFaults;
+    use ctxpod_engine::offload::OffloadFaults;
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(dir.path());
     let dev = device(FaultPlan::none());

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{block, flip, open_device, records, Node};
-use ctxpod::record::HEADER_BYTES;
-use ctxpod_api::Durability;
+use ctxpod_format::record::HEADER_BYTES;
+use ctxpod_wire::Durability;
 use std::os::unix::fs::FileExt;
 
 #[tokio::test]
@@ -55,7 +55,7 @@ async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
     }
     // 8: a byte of the zero padding after the tag is outside the record's contents.
     let pad_at = at(8) + hb + len(8) as u64 + 16 + 10;
-    assert!(pad_at < at(8) + ctxpod::record::record_bytes(len(8)) as u64);
+    assert!(pad_at < at(8) + ctxpod_format::record::record_bytes(len(8)) as u64);
     flip(&dev, pad_at);
     dev.sync_all().expect("sync");
     drop(dev);
@@ -164,8 +164,8 @@ async fn a_replaced_device_file_is_refused() {
 }
 
 /// Every record of the device, in device order (all generations of a key).
-fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod::record::RecordHeader)> {
-    use ctxpod::record::RecordHeader;
+fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod_format::record::RecordHeader)> {
+    use ctxpod_format::record::RecordHeader;
     let len = dev.metadata().expect("metadata").len();
     let mut out = Vec::new();
     let mut buf = vec![0u8; HEADER_BYTES];
@@ -191,7 +191,7 @@ fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod::record::RecordHeader)> 
 /// counts as an integrity error: 0 plaintext bytes are released. Donor blocks stay readable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_tamper_cases_release_no_plaintext() {
-    use ctxpod::record::RecordHeader;
+    use ctxpod_format::record::RecordHeader;
     use rand::{Rng, SeedableRng};
     let cases: usize = std::env::var("CTXPOD_TAMPER_CASES")
         .ok()
@@ -301,7 +301,7 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
         }
     }
     let hb = HEADER_BYTES as u64;
-    let sealed = (LEN + ctxpod::record::TAG_BYTES) as u64;
+    let sealed = (LEN + ctxpod_format::record::TAG_BYTES) as u64;
     let read = |at: u64, n: u64| {
         let mut v = vec![0u8; n as usize];
         dev.read_exact_at(&mut v, at).expect("read");
@@ -365,7 +365,7 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
                     },
                 );
                 let mut body = content(k, 1).to_vec();
-                body.extend_from_slice(&[0u8; ctxpod::record::TAG_BYTES]);
+                body.extend_from_slice(&[0u8; ctxpod_format::record::TAG_BYTES]);
                 dev.write_all_at(&body, at + hb).expect("forge");
             }
             _ => {

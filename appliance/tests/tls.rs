@@ -9,11 +9,11 @@ mod common;
 use bytes::Bytes;
 use common::pki::{client_tls, Ca, Files};
 use common::{block, Node};
-use ctxpod_api::client::Client;
-use ctxpod_api::connect::Connect;
-use ctxpod_api::proto::Durability as WireDurability;
-use ctxpod_api::transfer_client::TransferClient;
-use ctxpod_api::Durability;
+use ctxpod_client::client::Client;
+use ctxpod_client::connect::Connect;
+use ctxpod_client::transfer_client::TransferClient;
+use ctxpod_wire::proto::Durability as WireDurability;
+use ctxpod_wire::Durability;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

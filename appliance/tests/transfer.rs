@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{block, Node};
-use ctxpod_api::proto::{self, status, Durability, FrameDecoder, Op, Request, Response};
+use ctxpod_wire::proto::{self, status, Durability, FrameDecoder, Op, Request, Response};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -82,7 +82,7 @@ async fn pipelined_puts_and_gets_over_cxp1() {
     assert!(
         matches!(
             r,
-            Err(ctxpod_api::transfer_client::TransferError::TooLarge { .. })
+            Err(ctxpod_client::transfer_client::TransferError::TooLarge { .. })
         ),
         "{r:?}"
     );
@@ -207,7 +207,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
 /// stored; then a pool spreads reads over several connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_is_retried_until_everything_is_stored() {
-    use ctxpod_api::transfer_client::TransferPool;
+    use ctxpod_client::transfer_client::TransferPool;
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "512MiB"]).await;

@@ -9,9 +9,8 @@
 //!   program failures, misdirected writes, flush failures, latency spikes, device full, and
 //!   power cuts that tear in-flight writes and lose (or persist, out of order) unflushed ones.
 //! - [`Profile`] holds the numbers of a device class (`tlc`, `qlc`, or a TOML file).
-//! - [`offload::OffloadEngine`] is the DPU: CRC32C and AES-GCM engines as asynchronous
-//!   stages with bounded queues, worker threads and per-operation fault injection; ctxpod's
-//!   data path runs its integrity and encryption work there whatever the device.
+//! - The CRC32C / AES-GCM offload engines (the "DPU") are production code and live in
+//!   `ctxpod-engine` (`engine/src/offload.rs`); they draw their injected faults from [`rng`].
 //!
 //! The crate knows nothing of ctxpod: the appliance adapts [`SimDevice`] to its `Device`
 //! trait (`appliance/src/device/sim.rs`). Docs: `docs/FIRMWARE-SIM.md`.
@@ -20,7 +19,6 @@ pub mod device;
 pub mod faults;
 pub mod media;
 pub mod nand;
-pub mod offload;
 pub mod profile;
 pub mod rng;
 

@@ -71,10 +71,10 @@ impl EtcdServer {
     }
 
     /// A client as the nodes make it (user `ctxpod`).
-    pub fn client(&self) -> ctxpod::pod::etcd::Etcd {
-        let cfg: ctxpod::config::PodConfig =
+    pub fn client(&self) -> ctxpod_pod::etcd::Etcd {
+        let cfg: ctxpod_format::config::PodConfig =
             toml::from_str(&self.pod_lines()).expect("the pod lines parse");
-        ctxpod::pod::etcd::Etcd::from_config(&cfg).expect("etcd client")
+        ctxpod_pod::etcd::Etcd::from_config(&cfg).expect("etcd client")
     }
 
     /// One JSON gateway call with curl, as `auth` (a token) or none: the answer's body.

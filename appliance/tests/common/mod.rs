@@ -4,10 +4,10 @@
 pub mod etcd;
 pub mod pki;
 
-use ctxpod::record::{RecordHeader, HEADER_BYTES};
-use ctxpod_api::client::Client;
-use ctxpod_api::connect::Connect;
-use ctxpod_api::transfer_client::TransferClient;
+use ctxpod_client::client::Client;
+use ctxpod_client::connect::Connect;
+use ctxpod_client::transfer_client::TransferClient;
+use ctxpod_format::record::{RecordHeader, HEADER_BYTES};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
@@ -420,8 +420,8 @@ pub fn content(key: &[u8], len: usize) -> bytes::Bytes {
 
 /// A node's configuration for the in-process suites on a simulated device: 16 MiB regions,
 /// one offload thread per engine.
-pub fn sim_config(dir: &Path, capacity: u64, dram: u64) -> ctxpod::config::Config {
-    use ctxpod::config::{ByteSize, Config};
+pub fn sim_config(dir: &Path, capacity: u64, dram: u64) -> ctxpod_format::config::Config {
+    use ctxpod_format::config::{ByteSize, Config};
     Config {
         data_dir: dir.to_path_buf(),
         capacity: ByteSize(capacity),
@@ -447,9 +447,9 @@ pub fn life<T>(f: impl std::future::Future<Output = T>) -> T {
 }
 
 pub async fn open_on_sim(
-    cfg: &ctxpod::config::Config,
+    cfg: &ctxpod_format::config::Config,
     dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
-) -> ctxpod::engine::Engine {
+) -> ctxpod_engine::Engine {
     try_open_on_sim(cfg, dev)
         .await
         .expect("open the node on the simulated device")
@@ -458,15 +458,15 @@ pub async fn open_on_sim(
 /// The node on a simulated device, or why it could not start (e.g. power cut while it
 /// formatted the device).
 pub async fn try_open_on_sim(
-    cfg: &ctxpod::config::Config,
+    cfg: &ctxpod_format::config::Config,
     dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
-) -> anyhow::Result<ctxpod::engine::Engine> {
-    ctxpod::engine::Engine::open_on(
+) -> anyhow::Result<ctxpod_engine::Engine> {
+    ctxpod_engine::Engine::open_on(
         cfg.clone(),
-        std::sync::Arc::new(ctxpod::metrics::Metrics::new()),
-        Some(std::sync::Arc::new(ctxpod::device::sim::SimBackend::new(
-            dev.clone(),
-        ))),
+        std::sync::Arc::new(ctxpod_engine::metrics::Metrics::new()),
+        Some(std::sync::Arc::new(
+            ctxpod_engine::device::sim::SimBackend::new(dev.clone()),
+        )),
     )
     .await
 }
@@ -484,8 +484,8 @@ pub fn rss_bytes(pid: u32) -> u64 {
 /// Sends a CXP1 hello on a raw connection and checks the node's; returns the node's.
 pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     s: &mut S,
-) -> ctxpod_api::proto::Hello {
-    use ctxpod_api::proto::{self, Hello};
+) -> ctxpod_wire::proto::Hello {
+    use ctxpod_wire::proto::{self, Hello};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let h = Hello {
         version: proto::VERSION,

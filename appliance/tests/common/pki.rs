@@ -117,7 +117,7 @@ pub fn client_tls(ca: &Ca, identity: Option<&Files>) -> std::sync::Arc<rustls::C
             std::fs::read(&f.key).expect("read key"),
         )
     });
-    let cfg = ctxpod_api::connect::tls_client_config(
+    let cfg = ctxpod_client::connect::tls_client_config(
         ca.pem().as_bytes(),
         id.as_ref().map(|(c, k)| (&c[..], &k[..])),
     )

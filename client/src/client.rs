@@ -1,0 +1,539 @@
+//! Rust client of HTTP API v1. Every GET is checked end to end against the node's CRC32C.
+
+use bytes::Bytes;
+use ctxpod_wire::frame;
+use ctxpod_wire::key::key_hex;
+use ctxpod_wire::types::*;
+use ctxpod_wire::Durability;
+use reqwest::{Method, StatusCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("HTTP {status}: {body:?}")]
+    Status {
+        status: u16,
+        body: Option<ErrorBody>,
+    },
+    #[error("transport: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("block {key} failed its CRC32C check on receipt")]
+    Integrity { key: String },
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    #[error("invalid client setting: {0}")]
+    Invalid(String),
+}
+
+impl ClientError {
+    /// The HTTP status of a refused request, if that is what this is.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// Outcome of a successful put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// 201: stored now.
+    Created,
+    /// 200: already stored with the same content.
+    Exists,
+}
+
+/// One result of a batch get: the key and its bytes, or `None` for a miss.
+pub type BatchGetResult = (Vec<u8>, Option<Bytes>);
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+    busy_retries: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Client {
+    /// `base` is the node's URL, e.g. `http://127.0.0.1:7400`: plain HTTP, no token.
+    pub fn new(base: impl Into<String>) -> Self {
+        Self::connect(base, &crate::connect::Connect::default())
+            .expect("a plain HTTP client always builds")
+    }
+
+    /// A client with a bearer token and/or TLS (`https://` URLs).
+    pub fn connect(
+        base: impl Into<String>,
+        how: &crate::connect::Connect,
+    ) -> Result<Self, ClientError> {
+        Self::connect_with_headers(base, how, reqwest::header::HeaderMap::new())
+    }
+
+    /// [`Client::connect`] with headers sent on every request.
+    pub(crate) fn connect_with_headers(
+        base: impl Into<String>,
+        how: &crate::connect::Connect,
+        mut h: reqwest::header::HeaderMap,
+    ) -> Result<Self, ClientError> {
+        let mut b = reqwest::Client::builder().pool_max_idle_per_host(256);
+        if let Some(t) = &how.token {
+            let mut v =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    ClientError::Invalid("the token is not a valid header value".into())
+                })?;
+            v.set_sensitive(true);
+            h.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        if !h.is_empty() {
+            b = b.default_headers(h);
+        }
+        // Always a configuration of ours (aws-lc-rs, and no trusted roots unless given): plain
+        // `http://` never uses it, and `https://` without a CA fails to verify, as it should.
+        let tls = match &how.tls {
+            Some(tls) => (**tls).clone(),
+            None => crate::connect::untrusting_tls_config(),
+        };
+        b = b.use_preconfigured_tls(tls);
+        Ok(Client {
+            base: base.into().trim_end_matches('/').to_string(),
+            http: b.build()?,
+            busy_retries: Default::default(),
+        })
+    }
+
+    /// The underlying HTTP client (it carries the token and TLS settings).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn block_path(ns: &str, key: &[u8]) -> String {
+        format!("/v1/namespaces/{ns}/blocks/{}", key_hex(key))
+    }
+
+    async fn fail(resp: reqwest::Response) -> ClientError {
+        let status = resp.status().as_u16();
+        let body = resp.json::<ErrorBody>().await.ok();
+        ClientError::Status { status, body }
+    }
+
+    /// A 404 about the block itself (not about its namespace or the route).
+    fn is_block_miss(e: &ClientError) -> bool {
+        matches!(e, ClientError::Status { status: 404, body: Some(b) } if b.error == "not_found")
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let resp = self.send_retrying(req).await?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(Self::fail(resp).await)
+        }
+    }
+
+    /// Sends `req`; while the node answers 503 with `Retry-After` (busy: too many requests
+    /// or bodies in flight, a full write queue) it is sent again after a backoff of 1, 2,
+    /// 4, … 256 ms, [`crate::transfer_client::BUSY_ATTEMPTS`] attempts in all (about 4 s),
+    /// as the CXP1 client does. Any other answer is returned as it is.
+    async fn send_retrying(
+        &self,
+        mut req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut backoff = std::time::Duration::from_millis(1);
+        let mut attempt = 1;
+        loop {
+            let again = req.try_clone();
+            let resp = req.send().await?;
+            let busy = resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                && resp.headers().contains_key(reqwest::header::RETRY_AFTER);
+            match again {
+                Some(next) if busy && attempt < crate::transfer_client::BUSY_ATTEMPTS => {
+                    drop(resp);
+                    self.busy_retries
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_millis(256));
+                    attempt += 1;
+                    req = next;
+                }
+                _ => return Ok(resp),
+            }
+        }
+    }
+
+    /// Requests sent again because the node answered busy.
+    pub fn busy_retries(&self) -> u64 {
+        self.busy_retries.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stores a block, sending its CRC32C so that the node checks the bytes it received.
+    pub async fn put(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        durability: Durability,
+    ) -> Result<PutOutcome, ClientError> {
+        let crc = ctxpod_wire::crc32c(&data);
+        self.put_with_crc(ns, key, data, crc, durability).await
+    }
+
+    /// [`Client::put`] with a CRC32C the caller already has (engines often checksum their
+    /// KV blocks anyway); a wrong one is refused with 422 and nothing is stored.
+    pub async fn put_with_crc(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        crc: u32,
+        durability: Durability,
+    ) -> Result<PutOutcome, ClientError> {
+        let resp = self
+            .send(
+                self.http
+                    .put(self.url(&Self::block_path(ns, key)))
+                    .header(ctxpod_wire::HEADER_CRC32C, ctxpod_wire::crc32c_hex(crc))
+                    .header(ctxpod_wire::HEADER_DURABILITY, durability.as_str())
+                    .body(data),
+            )
+            .await?;
+        Ok(if resp.status() == StatusCode::CREATED {
+            PutOutcome::Created
+        } else {
+            PutOutcome::Exists
+        })
+    }
+
+    /// Stores a copy of a block another member holds ([`ctxpod_wire::HEADER_COPY`], fast
+    /// durability): read repair's put. A block the pod deleted is refused (410).
+    pub async fn put_copy(&self, ns: &str, key: &[u8], data: Bytes) -> Result<(), ClientError> {
+        let crc = ctxpod_wire::crc32c(&data);
+        self.send(
+            self.http
+                .put(self.url(&Self::block_path(ns, key)))
+                .header(ctxpod_wire::HEADER_CRC32C, ctxpod_wire::crc32c_hex(crc))
+                .header(ctxpod_wire::HEADER_DURABILITY, Durability::Fast.as_str())
+                .header(ctxpod_wire::HEADER_COPY, "1")
+                .body(data),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The block's bytes, or `None` on 404. Checked against `x-ctxpod-crc32c`.
+    pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
+        let resp = self
+            .send_retrying(self.http.get(self.url(&Self::block_path(ns, key))))
+            .await?;
+        if !resp.status().is_success() {
+            return match Self::fail(resp).await {
+                e if Self::is_block_miss(&e) => Ok(None),
+                e => Err(e),
+            };
+        }
+        let crc = resp
+            .headers()
+            .get(ctxpod_wire::HEADER_CRC32C)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ctxpod_wire::parse_crc32c_hex)
+            .ok_or_else(|| ClientError::Malformed("missing x-ctxpod-crc32c".into()))?;
+        let body = resp.bytes().await?;
+        if ctxpod_wire::crc32c(&body) != crc {
+            return Err(ClientError::Integrity { key: key_hex(key) });
+        }
+        Ok(Some(body))
+    }
+
+    pub async fn head(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
+        let resp = self
+            .http
+            .head(self.url(&Self::block_path(ns, key)))
+            .send()
+            .await?;
+        match resp.status() {
+            StatusCode::OK => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            s => Err(ClientError::Status {
+                status: s.as_u16(),
+                body: None,
+            }),
+        }
+    }
+
+    /// True if the block existed and is now deleted.
+    pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
+        let resp = self
+            .http
+            .delete(self.url(&Self::block_path(ns, key)))
+            .send()
+            .await?;
+        if resp.status() == StatusCode::NO_CONTENT {
+            return Ok(true);
+        }
+        match Self::fail(resp).await {
+            e if Self::is_block_miss(&e) => Ok(false),
+            e => Err(e),
+        }
+    }
+
+    /// Number of leading keys of `chain` present on the node.
+    pub async fn match_prefix(&self, ns: &str, chain: &[Vec<u8>]) -> Result<u64, ClientError> {
+        let body = KeysRequest {
+            keys: chain.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/match")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<MatchResponse>().await?.matched)
+    }
+
+    /// The node's miss-ratio curve (admin).
+    pub async fn mrc(&self) -> Result<MrcResponse, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/mrc"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// The pod's miss-ratio curve, merged from every member's by the node asked (admin).
+    pub async fn pod_mrc(&self) -> Result<MrcResponse, ClientError> {
+        let resp = self
+            .send(self.http.get(self.url("/v1/mrc?scope=pod")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// Whether each of `keys` is held (by the pod, when the node is in one), in order.
+    pub async fn present(&self, ns: &str, keys: &[Vec<u8>]) -> Result<Vec<bool>, ClientError> {
+        let body = KeysRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/present")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<PresentResponse>().await?.present)
+    }
+
+    /// Puts many blocks in one request; returns the per-block HTTP-style status.
+    pub async fn batch_put(
+        &self,
+        ns: &str,
+        blocks: &[(Vec<u8>, Bytes)],
+        durability: Durability,
+    ) -> Result<Vec<u16>, ClientError> {
+        let entries: Vec<_> = blocks
+            .iter()
+            .map(|(k, d)| frame::Entry::put(k, d))
+            .collect();
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/batch/put")))
+                    .header(ctxpod_wire::HEADER_DURABILITY, durability.as_str())
+                    .header("content-type", "application/octet-stream")
+                    .body(frame::encode(&entries)),
+            )
+            .await?;
+        let body = resp.bytes().await?;
+        let got = frame::decode(&body).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        if got.len() != blocks.len() {
+            return Err(ClientError::Malformed("batch/put answer count".into()));
+        }
+        Ok(got.iter().map(|e| e.status).collect())
+    }
+
+    /// Gets many blocks in one request, each checked against its CRC32C.
+    pub async fn batch_get(
+        &self,
+        ns: &str,
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<BatchGetResult>, ClientError> {
+        let body = KeysRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/batch/get")))
+                    .json(&body),
+            )
+            .await?;
+        let buf = resp.bytes().await?;
+        let got = frame::decode(&buf).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        let mut out = Vec::with_capacity(got.len());
+        for e in got {
+            let data = match (e.status, e.data) {
+                (200, Some(d)) => {
+                    if Some(ctxpod_wire::crc32c(d)) != e.crc32c {
+                        return Err(ClientError::Integrity {
+                            key: key_hex(e.key),
+                        });
+                    }
+                    Some(buf.slice_ref(d))
+                }
+                (404, _) => None,
+                (s, _) => {
+                    return Err(ClientError::Status {
+                        status: s,
+                        body: None,
+                    })
+                }
+            };
+            out.push((e.key.to_vec(), data));
+        }
+        Ok(out)
+    }
+
+    pub async fn pin(&self, ns: &str, keys: &[Vec<u8>], ttl_ms: u64) -> Result<u64, ClientError> {
+        let body = PinRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+            ttl_ms,
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/pin")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<PinResponse>().await?.pinned)
+    }
+
+    pub async fn unpin(&self, ns: &str, keys: &[Vec<u8>]) -> Result<u64, ClientError> {
+        let body = KeysRequest {
+            keys: keys.iter().map(|k| key_hex(k)).collect(),
+        };
+        let resp = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/namespaces/{ns}/unpin")))
+                    .json(&body),
+            )
+            .await?;
+        Ok(resp.json::<UnpinResponse>().await?.unpinned)
+    }
+
+    /// Creates a namespace (201) or confirms it exists (200).
+    pub async fn create_namespace(
+        &self,
+        ns: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<NamespaceInfo, ClientError> {
+        self.create_namespace_with(
+            ns,
+            &CreateNamespace {
+                quota_bytes,
+                replication: None,
+            },
+        )
+        .await
+    }
+
+    /// Creates a namespace with these settings, or sets them on the existing one.
+    pub async fn create_namespace_with(
+        &self,
+        ns: &str,
+        settings: &CreateNamespace,
+    ) -> Result<NamespaceInfo, ClientError> {
+        let resp = self
+            .send(
+                self.http
+                    .request(Method::PUT, self.url(&format!("/v1/namespaces/{ns}")))
+                    .json(settings),
+            )
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    pub async fn namespace(&self, ns: &str) -> Result<NamespaceInfo, ClientError> {
+        let resp = self
+            .send(self.http.get(self.url(&format!("/v1/namespaces/{ns}"))))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    pub async fn delete_namespace(&self, ns: &str) -> Result<(), ClientError> {
+        self.send(self.http.delete(self.url(&format!("/v1/namespaces/{ns}"))))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn namespaces(&self) -> Result<NamespaceList, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/namespaces"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    pub async fn stats(&self) -> Result<Stats, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/stats"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `GET /v1/cluster`: the pod as this node sees it.
+    pub async fn cluster(&self) -> Result<ctxpod_wire::types::Cluster, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/cluster"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `GET /v1/overview`: every member with its stats, every namespace with its usage
+    /// (admin or viewer; the dashboard's view).
+    pub async fn overview(&self) -> Result<ctxpod_wire::types::Overview, ClientError> {
+        let resp = self.send(self.http.get(self.url("/v1/overview"))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `POST /v1/plan`: the planner for `args` (`ctxpod plan`'s options in snake case):
+    /// `{"input": ..., "plan": ...}`.
+    pub async fn plan(&self, args: &serde_json::Value) -> Result<serde_json::Value, ClientError> {
+        let resp = self
+            .send(self.http.post(self.url("/v1/plan")).json(args))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `POST /v1/admin/drain` (admin): the node starts draining (see `DrainStatus`).
+    pub async fn drain(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
+        let resp = self
+            .send(self.http.post(self.url("/v1/admin/drain")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `GET /v1/admin/drain` (admin): how far the node's drain is.
+    pub async fn drain_status(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
+        let resp = self
+            .send(self.http.get(self.url("/v1/admin/drain")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `DELETE /v1/admin/drain` (admin): the node is up again.
+    pub async fn undrain(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
+        let resp = self
+            .send(self.http.delete(self.url("/v1/admin/drain")))
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let resp = self.send(self.http.get(self.url("/metrics"))).await?;
+        Ok(resp.text().await?)
+    }
+
+    /// True when `/readyz` answers 200.
+    pub async fn ready(&self) -> bool {
+        matches!(self.http.get(self.url("/readyz")).send().await, Ok(r) if r.status().is_success())
+    }
+}

@@ -1,0 +1,17 @@
+//! ctxpod's Rust clients, over the contract in `ctxpod-wire`:
+//! - [`client`]: HTTP API v1, one node; [`pod_client`]: the pod, each request sent to the
+//!   member that holds the block (placement computed here, R copies, read fall-back);
+//! - [`transfer_client`]: CXP1, pipelined on one connection, with [`region`]s that prefetch
+//!   tickets push blocks into; [`proto_io`]: CXP1 frames over tokio streams (the node's
+//!   listener reads with it too);
+//! - [`connect`]: the TLS client configuration both use.
+//!
+//! Architecture invariant: clients know nothing of the engine; the node depends on this
+//! crate (its peers are reached through it), never the other way round.
+
+pub mod client;
+pub mod connect;
+pub mod pod_client;
+pub mod proto_io;
+pub mod region;
+pub mod transfer_client;

@@ -1,0 +1,318 @@
+//! A client of a whole pod that routes every request itself, with no proxy hop: it learns
+//! the members from any node's `GET /v1/cluster`, computes each block's placement with
+//! [`ctxpod_wire::placement`] (the same function the nodes use), and sends each request straight
+//! to the member that holds the block.
+//!
+//! - `put` goes to the block's R highest-ranked members (R: the namespace's own
+//!   `replication`, else the pod's from `/v1/cluster`; learnt once per namespace); a member
+//!   that cannot be reached is skipped for the next in rank order (as a node forwarding
+//!   would) and the view refreshed. It is acknowledged once R members stored the block.
+//! - `get` tries the first max([`READ_FALLBACK`](ctxpod_wire::placement::READ_FALLBACK), R + 1) ranked members in order and returns
+//!   the first hit; members that cannot be reached are skipped; a block none of them holds
+//!   is a miss. After a join, a block not yet moved is found on its previous first member
+//!   this way. A copy missing from one of the R members is written back (read repair).
+//! - Requests carry [`ctxpod_wire::HEADER_ROUTED`], so a node serves them itself.
+//! - The view is refreshed by [`PodClient::refresh`] (call it periodically, or after a
+//!   failure; the client does so itself when a member cannot be reached).
+
+use crate::client::{Client, ClientError, PutOutcome};
+use crate::connect::Connect;
+use bytes::Bytes;
+use ctxpod_wire::placement::{Member, Placement};
+use ctxpod_wire::types::ClusterMember;
+use ctxpod_wire::Durability;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+struct View {
+    members: Vec<ClusterMember>,
+    placement: Placement,
+    /// Copies of each block (R), as the pod says.
+    replication: usize,
+}
+
+pub struct PodClient {
+    how: Connect,
+    seeds: Vec<String>,
+    view: RwLock<Arc<View>>,
+    clients: RwLock<HashMap<String, Client>>,
+    /// Namespaces' own replication (`None`: the pod's), as learnt; cleared by `refresh`.
+    ns_replication: RwLock<HashMap<String, Option<usize>>>,
+    repairs: std::sync::atomic::AtomicU64,
+}
+
+fn placement_of(members: &[ClusterMember]) -> Placement {
+    Placement::new(
+        members
+            .iter()
+            .map(|m| Member::new(m.id.clone(), m.capacity_bytes, m.state == "draining")),
+    )
+}
+
+impl PodClient {
+    /// Connects to a pod through any of `seeds` (node base URLs): the first that answers
+    /// `/v1/cluster` gives the members.
+    pub async fn connect(seeds: &[String], how: &Connect) -> Result<PodClient, ClientError> {
+        let c = PodClient {
+            how: how.clone(),
+            seeds: seeds.to_vec(),
+            view: RwLock::new(Arc::new(View {
+                members: Vec::new(),
+                placement: Placement::default(),
+                replication: 1,
+            })),
+            clients: RwLock::new(HashMap::new()),
+            ns_replication: RwLock::new(HashMap::new()),
+            repairs: Default::default(),
+        };
+        c.refresh().await?;
+        Ok(c)
+    }
+
+    /// Asks the members known (then the seeds) for the pod's members, and takes the first
+    /// answer.
+    pub async fn refresh(&self) -> Result<(), ClientError> {
+        let mut urls: Vec<String> = self.view().members.iter().map(|m| m.http.clone()).collect();
+        urls.extend(self.seeds.iter().cloned());
+        let mut last = None;
+        for u in urls {
+            match self.client(&u)?.cluster().await {
+                Ok(c) if !c.members.is_empty() => {
+                    // A member whose URL has another scheme than the node that named it is
+                    // left out: a client of a TLS pod never sends its token over plain
+                    // HTTP.
+                    let scheme = u.split_once("://").map_or("", |(s, _)| s);
+                    let mut members: Vec<ClusterMember> = c
+                        .members
+                        .into_iter()
+                        .filter(|m| m.http.split_once("://").map(|(s, _)| s) == Some(scheme))
+                        .collect();
+                    members.sort_by(|a, b| a.id.cmp(&b.id));
+                    let placement = placement_of(&members);
+                    *self.view.write().expect("view") = Arc::new(View {
+                        members,
+                        placement,
+                        replication: (c.replication as usize).max(1),
+                    });
+                    self.ns_replication.write().expect("ns_replication").clear();
+                    return Ok(());
+                }
+                Ok(_) => last = Some(ClientError::Malformed("a pod with no members".into())),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no seed nodes".into())))
+    }
+
+    fn view(&self) -> Arc<View> {
+        self.view.read().expect("view").clone()
+    }
+
+    /// The pod's members as last seen, sorted by id.
+    pub fn members(&self) -> Vec<ClusterMember> {
+        self.view().members.clone()
+    }
+
+    /// The members a block lives on, best first (ids).
+    pub fn ranked(&self, ns: &str, key: &[u8]) -> Vec<String> {
+        self.ranked_members(ns, key)
+            .into_iter()
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// The client for one member (made once, then kept).
+    fn client(&self, base: &str) -> Result<Client, ClientError> {
+        if let Some(c) = self.clients.read().expect("clients").get(base) {
+            return Ok(c.clone());
+        }
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(
+            ctxpod_wire::HEADER_ROUTED,
+            reqwest::header::HeaderValue::from_static("pod-client"),
+        );
+        let c = Client::connect_with_headers(base, &self.how, h)?;
+        self.clients
+            .write()
+            .expect("clients")
+            .insert(base.to_string(), c.clone());
+        Ok(c)
+    }
+
+    fn ranked_members(&self, ns: &str, key: &[u8]) -> Vec<ClusterMember> {
+        let v = self.view();
+        v.placement
+            .rank(ns, key)
+            .into_iter()
+            .map(|i| v.members[i].clone())
+            .collect()
+    }
+
+    /// Copies of each block the pod keeps (R), for namespaces that set none.
+    pub fn replication(&self) -> usize {
+        self.view().replication
+    }
+
+    /// Copies of each block of namespace `ns`: its own `replication`, else the pod's. Asked
+    /// of a member once, then kept until the next [`refresh`](Self::refresh); a namespace
+    /// that cannot be asked about takes the pod's.
+    pub async fn replication_of(&self, ns: &str) -> usize {
+        let known = self
+            .ns_replication
+            .read()
+            .expect("ns_replication")
+            .get(ns)
+            .copied();
+        let own = match known {
+            Some(r) => r,
+            None => {
+                let first = self.view().members.first().map(|m| m.http.clone());
+                let asked = match first {
+                    Some(u) => match self.client(&u) {
+                        Ok(c) => c.namespace(ns).await.ok(),
+                        Err(_) => None,
+                    },
+                    None => None,
+                };
+                let r = asked
+                    .as_ref()
+                    .and_then(|i| i.replication)
+                    .map(|r| r as usize);
+                if asked.is_some() {
+                    self.ns_replication
+                        .write()
+                        .expect("ns_replication")
+                        .insert(ns.to_string(), r);
+                }
+                r
+            }
+        };
+        own.unwrap_or_else(|| self.replication()).max(1)
+    }
+
+    /// Stores a block on its R highest-ranked members that can be reached (one after the
+    /// other, in rank order); acknowledged once all R stored it. A member that cannot be
+    /// reached is skipped for the next (and the view is refreshed); a refusal is returned.
+    pub async fn put(
+        &self,
+        ns: &str,
+        key: &[u8],
+        data: Bytes,
+        durability: Durability,
+    ) -> Result<PutOutcome, ClientError> {
+        let crc = ctxpod_wire::crc32c(&data);
+        let copies = self.replication_of(ns).await;
+        let mut first = None;
+        let mut stored = 0;
+        let mut last = None;
+        for m in self.ranked_members(ns, key) {
+            if stored == copies {
+                break;
+            }
+            match self
+                .client(&m.http)?
+                .put_with_crc(ns, key, data.clone(), crc, durability)
+                .await
+            {
+                Ok(o) => {
+                    stored += 1;
+                    first.get_or_insert(o);
+                }
+                Err(e) if unreachable(&e) => {
+                    last = Some(e);
+                    let _ = self.refresh().await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match first {
+            Some(o) if stored == copies => Ok(o),
+            _ => Err(last.unwrap_or_else(|| {
+                ClientError::Invalid(format!(
+                    "only {stored} of {copies} copies stored: too few members reachable"
+                ))
+            })),
+        }
+    }
+
+    /// A block's bytes from the first of its ranked members that holds it (the R copies,
+    /// then further down: at least [`READ_FALLBACK`](ctxpod_wire::placement::READ_FALLBACK) members), or `None`. When a copy was
+    /// missing from a member that should hold one (it was away when the block was
+    /// written), the block is written back there (read repair).
+    pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
+        let copies = self.replication_of(ns).await;
+        let mut unreachable_seen = false;
+        let mut missing = Vec::new();
+        for (i, m) in self
+            .ranked_members(ns, key)
+            .into_iter()
+            .take(ctxpod_wire::placement::read_candidates(copies))
+            .enumerate()
+        {
+            match self.client(&m.http)?.get(ns, key).await {
+                Ok(Some(b)) => {
+                    for m in missing {
+                        let _ = self.repair(&m, ns, key, &b).await;
+                    }
+                    return Ok(Some(b));
+                }
+                Ok(None) if i < copies => missing.push(m),
+                Ok(None) => {}
+                Err(e) if unreachable(&e) => unreachable_seen = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if unreachable_seen {
+            let _ = self.refresh().await;
+        }
+        Ok(None)
+    }
+
+    /// Deletes a block from the pod: sent, not marked as routed, to the first of its ranked
+    /// members that answers, which records the delete (a tombstone, with etcd) and sends it
+    /// to every member a read would try. True if a member held it.
+    pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
+        let mut last = None;
+        for m in self.ranked_members(ns, key) {
+            match Client::connect(&m.http, &self.how)?.delete(ns, key).await {
+                Err(e) if unreachable(&e) => {
+                    last = Some(e);
+                    let _ = self.refresh().await;
+                }
+                r => return r,
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
+    }
+
+    /// Writes a copy back to a member that should hold one. `fast`: a lost repair is
+    /// repaired again by a later read.
+    async fn repair(
+        &self,
+        m: &ClusterMember,
+        ns: &str,
+        key: &[u8],
+        data: &Bytes,
+    ) -> Result<(), ClientError> {
+        // Marked as a copy: a member that holds a tombstone for the block (it was deleted
+        // while the member we read it from was away) refuses it.
+        self.client(&m.http)?
+            .put_copy(ns, key, data.clone())
+            .await?;
+        self.repairs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copies written back by read repair so far.
+    pub fn repairs(&self) -> u64 {
+        self.repairs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A member that failed at the transport (connect refused, timed out, the connection cut
+/// mid-request as when a node dies): another member may serve. Reads and puts are both
+/// safe to send again (a put of the same bytes answers 200).
+fn unreachable(e: &ClientError) -> bool {
+    matches!(e, ClientError::Transport(_))
+}

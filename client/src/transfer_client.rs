@@ -1,0 +1,923 @@
+//! The CXP1 client for KV block managers: requests pipelined by id on one connection and
+//! answered in any order; a request refused BUSY retried with exponential backoff; CRC32C
+//! computed on puts and checked on gets and pushes; memory regions into which prefetched
+//! blocks are read straight from the socket ([`TransferClient::prefetch`] returns a
+//! [`Ticket`] to await whole, block by block, poll or cancel); KV event subscriptions.
+//! [`TransferPool`] spreads requests over several connections.
+
+use crate::proto_io::{FrameInput, InputError};
+use crate::region::{Region, RegionError, RegionInner};
+use bytes::Bytes;
+use ctxpod_wire::proto::{
+    self, status, Durability, EventKind, GetEntry, Hello, Op, Policy, PrefetchEntry, PutEntry,
+    Request, Response, HELLO_BYTES,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The read and write halves of a connection, plain or TLS.
+type Rd = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Wr = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+use tokio::sync::{mpsc, oneshot, watch};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Proto(#[from] proto::ProtoError),
+    #[error("the connection closed")]
+    Closed,
+    #[error("the node refused the request (status {status}): {message}")]
+    Refused { status: u16, message: String },
+    #[error("block {0} came back with a CRC32C that does not match its bytes")]
+    Corrupt(usize),
+    #[error("unexpected response {0:?}")]
+    Unexpected(Op),
+    #[error("region: {0}")]
+    Region(#[from] RegionError),
+    #[error("region {0} is not registered on this connection")]
+    UnknownRegion(u32),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("the node requires authentication: give a token or a client certificate")]
+    AuthRequired,
+    #[error("the request's frame is {bytes} bytes, over the node's limit of {max}: send fewer or smaller blocks per request")]
+    TooLarge { bytes: usize, max: usize },
+}
+
+/// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 256 ms between:
+/// about 4 s in all).
+pub const BUSY_ATTEMPTS: u32 = 20;
+/// KV events buffered per subscription in the client; beyond it they are counted as lost.
+pub const EVENTS_BUFFER: usize = 64;
+
+type Pending = HashMap<u64, oneshot::Sender<(u16, Response)>>;
+
+/// What the connection's reader and its callers share.
+struct Shared {
+    /// Requests waiting for their response; `None` once the connection is gone.
+    pending: Mutex<Option<Pending>>,
+    /// Live prefetch tickets and subscriptions, by id.
+    streams: Mutex<HashMap<u64, Stream>>,
+    regions: Mutex<HashMap<u32, Region>>,
+}
+
+enum Stream {
+    Prefetch(Arc<TicketState>),
+    Events(mpsc::Sender<EventBatch>, Arc<AtomicU64>),
+}
+
+struct ClientInner {
+    wr: tokio::sync::Mutex<Wr>,
+    /// The largest frame the node takes (its hello, capped by ours).
+    peer_max_frame: usize,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    busy_retries: AtomicU64,
+}
+
+pub struct TransferClient {
+    inner: Arc<ClientInner>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TransferClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl ClientInner {
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends `req` under `id` and waits for its response.
+    async fn call_as(&self, id: u64, req: &Request) -> Result<Response, TransferError> {
+        // Block data is written from the caller's buffers, not copied into a frame.
+        let parts = req.encode_parts(id);
+        // A frame over the node's limit would make it drop the connection, failing every
+        // request on it: refuse it here, with nothing sent.
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > self.peer_max_frame {
+            return Err(TransferError::TooLarge {
+                bytes: len,
+                max: self.peer_max_frame,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        match self.shared.pending.lock().expect("pending map").as_mut() {
+            Some(m) => m.insert(id, tx),
+            None => return Err(TransferError::Closed),
+        };
+        let mut wr = self.wr.lock().await;
+        // The flush matters over TLS: a write may leave records in the TLS session's buffer,
+        // and only a flush (or a later write) sends them.
+        for p in parts.iter().map(Some).chain([None]) {
+            let r = match p {
+                Some(p) => wr.write_all(p).await,
+                None => wr.flush().await,
+            };
+            if let Err(e) = r {
+                drop(wr);
+                self.shared
+                    .pending
+                    .lock()
+                    .expect("pending map")
+                    .as_mut()
+                    .map(|m| m.remove(&id));
+                return Err(e.into());
+            }
+        }
+        drop(wr);
+        let (st, resp) = rx.await.map_err(|_| TransferError::Closed)?;
+        match resp {
+            Response::Error(message) => Err(TransferError::Refused {
+                status: st,
+                message,
+            }),
+            r => Ok(r),
+        }
+    }
+
+    /// Runs `attempt` with a fresh id until the node stops answering BUSY (backoff 1 → 256
+    /// ms, [`BUSY_ATTEMPTS`] attempts).
+    async fn retry_busy<T, F, Fut>(&self, mut attempt: F) -> Result<T, TransferError>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, TransferError>>,
+    {
+        let mut backoff = Duration::from_millis(1);
+        for n in 1..=BUSY_ATTEMPTS {
+            match attempt(self.id()).await {
+                Err(TransferError::Refused { status, .. })
+                    if status == status::BUSY && n < BUSY_ATTEMPTS =>
+                {
+                    self.busy_retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(256));
+                }
+                r => return r,
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    async fn call(&self, req: &Request) -> Result<Response, TransferError> {
+        self.retry_busy(|id| self.call_as(id, req)).await
+    }
+
+    /// Sends a request that opens a ticket or subscription (answered `Ticket`), with its
+    /// stream registered under the request's id before the request leaves (its frames may
+    /// follow the answer at once); the id.
+    async fn open_stream(
+        &self,
+        req: &Request,
+        stream: impl Fn() -> Stream,
+    ) -> Result<u64, TransferError> {
+        let streams = &self.shared.streams;
+        self.retry_busy(|id| {
+            streams.lock().expect("streams").insert(id, stream());
+            async move {
+                let r = self.call_as(id, req).await;
+                if r.is_err() {
+                    streams.lock().expect("streams").remove(&id);
+                }
+                match r? {
+                    Response::Ticket(_) => Ok(id),
+                    r => Err(TransferError::Unexpected(r.op())),
+                }
+            }
+        })
+        .await
+    }
+}
+
+impl TransferClient {
+    /// A plain TCP connection without credentials.
+    pub async fn connect(addr: &str) -> Result<TransferClient, TransferError> {
+        Self::connect_with(addr, &crate::connect::Connect::default()).await
+    }
+
+    /// A connection with a bearer token and/or TLS (`addr` is `host:port`; the host is the
+    /// name the node's certificate must carry).
+    pub async fn connect_with(
+        addr: &str,
+        how: &crate::connect::Connect,
+    ) -> Result<TransferClient, TransferError> {
+        let sock = TcpStream::connect(addr).await?;
+        sock.set_nodelay(true)?;
+        let (mut rd, mut wr): (Rd, Wr) = match &how.tls {
+            None => {
+                let (r, w) = sock.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(cfg) => {
+                let host = addr
+                    .rsplit_once(':')
+                    .map_or(addr, |(h, _)| h)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let name = rustls_pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| TransferError::Tls(format!("server name {host:?}: {e}")))?;
+                let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, sock)
+                    .await?;
+                let (r, w) = tokio::io::split(tls);
+                (Box::new(r), Box::new(w))
+            }
+        };
+        let ours = Hello {
+            version: proto::VERSION,
+            flags: 0,
+            max_frame_bytes: proto::FRAME_BYTES_MAX,
+        };
+        wr.write_all(&ours.encode()).await?;
+        wr.flush().await?;
+        let mut h = [0u8; HELLO_BYTES];
+        rd.read_exact(&mut h).await?;
+        let theirs = Hello::decode(&h)?;
+        if theirs.flags & proto::HELLO_AUTH_REQUIRED != 0 && how.token.is_none() {
+            return Err(TransferError::AuthRequired);
+        }
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Some(HashMap::new())),
+            streams: Mutex::new(HashMap::new()),
+            regions: Mutex::new(HashMap::new()),
+        });
+        let reader = tokio::spawn(read_loop(
+            FrameInput::new(rd, proto::FRAME_BYTES_MAX),
+            shared.clone(),
+        ));
+        let client = TransferClient {
+            inner: Arc::new(ClientInner {
+                wr: tokio::sync::Mutex::new(wr),
+                peer_max_frame: theirs.max_frame_bytes.min(proto::FRAME_BYTES_MAX) as usize,
+                shared,
+                next_id: AtomicU64::new(1),
+                busy_retries: AtomicU64::new(0),
+            }),
+            reader,
+        };
+        if let Some(t) = &how.token {
+            client.authenticate(t.as_bytes()).await?;
+        }
+        Ok(client)
+    }
+
+    /// Presents a bearer token; the role and tenant it grants. A refused token closes the
+    /// connection.
+    pub async fn authenticate(&self, token: &[u8]) -> Result<(proto::Role, String), TransferError> {
+        let req = Request::Auth {
+            token: Bytes::copy_from_slice(token),
+        };
+        match self.inner.call_as(self.inner.id(), &req).await? {
+            Response::Authenticated { role, tenant } => Ok((role, tenant)),
+            r => Err(TransferError::Unexpected(r.op())),
+        }
+    }
+
+    /// Requests sent again because the node answered BUSY.
+    pub fn busy_retries(&self) -> u64 {
+        self.inner.busy_retries.load(Ordering::Relaxed)
+    }
+
+    async fn call(&self, req: &Request) -> Result<Response, TransferError> {
+        self.inner.call(req).await
+    }
+
+    pub async fn ping(&self) -> Result<(), TransferError> {
+        match self.call(&Request::Ping).await? {
+            Response::Pong => Ok(()),
+            r => Err(TransferError::Unexpected(r.op())),
+        }
+    }
+
+    /// Stores blocks; per block, the status (201 stored, 200 already there, 409, 422, 503,
+    /// 507, …).
+    pub async fn put(
+        &self,
+        ns: &str,
+        blocks: &[(Bytes, Bytes)],
+        durability: Durability,
+    ) -> Result<Vec<u16>, TransferError> {
+        let entries = blocks
+            .iter()
+            .map(|(k, d)| PutEntry {
+                key: k.clone(),
+                crc32c: ctxpod_wire::crc32c(d),
+                data: d.clone(),
+            })
+            .collect();
+        let req = Request::Put {
+            ns: ns.into(),
+            durability,
+            entries,
+        };
+        match self.call(&req).await? {
+            Response::Put(es) => Ok(es.into_iter().map(|(s, _)| s).collect()),
+            r => Err(TransferError::Unexpected(r.op())),
+        }
+    }
+
+    /// Blocks by key: `Some(bytes)` (CRC32C checked) or `None` for a miss.
+    pub async fn get(&self, ns: &str, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, TransferError> {
+        let req = Request::Get {
+            ns: ns.into(),
+            keys: keys.to_vec(),
+        };
+        let es = match self.call(&req).await? {
+            Response::Get(es) => es,
+            r => return Err(TransferError::Unexpected(r.op())),
+        };
+        es.into_iter()
+            .enumerate()
+            .map(
+                |(
+                    i,
+                    GetEntry {
+                        status: s,
+                        crc32c,
+                        data,
+                    },
+                )| match s {
+                    status::OK if ctxpod_wire::crc32c(&data) == crc32c => Ok(Some(data)),
+                    status::OK => Err(TransferError::Corrupt(i)),
+                    status::NOT_FOUND => Ok(None),
+                    s => Err(TransferError::Refused {
+                        status: s,
+                        message: format!("block {i}"),
+                    }),
+                },
+            )
+            .collect()
+    }
+
+    /// How many leading keys of the chain the node holds.
+    pub async fn match_prefix(&self, ns: &str, chain: &[Bytes]) -> Result<u32, TransferError> {
+        let req = Request::Match {
+            ns: ns.into(),
+            keys: chain.to_vec(),
+        };
+        self.count(&req).await
+    }
+
+    /// Pins the present keys for `ttl`; how many were pinned.
+    pub async fn pin(&self, ns: &str, keys: &[Bytes], ttl: Duration) -> Result<u32, TransferError> {
+        let req = Request::Pin {
+            ns: ns.into(),
+            ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
+            keys: keys.to_vec(),
+        };
+        self.count(&req).await
+    }
+
+    pub async fn unpin(&self, ns: &str, keys: &[Bytes]) -> Result<u32, TransferError> {
+        let req = Request::Unpin {
+            ns: ns.into(),
+            keys: keys.to_vec(),
+        };
+        self.count(&req).await
+    }
+
+    async fn count(&self, req: &Request) -> Result<u32, TransferError> {
+        match self.call(req).await? {
+            Response::Count(n) => Ok(n),
+            r => Err(TransferError::Unexpected(r.op())),
+        }
+    }
+
+    /// Registers `region` with the node on this connection: prefetches on this connection
+    /// may then push into it.
+    pub async fn register_region(&self, region: &Region) -> Result<(), TransferError> {
+        let req = Request::RegisterRegion {
+            region_id: region.id(),
+            bytes: region.len() as u64,
+        };
+        match self.call(&req).await? {
+            Response::RegionRegistered => {}
+            r => return Err(TransferError::Unexpected(r.op())),
+        }
+        self.inner
+            .shared
+            .regions
+            .lock()
+            .expect("regions")
+            .insert(region.id(), region.clone());
+        Ok(())
+    }
+
+    /// Asks the node to push the blocks of `entries` into `region` (registered on this
+    /// connection): entry `i` lands at `entries[i].offset`, at most `max_len` bytes. Returns
+    /// at once with a ticket; the blocks arrive in order, each read from the socket straight
+    /// into the region and its CRC32C checked.
+    pub async fn prefetch(
+        &self,
+        ns: &str,
+        region: &Region,
+        entries: Vec<PrefetchEntry>,
+        opts: PrefetchOptions,
+    ) -> Result<Ticket, TransferError> {
+        if !self
+            .inner
+            .shared
+            .regions
+            .lock()
+            .expect("regions")
+            .contains_key(&region.id())
+        {
+            return Err(TransferError::UnknownRegion(region.id()));
+        }
+        let ranges: Vec<(u64, u64)> = entries
+            .iter()
+            .map(|e| (e.offset, e.max_len as u64))
+            .collect();
+        region.inner.reserve(&ranges)?;
+        let state = Arc::new(TicketState {
+            region: region.inner.clone(),
+            ranges,
+            progress: watch::channel(Progress::new(entries.len())).0,
+            holders: std::sync::atomic::AtomicU8::new(2),
+            released: std::sync::atomic::AtomicBool::new(false),
+        });
+        let req = Request::Prefetch {
+            ns: ns.into(),
+            region_id: region.id(),
+            policy: opts.policy,
+            deadline_ms: opts
+                .deadline
+                .map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32),
+            lease_ms: opts.lease.as_millis().min(u32::MAX as u128) as u32,
+            entries,
+        };
+        let id = self
+            .inner
+            .open_stream(&req, || Stream::Prefetch(state.clone()))
+            .await?;
+        Ok(Ticket {
+            id,
+            state,
+            client: self.inner.clone(),
+        })
+    }
+
+    /// KV events (stored, evicted, deleted keys) of namespace `ns`, from now on.
+    pub async fn subscribe(&self, ns: &str) -> Result<Subscription, TransferError> {
+        let req = Request::Subscribe { ns: ns.into() };
+        let (tx, rx) = mpsc::channel(EVENTS_BUFFER);
+        let lost = Arc::new(AtomicU64::new(0));
+        let id = self
+            .inner
+            .open_stream(&req, || Stream::Events(tx.clone(), lost.clone()))
+            .await?;
+        Ok(Subscription {
+            id,
+            rx,
+            lost,
+            client: self.inner.clone(),
+        })
+    }
+}
+
+/// How a prefetch behaves; see `wire/PROTOCOL.md` ("Prefetch policies").
+#[derive(Debug, Clone, Copy)]
+pub struct PrefetchOptions {
+    pub policy: Policy,
+    /// After this long, blocks not yet pushed are misses (status 504). Required by
+    /// [`Policy::Timeout`].
+    pub deadline: Option<Duration>,
+    /// How long the blocks stay leased on the node after the ticket completes.
+    pub lease: Duration,
+}
+
+impl Default for PrefetchOptions {
+    fn default() -> Self {
+        PrefetchOptions {
+            policy: Policy::WaitComplete,
+            deadline: None,
+            lease: Duration::from_secs(10),
+        }
+    }
+}
+
+impl PrefetchOptions {
+    /// The timeout policy with SGLang HiCache's budget: a base plus a time per block.
+    pub fn timeout(base: Duration, per_block: Duration, blocks: usize) -> PrefetchOptions {
+        PrefetchOptions {
+            policy: Policy::Timeout,
+            deadline: Some(base + per_block * blocks as u32),
+            ..Default::default()
+        }
+    }
+}
+
+/// What became of one prefetch entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Not pushed yet.
+    Pending,
+    /// Its `len` bytes are in the region at the entry's offset, CRC32C checked.
+    Landed { len: u32 },
+    /// Not delivered: 404 not on the node, 504 past the deadline, 499 cancelled, 503 no
+    /// staging room (best effort), 413 longer than the entry's `max_len`, 500 node error.
+    Missed { status: u16 },
+    /// Arrived with a CRC32C that does not match its bytes: do not use.
+    Corrupt,
+    /// The connection closed before the node answered for this entry.
+    Lost,
+}
+
+impl BlockState {
+    pub fn is_final(&self) -> bool {
+        !matches!(self, BlockState::Pending)
+    }
+}
+
+/// A ticket's progress: per entry, its state; and whether the node has finished it.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub blocks: Vec<BlockState>,
+    pub landed: u32,
+    pub missed: u32,
+    /// Entry indices in the order they became final (landed or missed).
+    pub order: Vec<u32>,
+    /// The node sent `PrefetchDone` (or the connection closed): no more pushes.
+    pub done: bool,
+}
+
+impl Progress {
+    fn new(n: usize) -> Progress {
+        Progress {
+            blocks: vec![BlockState::Pending; n],
+            landed: 0,
+            missed: 0,
+            order: Vec::new(),
+            done: false,
+        }
+    }
+
+    fn set(&mut self, i: usize, s: BlockState) {
+        if self.blocks[i].is_final() {
+            return;
+        }
+        match s {
+            BlockState::Landed { .. } => self.landed += 1,
+            BlockState::Pending => return,
+            _ => self.missed += 1,
+        }
+        self.blocks[i] = s;
+        self.order.push(i as u32);
+    }
+}
+
+struct TicketState {
+    region: Arc<RegionInner>,
+    /// Per entry: offset and reserved length.
+    ranges: Vec<(u64, u64)>,
+    progress: watch::Sender<Progress>,
+    /// The caller's `Ticket` and the node's pushes: the ranges are freed when both are
+    /// over, by whichever ends last, before it wakes anyone.
+    holders: std::sync::atomic::AtomicU8,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl TicketState {
+    fn release_one(&self) {
+        if self.holders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.unreserve();
+        }
+    }
+
+    fn unreserve(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.region.unreserve(&self.ranges);
+        }
+    }
+
+    /// The node is done with the ticket (or the connection closed): entries not answered
+    /// are lost; the ranges are released (if the caller is done too) before waking waiters.
+    fn finish(&self) {
+        self.release_one();
+        self.progress.send_modify(|p| {
+            for i in 0..p.blocks.len() {
+                p.set(i, BlockState::Lost);
+            }
+            p.done = true;
+        });
+    }
+}
+
+impl Drop for TicketState {
+    fn drop(&mut self) {
+        // A prefetch the node refused never had a `Ticket`.
+        self.unreserve();
+    }
+}
+
+/// A live prefetch. Dropping it cancels what the node has not pushed yet and ends its lease.
+pub struct Ticket {
+    id: u64,
+    state: Arc<TicketState>,
+    client: Arc<ClientInner>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // The ticket's life ends here: the node stops pushing (if it still is) and releases
+        // the lease; the region's ranges are free once the node has sent `PrefetchDone`.
+        self.state.release_one();
+        let client = self.client.clone();
+        let id = self.id;
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = client.call(&Request::Cancel { ticket: id }).await;
+            });
+        }
+    }
+}
+
+impl Ticket {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The ticket's state now.
+    pub fn poll(&self) -> Progress {
+        self.state.progress.borrow().clone()
+    }
+
+    /// Waits until `pred` holds of the progress.
+    async fn until(&self, mut pred: impl FnMut(&Progress) -> bool) -> Progress {
+        let mut rx = self.state.progress.subscribe();
+        loop {
+            {
+                let p = rx.borrow_and_update();
+                if pred(&p) {
+                    return p.clone();
+                }
+            }
+            if rx.changed().await.is_err() {
+                return self.poll();
+            }
+        }
+    }
+
+    /// Waits for entry `i` to land or miss (decode can start on the first blocks while
+    /// the rest stream in).
+    pub async fn block(&self, i: usize) -> BlockState {
+        self.until(|p| p.blocks.get(i).is_none_or(|b| b.is_final()) || p.done)
+            .await
+            .blocks
+            .get(i)
+            .copied()
+            .unwrap_or(BlockState::Lost)
+    }
+
+    /// Waits until the node has finished the ticket (every entry landed or missed).
+    pub async fn wait(&self) -> Progress {
+        self.until(|p| p.done).await
+    }
+
+    /// Like [`Ticket::wait`], but returns at `timeout` with what has landed by then (the
+    /// client side of a timeout policy; the node goes on unless cancelled).
+    pub async fn wait_for(&self, timeout: Duration) -> Progress {
+        tokio::time::timeout(timeout, self.wait())
+            .await
+            .unwrap_or_else(|_| self.poll())
+    }
+
+    /// The bytes of entry `i` in the region, once landed.
+    pub fn data(&self, i: usize) -> Option<&[u8]> {
+        let BlockState::Landed { len } = *self.state.progress.borrow().blocks.get(i)? else {
+            return None;
+        };
+        let (offset, _) = self.state.ranges[i];
+        // SAFETY: a landed entry of a live ticket is never written again (module docs of
+        // `region`), and this ticket keeps the range reserved while `self` is borrowed.
+        Some(unsafe { self.state.region.slice(offset, len as usize) })
+    }
+
+    /// Asks the node to stop: entries not pushed yet become misses (status 499), and the
+    /// lease ends. Pushes already on the wire may still land; [`Ticket::wait`] then returns.
+    pub async fn cancel(&self) -> Result<(), TransferError> {
+        match self.client.call(&Request::Cancel { ticket: self.id }).await {
+            Ok(_) => Ok(()),
+            // The ticket already ended on the node.
+            Err(TransferError::Refused { status, .. }) if status == status::NOT_FOUND => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// One `Event` frame's worth of KV events.
+#[derive(Debug, Clone)]
+pub struct EventBatch {
+    /// Events the node or this client dropped before these (a slow subscriber): resync.
+    pub lost: u64,
+    pub events: Vec<(EventKind, Bytes)>,
+}
+
+/// A live KV event subscription; dropping it cancels it on the node.
+pub struct Subscription {
+    id: u64,
+    rx: mpsc::Receiver<EventBatch>,
+    lost: Arc<AtomicU64>,
+    client: Arc<ClientInner>,
+}
+
+impl Subscription {
+    /// The next batch of events; `None` when the subscription ended (namespace deleted,
+    /// connection closed).
+    pub async fn next(&mut self) -> Option<EventBatch> {
+        let mut b = self.rx.recv().await?;
+        b.lost += self.lost.swap(0, Ordering::Relaxed);
+        Some(b)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let id = self.id;
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = client.call(&Request::Cancel { ticket: id }).await;
+                client.shared.streams.lock().expect("streams").remove(&id);
+            });
+        }
+    }
+}
+
+/// Reads frames until the connection ends: responses go to their callers, `Push` payloads
+/// straight into their region, events to their subscription.
+async fn read_loop(mut input: FrameInput<Rd>, shared: Arc<Shared>) {
+    while let Ok(true) = read_one(&mut input, &shared).await {}
+    // Every request still waiting learns that the connection is gone; tickets end.
+    shared.pending.lock().expect("pending map").take();
+    let streams: Vec<Stream> = shared
+        .streams
+        .lock()
+        .expect("streams")
+        .drain()
+        .map(|(_, s)| s)
+        .collect();
+    for s in streams {
+        if let Stream::Prefetch(t) = s {
+            t.finish();
+        }
+    }
+}
+
+/// Bytes of a `Push` body before its data.
+const PUSH_HEAD_BYTES: usize = 4 + 2 + 4 + 8 + 4;
+
+async fn read_one(input: &mut FrameInput<Rd>, shared: &Shared) -> Result<bool, InputError> {
+    let Some((header, body_len)) = input.next_header().await? else {
+        return Ok(false);
+    };
+    let id = header.request_id;
+    if header.op == Op::Push {
+        if body_len < PUSH_HEAD_BYTES {
+            return Err(proto::ProtoError::Truncated(Op::Push).into());
+        }
+        let h = input.take(PUSH_HEAD_BYTES).await?;
+        let index = u32::from_le_bytes(h[0..4].try_into().expect("4")) as usize;
+        let st = u16::from_le_bytes(h[4..6].try_into().expect("2"));
+        let crc = u32::from_le_bytes(h[6..10].try_into().expect("4"));
+        let offset = u64::from_le_bytes(h[10..18].try_into().expect("8"));
+        let len = u32::from_le_bytes(h[18..22].try_into().expect("4")) as usize;
+        if body_len != PUSH_HEAD_BYTES + len {
+            return Err(proto::ProtoError::Trailing(Op::Push, body_len).into());
+        }
+        let ticket = match shared.streams.lock().expect("streams").get(&id) {
+            Some(Stream::Prefetch(t)) => Some(t.clone()),
+            _ => None,
+        };
+        let Some(t) = ticket else {
+            input.skip(len).await?;
+            return Ok(true);
+        };
+        let slot = t.ranges.get(index).copied();
+        let pending = t
+            .progress
+            .borrow()
+            .blocks
+            .get(index)
+            .is_some_and(|b| !b.is_final());
+        let state = match slot {
+            Some((off, max))
+                if pending && st == status::OK && off == offset && len as u64 <= max =>
+            {
+                // SAFETY: the range is reserved by this live ticket and the entry has not
+                // landed, so nobody holds a slice of it (module docs of `region`).
+                let dst = unsafe { t.region.slice_mut(offset, len) };
+                input.read_into(dst).await?;
+                if ctxpod_wire::crc32c(dst) == crc {
+                    BlockState::Landed { len: len as u32 }
+                } else {
+                    BlockState::Corrupt
+                }
+            }
+            _ => {
+                input.skip(len).await?;
+                if st == status::OK {
+                    // Data that does not match what was asked for is not used.
+                    BlockState::Corrupt
+                } else {
+                    BlockState::Missed { status: st }
+                }
+            }
+        };
+        if pending {
+            t.progress.send_modify(|p| p.set(index, state));
+        }
+        return Ok(true);
+    }
+    let body = input.take(body_len).await?;
+    let frame = proto::Frame { header, body };
+    let resp = Response::decode(&frame)?;
+    match resp {
+        Response::PrefetchDone { .. } => {
+            let t = shared.streams.lock().expect("streams").remove(&id);
+            if let Some(Stream::Prefetch(t)) = t {
+                t.finish();
+            }
+        }
+        Response::Events { lost, events } => {
+            if let Some(Stream::Events(tx, dropped)) =
+                shared.streams.lock().expect("streams").get(&id)
+            {
+                let n = events.len() as u64;
+                if tx.try_send(EventBatch { lost, events }).is_err() {
+                    dropped.fetch_add(n + lost, Ordering::Relaxed);
+                }
+            }
+        }
+        resp => {
+            let tx = shared
+                .pending
+                .lock()
+                .expect("pending map")
+                .as_mut()
+                .and_then(|m| m.remove(&id));
+            match tx {
+                Some(tx) => {
+                    let _ = tx.send((header.status, resp));
+                }
+                // An error under a live stream's id ends it (a subscription whose
+                // namespace was deleted).
+                None => {
+                    shared.streams.lock().expect("streams").remove(&id);
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Several connections to one node, used round robin.
+pub struct TransferPool {
+    conns: Vec<TransferClient>,
+    next: AtomicU64,
+}
+
+impl TransferPool {
+    pub async fn connect(addr: &str, connections: usize) -> Result<TransferPool, TransferError> {
+        Self::connect_with(addr, connections, &crate::connect::Connect::default()).await
+    }
+
+    pub async fn connect_with(
+        addr: &str,
+        connections: usize,
+        how: &crate::connect::Connect,
+    ) -> Result<TransferPool, TransferError> {
+        let mut conns = Vec::with_capacity(connections.max(1));
+        for _ in 0..connections.max(1) {
+            conns.push(TransferClient::connect_with(addr, how).await?);
+        }
+        Ok(TransferPool {
+            conns,
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The next connection, round robin.
+    pub fn conn(&self) -> &TransferClient {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.conns.len();
+        &self.conns[i]
+    }
+
+    /// Every connection (a region is registered on one; prefetch into it through that one).
+    pub fn conns(&self) -> &[TransferClient] {
+        &self.conns
+    }
+
+    pub fn busy_retries(&self) -> u64 {
+        self.conns.iter().map(|c| c.busy_retries()).sum()
+    }
+}

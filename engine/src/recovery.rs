@@ -1,0 +1,750 @@
+//! Opening a node: format on first start, otherwise check and recover.
+//!
+//! Recovery after any crash:
+//! 1. the device superblock must match the geometry in the index (a swapped or recreated
+//!    device file is refused, not silently served);
+//! 2. every index entry must point inside a region in use and below its write pointer;
+//!    entries that do not are dropped (counted);
+//! 3. records past the open region's checkpointed write pointer are re-indexed while they
+//!    check out (put entries are written without the WAL: the device is their log); the
+//!    first one that does not ends the region's contents, and the next writes overwrite
+//!    what lies beyond;
+//! 4. the nonce counter resumes above its last persisted reservation.
+
+use super::dram::S3Fifo;
+use super::index::{self, BlockLoc, Geometry, Index, NsMeta, RegionMeta, RegionState};
+use super::leases::{Leases, ReadBits};
+use super::{Core, Counters, Namespace, SeqAlloc, SEQ_CHUNK};
+use crate::crypto::{self, AeadKey};
+use crate::device::{self, AlignedBuf, Device, IO_ALIGN_BYTES};
+use crate::metrics::Metrics;
+use crate::offload::OffloadEngine;
+use anyhow::{bail, ensure, Context};
+use ctxpod_format::config::Config;
+use ctxpod_format::record::{self, RecordHeader};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// 2: region metadata carries the tail epoch.
+pub const FORMAT_VERSION: u32 = 2;
+/// Bytes before region 0: the device superblock lives in the first 4 KiB.
+pub const DATA_OFFSET_BYTES: u64 = 1 << 20;
+const SUPERBLOCK_MAGIC: &[u8; 8] = b"CTXPODDV";
+/// Bits of the "recently read" table (512 KiB of memory).
+const READ_BITS: usize = 1 << 22;
+
+/// Opens the node on the configured device, or on `device` when given (a simulated device
+/// the caller keeps, in the reliability suites).
+pub(super) async fn open(
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    device: Option<Arc<dyn Device>>,
+) -> anyhow::Result<Core> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("create data dir {}", cfg.data_dir.display()))?;
+    let kek_bytes = load_or_create_kek(&cfg.kek_path())?;
+    let kek = AeadKey::new(&kek_bytes);
+    // A rotation of the KEK file that the node did not finish (the file was replaced while
+    // the node was down, or it stopped mid-way): data keys still wrapped by the previous KEK
+    // are unwrapped with `kek_previous_file` and re-wrapped under the current one.
+    let previous = match &cfg.kek_previous_file {
+        Some(p) => Some(AeadKey::new(&*read_kek(p)?)),
+        None => None,
+    };
+    let index = Index::open(&cfg.index_path())?;
+    let rewrapped = rewrap_deks(&index, &kek, previous.as_ref())?;
+    if rewrapped > 0 {
+        tracing::info!(
+            rewrapped,
+            "data keys re-wrapped under the current key-encryption key"
+        );
+    }
+    let wanted = geometry_for(&cfg)?;
+    let stored: Option<Geometry> = index
+        .get_meta(index::META_GEOMETRY)?
+        .map(|v| serde_json::from_slice(&v))
+        .transpose()
+        .context("decode stored geometry")?;
+    if let Some(g) = &stored {
+        ensure!(
+            g.format_version == FORMAT_VERSION,
+            "this node's data is in on-disk format {}, this ctxpod reads format {}: there is \
+             no in-place upgrade, start it on a new data dir",
+            g.format_version,
+            FORMAT_VERSION
+        );
+        ensure!(
+            g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
+            "this node was formatted with capacity {} and regions of {} bytes; the \
+                 configuration now asks for {} and {}: resizing is not supported, use the \
+                 original settings or a new data dir",
+            g.capacity_bytes,
+            g.region_bytes,
+            wanted.capacity_bytes,
+            wanted.region_bytes
+        );
+        ensure!(
+            g.plaintext_at_rest == wanted.plaintext_at_rest,
+            "this node was formatted with encrypt_at_rest = {}, the configuration now says {}: \
+             the mode is fixed at format time, use the original setting or a new data dir",
+            !g.plaintext_at_rest,
+            !wanted.plaintext_at_rest
+        );
+        ensure!(
+            device.is_some() || cfg.device_path().exists(),
+            "device {} does not exist, but the index describes a formatted node: refusing to \
+             start on an empty device (its superblock is missing); move the index away to \
+             start afresh",
+            cfg.device_path().display()
+        );
+    }
+    let device = match (device, cfg.sim_profile()) {
+        (Some(d), _) => {
+            ensure!(
+                d.len() >= wanted.capacity_bytes,
+                "device of {} bytes is smaller than the capacity {}",
+                d.len(),
+                wanted.capacity_bytes
+            );
+            d
+        }
+        (None, Some(profile)) => Arc::new(device::sim::SimBackend::open(
+            &profile,
+            &cfg.device_path(),
+            wanted.capacity_bytes,
+            cfg.sim_faults.as_deref(),
+        )?),
+        (None, None) => device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?,
+    };
+    let geometry = match stored {
+        Some(g) => {
+            check_superblock(&*device, &g).await?;
+            g
+        }
+        None => {
+            // A simulated device has no filesystem extents to convert.
+            let is_file = device.sim().is_none()
+                && std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
+            if cfg.zero_fill && is_file {
+                zero_fill(&*device, &wanted).await?;
+            }
+            write_superblock(&*device, &wanted).await?;
+            let mut wb = rocksdb::WriteBatch::default();
+            wb.put(index::META_GEOMETRY, serde_json::to_vec(&wanted)?);
+            index.write(wb, index::WriteMode::Wal { sync: true })?;
+            tracing::info!(
+                capacity = wanted.capacity_bytes,
+                region_bytes = wanted.region_bytes,
+                regions = wanted.regions,
+                encrypt_at_rest = !wanted.plaintext_at_rest,
+                "formatted a new node"
+            );
+            wanted
+        }
+    };
+    if geometry.plaintext_at_rest {
+        tracing::warn!(
+            "encryption at rest is OFF (formatted with encrypt_at_rest = false): block \
+             records are stored as received, protected by CRC32C only"
+        );
+    }
+    metrics
+        .io_engine_info
+        .with_label_values(&[
+            device.engine(),
+            if device.direct() { "true" } else { "false" },
+        ])
+        .set(1);
+    tracing::info!(
+        engine = device.engine(),
+        direct = device.direct(),
+        "device open"
+    );
+
+    let namespaces = load_namespaces(&index, &kek)?;
+    let counters = Counters::default();
+    // The node's sequence (nonces, region epochs) resumes above everything an earlier life
+    // may have handed out; its first number goes to the open region's tail.
+    let reserved = match index.get_meta(index::META_SEQ_RESERVED)? {
+        Some(v) => u64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("bad nonce reservation in the index"))?,
+        ),
+        None => 0,
+    };
+    let next_reserved = reserved + SEQ_CHUNK;
+    let mut regions = load_regions(&index, &geometry)?;
+    let scan =
+        recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces, None).await?;
+    let recovered = scan.records;
+    counters
+        .recovered_records
+        .store(recovered, Ordering::Relaxed);
+    counters
+        .media_errors
+        .store(scan.media_errors, Ordering::Relaxed);
+    metrics
+        .media_errors
+        .with_label_values(&["tail_scan"])
+        .inc_by(scan.media_errors);
+    if recovered > 0 {
+        tracing::info!(
+            records = recovered,
+            "re-indexed records past the last checkpoint from the open region's tail"
+        );
+    }
+    // One synced batch: the new reservation, and a fresh tail epoch for every open region,
+    // so that records an earlier life left past the tail are never scanned as this life's.
+    let mut wb = rocksdb::WriteBatch::default();
+    wb.put(index::META_SEQ_RESERVED, next_reserved.to_le_bytes());
+    fresh_tail_epochs(&index, &mut regions, reserved, wb)?;
+    reconcile_blocks(&index, &geometry, &regions, &namespaces, &counters)?;
+
+    let by_name: HashMap<String, Arc<Namespace>> = namespaces
+        .values()
+        .map(|n| (n.name.clone(), n.clone()))
+        .collect();
+    Ok(Core {
+        dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
+        dram_invalidations: AtomicU64::new(0),
+        nonce_salt: rand::random(),
+        leases: Leases::new(cfg.leases_max, cfg.leased_bytes_max()),
+        // Bounded whatever the rate: past `mrc_keys_max` keys the rate is lowered.
+        mrc: (cfg.mrc_sample_rate > 0.0).then(|| {
+            Mutex::new(ctxpod_plan::mrc::Mrc::sampled(
+                cfg.mrc_sample_rate,
+                Some(cfg.mrc_keys_max),
+            ))
+        }),
+        mrc_ref_bytes: AtomicU64::new(0),
+        started: std::time::Instant::now(),
+        events: super::events::Events::new(cfg.event_queues_max),
+        presence: Default::default(),
+        read_bits: ReadBits::new(READ_BITS),
+        seq: SeqAlloc {
+            next: AtomicU64::new(reserved + 1),
+            reserved: Mutex::new(next_reserved),
+            reserved_fast: AtomicU64::new(next_reserved),
+        },
+        offload: OffloadEngine::new(
+            cfg.offload_threads,
+            cfg.offload_queue_depth,
+            cfg.offload_inline,
+        ),
+        namespaces: RwLock::new(by_name),
+        ns_by_id: RwLock::new(namespaces),
+        geometry,
+        device,
+        index,
+        kek: parking_lot::RwLock::new(Arc::new(kek)),
+        kek_fingerprint: parking_lot::Mutex::new(crypto::fingerprint(&kek_bytes)),
+        metrics,
+        counters,
+        failed: AtomicBool::new(false),
+        no_space: Mutex::new(None),
+        unsynced: AtomicBool::new(false),
+        cfg,
+    })
+}
+
+/// Gives every open region's tail `epoch` (a sequence number never handed out before), in
+/// one synced write with `wb`.
+fn fresh_tail_epochs(
+    index: &Index,
+    regions: &mut [RegionMeta],
+    epoch: u64,
+    mut wb: rocksdb::WriteBatch,
+) -> anyhow::Result<()> {
+    for (r, m) in regions.iter_mut().enumerate() {
+        if m.state == index::RegionState::Open {
+            m.tail_epoch = epoch;
+            wb.put_cf(
+                index.cf(index::CF_REGIONS),
+                (r as u32).to_be_bytes(),
+                m.encode(),
+            );
+        }
+    }
+    index
+        .write(wb, index::WriteMode::Wal { sync: true })
+        .context("persist tail epochs")
+}
+
+/// After the device refused writes for lack of space: what a restart's recovery does,
+/// in place. Every batch handed to the committer is answered by now. The open region's
+/// tail is re-indexed up to where the first failed batch began (records of failed batches
+/// never become blocks), gets a fresh epoch, and the block counters are recounted from the
+/// index; the writer then reloads its regions from the index.
+pub(super) async fn reopen_after_no_space(
+    core: &Core,
+    stop_at: Option<(u32, u32)>,
+) -> anyhow::Result<()> {
+    let g = &core.geometry;
+    let mut regions = load_regions(&core.index, g)?;
+    let namespaces = core.ns_by_id.read().clone();
+    let scan = recover_open_tail(
+        &*core.device,
+        &core.index,
+        g,
+        &mut regions,
+        &namespaces,
+        stop_at,
+    )
+    .await?;
+    core.counters
+        .media_errors
+        .fetch_add(scan.media_errors, Ordering::Relaxed);
+    core.metrics
+        .media_errors
+        .with_label_values(&["tail_scan"])
+        .inc_by(scan.media_errors);
+    let epoch = core.next_seq()?;
+    fresh_tail_epochs(
+        &core.index,
+        &mut regions,
+        epoch,
+        rocksdb::WriteBatch::default(),
+    )?;
+    let c = &core.counters;
+    c.blocks.store(0, Ordering::Relaxed);
+    c.live_bytes.store(0, Ordering::Relaxed);
+    for ns in namespaces.values() {
+        ns.used_bytes.store(0, Ordering::Relaxed);
+        ns.blocks.store(0, Ordering::Relaxed);
+    }
+    reconcile_blocks(&core.index, g, &regions, &namespaces, c)
+}
+
+fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
+    let region_bytes = cfg.region_bytes();
+    let capacity = cfg.capacity.0;
+    let regions = capacity.saturating_sub(DATA_OFFSET_BYTES) / region_bytes;
+    ensure!(
+        regions >= 4,
+        "capacity {} holds {regions} regions of {region_bytes} bytes; at least 4 are needed \
+         (raise --capacity or lower region_bytes)",
+        cfg.capacity
+    );
+    ensure!(regions <= u32::MAX as u64, "too many regions");
+    Ok(Geometry {
+        format_version: FORMAT_VERSION,
+        capacity_bytes: capacity,
+        region_bytes,
+        data_offset: DATA_OFFSET_BYTES,
+        regions: regions as u32,
+        plaintext_at_rest: !cfg.encrypt_at_rest,
+    })
+}
+
+/// The KEK file holds 64 hex digits (or 32 raw bytes). Created 0600 on first start.
+fn load_or_create_kek(path: &Path) -> anyhow::Result<crypto::KeyBytes> {
+    if !path.exists() {
+        let key = crypto::random_key();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("create key-encryption key {}", path.display()))?;
+        writeln!(
+            f,
+            "{}",
+            zeroize::Zeroizing::new(hex::encode(key.as_slice())).as_str()
+        )?;
+        f.sync_all()?;
+        tracing::info!(path = %path.display(), "created a new key-encryption key (mode 0600)");
+    }
+    read_kek(path)
+}
+
+/// Reads a KEK file: 64 hex digits or 32 raw bytes.
+pub(super) fn read_kek(path: &Path) -> anyhow::Result<crypto::KeyBytes> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("key-encryption key {}", path.display()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), "key-encryption key file is readable by group or others");
+    }
+    let raw = zeroize::Zeroizing::new(
+        std::fs::read(path)
+            .with_context(|| format!("read key-encryption key {}", path.display()))?,
+    );
+    let text = zeroize::Zeroizing::new(String::from_utf8_lossy(&raw).into_owned());
+    let key: [u8; 32] = if let Ok(k) = hex::decode(text.trim()).map(zeroize::Zeroizing::new) {
+        k.as_slice()
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("key-encryption key {} is not 32 bytes", path.display()))?
+    } else {
+        raw.as_slice().try_into().map_err(|_| {
+            anyhow::anyhow!(
+                "key-encryption key {} must be 64 hex digits or 32 bytes",
+                path.display()
+            )
+        })?
+    };
+    Ok(crypto::KeyBytes::new(key))
+}
+
+/// Writes zeros over the regions of a new file-backed device. A preallocated file's extents
+/// are "unwritten" until first written, so every flush after a first write would also have
+/// to commit filesystem metadata; written once, later flushes are the device's alone
+/// (PostgreSQL zero-fills WAL segments for the same reason). Progress is logged.
+async fn zero_fill(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    const CHUNK_BYTES: u64 = 8 << 20;
+    let end = g.data_offset + g.regions as u64 * g.region_bytes;
+    let chunks: Vec<u64> = (g.data_offset..end).step_by(CHUNK_BYTES as usize).collect();
+    let total = chunks.len();
+    tracing::info!(
+        bytes = end - g.data_offset,
+        "zero-filling the new device file"
+    );
+    let started = std::time::Instant::now();
+    let mut writes = futures::stream::iter(chunks.into_iter().map(|off| {
+        let n = CHUNK_BYTES.min(end - off) as usize;
+        dev.write_at(AlignedBuf::zeroed(n), off)
+    }))
+    .buffer_unordered(8);
+    let mut done = 0;
+    while let Some((_, r)) = writes.next().await {
+        r.context("zero-fill the device file")?;
+        done += 1;
+        if done * 10 / total != (done - 1) * 10 / total {
+            tracing::info!(
+                percent = done * 100 / total,
+                "zero-filling the new device file"
+            );
+        }
+    }
+    drop(writes);
+    dev.flush()
+        .await
+        .context("flush the zero-filled device file")?;
+    tracing::info!(
+        seconds = started.elapsed().as_secs_f64(),
+        "device file zero-filled"
+    );
+    Ok(())
+}
+
+fn superblock_bytes(g: &Geometry) -> anyhow::Result<AlignedBuf> {
+    let mut buf = AlignedBuf::zeroed(IO_ALIGN_BYTES);
+    let json = serde_json::to_vec(g)?;
+    ensure!(json.len() + 16 <= IO_ALIGN_BYTES, "superblock too large");
+    buf[..8].copy_from_slice(SUPERBLOCK_MAGIC);
+    buf[8..12].copy_from_slice(&(json.len() as u32).to_le_bytes());
+    buf[16..16 + json.len()].copy_from_slice(&json);
+    let crc = crc32c::crc32c(&buf[..IO_ALIGN_BYTES - 4]);
+    buf[IO_ALIGN_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+    Ok(buf)
+}
+
+async fn write_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
+    let (_, r) = dev.write_at(superblock_bytes(g)?, 0).await;
+    r.context("write device superblock")?;
+    dev.flush().await.context("flush device superblock")?;
+    Ok(())
+}
+
+async fn check_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
+    let mut errors = 0;
+    let Some(buf) = read_retrying(dev, IO_ALIGN_BYTES, 0, &mut errors).await else {
+        bail!("the device superblock could not be read ({TAIL_READ_TRIES} tries)");
+    };
+    let want = superblock_bytes(g)?;
+    if buf[..] != want[..] {
+        bail!(
+            "the device does not carry this node's superblock: it was replaced, recreated or \
+             damaged; refusing to serve blocks from it (move the index away to start afresh)"
+        );
+    }
+    Ok(())
+}
+
+/// Re-wraps under `kek`, in one synced write, every data key that only `previous` unwraps
+/// (a KEK rotation, online or finished at start); how many.
+pub(super) fn rewrap_deks(
+    index: &Index,
+    kek: &AeadKey,
+    previous: Option<&AeadKey>,
+) -> anyhow::Result<usize> {
+    let Some(previous) = previous else {
+        return Ok(0);
+    };
+    let cf_keys = index.cf(index::CF_KEYS);
+    let mut wb = rocksdb::WriteBatch::default();
+    let mut n = 0;
+    for item in index.db.iterator_cf(cf_keys, rocksdb::IteratorMode::Start) {
+        let (k, wrapped) = item?;
+        if k.len() != 8 {
+            continue;
+        }
+        let ns_id = u32::from_be_bytes(k[..4].try_into()?);
+        let key_id = u32::from_be_bytes(k[4..8].try_into()?);
+        if crypto::unwrap_dek(kek, ns_id, key_id, &wrapped).is_ok() {
+            continue;
+        }
+        let dek = crypto::unwrap_dek(previous, ns_id, key_id, &wrapped).map_err(|_| {
+            anyhow::anyhow!(
+                "data key {key_id} of namespace id {ns_id} unwraps with neither the \
+                 key-encryption key nor the previous one"
+            )
+        })?;
+        wb.put_cf(cf_keys, &k, crypto::wrap_dek(kek, ns_id, key_id, &dek));
+        n += 1;
+    }
+    if n > 0 {
+        index.write(wb, index::WriteMode::Wal { sync: true })?;
+    }
+    Ok(n)
+}
+
+fn load_namespaces(index: &Index, kek: &AeadKey) -> anyhow::Result<HashMap<u32, Arc<Namespace>>> {
+    let mut out = HashMap::new();
+    let cf_keys = index.cf(index::CF_KEYS);
+    for item in index
+        .db
+        .iterator_cf(index.cf(index::CF_NAMESPACES), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item?;
+        let name = String::from_utf8(k.to_vec()).context("namespace name")?;
+        let meta: NsMeta =
+            serde_json::from_slice(&v).with_context(|| format!("namespace {name}"))?;
+        let mut deks = HashMap::new();
+        let lo = meta.id.to_be_bytes();
+        for item in index.db.iterator_cf(
+            cf_keys,
+            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
+        ) {
+            let (kk, wrapped) = item?;
+            if kk.len() != 8 || kk[..4] != lo {
+                break;
+            }
+            let key_id = u32::from_be_bytes(kk[4..8].try_into()?);
+            let dek = crypto::unwrap_dek(kek, meta.id, key_id, &wrapped).map_err(|_| {
+                anyhow::anyhow!(
+                    "cannot unwrap data key {key_id} of namespace {name}: the key-encryption \
+                     key is not the one this node was formatted with"
+                )
+            })?;
+            deks.insert(key_id, Arc::new(AeadKey::new(&dek)));
+        }
+        ensure!(
+            deks.contains_key(&meta.key_id),
+            "namespace {name} lacks its data key"
+        );
+        out.insert(meta.id, Arc::new(Namespace::new(&name, &meta, deks)));
+    }
+    Ok(out)
+}
+
+pub(super) fn load_regions(index: &Index, g: &Geometry) -> anyhow::Result<Vec<RegionMeta>> {
+    let mut regions = vec![RegionMeta::FREE; g.regions as usize];
+    for item in index
+        .db
+        .iterator_cf(index.cf(index::CF_REGIONS), rocksdb::IteratorMode::Start)
+    {
+        let (k, v) = item?;
+        let r = u32::from_be_bytes(k.as_ref().try_into()?);
+        ensure!(r < g.regions, "region {r} is beyond the device");
+        regions[r as usize] = RegionMeta::decode(&v)?;
+    }
+    Ok(regions)
+}
+
+/// Counts live blocks per namespace and drops index entries that cannot be right.
+fn reconcile_blocks(
+    index: &Index,
+    g: &Geometry,
+    regions: &[RegionMeta],
+    namespaces: &HashMap<u32, Arc<Namespace>>,
+    counters: &Counters,
+) -> anyhow::Result<()> {
+    let cf = index.cf(index::CF_BLOCKS);
+    let mut wb = rocksdb::WriteBatch::default();
+    let mut dropped = 0u64;
+    for item in index.db.iterator_cf(cf, rocksdb::IteratorMode::Start) {
+        let (k, v) = item?;
+        let ok = k.len() > 4
+            && BlockLoc::decode(&v).is_ok_and(|loc| {
+                let Some(m) = regions.get(loc.region as usize) else {
+                    return false;
+                };
+                let end = loc.offset as u64 + loc.record_len as u64;
+                match m.state {
+                    RegionState::Free => false,
+                    RegionState::Open => end <= m.write_ptr as u64,
+                    RegionState::Sealed => end <= g.region_bytes,
+                }
+            });
+        let ns = (k.len() > 4)
+            .then(|| u32::from_be_bytes(k[..4].try_into().expect("4 bytes")))
+            .and_then(|id| namespaces.get(&id));
+        match (ok, ns) {
+            (true, Some(ns)) => {
+                let loc = BlockLoc::decode(&v)?;
+                ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
+                ns.blocks.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .live_bytes
+                    .fetch_add(loc.len as u64, Ordering::Relaxed);
+                counters.blocks.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                wb.delete_cf(cf, &k);
+                dropped += 1;
+            }
+        }
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            entries = dropped,
+            "dropped index entries pointing outside committed regions"
+        );
+        index.write(wb, index::WriteMode::Wal { sync: true })?;
+    }
+    Ok(())
+}
+
+/// Re-indexes the records past the open region's checkpointed write pointer: put entries
+/// are written without the WAL, so after a crash the index may lack them, but their records
+/// are on the device. A record counts only if its header decodes, carries this region's
+/// epoch (not a previous life's), and it opens and checks out under its namespace's key; the
+/// scan stops at the first that does not. Every acknowledged put lies before that point: a
+/// durable put is acknowledged only once it and every record before it are on stable media
+/// (its batch was written `RWF_DSYNC`, and a flush covered any earlier `fast` records).
+async fn recover_open_tail(
+    dev: &dyn Device,
+    index: &Index,
+    g: &Geometry,
+    regions: &mut [RegionMeta],
+    namespaces: &HashMap<u32, Arc<Namespace>>,
+    stop_at: Option<(u32, u32)>,
+) -> anyhow::Result<TailScan> {
+    let Some(r) = regions
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.state == RegionState::Open)
+        .max_by_key(|(_, m)| m.open_seq)
+        .map(|(r, _)| r)
+    else {
+        return Ok(TailScan::default());
+    };
+    let m = regions[r];
+    let base = g.data_offset + r as u64 * g.region_bytes;
+    let mut pos = m.write_ptr as u64;
+    let mut wb = rocksdb::WriteBatch::default();
+    let (cf_blocks, cf_br) = (index.cf(index::CF_BLOCKS), index.cf(index::CF_BY_REGION));
+    let mut scan = TailScan::default();
+    let end = match stop_at {
+        Some((sr, so)) if sr as usize == r => so as u64,
+        _ => g.region_bytes,
+    };
+    while pos + IO_ALIGN_BYTES as u64 <= end {
+        // An unreadable header ends the scan (the record's length is unknown), after the
+        // drive's own retries and ours; the node starts and stays writable.
+        let Some(buf) =
+            read_retrying(dev, IO_ALIGN_BYTES, base + pos, &mut scan.media_errors).await
+        else {
+            tracing::warn!(
+                region = r,
+                offset = pos,
+                "the open region's tail is unreadable here; the scan ends"
+            );
+            break;
+        };
+        let Ok(h) = RecordHeader::decode(&buf) else {
+            break;
+        };
+        let record_len = record::record_bytes(h.len as usize) as u64;
+        if h.region_epoch != m.tail_epoch || pos + record_len > end {
+            break;
+        }
+        let Some(dek) = namespaces
+            .get(&h.ns_id)
+            .and_then(|ns| ns.opening_key(h.key_id, g.plaintext_at_rest))
+        else {
+            break;
+        };
+        let loc = BlockLoc {
+            region: r as u32,
+            offset: pos as u32,
+            record_len: record_len as u32,
+            len: h.len,
+            crc32c: h.crc32c,
+            key_id: h.key_id,
+            seq: h.seq,
+            stored_ms: super::now_ms(),
+        };
+        // An unreadable body costs that record only: its header (checked, of this epoch)
+        // says where the next one begins.
+        let Some(buf) =
+            read_retrying(dev, record_len as usize, base + pos, &mut scan.media_errors).await
+        else {
+            tracing::warn!(
+                region = r,
+                offset = pos,
+                "a record of the open region's tail is unreadable; it is skipped"
+            );
+            pos += record_len;
+            continue;
+        };
+        if !matches!(
+            super::verify_record(buf, dek.as_deref(), h.ns_id, &h.key, &loc),
+            super::Verified::Ok(_)
+        ) {
+            break;
+        }
+        let bkey = index::block_key(h.ns_id, &h.key);
+        wb.put_cf(cf_blocks, &bkey, loc.encode());
+        wb.put_cf(cf_br, index::by_region_key(r as u32, pos as u32), &bkey);
+        scan.records += 1;
+        pos += record_len;
+    }
+    if pos > m.write_ptr as u64 {
+        regions[r].write_ptr = pos as u32;
+        wb.put_cf(
+            index.cf(index::CF_REGIONS),
+            (r as u32).to_be_bytes(),
+            regions[r].encode(),
+        );
+        index.write(wb, index::WriteMode::Wal { sync: true })?;
+    }
+    Ok(scan)
+}
+
+/// What a scan of the open region's tail found.
+#[derive(Default)]
+pub(super) struct TailScan {
+    /// Records re-indexed.
+    pub records: u64,
+    /// Reads that failed every try.
+    pub media_errors: u64,
+}
+
+/// Reads at start-up (the superblock, the open region's tail) are tried this many times
+/// before the range counts as unreadable.
+const TAIL_READ_TRIES: u32 = 3;
+
+/// `len` bytes at `off`, tried [`TAIL_READ_TRIES`] times; `None` (counted in `errors`) if
+/// every try failed.
+async fn read_retrying(
+    dev: &dyn Device,
+    len: usize,
+    off: u64,
+    errors: &mut u64,
+) -> Option<AlignedBuf> {
+    for _ in 0..TAIL_READ_TRIES {
+        let (buf, res) = dev.read_at(AlignedBuf::reused(len), off).await;
+        if res.is_ok() {
+            return Some(buf);
+        }
+    }
+    *errors += 1;
+    None
+}

@@ -1,0 +1,1001 @@
+//! The writer: the one task that appends records, mutates the block index and the region
+//! table, and reclaims regions. Group commit: it takes every command queued (up to a bound)
+//! and writes their records concurrently — durable writes (`RWF_DSYNC`) if any put of the
+//! batch asked for `durable` — then hands the batch to the commit pipeline: the flusher
+//! flushes the device where earlier `fast` records are not yet on stable media and a
+//! command needs them to be, the indexer writes the batch's index changes, and only then
+//! is anything answered. While batch k is made
+//! durable, the writer already writes batch k+1. Batches commit strictly in order; until its
+//! batch commits, the writer sees a block in its `overlay` of uncommitted batches.
+//!
+//! **Durability comes from the data flush.** A put's index entry is written to RocksDB
+//! without the WAL: after a crash it may be gone, and recovery re-indexes it from the open
+//! region's tail, where every record is self-describing and stamped with its region's epoch
+//! (`engine::recovery`). What the tail cannot tell — deletes, quarantines, namespace drops,
+//! region transitions (open, seal, reclaim) — goes through a **checkpoint**: the index
+//! entries of every put since the last checkpoint, then the batch's own changes and the
+//! region table, written with the WAL and synced. A checkpoint also happens every
+//! [`CHECKPOINT_ENTRIES_MAX`] puts and at a clean shutdown, which bounds recovery's scan.
+//!
+//! Order, always: records on stable media (durable writes, or writes then a flush) → index
+//! written (checkpoints synced) → acknowledgement. A failed write, flush or index write is never retried-and-acknowledged:
+//! the node stops taking writes.
+
+use super::events::KvEventKind;
+use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
+use super::{Core, EngineError, Namespace, PutStatus, Result};
+use crate::device::AlignedBuf;
+use ctxpod_format::record::{self, RecordHeader};
+use ctxpod_wire::Durability;
+use parking_lot::Mutex;
+use rocksdb::WriteBatch;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+pub(crate) struct PutReq {
+    pub ns: Arc<Namespace>,
+    pub bkey: Vec<u8>,
+    pub len: u32,
+    pub crc: u32,
+    pub key_id: u32,
+    pub seq: u64,
+    pub record: AlignedBuf,
+    pub durability: Durability,
+    pub reply: oneshot::Sender<Result<PutStatus>>,
+}
+
+pub(crate) enum WriteCmd {
+    Put(PutReq),
+    Delete {
+        ns: Arc<Namespace>,
+        bkey: Vec<u8>,
+        reply: oneshot::Sender<Result<bool>>,
+    },
+    /// Drop the index entry of a record that failed its checks, if the index still points at it.
+    Quarantine {
+        bkey: Vec<u8>,
+        loc: BlockLoc,
+    },
+    DropNamespace {
+        ns: Arc<Namespace>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    /// Answer once everything acknowledged so far is flushed and synced.
+    Barrier(oneshot::Sender<Result<()>>),
+    Stop(oneshot::Sender<()>),
+}
+
+enum Reply {
+    Put(oneshot::Sender<Result<PutStatus>>, Result<PutStatus>),
+    Delete(oneshot::Sender<Result<bool>>, bool),
+    Done(oneshot::Sender<Result<()>>),
+}
+
+impl Reply {
+    fn send_ok(self) {
+        match self {
+            Reply::Put(tx, r) => drop(tx.send(r)),
+            Reply::Delete(tx, r) => drop(tx.send(Ok(r))),
+            Reply::Done(tx) => drop(tx.send(Ok(()))),
+        }
+    }
+
+    fn send_err(self, why: &str) {
+        self.send_error(|| EngineError::Internal(anyhow::anyhow!("{why}")));
+    }
+
+    fn send_error(self, e: impl Fn() -> EngineError) {
+        match self {
+            Reply::Put(tx, _) => drop(tx.send(Err(e()))),
+            Reply::Delete(tx, _) => drop(tx.send(Err(e()))),
+            Reply::Done(tx) => drop(tx.send(Err(e()))),
+        }
+    }
+}
+
+pub(crate) struct Writer {
+    core: Arc<Core>,
+    regions: Vec<RegionMeta>,
+    free: VecDeque<u32>,
+    /// Sealed regions, oldest first.
+    sealed: VecDeque<u32>,
+    open: Option<u32>,
+    /// Regions whose metadata changed since the last checkpoint.
+    touched: BTreeSet<u32>,
+    /// A region was opened, sealed or freed since the last checkpoint.
+    transition: bool,
+    /// Index entries (`blocks`, `by_region`) of puts since the last checkpoint.
+    uncheckpointed: Vec<(Vec<u8>, BlockLoc)>,
+    /// Free regions kept in reserve so that one group commit and one eviction always fit.
+    reserve: usize,
+    /// Index changes of batches written but not yet committed, oldest first.
+    overlay: Arc<Mutex<VecDeque<Pending>>>,
+    /// To the committer task, which ends when the writer drops this.
+    commit_tx: mpsc::Sender<CommitMsg>,
+}
+
+type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
+
+/// The record writes of one batch, running: each buffer comes back with its result.
+type BatchWrites = tokio::task::JoinHandle<Vec<(AlignedBuf, std::io::Result<()>)>>;
+
+/// A batch whose records are being written, for the committer to make durable and answer.
+struct CommitJob {
+    /// The batch's record writes, submitted: they must all succeed before anything else of
+    /// the batch happens.
+    io: Option<BatchWrites>,
+    /// For a checkpoint: the entries of earlier puts, written (with the WAL) before `wb`.
+    checkpoint: Option<WriteBatch>,
+    /// The batch's own changes: with the WAL and synced for a checkpoint, without otherwise.
+    wb: WriteBatch,
+    replies: Vec<Reply>,
+    /// Blocks (deleted, quarantined) and namespaces (dropped) whose DRAM copies go once `wb`
+    /// is written, before any reply.
+    forget: Vec<Vec<u8>>,
+    forget_ns: Vec<u32>,
+    /// Some command needs everything acknowledged so far on stable media.
+    sync: bool,
+    /// The batch's records were written durable (they need no flush themselves).
+    durable_writes: bool,
+    /// Where the batch's first record begins (region, offset).
+    first: Option<(u32, u32)>,
+    /// Set by the flusher: the device was full for this batch or one before it.
+    no_space: bool,
+    written: u64,
+    puts: u64,
+    started: Instant,
+}
+
+enum CommitMsg {
+    Job(CommitJob),
+    /// Answered once every job sent before it is committed.
+    Drain(oneshot::Sender<()>),
+}
+
+/// Most sealed regions one commit's reclaim looks at.
+const RECLAIM_TRIES_MAX: usize = 16;
+
+fn count_written(core: &Core, bytes: u64) {
+    core.counters
+        .device_written_bytes
+        .fetch_add(bytes, Ordering::Relaxed);
+    core.metrics.device_written_bytes.inc_by(bytes);
+}
+
+/// Puts between two checkpoints at most.
+pub const CHECKPOINT_ENTRIES_MAX: usize = 4096;
+
+/// Batches queued before each commit stage: the writer runs at most this far ahead of the
+/// flusher, and the flusher of the indexer.
+const COMMIT_QUEUE_DEPTH: usize = 2;
+
+/// The commit pipeline, two stages in order: the flusher waits for each batch's record
+/// writes and makes the device durable for the batch if it needs it, the indexer writes the
+/// batch's RocksDB batch and answers. The writes of batch k+1 overlap those of batch k, its
+/// flush the index sync of batch k-1: a batch's writes only have to precede its own flush
+/// and index write, and batches are answered in order, so an acknowledged batch never
+/// follows a hole.
+async fn committer(
+    core: Arc<Core>,
+    overlay: Arc<Mutex<VecDeque<Pending>>>,
+    mut rx: mpsc::Receiver<CommitMsg>,
+) {
+    let (tx, irx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
+    let indexer = tokio::spawn(indexer(core.clone(), overlay, irx));
+    // Records written, not durable, since the last flush (`fast` batches).
+    let mut dirty = false;
+    while let Some(mut msg) = rx.recv().await {
+        if let CommitMsg::Job(job) = &mut msg {
+            if let Some(io) = job.io.take() {
+                let failed = match io.await {
+                    Ok(results) => results
+                        .into_iter()
+                        .find_map(|(_, r)| r.err())
+                        .map(anyhow::Error::from),
+                    Err(e) => Some(anyhow::anyhow!("device write task: {e}")),
+                };
+                let full = |e: &anyhow::Error| {
+                    e.downcast_ref::<std::io::Error>()
+                        .and_then(|e| e.raw_os_error())
+                        == Some(libc::ENOSPC)
+                };
+                match failed {
+                    // The batch and every one behind it (written after a hole) are answered
+                    // 507; the writer re-reads its state before the next batch.
+                    Some(e) if full(&e) => {
+                        let mut ns = core.no_space.lock();
+                        if ns.is_none() {
+                            tracing::warn!("the device is full: puts answer 507 until it has room");
+                            *ns = Some(job.first.unwrap_or((u32::MAX, 0)));
+                        }
+                    }
+                    // The indexer sees the node failed and answers the batch with errors.
+                    Some(e) => core.fail("device write", &e),
+                    None => count_written(&core, job.written),
+                }
+            }
+            if core.no_space.lock().is_some() {
+                job.no_space = true;
+            }
+            dirty |= job.written > 0 && !job.durable_writes;
+            // A durable batch is on stable media already, but `fast` records written before
+            // it may not be: flush them, or a power loss could leave a hole in front of an
+            // acknowledged record, where recovery's tail scan would stop. A checkpoint
+            // makes index entries and write pointers durable: the records they point at
+            // must be durable first.
+            let needs_flush = (job.sync || job.checkpoint.is_some()) && !job.no_space;
+            if needs_flush && dirty && !core.failed.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                match core.device.flush().await {
+                    Ok(()) => {
+                        dirty = false;
+                        core.metrics.device_flushes.inc();
+                        core.metrics
+                            .flush_seconds
+                            .observe(t.elapsed().as_secs_f64());
+                    }
+                    // The indexer sees the node failed and answers the batch with errors.
+                    Err(e) => core.fail("device flush", &e.into()),
+                }
+            }
+        }
+        if tx.send(msg).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = indexer.await;
+}
+
+async fn indexer(
+    core: Arc<Core>,
+    overlay: Arc<Mutex<VecDeque<Pending>>>,
+    mut rx: mpsc::Receiver<CommitMsg>,
+) {
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            CommitMsg::Drain(tx) => drop(tx.send(())),
+            CommitMsg::Job(job) => {
+                commit_index(&core, job).await;
+                overlay.lock().pop_front();
+            }
+        }
+    }
+}
+
+/// Index changes (a synced checkpoint, or entries without the WAL) → answers. Any failure,
+/// or a failed flush before it, answers every command of the batch with an error; the node
+/// is read-only.
+async fn commit_index(core: &Arc<Core>, job: CommitJob) {
+    if job.no_space && !core.failed.load(Ordering::SeqCst) {
+        job.replies
+            .into_iter()
+            .for_each(|r| r.send_error(|| EngineError::NoSpace("the device is full".into())));
+        return;
+    }
+    if core.failed.load(Ordering::SeqCst) {
+        job.replies
+            .into_iter()
+            .for_each(|r| r.send_err("the node failed a device write or flush"));
+        return;
+    }
+    if !job.sync && job.written > 0 {
+        // Before the index makes these blocks visible: a durable re-put that finds one
+        // must know to wait for a flush.
+        core.unsynced.store(true, Ordering::SeqCst);
+    }
+    // A synced RocksDB write blocks on fsync: off the async workers.
+    let t = Instant::now();
+    let c2 = core.clone();
+    let (checkpoint, wb) = (job.checkpoint, job.wb);
+    let written = tokio::task::spawn_blocking(move || match checkpoint {
+        Some(earlier) => {
+            c2.index
+                .write(earlier, index::WriteMode::Wal { sync: false })?;
+            c2.index.write(wb, index::WriteMode::Wal { sync: true })
+        }
+        None => c2.index.write(wb, index::WriteMode::NoWal),
+    })
+    .await
+    .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")));
+    if let Err(e) = written {
+        core.fail("index write", &e);
+        job.replies
+            .into_iter()
+            .for_each(|r| r.send_err("index write failed"));
+        return;
+    }
+    core.metrics
+        .index_commit_seconds
+        .observe(t.elapsed().as_secs_f64());
+    if !job.forget.is_empty() || !job.forget_ns.is_empty() {
+        core.dram_forget(job.forget.iter().map(Vec::as_slice), &job.forget_ns);
+    }
+    if job.sync {
+        core.unsynced.store(false, Ordering::SeqCst);
+    }
+    job.replies.into_iter().for_each(Reply::send_ok);
+    core.metrics.group_commit_blocks.observe(job.puts as f64);
+    core.metrics
+        .group_commit_seconds
+        .observe(job.started.elapsed().as_secs_f64());
+}
+
+impl Writer {
+    pub fn new(core: Arc<Core>) -> anyhow::Result<Writer> {
+        let g = &core.geometry;
+        let regions = super::recovery::load_regions(&core.index, g)?;
+        let mut open: Vec<u32> = Vec::new();
+        let mut sealed: Vec<u32> = Vec::new();
+        let mut free = VecDeque::new();
+        for (r, m) in regions.iter().enumerate() {
+            match m.state {
+                RegionState::Free => free.push_back(r as u32),
+                RegionState::Open => open.push(r as u32),
+                RegionState::Sealed => sealed.push(r as u32),
+            }
+        }
+        // At most one region is open; should an older one be found open, it is sealed.
+        open.sort_by_key(|&r| regions[r as usize].open_seq);
+        let current = open.pop();
+        sealed.extend(open);
+        sealed.sort_by_key(|&r| regions[r as usize].open_seq);
+        let batch_regions = core.cfg.group_commit_max_bytes.0.div_ceil(g.region_bytes) as usize;
+        let reserve = (batch_regions + 2).min(g.regions as usize / 2).max(1);
+        let overlay = Arc::new(Mutex::new(VecDeque::new()));
+        let (commit_tx, commit_rx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
+        tokio::spawn(committer(core.clone(), overlay.clone(), commit_rx));
+        let w = Writer {
+            overlay,
+            commit_tx,
+            core,
+            regions,
+            free,
+            sealed: sealed.into(),
+            open: current,
+            touched: BTreeSet::new(),
+            transition: false,
+            uncheckpointed: Vec::new(),
+            reserve,
+        };
+        w.publish();
+        Ok(w)
+    }
+
+    fn publish(&self) {
+        let rb = self.core.geometry.region_bytes;
+        let used = self.sealed.len() as u64 * rb
+            + self
+                .open
+                .map_or(0, |r| self.regions[r as usize].write_ptr as u64);
+        self.core.counters.used_bytes.store(used, Ordering::Relaxed);
+        self.core
+            .counters
+            .regions_free
+            .store(self.free.len() as u64, Ordering::Relaxed);
+    }
+
+    pub async fn run(mut self, mut rx: mpsc::Receiver<WriteCmd>) {
+        let max_blocks = self.core.cfg.group_commit_max_blocks;
+        let max_bytes = self.core.cfg.group_commit_max_bytes.0 as usize;
+        while let Some(first) = rx.recv().await {
+            let mut stop = None;
+            let mut cmds = Vec::new();
+            let mut bytes = 0;
+            let mut next = Some(first);
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    WriteCmd::Stop(tx) => {
+                        stop = Some(tx);
+                        break;
+                    }
+                    WriteCmd::Put(ref p) => bytes += p.record.len(),
+                    _ => {}
+                }
+                cmds.push(cmd);
+                if cmds.len() >= max_blocks || bytes >= max_bytes {
+                    break;
+                }
+                next = rx.try_recv().ok();
+            }
+            if !cmds.is_empty() {
+                self.commit(cmds).await;
+            }
+            if let Some(tx) = stop {
+                self.shutdown_checkpoint().await;
+                let _ = tx.send(());
+                return;
+            }
+        }
+        self.shutdown_checkpoint().await;
+    }
+
+    /// At a clean stop: everything committed, then one synced checkpoint, so that the next
+    /// start has no tail to scan.
+    async fn shutdown_checkpoint(&mut self) {
+        self.drain_committer().await;
+        if self.core.failed.load(Ordering::SeqCst) {
+            return;
+        }
+        // The checkpoint makes every entry durable: `fast` records must be durable first.
+        if let Err(e) = self.core.device.flush().await {
+            self.core.fail("device flush at shutdown", &e.into());
+            return;
+        }
+        let mut wb = WriteBatch::default();
+        self.put_touched(&mut wb);
+        let earlier = self.take_checkpoint();
+        let r = earlier
+            .map_or(Ok(()), |e| {
+                self.core
+                    .index
+                    .write(e, index::WriteMode::Wal { sync: false })
+            })
+            .and_then(|()| {
+                self.core
+                    .index
+                    .write(wb, index::WriteMode::Wal { sync: true })
+            });
+        if let Err(e) = r {
+            self.core.fail("checkpoint at shutdown", &e);
+        }
+    }
+
+    /// The entries of every put since the last checkpoint, as one batch (None if none), and
+    /// the start of a new checkpoint interval.
+    fn take_checkpoint(&mut self) -> Option<WriteBatch> {
+        self.transition = false;
+        if self.uncheckpointed.is_empty() {
+            return None;
+        }
+        let cf_blocks = self.core.index.cf(index::CF_BLOCKS);
+        let cf_br = self.core.index.cf(index::CF_BY_REGION);
+        let mut wb = WriteBatch::default();
+        for (bkey, loc) in self.uncheckpointed.drain(..) {
+            wb.put_cf(cf_blocks, &bkey, loc.encode());
+            wb.put_cf(cf_br, by_region_key(loc.region, loc.offset), &bkey);
+        }
+        Some(wb)
+    }
+
+    /// After the device refused a write for lack of space: once every batch is answered,
+    /// re-reads the open region's tail and the region table as a restart would, and starts
+    /// over from them (with a new committer). Records of failed batches stay garbage past
+    /// the tail, under an old epoch.
+    async fn reopen(&mut self) -> anyhow::Result<()> {
+        self.drain_committer().await;
+        let stop_at = *self.core.no_space.lock();
+        // Entries of puts since the last checkpoint are in the index (without the WAL);
+        // the tail scan finds their records again.
+        super::recovery::reopen_after_no_space(&self.core, stop_at).await?;
+        // Puts of the failed batches entered the presence set but not the index.
+        self.core.presence.rebuild(&self.core.index)?;
+        *self = Writer::new(self.core.clone())?;
+        self.publish();
+        *self.core.no_space.lock() = None;
+        tracing::info!("writes resume after the device was full");
+        Ok(())
+    }
+
+    /// Waits until every batch handed to the committer is committed.
+    async fn drain_committer(&mut self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commit_tx.send(CommitMsg::Drain(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Lookup through the batch's own pending changes, the uncommitted batches, the index.
+    fn lookup(
+        &self,
+        pending: &HashMap<Vec<u8>, Option<BlockLoc>>,
+        bkey: &[u8],
+    ) -> anyhow::Result<Option<BlockLoc>> {
+        if let Some(p) = pending.get(bkey) {
+            return Ok(*p);
+        }
+        if let Some(p) = self.overlay.lock().iter().rev().find_map(|b| b.get(bkey)) {
+            return Ok(*p);
+        }
+        self.core.index.get_block(bkey)
+    }
+
+    /// Space for a record of `bytes` in the open region, opening a new one when it is full;
+    /// `None` when no region is free.
+    ///
+    /// A region's epoch (`open_seq`, and the `tail_epoch` its records carry) is a fresh
+    /// number from the node's sequence, which is never handed out twice, not even across
+    /// crashes: records left over from any earlier life of the region, acknowledged or not,
+    /// can never carry the current epoch. Each start gives the open region's tail a fresh
+    /// epoch too (see `recovery::open`).
+    fn alloc(&mut self, bytes: usize) -> anyhow::Result<Option<(u32, u32)>> {
+        let rb = self.core.geometry.region_bytes as usize;
+        loop {
+            if let Some(r) = self.open {
+                let m = &mut self.regions[r as usize];
+                let wp = m.write_ptr as usize;
+                if wp + bytes <= rb {
+                    m.write_ptr = (wp + bytes) as u32;
+                    self.touched.insert(r);
+                    return Ok(Some((r, wp as u32)));
+                }
+                m.state = RegionState::Sealed;
+                self.touched.insert(r);
+                self.transition = true;
+                self.sealed.push_back(r);
+                self.open = None;
+            }
+            let Some(&r) = self.free.front() else {
+                return Ok(None);
+            };
+            let epoch = self.core.next_seq()?;
+            self.free.pop_front();
+            self.transition = true;
+            self.regions[r as usize] = RegionMeta::opened(epoch);
+            self.touched.insert(r);
+            self.open = Some(r);
+        }
+    }
+
+    fn put_touched(&mut self, wb: &mut WriteBatch) {
+        let cf = self.core.index.cf(index::CF_REGIONS);
+        for r in std::mem::take(&mut self.touched) {
+            wb.put_cf(cf, r.to_be_bytes(), self.regions[r as usize].encode());
+        }
+    }
+
+    fn account(&self, ns: &Namespace, len: u32, add: bool) {
+        let c = &self.core.counters;
+        if add {
+            ns.used_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            ns.blocks.fetch_add(1, Ordering::Relaxed);
+            c.live_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            c.blocks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ns.used_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+            ns.blocks.fetch_sub(1, Ordering::Relaxed);
+            c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+            c.blocks.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A block leaves the index at reclaim (into `wb`): counted, announced, out of the
+    /// presence set. Its DRAM copy goes once `wb` is written.
+    fn evict_entry(&self, wb: &mut WriteBatch, bkey: &[u8], loc: &BlockLoc) {
+        let core = &self.core;
+        wb.delete_cf(core.index.cf(index::CF_BLOCKS), bkey);
+        self.account_bkey(bkey, loc.len);
+        core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
+        core.metrics.evicted_blocks.inc();
+        core.events.block(bkey, KvEventKind::Evicted);
+        core.presence.remove(bkey);
+    }
+
+    fn account_bkey(&self, bkey: &[u8], len: u32) {
+        let id = u32::from_be_bytes(
+            bkey[..4]
+                .try_into()
+                .expect("block keys start with a namespace id"),
+        );
+        if let Some(ns) = self.core.ns_by_id(id) {
+            self.account(&ns, len, false);
+        } else {
+            let c = &self.core.counters;
+            c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+            c.blocks.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    async fn commit(&mut self, cmds: Vec<WriteCmd>) {
+        let started = Instant::now();
+        if self.core.failed.load(Ordering::SeqCst) {
+            for cmd in cmds {
+                reply_failed(cmd);
+            }
+            return;
+        }
+        if self.core.no_space.lock().is_some() {
+            if let Err(e) = self.reopen().await {
+                self.core
+                    .fail("re-reading state after the device was full", &e);
+            }
+        }
+        if let Err(e) = self.ensure_free().await {
+            self.core.fail("region reclaim", &e);
+            for cmd in cmds {
+                reply_failed(cmd);
+            }
+            return;
+        }
+        let core = self.core.clone();
+        let cfs = (
+            core.index.cf(index::CF_BLOCKS),
+            core.index.cf(index::CF_BY_REGION),
+            core.index.cf(index::CF_QUARANTINE),
+        );
+        let mut wb = WriteBatch::default();
+        let mut pending: HashMap<Vec<u8>, Option<BlockLoc>> = HashMap::new();
+        let mut writes: Vec<(AlignedBuf, u64)> = Vec::new();
+        let mut replies: Vec<Reply> = Vec::new();
+        let mut sync = false;
+        let mut puts = 0u64;
+        let mut new_entries: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+        let mut needs_checkpoint = false;
+        let mut first_record = None;
+        let (mut forget, mut forget_ns) = (Vec::new(), Vec::new());
+        for cmd in cmds {
+            match cmd {
+                WriteCmd::Put(mut p) => {
+                    if p.ns.deleted.load(Ordering::SeqCst) {
+                        let _ = p.reply.send(Err(EngineError::NotFound(format!(
+                            "namespace {:?} was deleted",
+                            p.ns.name
+                        ))));
+                        continue;
+                    }
+                    let existing = match self.lookup(&pending, &p.bkey) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            let _ = p.reply.send(Err(e.into()));
+                            continue;
+                        }
+                    };
+                    if let Some(loc) = existing {
+                        sync |= p.durability == Durability::Durable;
+                        let r = if loc.crc32c == p.crc && loc.len == p.len {
+                            Ok(PutStatus::Exists)
+                        } else {
+                            Err(EngineError::Conflict)
+                        };
+                        replies.push(Reply::Put(p.reply, r));
+                        continue;
+                    }
+                    if let Some(q) = p.ns.quota_bytes() {
+                        if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
+                            let _ = p.reply.send(Err(EngineError::Quota(format!(
+                                "namespace {} is at its quota",
+                                p.ns.name
+                            ))));
+                            continue;
+                        }
+                    }
+                    let (region, offset) = match self.alloc(p.record.len()) {
+                        Ok(Some(place)) => place,
+                        Ok(None) => {
+                            let _ = p.reply.send(Err(EngineError::NoSpace(
+                                "no free region: every region holds leased blocks".into(),
+                            )));
+                            continue;
+                        }
+                        Err(e) => {
+                            let _ = p.reply.send(Err(e.into()));
+                            continue;
+                        }
+                    };
+                    let loc = BlockLoc {
+                        region,
+                        offset,
+                        record_len: p.record.len() as u32,
+                        len: p.len,
+                        crc32c: p.crc,
+                        key_id: p.key_id,
+                        seq: p.seq,
+                        stored_ms: super::now_ms(),
+                    };
+                    record::stamp_region_epoch(
+                        &mut p.record[..record::HEADER_BYTES],
+                        self.regions[region as usize].tail_epoch,
+                    );
+                    wb.put_cf(cfs.0, &p.bkey, loc.encode());
+                    wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
+                    self.core.presence.insert(&p.bkey);
+                    new_entries.push((p.bkey.clone(), loc));
+                    pending.insert(p.bkey, Some(loc));
+                    self.account(&p.ns, p.len, true);
+                    sync |= p.durability == Durability::Durable;
+                    puts += 1;
+                    first_record.get_or_insert((region, offset));
+                    writes.push((p.record, self.core.dev_offset(region, offset)));
+                    replies.push(Reply::Put(p.reply, Ok(PutStatus::Created)));
+                }
+                WriteCmd::Delete { ns, bkey, reply } => match self.lookup(&pending, &bkey) {
+                    Ok(Some(loc)) => {
+                        wb.delete_cf(cfs.0, &bkey);
+                        self.core.presence.remove(&bkey);
+                        needs_checkpoint = true;
+                        self.account(&ns, loc.len, false);
+                        forget.push(bkey.clone());
+                        pending.insert(bkey, None);
+                        replies.push(Reply::Delete(reply, true));
+                    }
+                    Ok(None) => replies.push(Reply::Delete(reply, false)),
+                    Err(e) => drop(reply.send(Err(e.into()))),
+                },
+                WriteCmd::Quarantine { bkey, loc } => {
+                    if let Ok(Some(cur)) = self.lookup(&pending, &bkey) {
+                        if cur == loc {
+                            wb.delete_cf(cfs.0, &bkey);
+                            self.core.presence.remove(&bkey);
+                            wb.put_cf(cfs.2, &bkey, loc.encode());
+                            needs_checkpoint = true;
+                            self.account_bkey(&bkey, loc.len);
+                            forget.push(bkey.clone());
+                            pending.insert(bkey, None);
+                        }
+                    }
+                }
+                WriteCmd::DropNamespace { ns, reply } => {
+                    ns.deleted.store(true, Ordering::SeqCst);
+                    let lo = ns.id.to_be_bytes();
+                    let hi = (ns.id + 1).to_be_bytes();
+                    wb.delete_range_cf(cfs.0, lo, hi);
+                    self.core.presence.drop_namespace(ns.id);
+                    forget_ns.push(ns.id);
+                    needs_checkpoint = true;
+                    wb.delete_range_cf(core.index.cf(index::CF_KEYS), lo, hi);
+                    wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
+                    pending.retain(|k, _| k[..4] != lo);
+                    let c = &self.core.counters;
+                    c.live_bytes
+                        .fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                    c.blocks
+                        .fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                    sync = true;
+                    replies.push(Reply::Done(reply));
+                }
+                WriteCmd::Barrier(reply) => {
+                    sync = true;
+                    replies.push(Reply::Done(reply));
+                }
+                WriteCmd::Stop(_) => unreachable!("run() handles Stop"),
+            }
+        }
+        let written: u64 = writes.iter().map(|(b, _)| b.len() as u64).sum();
+        let first = first_record;
+        // A batch with a durable put writes its records durable (RWF_DSYNC): each is on
+        // stable media when its write completes, and the batch needs no flush of its own.
+        // The writes run on while the writer takes the next batch: the committer awaits them,
+        // in batch order, before anything of this batch is flushed, indexed or answered.
+        let ios: Vec<_> = writes
+            .into_iter()
+            .map(|(buf, off)| {
+                let dev = &self.core.device;
+                if sync {
+                    dev.write_durable_at(buf, off)
+                } else {
+                    dev.write_at(buf, off)
+                }
+            })
+            .collect();
+        let io = (!ios.is_empty()).then(|| tokio::spawn(futures::future::join_all(ios)));
+        let checkpoint = needs_checkpoint
+            || self.transition
+            || self.uncheckpointed.len() + new_entries.len() >= CHECKPOINT_ENTRIES_MAX;
+        let earlier = if checkpoint {
+            self.put_touched(&mut wb);
+            self.take_checkpoint()
+        } else {
+            self.uncheckpointed.extend(new_entries);
+            None
+        };
+        self.publish();
+        self.overlay.lock().push_back(pending);
+        let job = CommitJob {
+            io,
+            first,
+            no_space: false,
+            checkpoint: checkpoint.then(|| earlier.unwrap_or_default()),
+            wb,
+            replies,
+            forget,
+            forget_ns,
+            sync,
+            durable_writes: sync,
+            written,
+            puts,
+            started,
+        };
+        if let Err(mpsc::error::SendError(CommitMsg::Job(job))) =
+            self.commit_tx.send(CommitMsg::Job(job)).await
+        {
+            self.overlay.lock().pop_back();
+            self.core
+                .fail("commit", &anyhow::anyhow!("the committer task stopped"));
+            job.replies
+                .into_iter()
+                .for_each(|r| r.send_err("the committer task stopped"));
+        }
+    }
+
+    /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
+    /// sealed region is left to try).
+    async fn ensure_free(&mut self) -> anyhow::Result<()> {
+        // Bounded: a device whose oldest regions are mostly leased answers puts 507 at once
+        // rather than scanning every region on every commit.
+        let mut tries = self.sealed.len().min(RECLAIM_TRIES_MAX);
+        if self.free.len() < self.reserve && tries > 0 {
+            // Reclaim reads and rewrites the index: only over committed state.
+            self.drain_committer().await;
+        }
+        while self.free.len() < self.reserve && tries > 0 {
+            tries -= 1;
+            self.evict_oldest().await?;
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Reclaims the oldest sealed region. Blocks that are leased, or were read since they were
+    /// written (up to half a region), are moved to the open region byte for byte (same
+    /// sequence number, nonce and ciphertext); the rest leave the index. A region more than
+    /// half of which is leased records is not rewritten: it goes to the back of the queue
+    /// as it is (counted in `ctxpod_reclaim_skipped_regions_total`). So a reclaim moves at
+    /// most one region's worth of records (half leased, half recently read), and a device
+    /// full of leases is not rewritten over and over by every commit.
+    async fn evict_oldest(&mut self) -> anyhow::Result<()> {
+        let Some(r) = self.sealed.pop_front() else {
+            return Ok(());
+        };
+        let core = self.core.clone();
+        let idx = &core.index;
+        let cf_br = idx.cf(index::CF_BY_REGION);
+        let cf_blocks = idx.cf(index::CF_BLOCKS);
+        let lo = by_region_key(r, 0);
+        let hi = by_region_key(r + 1, 0);
+        let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+        let iter = idx.db.iterator_cf(
+            cf_br,
+            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, bkey) = item?;
+            if k.as_ref() >= hi.as_slice() {
+                break;
+            }
+            let offset = u32::from_be_bytes(k[4..8].try_into()?);
+            if let Some(loc) = idx.get_block(&bkey)? {
+                if loc.region == r && loc.offset == offset {
+                    live.push((bkey.to_vec(), loc));
+                }
+            }
+        }
+        let budget = core.geometry.region_bytes / 2;
+        // Each record's lease, asked once.
+        let pinned: Vec<bool> = live
+            .iter()
+            .map(|(bkey, _)| core.leases.is_pinned(bkey))
+            .collect();
+        let leased: u64 = live
+            .iter()
+            .zip(&pinned)
+            .filter(|(_, p)| **p)
+            .map(|((_, loc), _)| loc.record_len as u64)
+            .sum();
+        if leased > budget {
+            self.sealed.push_back(r);
+            core.metrics.reclaim_skipped.inc();
+            tracing::debug!(region = r, leased, "region mostly leased: kept in place");
+            return Ok(());
+        }
+        let mut reinsert_bytes = 0u64;
+        let mut wb = WriteBatch::default();
+        let mut moved = 0u64;
+        let mut written = 0u64;
+        // Blocks that leave the index: their DRAM copies go once it is written.
+        let mut gone: Vec<Vec<u8>> = Vec::new();
+        for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
+            let hot =
+                core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
+            if !(pinned || hot) {
+                self.evict_entry(&mut wb, &bkey, &loc);
+                gone.push(bkey);
+                continue;
+            }
+            let buf = AlignedBuf::reused(loc.record_len as usize);
+            let (mut buf, res) = core
+                .device
+                .read_at(buf, core.dev_offset(r, loc.offset))
+                .await;
+            // A record the device cannot read is that record's loss only: it is dropped
+            // like an unpinned one and counted; the node stays writable.
+            if let Err(e) = res {
+                tracing::warn!(
+                    region = r,
+                    offset = loc.offset,
+                    error = %e,
+                    "a record to move at reclaim could not be read; it is dropped"
+                );
+                core.metrics
+                    .media_errors
+                    .with_label_values(&["reclaim"])
+                    .inc();
+                core.counters.media_errors.fetch_add(1, Ordering::Relaxed);
+                self.evict_entry(&mut wb, &bkey, &loc);
+                gone.push(bkey);
+                continue;
+            }
+            let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
+                h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
+            });
+            let target = if intact { self.alloc(buf.len())? } else { None };
+            let Some((nr, noff)) = target else {
+                // A record that no longer checks out, or no room left: it leaves the index.
+                self.evict_entry(&mut wb, &bkey, &loc);
+                if !intact {
+                    core.counters
+                        .integrity_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    core.metrics.integrity_errors.inc();
+                    wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
+                }
+                gone.push(bkey);
+                continue;
+            };
+            if !pinned {
+                reinsert_bytes += loc.record_len as u64;
+            }
+            // The same record, byte for byte, but for the epoch of the region it now lives in.
+            record::stamp_region_epoch(
+                &mut buf[..record::HEADER_BYTES],
+                self.regions[nr as usize].tail_epoch,
+            );
+            written += buf.len() as u64;
+            let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
+            res?;
+            let nloc = BlockLoc {
+                region: nr,
+                offset: noff,
+                ..loc
+            };
+            wb.put_cf(cf_blocks, &bkey, nloc.encode());
+            wb.put_cf(cf_br, by_region_key(nr, noff), &bkey);
+            moved += 1;
+        }
+        count_written(&self.core, written);
+        if written > 0 {
+            core.device.flush().await?;
+            core.metrics.device_flushes.inc();
+        }
+        wb.delete_range_cf(cf_br, lo, hi);
+        self.regions[r as usize] = RegionMeta::FREE;
+        self.touched.insert(r);
+        self.put_touched(&mut wb);
+        // A checkpoint, synced before the region can be reused: no index entry may point into
+        // it afterwards, and the open region's write pointer moves past every earlier put.
+        if let Some(earlier) = self.take_checkpoint() {
+            idx.write(earlier, index::WriteMode::Wal { sync: false })?;
+        }
+        idx.write(wb, index::WriteMode::Wal { sync: true })?;
+        core.dram_forget(gone.iter().map(Vec::as_slice), &[]);
+        self.free.push_back(r);
+        core.counters
+            .evicted_regions
+            .fetch_add(1, Ordering::Relaxed);
+        core.counters
+            .reinserted_blocks
+            .fetch_add(moved, Ordering::Relaxed);
+        core.metrics.evicted_regions.inc();
+        core.metrics.reinserted_blocks.inc_by(moved);
+        tracing::debug!(region = r, moved, "region reclaimed");
+        Ok(())
+    }
+}
+
+fn reply_failed(cmd: WriteCmd) {
+    let e = || {
+        EngineError::Internal(anyhow::anyhow!(
+            "the node failed a device write or flush and accepts no writes"
+        ))
+    };
+    match cmd {
+        WriteCmd::Put(p) => drop(p.reply.send(Err(e()))),
+        WriteCmd::Delete { reply, .. } => drop(reply.send(Err(e()))),
+        WriteCmd::DropNamespace { reply, .. } => drop(reply.send(Err(e()))),
+        WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),
+        WriteCmd::Quarantine { .. } => {}
+        WriteCmd::Stop(tx) => drop(tx.send(())),
+    }
+}

@@ -1,0 +1,312 @@
+//! Batches across the pod: `batch/get`, `batch/put`, `pin` and `unpin` sent to any node
+//! are answered for the whole pod. The node splits the batch by member, asks the members
+//! (itself included) all at once, and puts the answers back in the request's order.
+//!
+//! - `batch/get`: each key goes to its first-ranked member; keys a member misses (or that
+//!   cannot be reached) go to their next candidate in the following round, up to
+//!   max(3, R + 1) members, as a single `GET` would.
+//! - `batch/put`: each block goes to its R first-ranked members; a member that cannot be
+//!   reached is replaced by the next in rank order in the following round. A block is
+//!   acknowledged (200/201) once R members stored it; a refusal is its answer; too few
+//!   members reachable is 503.
+//! - `pin` / `unpin`: every candidate member of a key is asked (whichever holds a copy
+//!   keeps it); a key counts once, if any member pinned (unpinned) it.
+//!
+//! Sub-requests carry `x-ctxpod-forwarded-by` and the caller's credentials
+//! ([`super::Peers::for_caller`]). The answering node holds the members' answers until it
+//! answers: at most what each member asked may send (64 MiB a `batch/get`).
+
+use super::membership::MemberInfo;
+use super::Peers;
+use bytes::Bytes;
+use ctxpod_wire::frame;
+use ctxpod_wire::types::{KeysRequest, PinRequest, PinResponse, PresentResponse, UnpinResponse};
+use http::HeaderMap;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One key's answer to a `batch/get`.
+#[derive(Clone, Debug)]
+pub struct Got {
+    pub status: u16,
+    pub crc32c: Option<u32>,
+    pub len: u32,
+    pub data: Option<Bytes>,
+}
+
+/// Key indexes grouped by the member each goes to this round.
+pub type Groups<'v> = BTreeMap<&'v str, (&'v MemberInfo, Vec<usize>)>;
+
+pub fn group<'v>(assign: impl IntoIterator<Item = (usize, &'v MemberInfo)>) -> Groups<'v> {
+    let mut g: Groups<'v> = BTreeMap::new();
+    for (i, m) in assign {
+        g.entry(m.id.as_str()).or_insert((m, Vec::new())).1.push(i);
+    }
+    g
+}
+
+/// Asks members for a caller: the namespace (as the caller names it), credentials.
+pub struct Asker<'a> {
+    pub peers: &'a Peers,
+    pub me: &'a str,
+    pub ns: &'a str,
+    pub headers: &'a HeaderMap,
+    pub caller_tenant: Option<&'a str>,
+}
+
+impl Asker<'_> {
+    fn post(&self, m: &MemberInfo, what: &str) -> reqwest::RequestBuilder {
+        let req = self
+            .peers
+            .http
+            .post(format!("{}/v1/namespaces/{}/{what}", m.http, self.ns))
+            .timeout(TIMEOUT)
+            .header(super::route::HEADER_FORWARDED, self.me);
+        self.peers.for_caller(req, self.headers, self.caller_tenant)
+    }
+
+    /// Sends a request: its answer when successful, else `Err(Some(status))`, or
+    /// `Err(None)` when the member could not be reached.
+    async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, Option<u16>> {
+        let resp = req.send().await.map_err(|_| None)?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(Some(resp.status().as_u16()))
+        }
+    }
+
+    fn keys_request(keys: &[&[u8]]) -> KeysRequest {
+        KeysRequest {
+            keys: keys.iter().map(hex::encode).collect(),
+        }
+    }
+
+    /// `batch/get` of `keys` at `m`; `Err(status)` when it refused the whole request,
+    /// `Err(None)` when it could not be reached.
+    /// `keys` from member `m`, its answer carrying at most `bytes_max` bytes of blocks.
+    pub async fn batch_get(
+        &self,
+        m: &MemberInfo,
+        keys: &[&[u8]],
+        bytes_max: usize,
+    ) -> Result<Vec<Got>, Option<u16>> {
+        let req = self
+            .post(m, "batch/get")
+            .header(ctxpod_wire::HEADER_ANSWER_BYTES_MAX, bytes_max)
+            .json(&Self::keys_request(keys));
+        let resp = Self::send(req).await?;
+        // Read no more than an honest answer may hold: the share's blocks, and each key's
+        // entry header. A member that sends more costs a 502, never the memory.
+        let limit = 8 + keys.len() * (12 + ctxpod_wire::KEY_BYTES_MAX) + bytes_max;
+        if resp.content_length().is_some_and(|n| n as usize > limit) {
+            tracing::warn!(member = %m.id, "a member's batch/get answer is over its share");
+            return Err(Some(502));
+        }
+        let mut body = bytes::BytesMut::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+            let chunk = chunk.map_err(|_| None)?;
+            if body.len() + chunk.len() > limit {
+                tracing::warn!(member = %m.id, "a member's batch/get answer is over its share");
+                return Err(Some(502));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let body = body.freeze();
+        let got = frame::decode(&body).map_err(|_| Some(502))?;
+        if got.len() != keys.len() {
+            return Err(Some(502));
+        }
+        // Bytes taken from a member are checked against their CRC32C before they are served
+        // or stored: an entry that does not match is a miss here, as a corrupt record read
+        // from flash is (the next candidate is asked).
+        Ok(got
+            .iter()
+            .map(|e| match e.data {
+                Some(d) if e.crc32c != Some(ctxpod_wire::crc32c(d)) => {
+                    tracing::warn!(
+                        member = %m.id,
+                        "a member answered a block whose bytes do not match its CRC32C"
+                    );
+                    Got {
+                        status: 404,
+                        crc32c: None,
+                        len: 0,
+                        data: None,
+                    }
+                }
+                _ => Got {
+                    status: e.status,
+                    crc32c: e.crc32c,
+                    len: e.len,
+                    data: e.data.map(|d| body.slice_ref(d)),
+                },
+            })
+            .collect())
+    }
+
+    /// Which of `keys` member `m` holds itself.
+    pub async fn present(&self, m: &MemberInfo, keys: &[&[u8]]) -> Result<Vec<bool>, Option<u16>> {
+        let resp = Self::send(self.post(m, "present").json(&Self::keys_request(keys))).await?;
+        match resp.json::<PresentResponse>().await {
+            Ok(a) if a.present.len() == keys.len() => Ok(a.present),
+            _ => Err(Some(502)),
+        }
+    }
+
+    /// `batch/put` of `blocks` at `m`: per block, its status.
+    pub async fn batch_put(
+        &self,
+        m: &MemberInfo,
+        blocks: &[(&[u8], &Bytes)],
+        durability: Option<&http::HeaderValue>,
+    ) -> Result<Vec<u16>, Option<u16>> {
+        let entries: Vec<frame::Entry> = blocks
+            .iter()
+            .map(|(k, d)| frame::Entry::put(k, d))
+            .collect();
+        let mut req = self
+            .post(m, "batch/put")
+            .header("content-type", "application/octet-stream")
+            .body(frame::encode(&entries));
+        if let Some(d) = durability {
+            req = req.header(ctxpod_wire::HEADER_DURABILITY, d);
+        }
+        let body = Self::send(req).await?.bytes().await.map_err(|_| None)?;
+        let got = frame::decode(&body).map_err(|_| Some(502))?;
+        if got.len() != blocks.len() {
+            return Err(Some(502));
+        }
+        Ok(got.iter().map(|e| e.status).collect())
+    }
+
+    /// `pin` (with `ttl_ms`) or `unpin` (without) of `keys` at `m`: per key, whether it
+    /// was pinned (unpinned) there.
+    pub async fn pin(
+        &self,
+        m: &MemberInfo,
+        keys: &[&[u8]],
+        ttl_ms: Option<u64>,
+    ) -> Result<Vec<bool>, Option<u16>> {
+        let hex_keys = keys.iter().map(hex::encode).collect();
+        let req = match ttl_ms {
+            Some(ttl_ms) => self.post(m, "pin").json(&PinRequest {
+                keys: hex_keys,
+                ttl_ms,
+            }),
+            None => self.post(m, "unpin").json(&KeysRequest { keys: hex_keys }),
+        };
+        let resp = Self::send(req).await?;
+        let each = match ttl_ms {
+            Some(_) => resp.json::<PinResponse>().await.map_err(|_| None)?.each,
+            None => resp.json::<UnpinResponse>().await.map_err(|_| None)?.each,
+        };
+        match each {
+            Some(e) if e.len() == keys.len() => Ok(e),
+            _ => Err(Some(502)),
+        }
+    }
+}
+
+/// Where each block of a `batch/put` stands.
+#[derive(Clone, Debug, Default)]
+pub struct PutState {
+    /// Members that stored it.
+    pub stored: usize,
+    /// The first member's answer (201 or 200).
+    pub ok: Option<u16>,
+    /// A member's refusal: the block's answer.
+    pub refused: Option<u16>,
+    /// How far down its ranking it has gone.
+    pub next: usize,
+}
+
+impl PutState {
+    /// The members to ask this round: as many as copies are missing, next in rank order.
+    pub fn next_members<'v>(
+        &mut self,
+        ranked: &[&'v MemberInfo],
+        copies: usize,
+    ) -> Vec<&'v MemberInfo> {
+        if self.refused.is_some() || self.stored >= copies {
+            return Vec::new();
+        }
+        let want = copies - self.stored;
+        let end = (self.next + want).min(ranked.len());
+        let out = ranked[self.next..end].to_vec();
+        self.next = end;
+        out
+    }
+
+    pub fn answer(&mut self, status: u16) {
+        if status == 200 || status == 201 {
+            self.stored += 1;
+            self.ok.get_or_insert(status);
+        } else {
+            self.refused.get_or_insert(status);
+        }
+    }
+
+    /// The block's status once no round is left.
+    pub fn status(&self, copies: usize) -> u16 {
+        match (self.refused, self.ok) {
+            (Some(s), _) => s,
+            (None, Some(s)) if self.stored >= copies => s,
+            _ => 503,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::MemberState;
+
+    fn m(id: &str) -> MemberInfo {
+        MemberInfo {
+            id: id.into(),
+            http: format!("http://{id}"),
+            transfer: None,
+            capacity: 1,
+            zone: String::new(),
+            state: MemberState::Up,
+        }
+    }
+
+    #[test]
+    fn a_put_goes_down_the_ranking_until_r_copies_or_a_refusal() {
+        let (a, b, c, d) = (m("a"), m("b"), m("c"), m("d"));
+        let ranked = [&a, &b, &c, &d];
+        let mut s = PutState::default();
+        let ids = |v: Vec<&MemberInfo>| v.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(s.next_members(&ranked, 2)), ["a", "b"]);
+        // a stored it, b could not be reached: the next round asks c only.
+        s.answer(201);
+        assert_eq!(ids(s.next_members(&ranked, 2)), ["c"]);
+        s.answer(200);
+        assert!(s.next_members(&ranked, 2).is_empty());
+        assert_eq!(s.status(2), 201);
+        // Nobody reachable: 503; a refusal is the answer.
+        let mut s = PutState::default();
+        s.next_members(&ranked, 2);
+        s.next_members(&ranked, 2);
+        assert!(s.next_members(&ranked, 2).is_empty());
+        assert_eq!(s.status(2), 503);
+        let mut s = PutState::default();
+        s.answer(201);
+        s.answer(507);
+        assert!(s.next_members(&ranked, 2).is_empty());
+        assert_eq!(s.status(2), 507);
+    }
+
+    #[test]
+    fn keys_are_grouped_by_member_in_order() {
+        let (a, b) = (m("a"), m("b"));
+        let g = group([(0, &b), (1, &a), (2, &b)]);
+        let got: Vec<(&str, Vec<usize>)> = g.iter().map(|(k, (_, v))| (*k, v.clone())).collect();
+        assert_eq!(got, [("a", vec![1]), ("b", vec![0, 2])]);
+    }
+}

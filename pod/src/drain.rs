@@ -1,0 +1,138 @@
+//! Draining a node before it leaves: its member record says `draining`, so every node
+//! ranks it last for every block (placement weight 0: no new block lands on it while others
+//! can take it), and its backfill copies each block it holds to the block's first R members,
+//! which no longer include it. Passes run back to back until one finds every block already
+//! held by its first R members: the node is then `drained`, and stopping it loses nothing.
+//!
+//! `POST /v1/admin/drain` starts it, `GET` tells how far it is, `DELETE` takes it back
+//! (`up` again). It needs etcd membership (the state travels in the member record) and the
+//! backfill (`pod.backfill_interval_s` > 0, and the peer token when authentication is on).
+
+use super::membership::{MemberState, RegistrationHandle};
+use super::PassReport;
+use ctxpod_wire::types::DrainStatus;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct State {
+    draining: bool,
+    /// Passes finished with this node `draining` in their view.
+    passes: u64,
+    /// The last of them.
+    last: Option<PassReport>,
+    drained: bool,
+}
+
+/// This node's drain: set by the API, advanced by the backfill.
+pub struct Drain {
+    registration: Option<RegistrationHandle>,
+    /// Why a drain cannot run here, when it cannot.
+    off: Mutex<Option<String>>,
+    /// Asks the backfill for a pass now.
+    pub kick: Arc<Notify>,
+    state: Mutex<State>,
+}
+
+impl Drain {
+    pub fn new(registration: Option<RegistrationHandle>) -> Drain {
+        let off = registration
+            .is_none()
+            .then(|| "draining needs etcd membership (pod.etcd_endpoints)".to_string());
+        Drain {
+            registration,
+            off: Mutex::new(off),
+            kick: Arc::new(Notify::new()),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The backfill does not run on this node: a drain could not move anything.
+    pub fn backfill_off(&self, why: &str) {
+        let mut off = self.off.lock();
+        if off.is_none() {
+            *off = Some(format!("draining needs the backfill, which is off: {why}"));
+        }
+    }
+
+    /// Starts draining (again: idempotent), or why it cannot.
+    pub fn start(&self) -> Result<DrainStatus, String> {
+        if let Some(why) = self.off.lock().clone() {
+            return Err(why);
+        }
+        let reg = self.registration.as_ref().expect("checked by `off`");
+        {
+            let mut s = self.state.lock();
+            if !s.draining {
+                *s = State {
+                    draining: true,
+                    ..State::default()
+                };
+                tracing::info!("drain: this node is draining");
+            }
+        }
+        reg.set_state(MemberState::Draining);
+        self.kick.notify_one();
+        Ok(self.status())
+    }
+
+    /// Takes the drain back: the node is `up` again and ranks as before.
+    pub fn cancel(&self) -> DrainStatus {
+        if let Some(reg) = &self.registration {
+            reg.set_state(MemberState::Up);
+        }
+        let mut s = self.state.lock();
+        if s.draining {
+            tracing::info!("drain: cancelled, this node is up again");
+        }
+        *s = State::default();
+        drop(s);
+        self.status()
+    }
+
+    pub fn draining(&self) -> bool {
+        self.state.lock().draining
+    }
+
+    /// A backfill pass ended whose view had this node draining. Returns whether another
+    /// pass should follow at once (not drained yet).
+    pub fn pass_done(&self, r: &PassReport) -> bool {
+        let mut s = self.state.lock();
+        if !s.draining {
+            return false;
+        }
+        s.passes += 1;
+        s.last = Some(r.clone());
+        if !r.restarted && r.copied_blocks == 0 && r.failed == 0 {
+            if !s.drained {
+                tracing::info!(
+                    passes = s.passes,
+                    "drain: every block is held by its first members: the node may stop"
+                );
+            }
+            s.drained = true;
+        } else {
+            s.drained = false;
+        }
+        !s.drained
+    }
+
+    pub fn status(&self) -> DrainStatus {
+        let s = self.state.lock();
+        let last = s.last.clone().unwrap_or_default();
+        DrainStatus {
+            state: match (s.draining, s.drained) {
+                (false, _) => "up",
+                (true, false) => "draining",
+                (true, true) => "drained",
+            }
+            .into(),
+            passes: s.passes,
+            last_scanned: last.scanned,
+            last_copied_blocks: last.copied_blocks,
+            last_failed: last.failed,
+            unavailable: self.off.lock().clone(),
+        }
+    }
+}

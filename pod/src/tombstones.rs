@@ -1,0 +1,443 @@
+//! Block deletes across the pod: tombstones in etcd, so that a delete reaches the members
+//! that were away when it was made (issue #18, point 6).
+//!
+//! A delete through the pod is sent to every member a read would try, but a member that is
+//! down (or out of the view) keeps its copy; without more, it serves the block again when
+//! it returns, and backfill or read repair copy it back to the others. So:
+//! - The node that takes a client's delete first records a tombstone in etcd under
+//!   `/ctxpod/<pod>/tombstones/<namespace>/<hex key>` (503 while etcd cannot record it, or
+//!   while the pod holds `pod.tombstones_max`), then sends the delete on.
+//! - Every node keeps the tombstones' keys in memory and watches the prefix. Each new one is
+//!   *applied*: the node deletes its own copy. A node that starts lists them **before it
+//!   registers** (so before anyone routes a request to it) and applies those newer than the
+//!   revision it had applied when it stopped (kept in `<data_dir>/pod.tombstones.state`).
+//! - A copy of a tombstoned block ([`ctxpod_wire::HEADER_COPY`]: read repair, backfill) is
+//!   refused with 410 `deleted`, and backfill does not send one. A client's own put of the
+//!   key is stored as usual: a block put again after a delete lives on the members it was
+//!   written to, and is not copied elsewhere until its tombstone expires.
+//! - Pruning: tombstones are attached to etcd leases (one per slice of
+//!   `pod.tombstone_retention_s`), so etcd removes each one after at least the retention and
+//!   at most 1/16 more. A node that comes back after being away longer than the retention
+//!   (its state file says when it last heard from etcd) cannot know which deletes it missed:
+//!   it empties itself before it registers, and backfill brings it its share again.
+//!
+//! Without etcd (a static pod) there are no tombstones: a delete reaches the members that
+//! can be reached, and a member down at that moment keeps its copy (docs/OPERATIONS.md).
+
+use super::etcd::{Etcd, Kv, WatchEvent};
+use ctxpod_engine::metrics::Metrics;
+use ctxpod_engine::{Engine, EngineError};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The file where a node keeps how far it applied the pod's tombstones.
+const STATE_FILE: &str = "pod.tombstones.state";
+/// How often a node notes, in its state file, that it still hears from etcd.
+const SAVE_EVERY: Duration = Duration::from_secs(5);
+/// Keys listed per step when a node empties itself.
+const EMPTY_BATCH: usize = 1024;
+
+pub fn tombstones_prefix(pod: &str) -> String {
+    format!("/ctxpod/{pod}/tombstones/")
+}
+
+/// `<namespace>/<hex key>`: a tombstone's name under the prefix (namespaces are node-side
+/// names, `tenant/ns` for a tenant's, so the key is what follows the last `/`).
+fn name_of(ns: &str, key: &[u8]) -> String {
+    format!("{ns}/{}", hex::encode(key))
+}
+
+/// The namespace and key a tombstone's name stands for.
+fn parse_name(name: &str) -> Option<(&str, Vec<u8>)> {
+    let (ns, key) = name.rsplit_once('/')?;
+    let key = hex::decode(key).ok()?;
+    (!ns.is_empty() && !key.is_empty()).then_some((ns, key))
+}
+
+/// How far this node applied the pod's tombstones, and when it last heard from etcd.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+struct State {
+    pod: String,
+    applied_revision: i64,
+    seen_unix: i64,
+}
+
+/// Why a delete was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("the pod holds pod.tombstones_max tombstones: try again once older ones expire")]
+    Full,
+    #[error("etcd cannot record the delete: {0:#}")]
+    Etcd(anyhow::Error),
+}
+
+/// The pod's tombstones as this node knows them.
+pub struct Tombstones {
+    etcd: Etcd,
+    pod: String,
+    prefix: String,
+    retention: Duration,
+    max: usize,
+    /// Names (`<namespace>/<hex key>`) of the tombstones etcd holds.
+    known: Mutex<HashSet<String>>,
+    /// The lease new tombstones are attached to, and when it was granted.
+    lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
+    state_file: PathBuf,
+    metrics: Arc<Metrics>,
+}
+
+impl Tombstones {
+    /// Catches up with the pod's deletes before this node registers: empties it if it was
+    /// away longer than the retention, applies every tombstone newer than the revision it
+    /// had applied, and returns the tombstones with the revision to watch from.
+    pub async fn open(
+        engine: &Engine,
+        etcd: Etcd,
+        pod: &str,
+        cfg: &ctxpod_format::config::PodConfig,
+        data_dir: &Path,
+    ) -> anyhow::Result<(Arc<Tombstones>, i64)> {
+        let t = Arc::new(Tombstones {
+            etcd,
+            pod: pod.to_string(),
+            prefix: tombstones_prefix(pod),
+            retention: Duration::from_secs(cfg.tombstone_retention_s),
+            max: cfg.tombstones_max,
+            known: Mutex::new(HashSet::new()),
+            lease: tokio::sync::Mutex::new(None),
+            state_file: data_dir.join(STATE_FILE),
+            metrics: engine.metrics().clone(),
+        });
+        let state = t.load();
+        let now = super::membership::unix_now();
+        let away = state.as_ref().map(|s| now - s.seen_unix);
+        if away.is_some_and(|a| a > t.retention.as_secs() as i64) {
+            tracing::warn!(
+                away_s = away,
+                retention_s = t.retention.as_secs(),
+                "away from the pod longer than pod.tombstone_retention_s: deletes made \
+                 meanwhile may be forgotten, so this node empties itself before it rejoins"
+            );
+            let n = empty(engine).await?;
+            // Namespaces deleted meanwhile: their records may have expired too. Every
+            // namespace of an etcd pod has a record, so one without is gone.
+            let ns_prefix = super::namespaces::namespaces_prefix(pod);
+            let (_, recs) = t.etcd.range_prefix(&ns_prefix).await?;
+            let known: HashSet<&str> = recs
+                .iter()
+                .filter_map(|kv| kv.key.strip_prefix(&ns_prefix))
+                .collect();
+            for ns in engine.namespaces() {
+                if ns.name != "default" && !known.contains(ns.name.as_str()) {
+                    tracing::info!(namespace = %ns.name, "no longer in the pod: deleted");
+                    engine.delete_namespace(&ns.name).await?;
+                }
+            }
+            t.metrics.pod_emptied_on_return.inc();
+            tracing::info!(
+                blocks = n,
+                "emptied; backfill brings this node its share again"
+            );
+        }
+        let applied = state.map_or(0, |s| s.applied_revision);
+        let (rev, kvs) = t.etcd.range_prefix(&t.prefix).await?;
+        let applied_now = t.relist(engine, kvs, applied).await;
+        t.save(rev);
+        tracing::info!(
+            tombstones = t.len(),
+            applied = applied_now,
+            revision = rev,
+            "the pod's block deletes applied"
+        );
+        Ok((t, rev))
+    }
+
+    /// Keeps the tombstones current (and applies new ones) until `stop`.
+    pub fn spawn(
+        self: Arc<Self>,
+        engine: Arc<Engine>,
+        rev: i64,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = self.follow(&engine, rev) => {}
+            }
+        });
+    }
+
+    /// Whether the pod deleted this block within the retention.
+    pub fn holds(&self, ns: &str, key: &[u8]) -> bool {
+        self.known
+            .lock()
+            .expect("tombstones")
+            .contains(&name_of(ns, key))
+    }
+
+    pub fn len(&self) -> usize {
+        self.known.lock().expect("tombstones").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the delete of this block can be recorded (the pod holds fewer than
+    /// `pod.tombstones_max`): asked before the delete is sent to the members.
+    pub fn room_for(&self, ns: &str, key: &[u8]) -> Result<(), Refused> {
+        let over = {
+            let known = self.known.lock().expect("tombstones");
+            known.len() >= self.max && !known.contains(&name_of(ns, key))
+        };
+        if over {
+            self.metrics
+                .pod_deletes_refused
+                .with_label_values(&["tombstones_full"])
+                .inc();
+            return Err(Refused::Full);
+        }
+        Ok(())
+    }
+
+    /// Records the delete of a block in etcd, once the members a read would try answered.
+    pub async fn record(&self, ns: &str, key: &[u8]) -> Result<(), Refused> {
+        self.room_for(ns, key)?;
+        let name = name_of(ns, key);
+        let value = serde_json::json!({ "deleted_unix": super::membership::unix_now() });
+        let r = async {
+            let lease = self.lease().await?;
+            self.etcd
+                .put(
+                    &format!("{}{name}", self.prefix),
+                    value.to_string().as_bytes(),
+                    Some(lease),
+                )
+                .await
+        }
+        .await;
+        if let Err(e) = r {
+            self.metrics
+                .pod_deletes_refused
+                .with_label_values(&["etcd"])
+                .inc();
+            // The lease may be what failed (gone early: etcd restored, revoked): take a
+            // new one next time.
+            *self.lease.lock().await = None;
+            return Err(Refused::Etcd(e));
+        }
+        // Known at once here (the watch says so too, a moment later).
+        self.learn_name(name);
+        Ok(())
+    }
+
+    /// The lease for new tombstones (block deletes, and namespace deletion records): one
+    /// per 1/16 of the retention, living the retention
+    /// plus that slice, so every tombstone lives at least the retention.
+    pub async fn lease(&self) -> anyhow::Result<i64> {
+        let slice = (self.retention / 16).max(Duration::from_secs(1));
+        let mut l = self.lease.lock().await;
+        if let Some((id, at)) = *l {
+            if at.elapsed() < slice {
+                return Ok(id);
+            }
+        }
+        let id = self
+            .etcd
+            .grant((self.retention + slice).as_secs() as i64)
+            .await?;
+        *l = Some((id, Instant::now()));
+        Ok(id)
+    }
+
+    fn learn_name(&self, name: String) {
+        let mut known = self.known.lock().expect("tombstones");
+        known.insert(name);
+        self.metrics.pod_tombstones.set(known.len() as i64);
+    }
+
+    fn forget_name(&self, name: &str) {
+        let mut known = self.known.lock().expect("tombstones");
+        known.remove(name);
+        self.metrics.pod_tombstones.set(known.len() as i64);
+    }
+
+    /// Takes a full listing: the known set becomes it, and every tombstone written after
+    /// revision `applied` is applied. Returns how many were applied.
+    async fn relist(&self, engine: &Engine, kvs: Vec<Kv>, applied: i64) -> usize {
+        let mut names = HashSet::with_capacity(kvs.len());
+        let mut fresh = Vec::new();
+        for kv in kvs {
+            let Some(name) = kv.key.strip_prefix(&self.prefix) else {
+                continue;
+            };
+            if kv.mod_revision > applied {
+                fresh.push(name.to_string());
+            }
+            names.insert(name.to_string());
+        }
+        {
+            let mut known = self.known.lock().expect("tombstones");
+            *known = names;
+            self.metrics.pod_tombstones.set(known.len() as i64);
+        }
+        for name in &fresh {
+            self.apply(engine, name).await;
+        }
+        fresh.len()
+    }
+
+    /// Deletes this node's copy of a tombstoned block.
+    async fn apply(&self, engine: &Engine, name: &str) {
+        let Some((ns, key)) = parse_name(name) else {
+            tracing::warn!(name, "a tombstone that names no block: ignored");
+            return;
+        };
+        let outcome = match engine.delete(ns, &key).await {
+            Ok(true) => "deleted",
+            Ok(false) | Err(EngineError::NotFound(_)) => "absent",
+            Err(e) => {
+                // Only a node whose writes fail (read-only) gets here; its copy is still
+                // refused by the others, as a copy of a deleted block.
+                tracing::warn!(ns, "tombstone not applied: {e}");
+                "failed"
+            }
+        };
+        self.metrics
+            .pod_tombstones_applied
+            .with_label_values(&[outcome])
+            .inc();
+    }
+
+    /// Watch from `rev + 1`; when the watch breaks, list again (applying what is new).
+    async fn follow(&self, engine: &Engine, mut rev: i64) {
+        let mut tick = tokio::time::interval(SAVE_EVERY);
+        loop {
+            match self.etcd.watch_prefix(&self.prefix, rev + 1).await {
+                Ok(stream) => {
+                    let mut stream = std::pin::pin!(stream);
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => self.save(rev),
+                            batch = futures::StreamExt::next(&mut stream) => {
+                                let events = match batch {
+                                    Some(Ok(ev)) => ev,
+                                    Some(Err(e)) => {
+                                        tracing::warn!("tombstone watch: {e:#}");
+                                        break;
+                                    }
+                                    None => break,
+                                };
+                                for ev in events {
+                                    match ev {
+                                        WatchEvent::Put(kv) => {
+                                            rev = rev.max(kv.mod_revision);
+                                            if let Some(name) = kv.key.strip_prefix(&self.prefix) {
+                                                self.learn_name(name.to_string());
+                                                self.apply(engine, name).await;
+                                            }
+                                        }
+                                        WatchEvent::Delete { key, mod_revision } => {
+                                            rev = rev.max(mod_revision);
+                                            if let Some(name) = key.strip_prefix(&self.prefix) {
+                                                self.forget_name(name);
+                                            }
+                                        }
+                                    }
+                                }
+                                self.save(rev);
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("tombstone watch: {e:#}"),
+            }
+            // The watch ended: list again (it may have missed events), then watch on.
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                match self.etcd.range_prefix(&self.prefix).await {
+                    Ok((r, kvs)) => {
+                        self.relist(engine, kvs, rev).await;
+                        rev = r;
+                        self.save(rev);
+                        break;
+                    }
+                    Err(e) => tracing::warn!("tombstone listing: {e:#}"),
+                }
+            }
+        }
+    }
+
+    fn load(&self) -> Option<State> {
+        let s: State = match std::fs::read(&self.state_file) {
+            Ok(b) => match serde_json::from_slice(&b) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Not trusted: treated as a node that never applied any (all applied
+                    // again, nothing emptied).
+                    tracing::warn!("{}: {e}; ignored", self.state_file.display());
+                    return None;
+                }
+            },
+            Err(_) => return None,
+        };
+        // A data directory moved to another pod: that pod's tombstones all apply.
+        (s.pod == self.pod).then_some(s)
+    }
+
+    /// Notes that every tombstone up to `rev` is applied and that etcd answers now.
+    fn save(&self, rev: i64) {
+        let s = State {
+            pod: self.pod.clone(),
+            applied_revision: rev,
+            seen_unix: super::membership::unix_now(),
+        };
+        let tmp = self.state_file.with_extension("tmp");
+        let r = serde_json::to_vec(&s)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|()| std::fs::rename(&tmp, &self.state_file));
+        if let Err(e) = r {
+            tracing::warn!("{}: {e}", self.state_file.display());
+        }
+    }
+}
+
+/// Deletes every block this node holds (every namespace stays); how many.
+async fn empty(engine: &Engine) -> anyhow::Result<u64> {
+    let mut n = 0;
+    for ns in engine.namespaces() {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let keys = engine.keys_after(&ns.name, after.as_deref(), EMPTY_BATCH)?;
+            let Some(last) = keys.last().cloned() else {
+                break;
+            };
+            for k in keys {
+                n += engine.delete(&ns.name, &k).await? as u64;
+            }
+            after = Some(last);
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tombstone_name_gives_back_its_namespace_and_key() {
+        for (ns, key) in [("default", &b"k1"[..]), ("acme/llama", &[0u8, 1, 255][..])] {
+            let name = name_of(ns, key);
+            assert_eq!(parse_name(&name), Some((ns, key.to_vec())));
+        }
+        assert_eq!(parse_name("default"), None);
+        assert_eq!(parse_name("default/zz"), None);
+        assert_eq!(parse_name("/00"), None);
+        assert_eq!(parse_name("default/"), None);
+    }
+}
