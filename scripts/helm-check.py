@@ -184,7 +184,7 @@ def check_dashboard():
     """Every metric the Grafana dashboard queries is one the node exports, with the labels
     the queries group by."""
     d = json.loads(open(DASHBOARD).read())
-    src = open(os.path.join(ROOT, "appliance", "src", "metrics.rs")).read()
+    src = open(os.path.join(ROOT, "engine", "src", "metrics.rs")).read()
     exported = set(re.findall(r'"(ctxpod_[a-z0-9_]+)"', src))
     exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
     if len(exprs) < 10:

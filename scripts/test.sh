@@ -30,7 +30,7 @@ CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" CTXPOD_VENV="$venv" bash scripts/con
 # CA, the node's certificate and an admin client certificate with rcgen).
 for transport in tls mtls; do
   CTXPOD_TEST_TRANSPORT=$transport cargo nextest run --workspace --no-fail-fast \
-    --failure-output final -E 'binary(api) | binary(transfer) | binary(events)' "$@"
+    --failure-output final -E 'binary(it) & test(/^(api|transfer|events)::/)' "$@"
 done
 cargo test --workspace --doc
 # The fuzz targets, briefly (CTXPOD_FUZZ_SECONDS each, default 20).

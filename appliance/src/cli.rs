@@ -2,13 +2,13 @@
 //! `ns`) and over CXP1 (`match`, `prefetch`, `events`), `hash` (chained block hashes) and
 //! `bench`.
 
-use crate::config::{ByteSize, Config};
 use anyhow::Context;
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use ctxpod_client::client::{Client, PutOutcome};
 use ctxpod_client::transfer_client::TransferClient;
 use ctxpod_engine::device::IoEngine;
+use ctxpod_format::config::{ByteSize, Config};
 use ctxpod_wire::block_hash;
 use ctxpod_wire::Durability;
 use figment::providers::Serialized;
@@ -144,12 +144,12 @@ enum Cmd {
         quota: Option<ByteSize>,
     },
     /// Measure PUT/GET throughput and latency against the device's own bandwidth.
-    Bench(crate::bench::BenchArgs),
+    Bench(ctxpod_tools::bench::BenchArgs),
     /// Size a pod: capacity, bandwidth, nodes, drive wear and prefill GPU time saved, from a
     /// model, traffic, reuse (a trace or a sharing ratio) and the node's hardware.
     Plan {
         #[command(flatten)]
-        args: crate::plan_cli::PlanArgs,
+        args: ctxpod_node::plan_args::PlanArgs,
         /// Node URL for --live.
         #[arg(long, env = "CTXPOD_ADDR", default_value = "http://127.0.0.1:7400")]
         addr: String,
@@ -162,7 +162,7 @@ enum Cmd {
         #[command(flatten)]
         t: Target,
         #[command(flatten)]
-        args: crate::replay::ReplayArgs,
+        args: ctxpod_tools::replay::ReplayArgs,
     },
     /// How many leading keys of a chain the node holds (over CXP1).
     Match {
@@ -388,7 +388,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Serve(args) => {
             let cfg = args.to_config()?;
             init_logging(&cfg.log);
-            crate::server::serve(cfg).await?;
+            ctxpod_node::serve::serve(cfg).await?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Put { t, key, file, fast } => {
@@ -485,7 +485,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Bench(args) => {
             init_logging("warn");
-            crate::bench::run(args).await?;
+            ctxpod_tools::bench::run(args).await?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Plan { args, addr, creds } => {
@@ -494,12 +494,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 None
             };
-            crate::plan_cli::run(&args, live.as_ref())?;
+            ctxpod_node::plan_args::run(&args, live.as_ref())?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay { t, args } => {
             let c = t.creds.http(&t.addr)?;
-            crate::replay::run(&c, Some(t.creds.connect()?), &t.ns, &args).await?;
+            ctxpod_tools::replay::run(&c, Some(t.creds.connect()?), &t.ns, &args).await?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Match { t, keys } => {
@@ -558,7 +558,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(t) = &tenant {
                 ctxpod_wire::namespace::check_tenant_name(t)?;
             }
-            let (token, hash) = crate::auth::new_token(&id).map_err(anyhow::Error::msg)?;
+            let (token, hash) = ctxpod_node::auth::new_token(&id).map_err(anyhow::Error::msg)?;
             let tenant_line = tenant
                 .as_ref()
                 .map(|t| format!("tenant = \"{t}\"\n"))

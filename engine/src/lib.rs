@@ -1,8 +1,8 @@
 //! Block engine: namespaces, the read path, the put path up to the writer, recovery.
 //!
 //! Architecture invariants:
-//! - The engine knows nothing of HTTP; it answers [`EngineError`] kinds that the server maps
-//!   one to one to statuses.
+//! - The engine knows nothing of HTTP; it answers [`EngineError`] kinds that the node
+//!   (`ctxpod_node::errors`) maps one to one to statuses.
 //! - Bytes leave the engine only after the record header matched the index, AES-GCM opened
 //!   and the plaintext CRC32C matched. Anything else is quarantined and answered as a miss.
 //! - Only the writer task ([`writer`]) mutates the block index and region table.

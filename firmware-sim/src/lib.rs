@@ -13,7 +13,7 @@
 //!   `ctxpod-engine` (`engine/src/offload.rs`); they draw their injected faults from [`rng`].
 //!
 //! The crate knows nothing of ctxpod: the appliance adapts [`SimDevice`] to its `Device`
-//! trait (`appliance/src/device/sim.rs`). Docs: `docs/FIRMWARE-SIM.md`.
+//! trait (`engine/src/device/sim.rs`). Docs: `docs/FIRMWARE-SIM.md`.
 
 pub mod device;
 pub mod faults;

@@ -1,7 +1,7 @@
 //! Bearer tokens as the node parses them: `<id>.<secret>`, where the id (`[a-z0-9-]{1,32}`)
 //! names the token and the secret is 32 random bytes in 64 hex digits; the stored hash
 //! `sha256:<32 hex salt>:<64 hex digest>`; and token files (TOML with `role`, `tenant`,
-//! `hash`). Hashing and comparing live with the node (`ctxpod::auth`).
+//! `hash`). Hashing and comparing live with the node (`ctxpod_node::auth`).
 
 use serde::Deserialize;
 use zeroize::Zeroizing;

@@ -1,0 +1,538 @@
+//! Test harness: starts the real `ctxpod` binary on a temp dir and a free loopback port.
+
+pub mod etcd;
+pub mod pki;
+
+use ctxpod_client::client::Client;
+use ctxpod_client::connect::Connect;
+use ctxpod_client::transfer_client::TransferClient;
+use ctxpod_format::record::{RecordHeader, HEADER_BYTES};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Node {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub url: String,
+    pub client: Client,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    deny_io_uring: bool,
+    /// How clients reach it: token and TLS.
+    pub how: Connect,
+    https: bool,
+    /// Configuration file contents, if any (written beside the data dir).
+    config: Option<String>,
+}
+
+/// A connection's byte stream, plain or TLS.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// The transport the suites run over: `CTXPOD_TEST_TRANSPORT` = `plain` (default), `tls`
+/// or `mtls` (the harness then makes a CA, the node's certificate and, for mTLS, an admin
+/// client certificate, and every client of the harness uses them).
+pub fn transport() -> String {
+    std::env::var("CTXPOD_TEST_TRANSPORT").unwrap_or_else(|_| "plain".into())
+}
+
+impl Node {
+    fn unstarted(dir: &Path, args: &[&str], envs: &[(&str, &str)], deny_io_uring: bool) -> Node {
+        let mut n = Node {
+            child: None,
+            dir: dir.to_path_buf(),
+            url: String::new(),
+            client: Client::new("http://127.0.0.1:1"),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            envs: envs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            deny_io_uring,
+            how: Connect::default(),
+            https: false,
+            config: None,
+        };
+        match transport().as_str() {
+            "plain" => {}
+            "tls" => n.secure(false),
+            "mtls" => n.secure(true),
+            t => panic!("CTXPOD_TEST_TRANSPORT={t}: not plain, tls or mtls"),
+        }
+        n
+    }
+
+    /// TLS with certificates made here; `mutual`: the node also requires a client
+    /// certificate, which maps to an admin.
+    fn secure(&mut self, mutual: bool) {
+        let pki_dir = self.dir.with_extension("pki");
+        std::fs::create_dir_all(&pki_dir).expect("pki dir");
+        let ca = pki::Ca::new("ctxpod suite CA");
+        let ca_file = ca.write(&pki_dir.join("ca.crt"));
+        let server = ca.server(&pki_dir, "node");
+        let mut toml = format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            server.cert, server.key
+        );
+        let identity = mutual.then(|| {
+            toml += &format!("client_ca_file = {ca_file:?}\n");
+            toml += "[[auth.identities]]\nsubject = \"suite-admin\"\nrole = \"admin\"\n";
+            ca.client(&pki_dir, "suite-admin", false)
+        });
+        self.config = Some(toml);
+        self.how = Connect {
+            token: None,
+            tls: Some(pki::client_tls(&ca, identity.as_ref())),
+        };
+        self.https = true;
+    }
+
+    /// Starts a node with a configuration file, reached the way `how` says.
+    pub async fn start_configured(
+        dir: &Path,
+        args: &[&str],
+        config: &str,
+        how: Connect,
+        https: bool,
+    ) -> Node {
+        Self::start_configured_with(dir, args, config, &[], how, https).await
+    }
+
+    /// [`Node::start_configured`] with extra environment.
+    pub async fn start_configured_with(
+        dir: &Path,
+        args: &[&str],
+        config: &str,
+        envs: &[(&str, &str)],
+        how: Connect,
+        https: bool,
+    ) -> Node {
+        let mut n = Self::unstarted(dir, args, envs, false);
+        n.config = Some(config.to_string());
+        n.how = how;
+        n.https = https;
+        n.spawn().await;
+        n
+    }
+
+    /// A CXP1 client, connected the way the harness's clients are.
+    pub async fn wire(&self) -> TransferClient {
+        TransferClient::connect_with(&self.transfer_addr(), &self.how)
+            .await
+            .expect("connect over CXP1")
+    }
+
+    /// A raw connection to the HTTP listener (TLS when the node serves it).
+    pub async fn raw_http(&self) -> Box<dyn Io> {
+        let addr = self.url.split_once("://").expect("url").1.to_string();
+        self.raw(&addr).await
+    }
+
+    /// A raw connection to the CXP1 listener (TLS when the node serves it).
+    pub async fn raw_wire(&self) -> Box<dyn Io> {
+        self.raw(&self.transfer_addr()).await
+    }
+
+    async fn raw(&self, addr: &str) -> Box<dyn Io> {
+        let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        match &self.how.tls {
+            None => Box::new(s),
+            Some(cfg) => {
+                let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+                let t = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, s)
+                    .await
+                    .expect("TLS handshake");
+                Box::new(t)
+            }
+        }
+    }
+
+    /// Starts a node on `dir` with extra `serve` flags and environment.
+    pub async fn start_with(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Node {
+        let mut n = Self::unstarted(dir, args, envs, false);
+        n.spawn().await;
+        n
+    }
+
+    /// The node's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the node runs").id()
+    }
+
+    /// The address the node's CXP1 listener publishes.
+    pub fn transfer_addr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ctxpod.transfer.addr"))
+            .expect("the node publishes its transfer address")
+            .trim()
+            .to_string()
+    }
+
+    pub async fn start(dir: &Path, args: &[&str]) -> Node {
+        Self::start_with(dir, args, &[]).await
+    }
+
+    /// Starts a node whose process is refused `io_uring_setup` by a seccomp filter, the way
+    /// a container's default profile refuses it.
+    pub async fn start_without_io_uring(dir: &Path, args: &[&str]) -> Node {
+        let mut n = Self::unstarted(dir, args, &[], true);
+        n.spawn().await;
+        n
+    }
+
+    async fn spawn(&mut self) {
+        let addr_file = self.dir.join("ctxpod.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.with_extension("log"))
+            .expect("open node log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ctxpod"));
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--transfer-listen",
+                "127.0.0.1:0",
+            ])
+            .args(&self.args)
+            .args(
+                self.config
+                    .as_ref()
+                    .map(|c| {
+                        let f = self.dir.with_extension("toml");
+                        std::fs::write(&f, c).expect("write config");
+                        vec!["--config".into(), f.into_os_string()]
+                    })
+                    .unwrap_or_default(),
+            )
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.envs {
+            cmd.env(k, v);
+        }
+        if self.deny_io_uring {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only async-signal-safe calls (prctl) are made.
+            unsafe {
+                cmd.pre_exec(deny_io_uring_setup);
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn ctxpod");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                if a.ends_with('\n') {
+                    break a.trim().to_string();
+                }
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "ctxpod exited with {st} before serving; log:\n{}",
+                    std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ctxpod did not start within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let scheme = if self.https { "https" } else { "http" };
+        self.url = format!("{scheme}://{addr}");
+        self.client = Client::connect(self.url.clone(), &self.how).expect("client");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.client.ready().await {
+            assert!(Instant::now() < deadline, "ctxpod not ready within 30 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `kill -9`, no warning.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let st = c.wait().expect("wait for ctxpod");
+            assert!(st.success(), "ctxpod exited with {st} on SIGTERM");
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Deterministic pseudo-random bytes for (seed, len).
+pub fn block(seed: u64, len: usize) -> bytes::Bytes {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v[..]);
+    bytes::Bytes::from(v)
+}
+
+pub fn seed_from_env(name: &str, default: u64) -> u64 {
+    let s = std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    eprintln!("{name}={s} (set it to replay)");
+    s
+}
+
+/// Bytes used by the files under `dir` (allocated blocks, like `du`).
+pub fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let m = e.metadata().expect("metadata");
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    total
+}
+
+/// Installs a seccomp filter that answers EPERM to `io_uring_setup` (x86_64) and allows
+/// everything else.
+pub fn deny_io_uring_setup() -> std::io::Result<()> {
+    const SYS_IO_URING_SETUP: u32 = 425;
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    let stmt = |code: u16, k: u32| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: 0x05 | 0x10,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        stmt(0x20, 4),                 // load arch
+        jump(AUDIT_ARCH_X86_64, 1, 0), // x86_64: go on; else allow
+        stmt(0x06, SECCOMP_RET_ALLOW),
+        stmt(0x20, 0), // load syscall number
+        jump(SYS_IO_URING_SETUP, 0, 1),
+        stmt(0x06, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(0x06, SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with valid arguments; `prog` outlives the call.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(libc::PR_SET_SECCOMP, 2, &prog as *const libc::sock_fprog) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Device file of a node's data dir; records start here.
+pub const DATA_OFFSET: u64 = 1 << 20;
+
+/// The device file of a node's data dir, for reading and writing while the node is down.
+pub fn open_device(data_dir: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(data_dir.join("blocks.dev"))
+        .expect("open device file")
+}
+
+/// Every record on the device: key → (file offset, header).
+pub fn records(dev: &std::fs::File) -> HashMap<Vec<u8>, (u64, RecordHeader)> {
+    let len = dev.metadata().expect("metadata").len();
+    let mut out = HashMap::new();
+    let mut buf = vec![0u8; HEADER_BYTES];
+    let mut pos = DATA_OFFSET;
+    while pos + HEADER_BYTES as u64 <= len {
+        dev.read_exact_at(&mut buf, pos).expect("read");
+        if let Ok(h) = RecordHeader::decode(&buf) {
+            out.insert(h.key.clone(), (pos, h));
+        }
+        pos += 4096;
+    }
+    out
+}
+
+pub fn flip(dev: &std::fs::File, at: u64) {
+    let mut b = [0u8; 1];
+    dev.read_exact_at(&mut b, at).expect("read");
+    b[0] ^= 0x5a;
+    dev.write_all_at(&b, at).expect("write");
+}
+
+/// Block contents derived from the key (so that any bytes served can be checked).
+pub fn content(key: &[u8], len: usize) -> bytes::Bytes {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &b in key {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut r = ctxpod_firmware_sim::rng::Rng::new(h);
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        c.copy_from_slice(&r.next_u64().to_le_bytes()[..c.len()]);
+    }
+    bytes::Bytes::from(v)
+}
+
+/// A node's configuration for the in-process suites on a simulated device: 16 MiB regions,
+/// one offload thread per engine.
+pub fn sim_config(dir: &Path, capacity: u64, dram: u64) -> ctxpod_format::config::Config {
+    use ctxpod_format::config::{ByteSize, Config};
+    Config {
+        data_dir: dir.to_path_buf(),
+        capacity: ByteSize(capacity),
+        region_bytes: Some(ByteSize(16 << 20)),
+        dram: ByteSize(dram),
+        offload_threads: 1,
+        ..Config::default()
+    }
+}
+
+/// Runs `f` on a runtime of its own, then tears the runtime down: whatever the node was
+/// doing is dropped, as a power cut would leave it. A node `f` returns is dropped only
+/// after that, so that nothing of it runs after the cut (not even its shutdown path).
+pub fn life<T>(f: impl std::future::Future<Output = T>) -> T {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let out = rt.block_on(f);
+    rt.shutdown_timeout(Duration::from_secs(30));
+    out
+}
+
+pub async fn open_on_sim(
+    cfg: &ctxpod_format::config::Config,
+    dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
+) -> ctxpod_engine::Engine {
+    try_open_on_sim(cfg, dev)
+        .await
+        .expect("open the node on the simulated device")
+}
+
+/// The node on a simulated device, or why it could not start (e.g. power cut while it
+/// formatted the device).
+pub async fn try_open_on_sim(
+    cfg: &ctxpod_format::config::Config,
+    dev: &std::sync::Arc<ctxpod_firmware_sim::SimDevice>,
+) -> anyhow::Result<ctxpod_engine::Engine> {
+    ctxpod_engine::Engine::open_on(
+        cfg.clone(),
+        std::sync::Arc::new(ctxpod_engine::metrics::Metrics::new()),
+        Some(std::sync::Arc::new(
+            ctxpod_engine::device::sim::SimBackend::new(dev.clone()),
+        )),
+    )
+    .await
+}
+
+/// Resident memory of a process, from `/proc/<pid>/status` (VmRSS).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS in kB")
+        * 1024
+}
+
+/// Sends a CXP1 hello on a raw connection and checks the node's; returns the node's.
+pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+) -> ctxpod_wire::proto::Hello {
+    use ctxpod_wire::proto::{self, Hello};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Hello {
+        version: proto::VERSION,
+        flags: 0,
+        max_frame_bytes: proto::FRAME_BYTES_MAX,
+    };
+    s.write_all(&h.encode()).await.expect("hello");
+    let mut back = [0u8; proto::HELLO_BYTES];
+    s.read_exact(&mut back).await.expect("server hello");
+    Hello::decode(&back).expect("a CXP1 server")
+}
+
+/// A node whose clients authenticate: one token per `(id, role, tenant)`, tenants declared
+/// (with `tenants_toml` appended to the configuration). The harness's own client uses the
+/// first token. Returns the node and each id's token.
+pub async fn node_with_tokens(
+    dir: &Path,
+    args: &[&str],
+    creds: &[(&str, &str, Option<&str>)],
+    tenants_toml: &str,
+) -> (Node, HashMap<String, String>) {
+    let mut toml = String::new();
+    let mut tokens = HashMap::new();
+    for (id, role, tenant) in creds {
+        let (tok, hash) = ctxpod_node::auth::new_token(id).expect("token");
+        toml += &format!("[[auth.tokens]]\nid = \"{id}\"\nrole = \"{role}\"\nhash = \"{hash}\"\n");
+        if let Some(t) = tenant {
+            toml += &format!("tenant = \"{t}\"\n");
+        }
+        tokens.insert(id.to_string(), tok.to_string());
+    }
+    toml += tenants_toml;
+    let how = Connect {
+        token: Some(tokens[creds[0].0].clone()),
+        tls: None,
+    };
+    let n = Node::start_configured(dir, args, &toml, how, false).await;
+    (n, tokens)
+}
+
+/// An HTTP client of `node` with `token`.
+pub fn client_with(node: &Node, token: &str) -> Client {
+    Client::connect(
+        node.url.clone(),
+        &Connect {
+            token: Some(token.to_string()),
+            tls: node.how.tls.clone(),
+        },
+    )
+    .expect("client")
+}

@@ -1,0 +1,22 @@
+//! The integration tests, one binary (one link of RocksDB and the rest, not fifteen): each
+//! module drives the real `ctxpod` binary (or the engine) through one concern. The process
+//! harness, PKI and etcd are in [`common`].
+
+mod api;
+mod auth;
+mod bench_smoke;
+mod common;
+mod crash;
+mod events;
+mod eviction;
+mod hostile;
+mod keys;
+mod layers;
+mod pod;
+mod power_loss;
+mod prefetch;
+mod replay;
+mod sim_faults;
+mod tamper;
+mod tls;
+mod transfer;

@@ -1,0 +1,511 @@
+//! Tamper: bytes flipped in the device file while the node is down. Each damaged block must
+//! answer 404 (and be counted and quarantined); every other block must be untouched.
+
+use crate::common;
+
+use common::{block, flip, open_device, records, Node};
+use ctxpod_format::record::HEADER_BYTES;
+use ctxpod_wire::Durability;
+use std::os::unix::fs::FileExt;
+
+#[tokio::test]
+async fn flipped_bytes_answer_404_and_nothing_else_is_affected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let mut node = Node::start(&data_dir, &["--capacity", "256MiB"]).await;
+    let n = 12u64;
+    let key = |i: u64| format!("blk{i:02}").into_bytes();
+    let len = |i: u64| 20_000 + i as usize * 15_000;
+    for i in 0..n {
+        node.client
+            .put("default", &key(i), block(i, len(i)), Durability::Durable)
+            .await
+            .expect("put");
+    }
+    node.stop();
+
+    let dev = open_device(&data_dir);
+    let recs = records(&dev);
+    assert_eq!(
+        recs.len(),
+        n as usize,
+        "every record is found on the device"
+    );
+    let at = |i: u64| recs[&key(i)].0;
+    let hb = HEADER_BYTES as u64;
+    // 0: ciphertext; 1: key bytes in the header; 2: GCM tag; 3: the header's own CRC;
+    // 4: nonce; 5: a consistent header (CRC recomputed) claiming another length;
+    // 6: another block's record copied over it (replay under another key).
+    flip(&dev, at(0) + hb + 1234);
+    flip(&dev, at(1) + 64);
+    flip(&dev, at(2) + hb + len(2) as u64 + 3);
+    flip(&dev, at(3) + 253);
+    flip(&dev, at(4) + 33);
+    {
+        let mut hdr = recs[&key(5)].1.clone();
+        hdr.len -= 1;
+        let mut buf = vec![0u8; HEADER_BYTES];
+        hdr.encode(&mut buf);
+        dev.write_all_at(&buf, at(5)).expect("write");
+    }
+    {
+        let mut other = vec![0u8; 4096 * 4];
+        dev.read_exact_at(&mut other, at(7)).expect("read");
+        dev.write_all_at(&other, at(6)).expect("write");
+    }
+    // 8: a byte of the zero padding after the tag is outside the record's contents.
+    let pad_at = at(8) + hb + len(8) as u64 + 16 + 10;
+    assert!(pad_at < at(8) + ctxpod_format::record::record_bytes(len(8)) as u64);
+    flip(&dev, pad_at);
+    dev.sync_all().expect("sync");
+    drop(dev);
+    let tampered = 7u64;
+
+    node.restart().await;
+    let c = node.client.clone();
+    for i in 0..n {
+        let got = c.get("default", &key(i)).await.expect("get answers");
+        if i < tampered {
+            assert_eq!(got, None, "tampered block {i} must be a miss");
+        } else {
+            assert_eq!(got, Some(block(i, len(i))), "untouched block {i}");
+        }
+    }
+    let s = c.stats().await.expect("stats");
+    assert_eq!(s.integrity_errors, tampered);
+    let m = c.metrics().await.expect("metrics");
+    assert!(
+        m.contains(&format!("ctxpod_integrity_errors_total {tampered}")),
+        "{m}"
+    );
+    // Quarantined: a second read is a plain miss, not a second integrity error; the key can
+    // be stored again.
+    for i in 0..tampered {
+        assert_eq!(c.get("default", &key(i)).await.expect("get"), None);
+    }
+    assert_eq!(c.stats().await.expect("stats").integrity_errors, tampered);
+    c.put("default", &key(0), block(0, len(0)), Durability::Durable)
+        .await
+        .expect("re-put");
+    assert_eq!(
+        c.get("default", &key(0)).await.expect("get"),
+        Some(block(0, len(0)))
+    );
+    // And after another restart nothing changed.
+    node.restart().await;
+    for i in 1..n {
+        let got = node.client.get("default", &key(i)).await.expect("get");
+        assert_eq!(
+            got.is_some(),
+            i >= tampered,
+            "block {i} after the second restart"
+        );
+    }
+    assert_eq!(
+        node.client.stats().await.expect("stats").integrity_errors,
+        0,
+        "counter is per run"
+    );
+}
+
+/// Runs `ctxpod serve` on `data_dir` expecting it to refuse to start; returns its stderr.
+fn refused_start(data_dir: &std::path::Path, capacity: &str) -> String {
+    refused_start_with(data_dir, capacity, &[])
+}
+
+/// [`refused_start`] with environment variables set.
+fn refused_start_with(data_dir: &std::path::Path, capacity: &str, envs: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .envs(envs.iter().copied())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            capacity,
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .output()
+        .expect("run ctxpod");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "ctxpod started; stderr:\n{err}");
+    err
+}
+
+/// A device file swapped for another is refused at start, not served.
+#[tokio::test]
+async fn a_replaced_device_file_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let mut node = Node::start(&data_dir, &["--capacity", "128MiB"]).await;
+    node.client
+        .put("default", b"k", block(1, 1000), Durability::Durable)
+        .await
+        .expect("put");
+    node.stop();
+    std::fs::remove_file(data_dir.join("blocks.dev")).expect("remove");
+    let err = refused_start(&data_dir, "128MiB");
+    assert!(err.contains("superblock"), "{err}");
+    assert!(
+        !data_dir.join("blocks.dev").exists(),
+        "a missing device is not recreated"
+    );
+    // Another (blank) device file in its place.
+    std::fs::write(data_dir.join("blocks.dev"), vec![0u8; 128 << 20]).expect("write");
+    let err = refused_start(&data_dir, "128MiB");
+    assert!(
+        err.contains("does not carry this node's superblock"),
+        "{err}"
+    );
+    // And a changed capacity is refused with a clear message.
+    let err = refused_start(&data_dir, "256MiB");
+    assert!(err.contains("resizing is not supported"), "{err}");
+}
+
+/// Every record of the device, in device order (all generations of a key).
+fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod_format::record::RecordHeader)> {
+    use ctxpod_format::record::RecordHeader;
+    let len = dev.metadata().expect("metadata").len();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; HEADER_BYTES];
+    let mut pos = common::DATA_OFFSET;
+    while pos + HEADER_BYTES as u64 <= len {
+        dev.read_exact_at(&mut buf, pos).expect("read");
+        if let Ok(h) = RecordHeader::decode(&buf) {
+            out.push((pos, h));
+        }
+        pos += 4096;
+    }
+    out
+}
+
+/// `CTXPOD_TAMPER_CASES` (default 10 000) blocks, each damaged on the device in one of
+/// thirteen ways: a flipped byte of ciphertext, tag, nonce or header; a consistent header (its
+/// CRC recomputed) claiming another data-key generation, length or namespace; another
+/// record copied whole over it; another record's ciphertext and tag under its header, from
+/// the same namespace, another namespace of the tenant, and another tenant; its own older
+/// generation replayed (whole, or under the current header); a plaintext forgery (the header
+/// flagged plaintext, its CRC recomputed, and the block's own expected bytes written as the
+/// body, so only the mode check stands between it and a read). Every one answers a miss and
+/// counts as an integrity error: 0 plaintext bytes are released. Donor blocks stay readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tamper_cases_release_no_plaintext() {
+    use ctxpod_format::record::RecordHeader;
+    use rand::{Rng, SeedableRng};
+    let cases: usize = std::env::var("CTXPOD_TAMPER_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let seed = common::seed_from_env("CTXPOD_TEST_SEED", 5);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("n");
+    let creds = [
+        ("root", "admin", None),
+        ("a", "tenant-rw", Some("a")),
+        ("b", "tenant-rw", Some("b")),
+    ];
+    let (mut node, tokens) = common::node_with_tokens(
+        &data_dir,
+        &["--capacity", "512MiB", "--dram", "16MiB"],
+        &creds,
+        "[[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"b\"\n",
+    )
+    .await;
+    let a = common::client_with(&node, &tokens["a"]);
+    let b = common::client_with(&node, &tokens["b"]);
+    a.create_namespace("data", None).await.expect("ns");
+    a.create_namespace("other", None).await.expect("ns");
+    b.create_namespace("data", None).await.expect("ns");
+    const LEN: usize = 1000;
+    let victim = |i: usize| format!("v{i:06}").into_bytes();
+    let content = |k: &[u8], generation: u8| {
+        let mut d = common::content(k, LEN).to_vec();
+        d[0] ^= generation;
+        bytes::Bytes::from(d)
+    };
+    const KINDS: usize = 13;
+    let all: Vec<Vec<u8>> = (0..cases).map(victim).collect();
+    // Batches of up to 1000; entries answered 503 (the write queue was full) are sent again.
+    let store = |blocks: Vec<(Vec<u8>, bytes::Bytes)>| {
+        let a = &a;
+        async move {
+            let mut left = blocks;
+            for _ in 0..1000 {
+                if left.is_empty() {
+                    return;
+                }
+                let st = a
+                    .batch_put("data", &left, Durability::Fast)
+                    .await
+                    .expect("batch put");
+                assert!(st.iter().all(|&s| s == 201 || s == 503), "{st:?}");
+                left = left
+                    .into_iter()
+                    .zip(st)
+                    .filter(|(_, s)| *s == 503)
+                    .map(|(b, _)| b)
+                    .collect();
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            panic!("the node stayed busy");
+        }
+    };
+    for chunk in all.chunks(1000) {
+        store(chunk.iter().map(|k| (k.clone(), content(k, 1))).collect()).await;
+    }
+    // Older generations: the kind-11 victims are deleted and stored again.
+    let regen: Vec<Vec<u8>> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % KINDS == 11)
+        .map(|(_, k)| k.clone())
+        .collect();
+    for k in &regen {
+        assert!(a.delete("data", k).await.expect("delete"));
+    }
+    for chunk in regen.chunks(1000) {
+        store(chunk.iter().map(|k| (k.clone(), content(k, 2))).collect()).await;
+    }
+    // (namespace, of tenant b, key)
+    let donors: Vec<(&str, bool, Vec<u8>)> = (0..32)
+        .flat_map(|j| {
+            [
+                ("data", false, format!("da{j:03}").into_bytes()),
+                ("other", false, format!("oa{j:03}").into_bytes()),
+                ("data", true, format!("ob{j:03}").into_bytes()),
+            ]
+        })
+        .collect();
+    for (ns, of_b, k) in &donors {
+        let c = if *of_b { &b } else { &a };
+        c.put(ns, k, content(k, 0), Durability::Durable)
+            .await
+            .expect("donor");
+    }
+    node.stop();
+
+    let dev = open_device(&data_dir);
+    let recs = all_records(&dev);
+    // Per key: (offset, header) of its current (newest) and oldest record.
+    let mut newest: std::collections::HashMap<Vec<u8>, (u64, RecordHeader)> = Default::default();
+    let mut oldest: std::collections::HashMap<Vec<u8>, (u64, RecordHeader)> = Default::default();
+    for (at, h) in recs {
+        let n = newest.entry(h.key.clone()).or_insert((at, h.clone()));
+        if h.seq > n.1.seq {
+            *n = (at, h.clone());
+        }
+        let o = oldest.entry(h.key.clone()).or_insert((at, h.clone()));
+        if h.seq < o.1.seq {
+            *o = (at, h);
+        }
+    }
+    let hb = HEADER_BYTES as u64;
+    let sealed = (LEN + ctxpod_format::record::TAG_BYTES) as u64;
+    let read = |at: u64, n: u64| {
+        let mut v = vec![0u8; n as usize];
+        dev.read_exact_at(&mut v, at).expect("read");
+        v
+    };
+    let write_header = |at: u64, h: &RecordHeader| {
+        let mut buf = vec![0u8; HEADER_BYTES];
+        h.encode(&mut buf);
+        dev.write_all_at(&buf, at).expect("write");
+    };
+    let other_ns_id = newest[&b"oa000".to_vec()].1.ns_id;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut per_kind = [0usize; KINDS];
+    for (i, k) in all.iter().enumerate() {
+        let (at, h) = newest[k].clone();
+        let kind = i % KINDS;
+        let donor = |prefix: &str, rng: &mut rand::rngs::StdRng| {
+            newest[&format!("{prefix}{:03}", rng.gen_range(0..32)).into_bytes()].0
+        };
+        match kind {
+            0 => flip(&dev, at + hb + rng.gen_range(0..LEN as u64)),
+            1 => flip(&dev, at + hb + LEN as u64 + rng.gen_range(0..16)),
+            2 => flip(&dev, at + 32 + rng.gen_range(0..12)),
+            3 => flip(&dev, at + rng.gen_range(0..hb)),
+            4 => write_header(
+                at,
+                &RecordHeader {
+                    key_id: h.key_id + 1,
+                    ..h.clone()
+                },
+            ),
+            5 => write_header(
+                at,
+                &RecordHeader {
+                    len: h.len - 1 - rng.gen_range(0..16),
+                    ..h.clone()
+                },
+            ),
+            6 => write_header(
+                at,
+                &RecordHeader {
+                    ns_id: other_ns_id,
+                    ..h.clone()
+                },
+            ),
+            7 => dev
+                .write_all_at(&read(donor("da", &mut rng), 4096), at)
+                .expect("copy"),
+            8..=10 => {
+                let prefix = ["da", "oa", "ob"][kind - 8];
+                let from = donor(prefix, &mut rng);
+                dev.write_all_at(&read(from + hb, sealed), at + hb)
+                    .expect("copy");
+            }
+            12 => {
+                write_header(
+                    at,
+                    &RecordHeader {
+                        plaintext: true,
+                        ..h.clone()
+                    },
+                );
+                let mut body = content(k, 1).to_vec();
+                body.extend_from_slice(&[0u8; ctxpod_format::record::TAG_BYTES]);
+                dev.write_all_at(&body, at + hb).expect("forge");
+            }
+            _ => {
+                let (old_at, old) = oldest[k].clone();
+                assert!(
+                    old.seq < h.seq,
+                    "an older generation of {k:?} is on the device"
+                );
+                if rng.gen() {
+                    dev.write_all_at(&read(old_at, 4096), at).expect("replay");
+                } else {
+                    dev.write_all_at(&read(old_at + hb, sealed), at + hb)
+                        .expect("replay");
+                }
+            }
+        }
+        per_kind[kind] += 1;
+    }
+    dev.sync_all().expect("sync");
+    drop(dev);
+
+    node.restart().await;
+    let a = common::client_with(&node, &tokens["a"]);
+    let b = common::client_with(&node, &tokens["b"]);
+    let mut released = 0usize;
+    for chunk in all.chunks(1000) {
+        for (k, got) in a.batch_get("data", chunk).await.expect("batch get") {
+            if let Some(d) = got {
+                released += d.len();
+                eprintln!("tampered block {} was served", String::from_utf8_lossy(&k));
+            }
+        }
+    }
+    assert_eq!(
+        released, 0,
+        "plaintext bytes released from tampered records"
+    );
+    let s = node.client.stats().await.expect("stats");
+    assert_eq!(
+        s.integrity_errors, cases as u64,
+        "every case is an integrity error"
+    );
+    for (ns, of_b, k) in &donors {
+        let c = if *of_b { &b } else { &a };
+        assert_eq!(
+            c.get(ns, k).await.expect("get"),
+            Some(content(k, 0)),
+            "donor intact"
+        );
+    }
+    eprintln!("{cases} tamper cases rejected, by kind: {per_kind:?}");
+}
+
+/// A node formatted with `encrypt_at_rest = false` stores bodies as received (the device
+/// holds them verbatim), reads them back across a crash (the open region's tail re-indexed
+/// from plaintext records), still quarantines a damaged body, and refuses to start
+/// configured the other way; an encrypting node refuses to start in plaintext mode too.
+#[tokio::test]
+async fn a_plaintext_node_stores_bodies_as_received_and_keeps_its_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = dir.path().join("plain");
+    let off = [("CTXPOD_ENCRYPT_AT_REST", "false")];
+    let mut node = Node::start_with(&data_dir, &["--capacity", "128MiB"], &off).await;
+    assert!(
+        node.log().contains("encryption at rest is OFF"),
+        "{}",
+        node.log()
+    );
+    let key = |i: u64| format!("p{i}").into_bytes();
+    let len = |i: u64| 5_000 + i as usize * 7_000;
+    for i in 0..6 {
+        // Fast puts: after the kill below, only the tail scan finds them.
+        node.client
+            .put("default", &key(i), block(i, len(i)), Durability::Fast)
+            .await
+            .expect("put");
+    }
+    node.client
+        .put("default", b"sync", block(99, 100), Durability::Durable)
+        .await
+        .expect("put");
+    node.restart().await;
+    for i in 0..6 {
+        assert_eq!(
+            node.client.get("default", &key(i)).await.expect("get"),
+            Some(block(i, len(i))),
+            "block {i} after a kill -9"
+        );
+    }
+    node.stop();
+
+    let dev = open_device(&data_dir);
+    let recs = records(&dev);
+    let hb = HEADER_BYTES as u64;
+    for i in 0..6 {
+        let (at, h) = &recs[&key(i)];
+        assert!(h.plaintext, "record {i} is flagged plaintext");
+        let mut body = vec![0u8; len(i)];
+        dev.read_exact_at(&mut body, at + hb).expect("read");
+        assert_eq!(body, block(i, len(i)), "record {i} holds the body verbatim");
+    }
+    flip(&dev, recs[&key(0)].0 + hb + 17);
+    dev.sync_all().expect("sync");
+    drop(dev);
+    node = Node::start_with(&data_dir, &["--capacity", "128MiB"], &off).await;
+    assert_eq!(
+        node.client.get("default", &key(0)).await.expect("get"),
+        None,
+        "a damaged plaintext body is a miss"
+    );
+    assert_eq!(
+        node.client.stats().await.expect("stats").integrity_errors,
+        1
+    );
+    assert_eq!(
+        node.client.get("default", &key(1)).await.expect("get"),
+        Some(block(1, len(1)))
+    );
+    node.stop();
+    drop(node);
+
+    let err = refused_start(&data_dir, "128MiB");
+    assert!(err.contains("fixed at format time"), "{err}");
+
+    // And the other way round: an encrypting node's records are never flagged plaintext,
+    // and it refuses to be restarted in plaintext mode.
+    let sealed_dir = dir.path().join("sealed");
+    let mut node = Node::start(&sealed_dir, &["--capacity", "128MiB"]).await;
+    node.client
+        .put("default", b"s", block(5, 9_000), Durability::Durable)
+        .await
+        .expect("put");
+    node.stop();
+    let dev = open_device(&sealed_dir);
+    let (at, h) = records(&dev)[&b"s".to_vec()].clone();
+    assert!(!h.plaintext);
+    let mut body = vec![0u8; 9_000];
+    dev.read_exact_at(&mut body, at + hb).expect("read");
+    assert_ne!(body, block(5, 9_000), "an encrypting node's body is sealed");
+    drop(dev);
+    let err = refused_start_with(&sealed_dir, "128MiB", &off);
+    assert!(err.contains("fixed at format time"), "{err}");
+}

@@ -1,0 +1,565 @@
+//! `batch/get`, `batch/put`, `pin` and `unpin`: here, or for the whole pod (the members'
+//! shares asked at once, answers admitted before they are fetched).
+
+use crate::auth::Principal;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use ctxpod_engine::PutStatus;
+use ctxpod_pod::batch as pod_batch;
+use ctxpod_wire::types::*;
+use ctxpod_wire::{frame, Durability};
+use futures::StreamExt;
+use std::time::Duration;
+
+use super::blocks::{body_holding, Peer};
+use super::input::{content_length, durability, parse_keys, read_body, read_json, scope, Path};
+use super::state::{AppState, BATCH_CONCURRENCY, BATCH_GET_BYTES_MAX};
+use crate::errors::{status_of, ApiError, ApiResult};
+
+pub(crate) async fn batch_get(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Peer(peer): Peer,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let scoped = scope(&p, &ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
+    st.engine.namespace(&scoped)?;
+    let room = match h.get(ctxpod_wire::HEADER_ANSWER_BYTES_MAX) {
+        None => BATCH_GET_BYTES_MAX,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| ApiError::invalid("x-ctxpod-answer-bytes-max must be a number"))?
+            .min(BATCH_GET_BYTES_MAX as u64) as usize,
+    };
+    let (results, permits) = if st.answers_for_pod(&h) {
+        pod_batch_get(&st, peer, &p, &ns, &scoped, &h, &keys, room).await
+    } else {
+        admitted_batch_get(&st, Some(peer), &scoped, &keys, room).await
+    };
+    let mut budget = BATCH_GET_BYTES_MAX;
+    let mut out = Vec::new();
+    frame::encode_header(results.len() as u32, &mut out);
+    let mut sent = 0u64;
+    for (k, g) in keys.iter().zip(&results) {
+        let fits = g.data.as_ref().filter(|d| d.len() <= budget);
+        if let Some(d) = fits {
+            budget -= d.len();
+            sent += d.len() as u64;
+        }
+        let over = g.status == 200 && fits.is_none();
+        frame::encode_entry(
+            &frame::Entry {
+                key: k,
+                status: if over { 413 } else { g.status },
+                crc32c: g.crc32c,
+                len: g.len,
+                data: fits.map(|d| &d[..]),
+            },
+            &mut out,
+        );
+    }
+    drop(results);
+    st.engine.metrics().sent_bytes.inc_by(sent);
+    // The frame holds the answer's egress share until it is written out.
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, out.len().to_string()),
+        ],
+        body_holding(vec![Bytes::from(out)], permits),
+    )
+        .into_response())
+}
+
+/// A `batch/get` served here: blocks admitted in order while they fit the answer
+/// ([`BATCH_GET_BYTES_MAX`]) and the node's egress budget, each taken before the read; only
+/// admitted blocks are read, the others answer 413 (the answer is full: ask again for
+/// them) or 503 (busy) without costing anything.
+///
+/// `charge`: `Some(peer)` takes each block from the egress budget (the caller's address's
+/// share and the node's); `None` when the caller reserved the room already (a pod batch's
+/// own part).
+pub(crate) async fn admitted_batch_get(
+    st: &AppState,
+    charge: Option<Option<std::net::IpAddr>>,
+    scoped: &str,
+    keys: &[Vec<u8>],
+    mut room: usize,
+) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
+    let mut permits = Vec::new();
+    let mut busy = 0u64;
+    let plan: Vec<Result<usize, u16>> = keys
+        .iter()
+        .map(|k| match st.engine.block_len(scoped, k) {
+            Err(e) => Err(status_of(&e).0.as_u16()),
+            Ok(None) => Err(404),
+            Ok(Some(len)) if len > room => Err(413),
+            Ok(Some(len)) => match charge.map(|peer| st.budgets.take_egress(peer, len)) {
+                None => {
+                    room -= len;
+                    Ok(len)
+                }
+                Some(Some(p)) => {
+                    room -= len;
+                    permits.extend(p);
+                    Ok(len)
+                }
+                Some(None) => {
+                    busy += 1;
+                    Err(503)
+                }
+            },
+        })
+        .collect();
+    if busy > 0 {
+        st.engine
+            .metrics()
+            .busy_rejections
+            .with_label_values(&["egress"])
+            .inc_by(busy);
+    }
+    let admitted: Vec<&[u8]> = keys
+        .iter()
+        .zip(&plan)
+        .filter(|(_, p)| p.is_ok())
+        .map(|(k, _)| &k[..])
+        .collect();
+    let mut read = local_batch_get(st, scoped, &admitted).await.into_iter();
+    let refused = |status| pod_batch::Got {
+        status,
+        crc32c: None,
+        len: 0,
+        data: None,
+    };
+    let got = plan
+        .iter()
+        .map(|p| match p {
+            Ok(len) => match read.next() {
+                // Stored again, larger, since it was admitted: ask again.
+                Some(g) if g.data.as_ref().is_some_and(|d| d.len() > *len) => refused(503),
+                Some(g) => g,
+                None => refused(500),
+            },
+            Err(st) => refused(*st),
+        })
+        .collect();
+    (got, permits)
+}
+
+/// This node's answers to a `batch/get` of `keys`.
+pub(crate) async fn local_batch_get(
+    st: &AppState,
+    scoped: &str,
+    keys: &[&[u8]],
+) -> Vec<pod_batch::Got> {
+    // Owned keys: the stream's futures may not borrow from the closure's argument.
+    let owned: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+    futures::stream::iter(owned.into_iter().map(|k| {
+        let (engine, ns) = (st.engine.clone(), scoped.to_string());
+        async move {
+            match engine.get(&ns, &k).await {
+                Ok(Some((d, crc))) => pod_batch::Got {
+                    status: 200,
+                    crc32c: Some(crc),
+                    len: d.len() as u32,
+                    data: Some(d),
+                },
+                Ok(None) => pod_batch::Got {
+                    status: 404,
+                    crc32c: None,
+                    len: 0,
+                    data: None,
+                },
+                Err(e) => pod_batch::Got {
+                    status: status_of(&e).0.as_u16(),
+                    crc32c: None,
+                    len: 0,
+                    data: None,
+                },
+            }
+        }
+    }))
+    .buffered(BATCH_CONCURRENCY)
+    .collect()
+    .await
+}
+
+/// A `batch/get` for the whole pod (`pod::batch`): each key at its candidates in rank
+/// order, one round per rank, each round's members asked at once.
+///
+/// Admitted before it is fetched: each round splits the answer's room left (at most
+/// `room`, 64 MiB) among the members it asks (a block's worth each at least; members
+/// beyond that are not asked and their keys answer 413), takes each share from the egress budget
+/// before asking (a share it cannot have answers 503), tells each member its share
+/// (`x-ctxpod-answer-bytes-max`; blocks beyond answer 413, as do blocks a member sends
+/// beyond it), and gives back what the answers did not use. This node's own part is
+/// admitted block by block within its share. So a pod batch holds at most `room` bytes of
+/// blocks, whatever the members hold.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn pod_batch_get(
+    st: &AppState,
+    peer: Option<std::net::IpAddr>,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    keys: &[Vec<u8>],
+    mut room: usize,
+) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
+    let refused = |status| pod_batch::Got {
+        status,
+        crc32c: None,
+        len: 0,
+        data: None,
+    };
+    let mut held: Vec<crate::budget::Permit> = Vec::new();
+    let view = st.pod.view();
+    let n = ctxpod_pod::route::read_candidates(st.replication_of(scoped));
+    let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> = keys
+        .iter()
+        .map(|k| view.ranked(ns, k).into_iter().take(n).collect())
+        .collect();
+    let asker = st.asker(ns, h, p);
+    let mut out: Vec<Option<pod_batch::Got>> = vec![None; keys.len()];
+    for round in 0..n {
+        let groups = pod_batch::group(
+            (0..keys.len())
+                .filter(|&i| out[i].is_none() && ranked[i].len() > round)
+                .map(|i| (i, ranked[i][round])),
+        );
+        if groups.is_empty() {
+            break;
+        }
+        // Every share holds a whole block at least, so a batch always makes progress: the
+        // members that do not fit this answer's room are not asked (their keys answer 413:
+        // ask again).
+        let share = (room / groups.len()).max(ctxpod_wire::BLOCK_BYTES_MAX.min(room));
+        let fit = room.checked_div(share).unwrap_or(0);
+        let mut asks = Vec::new();
+        for (g, (m, idx)) in groups.into_values().enumerate() {
+            if g >= fit {
+                for i in idx {
+                    out[i] = Some(refused(413));
+                }
+                continue;
+            }
+            match st.budgets.take_egress(peer, share.max(1)) {
+                Some(permits) => asks.push((m, idx, permits)),
+                None => {
+                    st.engine
+                        .metrics()
+                        .busy_rejections
+                        .with_label_values(&["egress"])
+                        .inc_by(idx.len() as u64);
+                    for i in idx {
+                        out[i] = Some(refused(503));
+                    }
+                }
+            }
+        }
+        let answers = futures::future::join_all(asks.into_iter().map(|(m, idx, permits)| {
+            let asker = &asker;
+            async move {
+                let r = if m.id == *st.node_id {
+                    let ks: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
+                    Ok(admitted_batch_get(st, None, scoped, &ks, share).await.0)
+                } else {
+                    let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                    asker.batch_get(m, &ks, share).await
+                };
+                (idx, r, permits)
+            }
+        }))
+        .await;
+        for (idx, r, mut permits) in answers {
+            let mut used = 0usize;
+            match r {
+                Ok(got) => {
+                    for (i, mut g) in idx.into_iter().zip(got) {
+                        let len = g.data.as_ref().map_or(0, |d| d.len());
+                        if used + len > share {
+                            // Over the share the member was given: not kept.
+                            g = refused(413);
+                        } else {
+                            used += len;
+                        }
+                        // A miss here may be a hit at the next candidate.
+                        if g.status != 404 {
+                            out[i] = Some(g);
+                        }
+                    }
+                }
+                // Unreachable, or without the namespace: the next candidate is asked.
+                Err(None) | Err(Some(404)) => {}
+                Err(Some(status)) => {
+                    for i in idx {
+                        out[i] = Some(refused(status));
+                    }
+                }
+            }
+            // What the answer did not use goes back to the budget.
+            for permit in &mut permits {
+                drop(permit.split(share.max(1) - used.min(share.max(1))));
+            }
+            if used > 0 {
+                held.extend(permits);
+            }
+            room -= used;
+        }
+    }
+    let got = out
+        .into_iter()
+        .map(|g| g.unwrap_or_else(|| refused(404)))
+        .collect();
+    (got, held)
+}
+
+pub(crate) async fn batch_put(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let scoped = scope(&p, &ns)?;
+    let dur = durability(&h)?;
+    st.engine.namespace(&scoped)?;
+    let declared = content_length(&h);
+    st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
+    // Room for the frame and for each block's staged copy.
+    let budget = 2 * declared
+        .unwrap_or(ctxpod_wire::BATCH_BODY_BYTES_MAX)
+        .min(ctxpod_wire::BATCH_BODY_BYTES_MAX);
+    let _permit = st.admit_body(budget)?;
+    let body = read_body(&h, body, ctxpod_wire::BATCH_BODY_BYTES_MAX).await?;
+    let entries =
+        frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
+    let mut jobs = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        let Some(d) = e.data else {
+            return Err(ApiError::invalid(format!(
+                "batch entry {i} carries no data"
+            )));
+        };
+        if d.len() != e.len as usize {
+            return Err(ApiError::invalid(format!(
+                "batch entry {i}: length mismatch"
+            )));
+        }
+        jobs.push((e.key.to_vec(), body.slice_ref(d), e.crc32c));
+    }
+    st.engine.metrics().received_bytes.inc_by(body.len() as u64);
+    let statuses = if st.answers_for_pod(&h) {
+        pod_batch_put(&st, &p, &ns, &scoped, &h, &jobs, dur).await
+    } else {
+        // Copies of blocks the pod deleted are refused one by one (410); the rest stored.
+        let mut statuses = vec![0u16; jobs.len()];
+        let mut store = Vec::with_capacity(jobs.len());
+        for (i, (k, _, _)) in jobs.iter().enumerate() {
+            match st.refuse_deleted_copy(&h, &scoped, k) {
+                Ok(()) => store.push(i),
+                Err(e) => statuses[i] = e.status.as_u16(),
+            }
+        }
+        for (i, s) in store
+            .iter()
+            .zip(local_batch_put(&st, &scoped, &jobs, &store, dur).await)
+        {
+            statuses[*i] = s;
+        }
+        statuses
+    };
+    let mut out = Vec::new();
+    frame::encode_header(jobs.len() as u32, &mut out);
+    for ((k, d, _), status) in jobs.iter().zip(statuses) {
+        frame::encode_entry(
+            &frame::Entry {
+                key: k,
+                status,
+                crc32c: Some(ctxpod_wire::crc32c(d)),
+                len: d.len() as u32,
+                data: None,
+            },
+            &mut out,
+        );
+    }
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response())
+}
+
+/// A block of a `batch/put`: key, bytes, the CRC32C the client gave.
+pub(crate) type PutJob = (Vec<u8>, Bytes, Option<u32>);
+
+/// This node stores `jobs[idx]`: per block, its status.
+pub(crate) async fn local_batch_put(
+    st: &AppState,
+    scoped: &str,
+    jobs: &[PutJob],
+    idx: &[usize],
+    dur: Durability,
+) -> Vec<u16> {
+    futures::future::join_all(idx.iter().map(|&i| {
+        let (k, d, crc) = &jobs[i];
+        let engine = st.engine.clone();
+        async move {
+            match engine.put(scoped, k, d.clone(), *crc, dur).await {
+                Ok(PutStatus::Created) => 201,
+                Ok(PutStatus::Exists) => 200,
+                Err(e) => status_of(&e).0.as_u16(),
+            }
+        }
+    }))
+    .await
+}
+
+/// A `batch/put` for the whole pod (`pod::batch`): each block to its R first-ranked
+/// members that can be reached, the members of a round asked at once.
+pub(crate) async fn pod_batch_put(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    jobs: &[PutJob],
+    dur: Durability,
+) -> Vec<u16> {
+    let view = st.pod.view();
+    let copies = st.replication_of(scoped);
+    let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> =
+        jobs.iter().map(|(k, _, _)| view.ranked(ns, k)).collect();
+    let asker = st.asker(ns, h, p);
+    let mut states = vec![pod_batch::PutState::default(); jobs.len()];
+    loop {
+        let mut assign = Vec::new();
+        for (i, s) in states.iter_mut().enumerate() {
+            for m in s.next_members(&ranked[i], copies) {
+                assign.push((i, m));
+            }
+        }
+        if assign.is_empty() {
+            break;
+        }
+        let answers =
+            futures::future::join_all(pod_batch::group(assign).into_values().map(|(m, idx)| {
+                let asker = &asker;
+                async move {
+                    let r = if m.id == *st.node_id {
+                        Ok(local_batch_put(st, scoped, jobs, &idx, dur).await)
+                    } else {
+                        let blocks: Vec<(&[u8], &Bytes)> =
+                            idx.iter().map(|&i| (&jobs[i].0[..], &jobs[i].1)).collect();
+                        asker
+                            .batch_put(m, &blocks, h.get(ctxpod_wire::HEADER_DURABILITY))
+                            .await
+                    };
+                    (idx, r)
+                }
+            }))
+            .await;
+        for (idx, r) in answers {
+            match r {
+                Ok(statuses) => {
+                    for (i, s) in idx.into_iter().zip(statuses) {
+                        states[i].answer(s);
+                    }
+                }
+                Err(Some(s)) => idx.into_iter().for_each(|i| states[i].answer(s)),
+                // Unreachable: the next round asks the next member in rank order.
+                Err(None) => {}
+            }
+        }
+    }
+    states.iter().map(|s| s.status(copies)).collect()
+}
+
+pub(crate) async fn pin(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<PinResponse>> {
+    let scoped = scope(&p, &ns)?;
+    let req: PinRequest = read_json(&h, body).await?;
+    if req.ttl_ms == 0 || req.ttl_ms > ctxpod_wire::LEASE_MS_MAX {
+        return Err(ApiError::invalid(format!(
+            "ttl_ms must be within 1..={}",
+            ctxpod_wire::LEASE_MS_MAX
+        )));
+    }
+    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
+    let (pinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, Some(req.ttl_ms)).await?;
+    Ok(Json(PinResponse { pinned, each }))
+}
+
+pub(crate) async fn unpin(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<UnpinResponse>> {
+    let scoped = scope(&p, &ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
+    let (unpinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, None).await?;
+    Ok(Json(UnpinResponse { unpinned, each }))
+}
+
+/// Pins (`ttl_ms` given) or unpins `keys`: here, or at every candidate member of each key
+/// in a pod (`pod::batch`). How many keys were, and per key whether it was when the
+/// request was routed here by another member.
+pub(crate) async fn pin_or_unpin(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    keys: Vec<Vec<u8>>,
+    ttl_ms: Option<u64>,
+) -> ApiResult<(u64, Option<Vec<bool>>)> {
+    let local = |ks: Vec<Vec<u8>>| async move {
+        match ttl_ms {
+            Some(t) => {
+                st.engine
+                    .pin_each(scoped, ks, Duration::from_millis(t))
+                    .await
+            }
+            None => st.engine.unpin_each(scoped, ks).await,
+        }
+    };
+    let count = |each: &[bool]| each.iter().filter(|b| **b).count() as u64;
+    if !st.answers_for_pod(h) {
+        let each = local(keys).await?;
+        let routed = h.contains_key(ctxpod_pod::route::HEADER_FORWARDED);
+        return Ok((count(&each), routed.then_some(each)));
+    }
+    st.engine.namespace(scoped)?;
+    let view = st.pod.view();
+    let asker = st.asker(ns, h, p);
+    // A member that cannot answer holds no copy that this changes.
+    let each = st
+        .any_candidate(&view, ns, scoped, &keys, |m, idx| {
+            let (asker, keys, local) = (&asker, &keys, &local);
+            async move {
+                if m.id == *st.node_id {
+                    return local(idx.iter().map(|&i| keys[i].clone()).collect())
+                        .await
+                        .ok();
+                }
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                asker.pin(m, &ks, ttl_ms).await.ok()
+            }
+        })
+        .await;
+    Ok((count(&each), None))
+}

@@ -1,0 +1,301 @@
+//! Single blocks: PUT, GET, HEAD, DELETE, and the key-list reads MATCH and `present`.
+
+use crate::auth::Principal;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use ctxpod_engine::{EngineError, PutStatus, StagedBlock};
+use ctxpod_wire::types::*;
+use std::time::Duration;
+
+use super::input::{
+    content_length, durability, parse_key, parse_keys, read_body, read_into, read_json, scope, Path,
+};
+use super::state::AppState;
+use crate::errors::{ApiError, ApiResult};
+
+pub(crate) async fn put_block(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path((ns, key)): Path<(String, String)>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    let ns = scope(&p, &ns)?;
+    let key = parse_key(&key)?;
+    let dur = durability(&h)?;
+    let crc = match h.get(ctxpod_wire::HEADER_CRC32C) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(ctxpod_wire::parse_crc32c_hex)
+                .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
+        ),
+    };
+    st.refuse_deleted_copy(&h, &ns, &key)?;
+    let declared = content_length(&h);
+    st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
+    let _permit = st.admit_body(
+        declared
+            .unwrap_or(ctxpod_wire::BLOCK_BYTES_MAX)
+            .min(ctxpod_wire::BLOCK_BYTES_MAX),
+    )?;
+    let staged = match declared {
+        // The common case: the body goes straight into the buffer its record is written from.
+        Some(len) if len <= ctxpod_wire::BLOCK_BYTES_MAX => {
+            let mut staged = StagedBlock::new(len)?;
+            read_into(body, &mut staged).await?;
+            staged
+        }
+        _ => StagedBlock::copy_of(&read_body(&h, body, ctxpod_wire::BLOCK_BYTES_MAX).await?)?,
+    };
+    st.engine
+        .metrics()
+        .received_bytes
+        .inc_by(staged.len() as u64);
+    match st.engine.put_staged(&ns, &key, staged, crc, dur).await? {
+        PutStatus::Created => Ok(StatusCode::CREATED),
+        PutStatus::Exists => Ok(StatusCode::OK),
+    }
+}
+
+pub(crate) async fn get_block(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Peer(peer): Peer,
+    Path((ns, key)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let ns = scope(&p, &ns)?;
+    let key = parse_key(&key)?;
+    let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block");
+    // The block's bytes are taken from the egress budget before it is read, and given back
+    // once the body is written out.
+    let Some(len) = st.engine.block_len(&ns, &key)? else {
+        return Err(not_found());
+    };
+    let permits = st.admit_egress(peer, len)?;
+    match st.engine.get(&ns, &key).await? {
+        Some((data, _)) if data.len() > len => Err(ApiError::busy(
+            "the block was replaced while it was read; retry",
+        )),
+        Some((data, crc)) => {
+            st.engine.metrics().sent_bytes.inc_by(data.len() as u64);
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (
+                        header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
+                        ctxpod_wire::crc32c_hex(crc),
+                    ),
+                    (header::CONTENT_LENGTH, data.len().to_string()),
+                ],
+                body_holding(vec![data], permits),
+            )
+                .into_response())
+        }
+        None => Err(not_found()),
+    }
+}
+
+/// The caller's address, when the listener gave it.
+pub(crate) struct Peer(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<crate::conn::PeerInfo>>()
+                .map(|c| c.0.addr.ip()),
+        ))
+    }
+}
+
+/// Bytes of a body handed to hyper at a time: it asks for the next piece only once it has
+/// room for it, so what a body holds is given back as its bytes leave.
+pub(crate) const BODY_PIECE_BYTES: usize = 64 << 10;
+
+/// A response body of `pieces` (cut into [`BODY_PIECE_BYTES`] slices, no copy) that holds
+/// `permits` until its last piece is handed to the connection: a client that never reads
+/// keeps its answer's share of the budgets, not more.
+pub(crate) fn body_holding(pieces: Vec<Bytes>, permits: Vec<crate::budget::Permit>) -> Body {
+    let mut slices = Vec::new();
+    for p in pieces {
+        let mut at = 0;
+        while at < p.len() {
+            let end = (at + BODY_PIECE_BYTES).min(p.len());
+            slices.push(p.slice(at..end));
+            at = end;
+        }
+    }
+    let state = (slices.into_iter(), permits);
+    Body::from_stream(futures::stream::unfold(
+        state,
+        |(mut it, permits)| async move {
+            it.next()
+                .map(|piece| (Ok::<_, std::convert::Infallible>(piece), (it, permits)))
+        },
+    ))
+}
+
+pub(crate) async fn head_block(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path((ns, key)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let ns = scope(&p, &ns)?;
+    let key = parse_key(&key)?;
+    if st.engine.contains(&ns, &key).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Ok(StatusCode::NOT_FOUND)
+    }
+}
+
+pub(crate) async fn delete_block(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path((ns, key)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let ns = scope(&p, &ns)?;
+    let key = parse_key(&key)?;
+    if st.engine.delete(&ns, &key).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such block",
+        ))
+    }
+}
+
+pub(crate) async fn match_prefix(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<MatchResponse>> {
+    let scoped = scope(&p, &ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::MATCH_KEYS_MAX)?;
+    let view = st.pod.view();
+    if view.members.len() < 2 || h.contains_key(ctxpod_pod::route::HEADER_FORWARDED) {
+        return Ok(Json(MatchResponse {
+            matched: st.engine.match_prefix(&scoped, keys).await?,
+        }));
+    }
+    // A chain whose blocks live on several members: each member is asked about its own
+    // keys, all at once (`ctxpod_pod::route::match_in_pod`).
+    let n = ctxpod_pod::route::read_candidates(st.replication_of(&scoped));
+    let cands: Vec<Vec<ctxpod_pod::membership::MemberInfo>> = keys
+        .iter()
+        .map(|k| view.ranked(&ns, k).into_iter().take(n).cloned().collect())
+        .collect();
+    let by_id: std::collections::HashMap<String, ctxpod_pod::membership::MemberInfo> = view
+        .members
+        .iter()
+        .map(|m| (m.id.clone(), m.clone()))
+        .collect();
+    let matched = ctxpod_pod::route::match_in_pod(
+        keys.len(),
+        |i| cands[i].iter().map(|m| m.id.clone()).collect(),
+        |member, idx| {
+            let sub: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
+            let (st, scoped, ns) = (st.clone(), scoped.clone(), ns.clone());
+            let (h, p) = (h.clone(), p.clone());
+            let m = by_id.get(&member).cloned();
+            async move {
+                let m = anyhow::Context::context(m, "a member of the view")?;
+                if m.id == *st.node_id {
+                    return Ok(st.engine.match_prefix(&scoped, sub).await?);
+                }
+                let req = st
+                    .peers
+                    .http
+                    .post(format!("{}/v1/namespaces/{ns}/match", m.http))
+                    .timeout(Duration::from_secs(10))
+                    .header(ctxpod_pod::route::HEADER_FORWARDED, st.node_id.as_ref())
+                    .json(&KeysRequest {
+                        keys: sub.iter().map(hex::encode).collect(),
+                    });
+                match st
+                    .peers
+                    .for_caller(req, &h, p.tenant.as_deref())
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status().is_success() => {
+                        Ok(r.json::<MatchResponse>().await?.matched)
+                    }
+                    // A member that cannot answer holds nothing as far as this match goes.
+                    _ => Ok(0),
+                }
+            }
+        },
+    )
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "pod_match",
+            format!("MATCH across the pod failed: {e:#}"),
+        )
+    })?;
+    Ok(Json(MatchResponse { matched }))
+}
+
+/// Whether each key is held: here, or in a pod by any member a read would try (each
+/// member is asked about the keys it may hold, all at once; one that cannot answer holds
+/// none of them).
+pub(crate) async fn present_keys(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<PresentResponse>> {
+    let scoped = scope(&p, &ns)?;
+    let req: KeysRequest = read_json(&h, body).await?;
+    let keys = parse_keys(&req.keys, ctxpod_wire::MATCH_KEYS_MAX)?;
+    st.engine.namespace(&scoped)?;
+    let local = |idx: Vec<usize>| {
+        let (st, scoped, keys) = (&st, &scoped, &keys);
+        async move {
+            let mut out = Vec::with_capacity(idx.len());
+            for i in idx {
+                out.push(st.engine.contains(scoped, &keys[i]).await?);
+            }
+            Ok::<_, EngineError>(out)
+        }
+    };
+    if !st.answers_for_pod(&h) {
+        let present = local((0..keys.len()).collect()).await?;
+        return Ok(Json(PresentResponse { present }));
+    }
+    let view = st.pod.view();
+    let asker = st.asker(&ns, &h, &p);
+    let present = st
+        .any_candidate(&view, &ns, &scoped, &keys, |m, idx| {
+            let (asker, keys, local, st) = (&asker, &keys, &local, &st);
+            async move {
+                if m.id == *st.node_id {
+                    return local(idx).await.ok();
+                }
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                asker.present(m, &ks).await.ok()
+            }
+        })
+        .await;
+    Ok(Json(PresentResponse { present }))
+}

@@ -1,0 +1,163 @@
+//! Input as handlers take it: keys, namespaces scoped to the caller's tenant, durability,
+//! bodies read under their limits, JSON bodies that must be objects, and a path extractor
+//! that answers JSON errors.
+
+use crate::auth::Principal;
+use axum::body::Body;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use ctxpod_engine::StagedBlock;
+use ctxpod_wire::types::*;
+use ctxpod_wire::Durability;
+
+use super::state::JSON_BODY_BYTES_MAX;
+use crate::errors::{ApiError, ApiResult};
+
+pub(crate) fn parse_key(s: &str) -> ApiResult<Vec<u8>> {
+    ctxpod_wire::key::parse_key_hex(s).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+pub(crate) fn parse_keys(keys: &[String], max: usize) -> ApiResult<Vec<Vec<u8>>> {
+    if keys.len() > max {
+        return Err(ApiError::too_large(format!(
+            "{} keys in one request; the limit is {max}",
+            keys.len()
+        )));
+    }
+    keys.iter().map(|k| parse_key(k)).collect()
+}
+
+/// The node's name of the caller's namespace `ns` (its tenant's, see [`Principal::scope`]).
+pub(crate) fn scope(p: &Principal, ns: &str) -> ApiResult<String> {
+    p.scope(ns).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// A namespace's info under the caller's name for it.
+pub(crate) fn present(p: &Principal, mut info: NamespaceInfo) -> NamespaceInfo {
+    if let Some(n) = p.unscope(&info.name) {
+        info.name = n.to_string();
+    }
+    info
+}
+
+pub(crate) fn durability(h: &HeaderMap) -> ApiResult<Durability> {
+    match h.get(ctxpod_wire::HEADER_DURABILITY) {
+        None => Ok(Durability::Durable),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(Durability::parse)
+            .ok_or_else(|| ApiError::invalid("x-ctxpod-durability must be durable or fast")),
+    }
+}
+
+/// The request's Content-Length, if it has a valid one.
+pub(crate) fn content_length(h: &HeaderMap) -> Option<usize> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// Bytes of an over-limit body read and discarded before answering 413, so that the client
+/// reads the answer instead of a reset connection; bodies declared larger are cut off at once.
+pub const DRAIN_BYTES_MAX: u64 = 64 << 20;
+
+/// Reads a body of at most `max` bytes. A longer body is never buffered: it is drained (up
+/// to [`DRAIN_BYTES_MAX`]) and refused with 413.
+pub(crate) async fn read_body(h: &HeaderMap, mut body: Body, max: usize) -> ApiResult<Bytes> {
+    use http_body_util::BodyExt;
+    let too_large = || ApiError::too_large(format!("body over the limit of {max} bytes"));
+    let declared = content_length(h).map(|l| l as u64);
+    if declared.is_some_and(|l| l > DRAIN_BYTES_MAX) {
+        return Err(too_large());
+    }
+    let mut over = declared.is_some_and(|l| l > max as u64);
+    let mut buf = bytes::BytesMut::with_capacity(if over {
+        0
+    } else {
+        declared.unwrap_or(0) as usize
+    });
+    let mut seen = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if !over && seen > max as u64 {
+            over = true;
+            buf = bytes::BytesMut::new();
+        }
+        if over {
+            if seen > DRAIN_BYTES_MAX {
+                break;
+            }
+        } else {
+            buf.extend_from_slice(&data);
+        }
+    }
+    if over {
+        return Err(too_large());
+    }
+    Ok(buf.freeze())
+}
+
+/// Receives a body of exactly the announced length into `staged`.
+pub(crate) async fn read_into(mut body: Body, staged: &mut StagedBlock) -> ApiResult<()> {
+    use http_body_util::BodyExt;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if !staged.append(&data) {
+            return Err(ApiError::invalid("body longer than its Content-Length"));
+        }
+    }
+    if !staged.is_complete() {
+        return Err(ApiError::invalid("body shorter than its Content-Length"));
+    }
+    Ok(())
+}
+
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    h: &HeaderMap,
+    body: Body,
+) -> ApiResult<T> {
+    let b = read_body(h, body, JSON_BODY_BYTES_MAX).await?;
+    json_object(&b)
+}
+
+/// A JSON request body, which must be an object: serde's derived `Deserialize` takes an
+/// array for a struct (its fields in order), which no client means (found by the contract
+/// fuzzer: `[null, null]` created a namespace).
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
+    let v: serde_json::Value =
+        serde_json::from_slice(b).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::invalid(
+            "bad JSON body: a JSON object is expected",
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+}
+
+/// `axum::extract::Path` whose refusal (a segment that is not UTF-8, or not of its type)
+/// is the JSON 400 every other bad input gets, not axum's plain text.
+pub struct Path<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(e) => Err(ApiError::invalid(format!("bad path: {}", e.body_text()))),
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! The middleware every request passes, in order (`routes::router` layers them): admission
+//! and measurement ([`admit_and_measure`]), authentication ([`authenticate`]) with
+//! authorisation by route ([`access_of`]) and the tenant's rate, then pod routing
+//! ([`route_in_pod`]: a block this node does not hold is forwarded).
+
+use crate::auth::{Access, AuthError, Limited, Principal};
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use ctxpod_engine::metrics::Metrics;
+use ctxpod_engine::Engine;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::state::AppState;
+use crate::errors::ApiError;
+
+pub(crate) fn op_name(method: &Method, path: &str) -> &'static str {
+    match (method.as_str(), path) {
+        ("PUT", p) if p.ends_with("/blocks/{key}") => "put",
+        ("GET", p) if p.ends_with("/blocks/{key}") => "get",
+        ("HEAD", _) => "head",
+        ("DELETE", p) if p.ends_with("/blocks/{key}") => "delete",
+        (_, p) if p.ends_with("/match") => "match",
+        (_, p) if p.ends_with("/batch/get") => "batch_get",
+        (_, p) if p.ends_with("/batch/put") => "batch_put",
+        (_, p) if p.ends_with("/unpin") => "unpin",
+        (_, p) if p.ends_with("/pin") => "pin",
+        (_, p) if p.ends_with("/events") => "events",
+        (_, p) if p.starts_with("/v1/namespaces") => "namespace",
+        (_, p) if p.starts_with("/ui") => "ui",
+        _ => "admin",
+    }
+}
+
+/// What each route needs ([`Access`]); `None` for a (method, path) the route table does not
+/// have (the router answers 405 to an authenticated caller). A unit test checks that every
+/// route of the table is here.
+pub fn access_of(method: &Method, path: &str) -> Option<Access> {
+    use Access::*;
+    const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
+    Some(match (method.as_str(), path) {
+        ("GET" | "HEAD", "/healthz" | "/readyz") => Public,
+        // The dashboard's files hold no data: what it shows comes through the API.
+        ("GET" | "HEAD", "/ui" | "/ui/{file}") => Public,
+        // Access patterns span tenants: the operator's (an admin, or a viewer).
+        ("GET" | "HEAD", "/metrics" | "/v1/stats" | "/v1/mrc" | "/v1/overview") => Monitor,
+        // Clients route by the members' addresses: any caller may read them; anyone may
+        // plan.
+        ("GET" | "HEAD", "/v1/cluster") | ("POST", "/v1/plan") => Look,
+        ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
+        ("POST" | "GET" | "HEAD" | "DELETE", "/v1/admin/drain") => Admin,
+        // The list: each caller sees its own (a viewer sees every tenant's).
+        ("GET" | "HEAD", "/v1/namespaces") => Look,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}") => Read,
+        ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,
+        ("GET" | "HEAD", BLOCK) => Read,
+        ("PUT" | "DELETE", BLOCK) => Write,
+        (
+            "POST",
+            "/v1/namespaces/{ns}/match"
+            | "/v1/namespaces/{ns}/present"
+            | "/v1/namespaces/{ns}/batch/get",
+        ) => Read,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}/events") => Read,
+        (
+            "POST",
+            "/v1/namespaces/{ns}/batch/put"
+            | "/v1/namespaces/{ns}/pin"
+            | "/v1/namespaces/{ns}/unpin",
+        ) => Write,
+        _ => return None,
+    })
+}
+
+pub(crate) fn unauthorized(e: AuthError) -> Response {
+    let mut r = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        format!("authentication required: {e}"),
+    )
+    .into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"ctxpod\""),
+    );
+    r
+}
+
+/// Who is calling: a bearer token (`Authorization: Bearer <token>`) or the connection's
+/// verified client certificate; `x-ctxpod-tenant` lets an admin act in a tenant's namespaces.
+pub(crate) fn principal_of(st: &AppState, req: &Request) -> Result<Principal, Box<Response>> {
+    if !st.auth.enabled() {
+        return Ok(Principal::anonymous_admin());
+    }
+    let mut p = if let Some(h) = req.headers().get(header::AUTHORIZATION) {
+        let b = h.as_bytes();
+        let token = b
+            .strip_prefix(b"Bearer ")
+            .or_else(|| b.strip_prefix(b"bearer "))
+            .ok_or(AuthError::Malformed);
+        token
+            .and_then(|t| st.auth.bearer(t))
+            .map_err(|e| Box::new(unauthorized(e)))?
+    } else if let Some(s) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::conn::PeerInfo>>()
+        .and_then(|c| c.0.subject.clone())
+    {
+        st.auth
+            .identity(&s)
+            .map_err(|e| Box::new(unauthorized(e)))?
+    } else {
+        return Err(Box::new(unauthorized(AuthError::Missing)));
+    };
+    if let Some(t) = req.headers().get(ctxpod_wire::HEADER_TENANT) {
+        if p.role != crate::auth::Role::Admin {
+            return Err(Box::new(forbidden(
+                &st.engine,
+                "only an admin may act for another tenant",
+            )));
+        }
+        let t = t
+            .to_str()
+            .ok()
+            .filter(|t| ctxpod_wire::namespace::check_tenant_name(t).is_ok())
+            .ok_or_else(|| {
+                Box::new(ApiError::invalid("x-ctxpod-tenant must be a tenant name").into_response())
+            })?;
+        p.tenant = Some(Arc::from(t));
+    }
+    Ok(p)
+}
+
+pub(crate) fn forbidden(engine: &Engine, why: &str) -> Response {
+    engine.metrics().forbidden.inc();
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", why).into_response()
+}
+
+/// Authentication, authorisation by route ([`access_of`]) and the tenant's request rate.
+/// Any node answers (`ctxpod_pod::route`, `forward`): a single-block request for a block this node does not
+/// hold goes to the member that does. Runs after authentication, so a refused caller is
+/// refused here; a request already forwarded is served here.
+pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    use ctxpod_pod::route::{self as forward, Route};
+    // A pod of one (the default) pays one look at the view, nothing more.
+    let view = st.pod.view();
+    if view.members.len() < 2 || req.headers().contains_key(forward::HEADER_FORWARDED) {
+        return next.run(req).await;
+    }
+    // The block, by its namespace's node-side name.
+    let mut block = None;
+    let route = match forward::block_of(req.uri().path()) {
+        Some((ns, key)) => {
+            let scoped = req
+                .extensions()
+                .get::<Principal>()
+                .and_then(|p| p.scope(ns).ok());
+            // The namespace's own replication, if it sets one.
+            let r = scoped
+                .as_ref()
+                .map_or(st.replication, |scoped| st.replication_of(scoped));
+            let route = forward::route(&view, &st.node_id, req.method(), ns, &key, r);
+            block = scoped.map(|s| (s, key));
+            route
+        }
+        None => Route::Local,
+    };
+    match route {
+        Route::Local => next.run(req).await,
+        Route::Read(members) => {
+            let (parts, _) = req.into_parts();
+            for m in &members {
+                let resp = if m.id == *st.node_id {
+                    let local = Request::from_parts(parts.clone(), Body::empty());
+                    next.clone().run(local).await
+                } else {
+                    match forward_counted(&st, m, &parts, None, "read").await {
+                        Some(r) => r,
+                        None => continue,
+                    }
+                };
+                // A miss here may be a hit further down the ranking (a block written while
+                // its first member was away); anything else is the answer.
+                if resp.status() != StatusCode::NOT_FOUND {
+                    return resp;
+                }
+            }
+            count_forwarded(&st, "read_miss");
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
+        }
+        Route::Write { members, copies } => {
+            // The body is held (within the ingest budget) so that it can go to several
+            // members, or to the next one if a member cannot be reached. It is charged the
+            // most it may hold, before any byte is read: its announced length (over the
+            // block limit: 413 at once), or a whole block when it announces none (chunked).
+            let announced = req
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
+            let len = match announced {
+                Some(Some(n)) if n > ctxpod_wire::BLOCK_BYTES_MAX as u64 => {
+                    return ApiError::too_large(format!(
+                        "a block of {n} bytes is over the limit of {}",
+                        ctxpod_wire::BLOCK_BYTES_MAX
+                    ))
+                    .into_response()
+                }
+                Some(Some(n)) => n as usize,
+                Some(None) => {
+                    return ApiError::invalid("content-length is not a number").into_response()
+                }
+                None if req.method() == Method::DELETE => 0,
+                None => ctxpod_wire::BLOCK_BYTES_MAX,
+            };
+            let _permit = match st.admit_body(len) {
+                Ok(p) => p,
+                Err(e) => return e.into_response(),
+            };
+            let (parts, body) = req.into_parts();
+            let body = match axum::body::to_bytes(body, ctxpod_wire::BLOCK_BYTES_MAX + 1).await {
+                Ok(b) => b,
+                Err(_) => {
+                    return ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        "block body over the limit, or cut short",
+                    )
+                    .into_response()
+                }
+            };
+            let is_delete = parts.method == Method::DELETE;
+            if let (true, Some(t), Some((ns, key))) = (is_delete, &st.tombstones, &block) {
+                if let Err(e) = t.room_for(ns, key) {
+                    return delete_not_recorded(e);
+                }
+            }
+            // The first `copies` members that answer each get the request, in rank order.
+            let mut answers: Vec<Response> = Vec::new();
+            for m in &members {
+                if answers.len() == copies {
+                    break;
+                }
+                let resp = if m.id == *st.node_id {
+                    let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
+                    next.clone().run(local).await
+                } else {
+                    match forward_counted(&st, m, &parts, Some(body.clone()), "write").await {
+                        Some(r) => r,
+                        None => continue,
+                    }
+                };
+                answers.push(resp);
+            }
+            // A delete is then recorded (a tombstone, with etcd): members that are away
+            // delete their copy when they return, every member deletes any copy taken
+            // meanwhile, and no copy of it is taken back. Recorded after the members
+            // answered, which tells whether one held the block (every member applies a
+            // tombstone as it learns of it); a delete not recorded answers 503 and the
+            // client sends it again.
+            if let (true, Some(t), Some((ns, key))) = (is_delete, &st.tombstones, &block) {
+                if let Err(e) = t.record(ns, key).await {
+                    return delete_not_recorded(e);
+                }
+            }
+            pick_answer(answers, copies, is_delete)
+        }
+    }
+}
+
+/// 503 (retry after a second) for a block delete the pod cannot record.
+pub(crate) fn delete_not_recorded(e: ctxpod_pod::tombstones::Refused) -> Response {
+    tracing::warn!("block delete refused: {e}");
+    // A 503 carries Retry-After (`ApiError::into_response`).
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        e.to_string(),
+    )
+    .into_response()
+}
+
+/// Forwards a request to `m` and counts the outcome (`ctxpod_forwarded_total`); `None`
+/// when `m` cannot be reached.
+pub(crate) async fn forward_counted(
+    st: &AppState,
+    m: &ctxpod_pod::membership::MemberInfo,
+    parts: &axum::http::request::Parts,
+    body: Option<Bytes>,
+    outcome: &str,
+) -> Option<Response> {
+    match crate::forward::forward(
+        &st.peers,
+        m,
+        &st.node_id,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        parts
+            .extensions
+            .get::<Principal>()
+            .and_then(|p| p.tenant.as_deref()),
+        body,
+    )
+    .await
+    {
+        Ok(r) => {
+            count_forwarded(st, outcome);
+            Some(r)
+        }
+        Err(crate::forward::ForwardError::Unreachable) => {
+            count_forwarded(st, "unreachable");
+            None
+        }
+    }
+}
+
+/// `ctxpod_forwarded_total{outcome}`.
+pub(crate) fn count_forwarded(st: &AppState, outcome: &str) {
+    st.engine
+        .metrics()
+        .forwarded
+        .with_label_values(&[outcome])
+        .inc();
+}
+
+/// The answer to a write sent to several members. A put is acknowledged (with the first
+/// member's answer) only if `copies` members stored it; otherwise the first refusal is the
+/// answer, or 503 when too few members could be reached. A delete answers 200 if any
+/// member deleted the block, else the first answer (404 when none held it).
+pub(crate) fn pick_answer(answers: Vec<Response>, copies: usize, is_delete: bool) -> Response {
+    if is_delete {
+        let mut first = None;
+        for r in answers {
+            if r.status().is_success() {
+                return r;
+            }
+            first.get_or_insert(r);
+        }
+        return first
+            .unwrap_or_else(|| unavailable("no member that may hold this block can be reached"));
+    }
+    if let Some(i) = answers.iter().position(|r| !r.status().is_success()) {
+        return answers.into_iter().nth(i).expect("an index from position");
+    }
+    if answers.len() < copies {
+        return unavailable("fewer members than the pod's replication factor can be reached");
+    }
+    answers
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| unavailable("no member that may hold this block can be reached"))
+}
+
+pub(crate) fn unavailable(message: &'static str) -> Response {
+    let mut r =
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response();
+    // Busy-style: clients retry after a moment (membership catches up within a lease).
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+pub(crate) async fn authenticate(
+    State(st): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let access = req
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|p| access_of(req.method(), p.as_str()))
+        // No such route (or method): only an authenticated caller learns that.
+        .unwrap_or(Access::Look);
+    if access == Access::Public {
+        return next.run(req).await;
+    }
+    let p = match principal_of(&st, &req) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    if !p.may(access) {
+        return forbidden(&st.engine, "this role may not do that");
+    }
+    if let Err(Limited::Rate) = st.auth.admit(&p) {
+        let mut r = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "the tenant's request rate is spent; retry later",
+        )
+        .into_response();
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
+    }
+    req.extensions_mut().insert(p);
+    next.run(req).await
+}
+
+/// Admission (a bounded number of data requests at once, else 503) and per-op metrics.
+pub(crate) async fn admit_and_measure(
+    State(st): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let started = Instant::now();
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let op = path
+        .as_deref()
+        .map_or("unrouted", |p| op_name(req.method(), p));
+    let data = path
+        .as_deref()
+        .is_some_and(|p| p.starts_with("/v1/namespaces"));
+    let permit = if data {
+        match st.limiter.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let m = st.engine.metrics();
+                m.busy_rejections.with_label_values(&["requests"]).inc();
+                m.responses.with_label_values(&[op, "5xx"]).inc();
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    "too many requests in flight; retry later",
+                )
+                .into_response();
+            }
+        }
+    } else {
+        None
+    };
+    let resp = next.run(req).await;
+    drop(permit);
+    let m: &Metrics = st.engine.metrics();
+    let class = match resp.status().as_u16() {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    m.responses.with_label_values(&[op, class]).inc();
+    m.request_seconds
+        .with_label_values(&[op])
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}

@@ -1,0 +1,305 @@
+//! Namespaces: list, create or change, read, delete; in a pod, the change fanned out to
+//! every member and recorded in etcd for those that were away.
+
+use crate::auth::Principal;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use ctxpod_engine::{EngineError, NsSettings};
+use ctxpod_wire::types::*;
+use std::time::Duration;
+
+use super::input::{json_object, present, read_body, scope, Path};
+use super::middleware::count_forwarded;
+use super::state::{AppState, JSON_BODY_BYTES_MAX};
+use crate::errors::{ApiError, ApiResult};
+
+pub(crate) async fn list_namespaces(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+) -> Json<NamespaceList> {
+    Json(NamespaceList {
+        namespaces: st
+            .engine
+            .namespaces()
+            .into_iter()
+            .filter(|n| p.unscope(&n.name).is_some())
+            .map(|n| present(&p, n))
+            .collect(),
+    })
+}
+
+pub(crate) async fn put_namespace(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    uri: axum::http::Uri,
+    h: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    use ctxpod_pod::namespaces::{self as pns, NsRecord};
+    let ns = scope(&p, &ns)?;
+    let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
+    let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
+        CreateNamespace::default()
+    } else {
+        json_object(&b)?
+    };
+    if let Some(r) = req.replication {
+        if !(1..=ctxpod_wire::REPLICATION_MAX).contains(&r) {
+            return Err(ApiError::invalid(format!(
+                "replication must be within 1..={}",
+                ctxpod_wire::REPLICATION_MAX
+            )));
+        }
+    }
+    // A tenant's namespaces are bounded in number (a new one, asked by a client: a change
+    // sent on by another member was bounded there).
+    if let Some(max) = st.auth.namespaces_max(&p) {
+        let new = st.engine.namespace(&ns).is_err() && routed_incarnation(&h)?.is_none();
+        if new {
+            let prefix = ns.split_once('/').map_or("", |(t, _)| t);
+            let have = st
+                .engine
+                .namespaces()
+                .iter()
+                .filter(|n| n.name.split_once('/').is_some_and(|(t, _)| t == prefix))
+                .count();
+            if have >= max {
+                st.auth.count_namespace_limit(&p);
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "namespace_limit",
+                    format!("the tenant has {have} namespaces, its limit"),
+                ));
+            }
+        }
+    }
+    let mut settings = NsSettings {
+        quota_bytes: req.quota_bytes,
+        replication: req.replication,
+        incarnation: None,
+    };
+    let (created, info) = if let Some(inc) = routed_incarnation(&h)? {
+        // A change another member made, sent on to this one.
+        settings.incarnation = Some(inc);
+        pns::apply(&st.engine, &ns, settings).await?
+    } else if st.pod_wide() {
+        // Made here for the whole pod: recorded in etcd, applied, sent to every member.
+        let inc = match st.live_record(&ns).await? {
+            Some(rec) => rec.incarnation,
+            None => st
+                .engine
+                .namespace_incarnation(&ns)
+                .flatten()
+                .unwrap_or_else(pns::new_incarnation),
+        };
+        settings.incarnation = Some(inc);
+        st.record_namespace(
+            &ns,
+            &NsRecord {
+                quota_bytes: req.quota_bytes,
+                replication: req.replication,
+                incarnation: inc,
+                deleted: false,
+            },
+        )
+        .await?;
+        let r = pns::apply(&st.engine, &ns, settings).await?;
+        st.namespace_to_members(Method::PUT, &uri, &h, &p, b, inc)
+            .await;
+        r
+    } else {
+        st.engine.create_namespace_with(&ns, settings).await?
+    };
+    let info = present(&p, info);
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(info)).into_response())
+}
+
+pub(crate) async fn get_namespace(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+) -> ApiResult<Json<NamespaceInfo>> {
+    let ns = scope(&p, &ns)?;
+    Ok(Json(present(&p, st.engine.namespace(&ns)?)))
+}
+
+pub(crate) async fn delete_namespace(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(ns): Path<String>,
+    uri: axum::http::Uri,
+    h: HeaderMap,
+) -> ApiResult<StatusCode> {
+    use ctxpod_pod::namespaces::{self as pns, NsRecord};
+    let ns = scope(&p, &ns)?;
+    let is_default = ns == "default";
+    if let Some(inc) = routed_incarnation(&h)? {
+        // `default` comes back under the incarnation sent; another namespace's
+        // incarnation `inc` is deleted.
+        let (deleted, renewed) = if is_default {
+            (None, Some(inc))
+        } else {
+            (Some(inc), None)
+        };
+        return match pns::apply_delete(&st.engine, &ns, deleted, renewed).await? {
+            true => Ok(StatusCode::NO_CONTENT),
+            false => Err(EngineError::NotFound(format!("namespace {ns:?} does not exist")).into()),
+        };
+    }
+    if !st.pod_wide() {
+        st.engine.delete_namespace(&ns).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let held = st.engine.namespace_incarnation(&ns).ok_or_else(|| {
+        ApiError::from(EngineError::NotFound(format!(
+            "namespace {ns:?} does not exist"
+        )))
+    })?;
+    let record = st.live_record(&ns).await?;
+    // Recorded first, then applied here: this node's own reconcile, reading the record
+    // again before it applies anything, can never bring back what was deleted.
+    let rec = if is_default {
+        // Emptied: it comes back at once, everywhere, under a new incarnation.
+        NsRecord {
+            quota_bytes: None,
+            replication: None,
+            incarnation: pns::new_incarnation(),
+            deleted: false,
+        }
+    } else {
+        NsRecord {
+            quota_bytes: None,
+            replication: None,
+            incarnation: record
+                .map(|r| r.incarnation)
+                .or(held)
+                .unwrap_or_else(pns::new_incarnation),
+            deleted: true,
+        }
+    };
+    st.record_namespace(&ns, &rec).await?;
+    let sent = rec.incarnation;
+    if is_default {
+        pns::apply_delete(&st.engine, &ns, None, Some(sent)).await?;
+    } else {
+        pns::apply_delete(&st.engine, &ns, None, None).await?;
+    }
+    st.namespace_to_members(Method::DELETE, &uri, &h, &p, Bytes::new(), sent)
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The namespace incarnation a member sent with a change it made (a routed request).
+pub(crate) fn routed_incarnation(h: &HeaderMap) -> ApiResult<Option<u64>> {
+    if !h.contains_key(ctxpod_pod::route::HEADER_FORWARDED) {
+        return Ok(None);
+    }
+    match h.get(ctxpod_pod::namespaces::HEADER_NS_INCARNATION) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&i| i != 0)
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid("x-ctxpod-ns-incarnation must be a positive integer")),
+    }
+}
+
+impl AppState {
+    /// The pod's live record of namespace `ns` (none without etcd, or once deleted).
+    pub(crate) async fn live_record(
+        &self,
+        ns: &str,
+    ) -> ApiResult<Option<ctxpod_pod::namespaces::NsRecord>> {
+        let Some(r) = &self.ns_records else {
+            return Ok(None);
+        };
+        let rec = ctxpod_pod::namespaces::record(&r.1, &r.0, ns)
+            .await
+            .map_err(|e| etcd_unavailable(&e))?;
+        Ok(rec.filter(|r| !r.deleted))
+    }
+
+    /// Records a namespace change in etcd (with etcd); refused (503) while etcd is away.
+    pub(crate) async fn record_namespace(
+        &self,
+        ns: &str,
+        rec: &ctxpod_pod::namespaces::NsRecord,
+    ) -> ApiResult<()> {
+        let Some(r) = &self.ns_records else {
+            return Ok(());
+        };
+        // A deletion is a tombstone: it expires with the pod's block tombstones
+        // (`pod.tombstone_retention_s`), so etcd does not keep every deleted name forever.
+        let lease = match (&self.tombstones, rec.deleted) {
+            (Some(t), true) => Some(t.lease().await.map_err(|e| etcd_unavailable(&e))?),
+            _ => None,
+        };
+        ctxpod_pod::namespaces::publish(&r.1, &r.0, ns, rec, lease)
+            .await
+            .map_err(|e| etcd_unavailable(&e))
+    }
+
+    /// Sends a namespace change made here to every other member, at once (10 s at most
+    /// each), with the caller's credentials; a member that misses it catches up from etcd.
+    pub(crate) async fn namespace_to_members(
+        &self,
+        method: Method,
+        uri: &axum::http::Uri,
+        h: &HeaderMap,
+        caller: &Principal,
+        body: Bytes,
+        incarnation: u64,
+    ) {
+        let view = self.pod.view();
+        let sends = view.members.iter().filter(|m| m.id != *self.node_id).map(|m| {
+            let req = self
+                .peers
+                .http
+                .request(method.clone(), format!("{}{}", m.http, uri.path()))
+                .timeout(Duration::from_secs(10))
+                .header(ctxpod_pod::route::HEADER_FORWARDED, self.node_id.as_ref())
+                .header(
+                    ctxpod_pod::namespaces::HEADER_NS_INCARNATION,
+                    incarnation.to_string(),
+                )
+                .body(body.clone());
+            let req = self.peers.for_caller(req, h, caller.tenant.as_deref());
+            async move {
+                match req.send().await {
+                    Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
+                        count_forwarded(self, "namespace")
+                    }
+                    Ok(r) => {
+                        tracing::warn!(member = %m.id, status = %r.status(), "a member refused a namespace change");
+                        count_forwarded(self, "namespace_refused");
+                    }
+                    Err(e) => {
+                        tracing::warn!(member = %m.id, "a namespace change did not reach a member: {e}");
+                        count_forwarded(self, "unreachable");
+                    }
+                }
+            }
+        });
+        futures::future::join_all(sends).await;
+    }
+}
+
+pub(crate) fn etcd_unavailable(e: &anyhow::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("etcd cannot record the namespace change now: {e:#}"),
+    )
+}

@@ -1,0 +1,198 @@
+//! The state every handler shares ([`AppState`]): the engine, the pod, the budgets and
+//! limits, and the admission helpers (tenant bytes, egress, ingest) handlers call.
+
+use crate::auth::{Authenticator, Principal};
+use axum::http::{HeaderMap, StatusCode};
+use ctxpod_engine::Engine;
+use ctxpod_pod::batch as pod_batch;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+use crate::errors::{ApiError, ApiResult};
+
+/// Largest JSON body (a `match` of 4096 keys of 128 bytes is about 1 MiB).
+pub const JSON_BODY_BYTES_MAX: usize = 2 << 20;
+/// Most blocks a `batch/get` answers with data; further present blocks answer 413 in the frame.
+pub const BATCH_GET_BYTES_MAX: usize = 64 << 20;
+/// Blocks of one batch served concurrently.
+pub(crate) const BATCH_CONCURRENCY: usize = 16;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub(crate) limiter: Arc<Semaphore>,
+    pub(crate) max_inflight: usize,
+    /// The node's byte budgets (request bodies, answers, staging), shared with CXP1.
+    pub budgets: crate::budget::Budgets,
+    pub auth: Arc<Authenticator>,
+    /// The pod this node is in, and its own id there.
+    pub pod: Arc<ctxpod_pod::membership::Membership>,
+    pub node_id: Arc<str>,
+    /// How this node reaches the other members.
+    pub peers: ctxpod_pod::Peers,
+    /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
+    pub ns_records: Option<Arc<(String, ctxpod_pod::etcd::Etcd)>>,
+    /// Copies of each block in the pod (`pod.replication`).
+    pub replication: usize,
+    /// This node's drain (`/v1/admin/drain`).
+    pub drain: Arc<ctxpod_pod::drain::Drain>,
+    /// The pod's block deletes (`None`: no etcd).
+    pub tombstones: Option<Arc<ctxpod_pod::tombstones::Tombstones>>,
+}
+
+impl AppState {
+    /// A copy ([`ctxpod_wire::HEADER_COPY`]: read repair, backfill) of a block the pod
+    /// deleted is refused: 410 `deleted`.
+    pub(crate) fn refuse_deleted_copy(&self, h: &HeaderMap, ns: &str, key: &[u8]) -> ApiResult<()> {
+        match &self.tombstones {
+            Some(t) if h.contains_key(ctxpod_wire::HEADER_COPY) && t.holds(ns, key) => {
+                self.engine.metrics().copies_refused.inc();
+                Err(ApiError::new(
+                    StatusCode::GONE,
+                    "deleted",
+                    "the pod deleted this block: copies of it are refused",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A GET of `path` on the member at `base` for the caller (its credentials, or the
+    /// peer token standing in: [`ctxpod_pod::Peers::for_caller`]), marked as sent by this
+    /// node.
+    pub(crate) fn member_get(
+        &self,
+        base: &str,
+        path: &str,
+        timeout: Duration,
+        h: &HeaderMap,
+        p: &Principal,
+    ) -> reqwest::RequestBuilder {
+        let req = self
+            .peers
+            .http
+            .get(format!("{base}{path}"))
+            .timeout(timeout)
+            .header(ctxpod_pod::route::HEADER_FORWARDED, self.node_id.as_ref());
+        self.peers.for_caller(req, h, p.tenant.as_deref())
+    }
+
+    /// Copies of each block of namespace `scoped` (node-side name): its own setting, else
+    /// the pod's.
+    pub fn replication_of(&self, scoped: &str) -> usize {
+        self.engine
+            .namespace_replication(scoped)
+            .map_or(self.replication, |r| r as usize)
+    }
+}
+
+/// Holds a share of the ingest budget until the body is stored (or refused).
+pub(crate) type IngestPermit = tokio::sync::OwnedSemaphorePermit;
+
+impl AppState {
+    /// Refuses (403 `quota`) a write that would take the caller's tenant over its byte
+    /// quota.
+    pub(crate) fn check_tenant_bytes(&self, p: &Principal, bytes: usize) -> ApiResult<()> {
+        self.auth
+            .check_tenant_bytes(&self.engine, p, bytes as u64)
+            .map_err(|m| ApiError::new(StatusCode::FORBIDDEN, "quota", m))
+    }
+
+    /// Takes `bytes` of the egress budget for an answer to `peer` (its address's share and
+    /// the node's), or answers 503 when it is spent.
+    pub(crate) fn admit_egress(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        bytes: usize,
+    ) -> ApiResult<Vec<crate::budget::Permit>> {
+        self.budgets.take_egress(peer, bytes).ok_or_else(|| {
+            self.engine
+                .metrics()
+                .busy_rejections
+                .with_label_values(&["egress"])
+                .inc();
+            ApiError::busy("too many answers waiting for their clients; retry later")
+        })
+    }
+
+    /// Reserves room for a body of `bytes`, or answers 503 when the ingest budget is spent.
+    pub(crate) fn admit_body(&self, bytes: usize) -> ApiResult<IngestPermit> {
+        self.budgets.ingest.try_take(bytes).ok_or_else(|| {
+            self.engine
+                .metrics()
+                .busy_rejections
+                .with_label_values(&["ingest"])
+                .inc();
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many request bodies in flight; retry later",
+            )
+        })
+    }
+}
+
+impl AppState {
+    /// Whether a request here is answered for the whole pod: the node is in a pod of
+    /// several and the request was not routed here by a member or a pod-aware client.
+    pub(crate) fn answers_for_pod(&self, h: &HeaderMap) -> bool {
+        self.pod.view().members.len() >= 2 && !h.contains_key(ctxpod_pod::route::HEADER_FORWARDED)
+    }
+
+    /// A per-key question asked of every member a read of each key would try, each member
+    /// about its keys at once (`ask(member, key indexes)`, this node included): per key,
+    /// whether any member said yes. A member answering `None` said no to all of its keys.
+    pub(crate) async fn any_candidate<'m, F, Fut>(
+        &self,
+        view: &'m ctxpod_pod::membership::PodView,
+        ns: &str,
+        scoped: &str,
+        keys: &[Vec<u8>],
+        ask: F,
+    ) -> Vec<bool>
+    where
+        F: Fn(&'m ctxpod_pod::membership::MemberInfo, Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Option<Vec<bool>>>,
+    {
+        let n = ctxpod_pod::route::read_candidates(self.replication_of(scoped));
+        let groups = pod_batch::group(
+            keys.iter()
+                .enumerate()
+                .flat_map(|(i, k)| view.ranked(ns, k).into_iter().take(n).map(move |m| (i, m))),
+        );
+        let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
+            let asked = ask(m, idx.clone());
+            async move { (idx, asked.await) }
+        }))
+        .await;
+        let mut any = vec![false; keys.len()];
+        for (idx, got) in answers {
+            for (i, yes) in idx.into_iter().zip(got.unwrap_or_default()) {
+                any[i] |= yes;
+            }
+        }
+        any
+    }
+
+    /// Asks members on behalf of the caller `p` of this request.
+    pub(crate) fn asker<'a>(
+        &'a self,
+        ns: &'a str,
+        h: &'a HeaderMap,
+        p: &'a Principal,
+    ) -> pod_batch::Asker<'a> {
+        pod_batch::Asker {
+            peers: &self.peers,
+            me: &self.node_id,
+            ns,
+            headers: h,
+            caller_tenant: p.tenant.as_deref(),
+        }
+    }
+
+    /// Whether a namespace change made here is the pod's: with etcd, or with other members.
+    pub(crate) fn pod_wide(&self) -> bool {
+        self.ns_records.is_some() || self.pod.view().members.len() >= 2
+    }
+}

@@ -1,0 +1,28 @@
+//! ctxpod's node: one flash node's daemon over the engine and the pod.
+//!
+//! - [`serve`]: `ctxpod serve`, the wiring of the process (no logic of its own).
+//! - [`http`]: HTTP API v1 (axum): state, route table (checked against
+//!   `wire/openapi.json`), middleware, input, and the handlers by concern (blocks, batch,
+//!   namespaces, observe, admin, the dashboard); [`forward`]: a single-block request
+//!   proxied to the member that holds it; [`plan_args`]: the planner's inputs, shared by
+//!   `POST /v1/plan` and `ctxpod plan`.
+//! - [`transfer`]: the CXP1 listener. [`errors`]: the error → status map both listeners
+//!   answer with.
+//! - [`auth`] and [`tls`]: who is calling (tokens, client certificates → tenant and role),
+//!   what each request may do, tenant quotas; rustls on both listeners. [`conn`]: accepted
+//!   connections, their limits and idle timeouts. [`budget`]: the node's memory for bytes
+//!   in flight.
+//!
+//! Architecture invariant: this is the only crate that serves HTTP or CXP1; the engine and
+//! the pod below it know no server (the layering test checks that they do not link axum).
+
+pub mod auth;
+pub mod budget;
+pub mod conn;
+pub mod errors;
+pub mod forward;
+pub mod http;
+pub mod plan_args;
+pub mod serve;
+pub mod tls;
+pub mod transfer;

@@ -1,0 +1,147 @@
+//! `ctxpod serve`: the wiring of the process (the engine opened, the pod joined, both
+//! listeners bound, reloads on SIGHUP, shutdown on a signal). No logic of its own.
+
+use crate::auth::Authenticator;
+use ctxpod_engine::metrics::Metrics;
+use ctxpod_engine::Engine;
+use ctxpod_format::config::Config;
+use std::sync::Arc;
+
+use crate::http::routes::router;
+
+/// Runs a node until SIGTERM or Ctrl-C, then stops accepting, drains and commits.
+pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let metrics = Arc::new(Metrics::new());
+    let auth = Arc::new(Authenticator::new(&cfg, metrics.clone())?);
+    let engine = Arc::new(Engine::open(cfg.clone(), metrics).await?);
+    if auth.enabled() {
+        tracing::info!("authentication is on: every request needs a token or a client certificate");
+    } else {
+        tracing::warn!(
+            "authentication is OFF: every client is an admin of this node (allowed on loopback; \
+             configure auth tokens or identities to turn it on)"
+        );
+    }
+    let tls = crate::tls::Tls::load(&cfg.tls, engine.metrics().clone())?;
+    match &tls {
+        Some(t) => {
+            tracing::info!(
+                mtls = cfg.tls.client_ca_file.is_some(),
+                "TLS on both listeners (files re-read on SIGHUP and on change)"
+            );
+            tokio::spawn(t.clone().watch());
+        }
+        None => tracing::warn!(
+            "TLS is off: plain TCP (allowed on loopback, or with tls.allow_plaintext)"
+        ),
+    }
+    tokio::spawn(reload_on_sighup(auth.clone(), tls.clone()));
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let addr_file = cfg.data_dir.join("ctxpod.addr");
+    let tmp = cfg.data_dir.join("ctxpod.addr.tmp");
+    tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
+    let scheme = if cfg.tls.enabled() { "https" } else { "http" };
+    println!("ctxpod listening on {scheme}://{addr}");
+    let budgets = crate::budget::Budgets::from_config(&cfg);
+    let handshakes = crate::conn::Handshakes::new(cfg.tls_handshakes_max);
+    let transfer = match cfg.transfer_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("transfer listener on {at}"))?;
+            let taddr = l.local_addr()?;
+            let f = cfg.data_dir.join("ctxpod.transfer.addr");
+            std::fs::write(&tmp, format!("{taddr}\n"))?;
+            std::fs::rename(&tmp, &f)?;
+            tracing::info!(addr = %taddr, "ctxpod serving the CXP1 transfer protocol");
+            Some(tokio::spawn(crate::transfer::serve(
+                l,
+                engine.clone(),
+                auth.clone(),
+                tls.clone(),
+                budgets.clone(),
+                crate::conn::Gate::new(
+                    "transfer",
+                    crate::conn::Limits::from_config(&cfg),
+                    engine.metrics().clone(),
+                ),
+                handshakes.clone(),
+            )))
+        }
+        None => None,
+    };
+    let taddr = match cfg.transfer_listen {
+        Some(_) => std::fs::read_to_string(cfg.data_dir.join("ctxpod.transfer.addr"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+        None => None,
+    };
+    let pod = ctxpod_pod::Pod::join(&cfg, addr, taddr, &engine).await?;
+    pod.start_background(engine.clone(), &cfg, auth.enabled());
+    let app = router(
+        engine.clone(),
+        auth.clone(),
+        cfg.max_inflight_requests,
+        budgets,
+        &pod,
+    );
+    // The HTTP address is published last: once it is there, both listeners serve.
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, &addr_file)?;
+    let limits = crate::conn::Limits::from_config(&cfg);
+    let gate = crate::conn::Gate::new("http", limits.clone(), engine.metrics().clone());
+    let (conns, accepting) = crate::tls::accept_loop(listener, tls, gate, handshakes);
+    crate::conn::serve_http(conns, app, limits.header_read, shutdown_signal()).await;
+    accepting.abort();
+    if let Some(t) = transfer {
+        t.abort();
+    }
+    pod.leave().await;
+    tracing::info!("shutting down: committing queued writes");
+    engine.shutdown().await;
+    let _ = std::fs::remove_file(&addr_file);
+    Ok(())
+}
+
+/// Re-reads credentials (and TLS files) on SIGHUP; a bad reload keeps what was loaded.
+async fn reload_on_sighup(auth: Arc<Authenticator>, tls: Option<Arc<crate::tls::Tls>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        if let Some(t) = &tls {
+            match t.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded"),
+                Err(e) => {
+                    tracing::error!("SIGHUP: TLS files not reloaded, keeping the old ones: {e:#}")
+                }
+            }
+        }
+        match auth.reload() {
+            Ok(n) => tracing::info!(tokens = n, "SIGHUP: credentials reloaded"),
+            Err(e) => {
+                tracing::error!("SIGHUP: credentials not reloaded, keeping the old ones: {e}")
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
