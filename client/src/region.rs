@@ -36,6 +36,8 @@ pub(crate) struct RegionInner {
 // SAFETY: the memory is owned by the region and only reached through raw pointers under
 // the reservation discipline described in the module documentation.
 unsafe impl Send for RegionInner {}
+// SAFETY: as for `Send`: shared use reaches the memory only through disjoint reserved
+// ranges (the reservation table is behind its mutex).
 unsafe impl Sync for RegionInner {}
 
 impl Drop for RegionInner {

@@ -1257,6 +1257,7 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is a plain C struct of integers, for which all zeroes is valid.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid C string and a statvfs struct to fill.
     (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)

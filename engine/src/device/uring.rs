@@ -171,21 +171,20 @@ impl Device for UringDevice {
 fn entry_for(op: &mut Op, fd: types::Fd, token: u64) -> io_uring::squeue::Entry {
     let remaining = (op.buf.len() - op.done) as u32;
     let off = op.offset + op.done as u64;
+    debug_assert!(op.done <= op.buf.len(), "an op never moves past its buffer");
+    // SAFETY: `op.done <= op.buf.len()`, so the pointer is within the buffer or one past
+    // its end; the buffer lives in `op`, which stays in its slot until the completion for
+    // `token` arrives, so the kernel is done with it before it can be freed.
+    let at = unsafe { op.buf.as_mut_ptr().add(op.done) };
     match op.kind {
-        // SAFETY (for both pointer uses): the buffer lives in `op`, which stays in its slot
-        // until the completion for `token` arrives.
-        Kind::Read => opcode::Read::new(fd, unsafe { op.buf.as_mut_ptr().add(op.done) }, remaining)
+        Kind::Read => opcode::Read::new(fd, at, remaining).offset(off).build(),
+        Kind::Write => opcode::Write::new(fd, at.cast_const(), remaining)
             .offset(off)
             .build(),
-        Kind::Write => opcode::Write::new(fd, unsafe { op.buf.as_ptr().add(op.done) }, remaining)
+        Kind::WriteDurable => opcode::Write::new(fd, at.cast_const(), remaining)
             .offset(off)
+            .rw_flags(libc::RWF_DSYNC)
             .build(),
-        Kind::WriteDurable => {
-            opcode::Write::new(fd, unsafe { op.buf.as_ptr().add(op.done) }, remaining)
-                .offset(off)
-                .rw_flags(libc::RWF_DSYNC)
-                .build()
-        }
         Kind::Flush => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
