@@ -35,6 +35,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
+mod eviction;
+mod pipeline;
+use pipeline::committer;
+
 pub(crate) struct PutReq {
     pub ns: Arc<Namespace>,
     pub bkey: Vec<u8>,
@@ -115,6 +119,9 @@ pub(crate) struct Writer {
     overlay: Arc<Mutex<VecDeque<Pending>>>,
     /// To the committer task, which ends when the writer drops this.
     commit_tx: mpsc::Sender<CommitMsg>,
+    /// Batches handed to the committer so far: each job carries its number, and the
+    /// committer and the indexer check that they see them in that order.
+    batches: u64,
 }
 
 type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
@@ -124,6 +131,8 @@ type BatchWrites = tokio::task::JoinHandle<Vec<(AlignedBuf, std::io::Result<()>)
 
 /// A batch whose records are being written, for the committer to make durable and answer.
 struct CommitJob {
+    /// The batch's number, in the order the writer made them (from 1).
+    batch: u64,
     /// The batch's record writes, submitted: they must all succeed before anything else of
     /// the batch happens.
     io: Option<BatchWrites>,
@@ -172,158 +181,6 @@ pub const CHECKPOINT_ENTRIES_MAX: usize = 4096;
 /// flusher, and the flusher of the indexer.
 const COMMIT_QUEUE_DEPTH: usize = 2;
 
-/// The commit pipeline, two stages in order: the flusher waits for each batch's record
-/// writes and makes the device durable for the batch if it needs it, the indexer writes the
-/// batch's RocksDB batch and answers. The writes of batch k+1 overlap those of batch k, its
-/// flush the index sync of batch k-1: a batch's writes only have to precede its own flush
-/// and index write, and batches are answered in order, so an acknowledged batch never
-/// follows a hole.
-async fn committer(
-    core: Arc<Core>,
-    overlay: Arc<Mutex<VecDeque<Pending>>>,
-    mut rx: mpsc::Receiver<CommitMsg>,
-) {
-    let (tx, irx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
-    let indexer = tokio::spawn(indexer(core.clone(), overlay, irx));
-    // Records written, not durable, since the last flush (`fast` batches).
-    let mut dirty = false;
-    while let Some(mut msg) = rx.recv().await {
-        if let CommitMsg::Job(job) = &mut msg {
-            if let Some(io) = job.io.take() {
-                let failed = match io.await {
-                    Ok(results) => results
-                        .into_iter()
-                        .find_map(|(_, r)| r.err())
-                        .map(anyhow::Error::from),
-                    Err(e) => Some(anyhow::anyhow!("device write task: {e}")),
-                };
-                let full = |e: &anyhow::Error| {
-                    e.downcast_ref::<std::io::Error>()
-                        .and_then(|e| e.raw_os_error())
-                        == Some(libc::ENOSPC)
-                };
-                match failed {
-                    // The batch and every one behind it (written after a hole) are answered
-                    // 507; the writer re-reads its state before the next batch.
-                    Some(e) if full(&e) => {
-                        let mut ns = core.no_space.lock();
-                        if ns.is_none() {
-                            tracing::warn!("the device is full: puts answer 507 until it has room");
-                            *ns = Some(job.first.unwrap_or((u32::MAX, 0)));
-                        }
-                    }
-                    // The indexer sees the node failed and answers the batch with errors.
-                    Some(e) => core.fail("device write", &e),
-                    None => count_written(&core, job.written),
-                }
-            }
-            if core.no_space.lock().is_some() {
-                job.no_space = true;
-            }
-            dirty |= job.written > 0 && !job.durable_writes;
-            // A durable batch is on stable media already, but `fast` records written before
-            // it may not be: flush them, or a power loss could leave a hole in front of an
-            // acknowledged record, where recovery's tail scan would stop. A checkpoint
-            // makes index entries and write pointers durable: the records they point at
-            // must be durable first.
-            let needs_flush = (job.sync || job.checkpoint.is_some()) && !job.no_space;
-            if needs_flush && dirty && !core.failed.load(Ordering::SeqCst) {
-                let t = Instant::now();
-                match core.device.flush().await {
-                    Ok(()) => {
-                        dirty = false;
-                        core.metrics.device_flushes.inc();
-                        core.metrics
-                            .flush_seconds
-                            .observe(t.elapsed().as_secs_f64());
-                    }
-                    // The indexer sees the node failed and answers the batch with errors.
-                    Err(e) => core.fail("device flush", &e.into()),
-                }
-            }
-        }
-        if tx.send(msg).await.is_err() {
-            break;
-        }
-    }
-    drop(tx);
-    let _ = indexer.await;
-}
-
-async fn indexer(
-    core: Arc<Core>,
-    overlay: Arc<Mutex<VecDeque<Pending>>>,
-    mut rx: mpsc::Receiver<CommitMsg>,
-) {
-    while let Some(msg) = rx.recv().await {
-        match msg {
-            CommitMsg::Drain(tx) => drop(tx.send(())),
-            CommitMsg::Job(job) => {
-                commit_index(&core, job).await;
-                overlay.lock().pop_front();
-            }
-        }
-    }
-}
-
-/// Index changes (a synced checkpoint, or entries without the WAL) → answers. Any failure,
-/// or a failed flush before it, answers every command of the batch with an error; the node
-/// is read-only.
-async fn commit_index(core: &Arc<Core>, job: CommitJob) {
-    if job.no_space && !core.failed.load(Ordering::SeqCst) {
-        job.replies
-            .into_iter()
-            .for_each(|r| r.send_error(|| EngineError::NoSpace("the device is full".into())));
-        return;
-    }
-    if core.failed.load(Ordering::SeqCst) {
-        job.replies
-            .into_iter()
-            .for_each(|r| r.send_err("the node failed a device write or flush"));
-        return;
-    }
-    if !job.sync && job.written > 0 {
-        // Before the index makes these blocks visible: a durable re-put that finds one
-        // must know to wait for a flush.
-        core.unsynced.store(true, Ordering::SeqCst);
-    }
-    // A synced RocksDB write blocks on fsync: off the async workers.
-    let t = Instant::now();
-    let c2 = core.clone();
-    let (checkpoint, wb) = (job.checkpoint, job.wb);
-    let written = tokio::task::spawn_blocking(move || match checkpoint {
-        Some(earlier) => {
-            c2.index
-                .write(earlier, index::WriteMode::Wal { sync: false })?;
-            c2.index.write(wb, index::WriteMode::Wal { sync: true })
-        }
-        None => c2.index.write(wb, index::WriteMode::NoWal),
-    })
-    .await
-    .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")));
-    if let Err(e) = written {
-        core.fail("index write", &e);
-        job.replies
-            .into_iter()
-            .for_each(|r| r.send_err("index write failed"));
-        return;
-    }
-    core.metrics
-        .index_commit_seconds
-        .observe(t.elapsed().as_secs_f64());
-    if !job.forget.is_empty() || !job.forget_ns.is_empty() {
-        core.dram_forget(job.forget.iter().map(Vec::as_slice), &job.forget_ns);
-    }
-    if job.sync {
-        core.unsynced.store(false, Ordering::SeqCst);
-    }
-    job.replies.into_iter().for_each(Reply::send_ok);
-    core.metrics.group_commit_blocks.observe(job.puts as f64);
-    core.metrics
-        .group_commit_seconds
-        .observe(job.started.elapsed().as_secs_f64());
-}
-
 impl Writer {
     pub fn new(core: Arc<Core>) -> anyhow::Result<Writer> {
         let g = &core.geometry;
@@ -360,6 +217,7 @@ impl Writer {
             transition: false,
             uncheckpointed: Vec::new(),
             reserve,
+            batches: 0,
         };
         w.publish();
         Ok(w)
@@ -522,6 +380,7 @@ impl Writer {
                     self.touched.insert(r);
                     return Ok(Some((r, wp as u32)));
                 }
+                debug_assert_eq!(m.state, RegionState::Open, "only the open region is sealed");
                 m.state = RegionState::Sealed;
                 self.touched.insert(r);
                 self.transition = true;
@@ -534,6 +393,11 @@ impl Writer {
             let epoch = self.core.next_seq()?;
             self.free.pop_front();
             self.transition = true;
+            debug_assert_eq!(
+                self.regions[r as usize].state,
+                RegionState::Free,
+                "only a free region is opened"
+            );
             self.regions[r as usize] = RegionMeta::opened(epoch);
             self.touched.insert(r);
             self.open = Some(r);
@@ -689,6 +553,16 @@ impl Writer {
                         &mut p.record[..record::HEADER_BYTES],
                         self.regions[region as usize].tail_epoch,
                     );
+                    debug_assert!(
+                        RecordHeader::decode(&p.record[..record::HEADER_BYTES]).is_ok_and(|h| {
+                            h.seq == loc.seq
+                                && h.len == loc.len
+                                && h.crc32c == loc.crc32c
+                                && h.key_id == loc.key_id
+                                && h.region_epoch == self.regions[region as usize].tail_epoch
+                        }),
+                        "a record's header, as written, decodes to what the index says of it"
+                    );
                     wb.put_cf(cfs.0, &p.bkey, loc.encode());
                     wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
                     self.core.presence.insert(&p.bkey);
@@ -783,7 +657,9 @@ impl Writer {
         };
         self.publish();
         self.overlay.lock().push_back(pending);
+        self.batches += 1;
         let job = CommitJob {
+            batch: self.batches,
             io,
             first,
             no_space: false,
@@ -808,179 +684,6 @@ impl Writer {
                 .into_iter()
                 .for_each(|r| r.send_err("the committer task stopped"));
         }
-    }
-
-    /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
-    /// sealed region is left to try).
-    async fn ensure_free(&mut self) -> anyhow::Result<()> {
-        // Bounded: a device whose oldest regions are mostly leased answers puts 507 at once
-        // rather than scanning every region on every commit.
-        let mut tries = self.sealed.len().min(RECLAIM_TRIES_MAX);
-        if self.free.len() < self.reserve && tries > 0 {
-            // Reclaim reads and rewrites the index: only over committed state.
-            self.drain_committer().await;
-        }
-        while self.free.len() < self.reserve && tries > 0 {
-            tries -= 1;
-            self.evict_oldest().await?;
-        }
-        self.publish();
-        Ok(())
-    }
-
-    /// Reclaims the oldest sealed region. Blocks that are leased, or were read since they were
-    /// written (up to half a region), are moved to the open region byte for byte (same
-    /// sequence number, nonce and ciphertext); the rest leave the index. A region more than
-    /// half of which is leased records is not rewritten: it goes to the back of the queue
-    /// as it is (counted in `ctxpod_reclaim_skipped_regions_total`). So a reclaim moves at
-    /// most one region's worth of records (half leased, half recently read), and a device
-    /// full of leases is not rewritten over and over by every commit.
-    async fn evict_oldest(&mut self) -> anyhow::Result<()> {
-        let Some(r) = self.sealed.pop_front() else {
-            return Ok(());
-        };
-        let core = self.core.clone();
-        let idx = &core.index;
-        let cf_br = idx.cf(index::CF_BY_REGION);
-        let cf_blocks = idx.cf(index::CF_BLOCKS);
-        let lo = by_region_key(r, 0);
-        let hi = by_region_key(r + 1, 0);
-        let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
-        let iter = idx.db.iterator_cf(
-            cf_br,
-            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
-        );
-        for item in iter {
-            let (k, bkey) = item?;
-            if k.as_ref() >= hi.as_slice() {
-                break;
-            }
-            let offset = u32::from_be_bytes(k[4..8].try_into()?);
-            if let Some(loc) = idx.get_block(&bkey)? {
-                if loc.region == r && loc.offset == offset {
-                    live.push((bkey.to_vec(), loc));
-                }
-            }
-        }
-        let budget = core.geometry.region_bytes / 2;
-        // Each record's lease, asked once.
-        let pinned: Vec<bool> = live
-            .iter()
-            .map(|(bkey, _)| core.leases.is_pinned(bkey))
-            .collect();
-        let leased: u64 = live
-            .iter()
-            .zip(&pinned)
-            .filter(|(_, p)| **p)
-            .map(|((_, loc), _)| loc.record_len as u64)
-            .sum();
-        if leased > budget {
-            self.sealed.push_back(r);
-            core.metrics.reclaim_skipped.inc();
-            tracing::debug!(region = r, leased, "region mostly leased: kept in place");
-            return Ok(());
-        }
-        let mut reinsert_bytes = 0u64;
-        let mut wb = WriteBatch::default();
-        let mut moved = 0u64;
-        let mut written = 0u64;
-        // Blocks that leave the index: their DRAM copies go once it is written.
-        let mut gone: Vec<Vec<u8>> = Vec::new();
-        for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
-            let hot =
-                core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
-            if !(pinned || hot) {
-                self.evict_entry(&mut wb, &bkey, &loc);
-                gone.push(bkey);
-                continue;
-            }
-            let buf = AlignedBuf::reused(loc.record_len as usize);
-            let (mut buf, res) = core
-                .device
-                .read_at(buf, core.dev_offset(r, loc.offset))
-                .await;
-            // A record the device cannot read is that record's loss only: it is dropped
-            // like an unpinned one and counted; the node stays writable.
-            if let Err(e) = res {
-                tracing::warn!(
-                    region = r,
-                    offset = loc.offset,
-                    error = %e,
-                    "a record to move at reclaim could not be read; it is dropped"
-                );
-                core.metrics
-                    .media_errors
-                    .with_label_values(&["reclaim"])
-                    .inc();
-                core.counters.media_errors.fetch_add(1, Ordering::Relaxed);
-                self.evict_entry(&mut wb, &bkey, &loc);
-                gone.push(bkey);
-                continue;
-            }
-            let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
-                h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
-            });
-            let target = if intact { self.alloc(buf.len())? } else { None };
-            let Some((nr, noff)) = target else {
-                // A record that no longer checks out, or no room left: it leaves the index.
-                self.evict_entry(&mut wb, &bkey, &loc);
-                if !intact {
-                    core.counters
-                        .integrity_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    core.metrics.integrity_errors.inc();
-                    wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
-                }
-                gone.push(bkey);
-                continue;
-            };
-            if !pinned {
-                reinsert_bytes += loc.record_len as u64;
-            }
-            // The same record, byte for byte, but for the epoch of the region it now lives in.
-            record::stamp_region_epoch(
-                &mut buf[..record::HEADER_BYTES],
-                self.regions[nr as usize].tail_epoch,
-            );
-            written += buf.len() as u64;
-            let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
-            res?;
-            let nloc = BlockLoc {
-                region: nr,
-                offset: noff,
-                ..loc
-            };
-            wb.put_cf(cf_blocks, &bkey, nloc.encode());
-            wb.put_cf(cf_br, by_region_key(nr, noff), &bkey);
-            moved += 1;
-        }
-        count_written(&self.core, written);
-        if written > 0 {
-            core.device.flush().await?;
-            core.metrics.device_flushes.inc();
-        }
-        wb.delete_range_cf(cf_br, lo, hi);
-        self.regions[r as usize] = RegionMeta::FREE;
-        self.touched.insert(r);
-        self.put_touched(&mut wb);
-        // A checkpoint, synced before the region can be reused: no index entry may point into
-        // it afterwards, and the open region's write pointer moves past every earlier put.
-        if let Some(earlier) = self.take_checkpoint() {
-            idx.write(earlier, index::WriteMode::Wal { sync: false })?;
-        }
-        idx.write(wb, index::WriteMode::Wal { sync: true })?;
-        core.dram_forget(gone.iter().map(Vec::as_slice), &[]);
-        self.free.push_back(r);
-        core.counters
-            .evicted_regions
-            .fetch_add(1, Ordering::Relaxed);
-        core.counters
-            .reinserted_blocks
-            .fetch_add(moved, Ordering::Relaxed);
-        core.metrics.evicted_regions.inc();
-        core.metrics.reinserted_blocks.inc_by(moved);
-        tracing::debug!(region = r, moved, "region reclaimed");
-        Ok(())
     }
 }
 

@@ -6,8 +6,8 @@
 //!   namespaces, observe, admin, the dashboard); [`forward`]: a single-block request
 //!   proxied to the member that holds it; [`plan_args`]: the planner's inputs, shared by
 //!   `POST /v1/plan` and `ctxpod plan`.
-//! - [`transfer`]: the CXP1 listener. [`errors`]: the error → status map both listeners
-//!   answer with.
+//! - [`cxp1`]: the CXP1 listener (listener, conn, handshake, ops, prefetch, subscribe).
+//!   [`errors`]: the error → status map both listeners answer with.
 //! - [`auth`] and [`tls`]: who is calling (tokens, client certificates → tenant and role),
 //!   what each request may do, tenant quotas; rustls on both listeners. [`conn`]: accepted
 //!   connections, their limits and idle timeouts. [`budget`]: the node's memory for bytes
@@ -19,10 +19,10 @@
 pub mod auth;
 pub mod budget;
 pub mod conn;
+pub mod cxp1;
 pub mod errors;
 pub mod forward;
 pub mod http;
 pub mod plan_args;
 pub mod serve;
 pub mod tls;
-pub mod transfer;

@@ -58,7 +58,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             std::fs::write(&tmp, format!("{taddr}\n"))?;
             std::fs::rename(&tmp, &f)?;
             tracing::info!(addr = %taddr, "ctxpod serving the CXP1 transfer protocol");
-            Some(tokio::spawn(crate::transfer::serve(
+            Some(tokio::spawn(crate::cxp1::serve(
                 l,
                 engine.clone(),
                 auth.clone(),

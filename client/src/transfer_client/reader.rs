@@ -1,0 +1,134 @@
+//! The connection's reader task: responses matched to their requests, PUSH frames landed
+//! in their region at the ticket's offset, events handed to their subscription.
+
+use super::*;
+
+/// Reads frames until the connection ends: responses go to their callers, `Push` payloads
+/// straight into their region, events to their subscription.
+pub(crate) async fn read_loop(mut input: FrameInput<Rd>, shared: Arc<Shared>) {
+    while let Ok(true) = read_one(&mut input, &shared).await {}
+    // Every request still waiting learns that the connection is gone; tickets end.
+    shared.pending.lock().expect("pending map").take();
+    let streams: Vec<Stream> = shared
+        .streams
+        .lock()
+        .expect("streams")
+        .drain()
+        .map(|(_, s)| s)
+        .collect();
+    for s in streams {
+        if let Stream::Prefetch(t) = s {
+            t.finish();
+        }
+    }
+}
+
+/// Bytes of a `Push` body before its data.
+pub(crate) const PUSH_HEAD_BYTES: usize = 4 + 2 + 4 + 8 + 4;
+
+pub(crate) async fn read_one(
+    input: &mut FrameInput<Rd>,
+    shared: &Shared,
+) -> Result<bool, InputError> {
+    let Some((header, body_len)) = input.next_header().await? else {
+        return Ok(false);
+    };
+    let id = header.request_id;
+    if header.op == Op::Push {
+        if body_len < PUSH_HEAD_BYTES {
+            return Err(proto::ProtoError::Truncated(Op::Push).into());
+        }
+        let h = input.take(PUSH_HEAD_BYTES).await?;
+        let index = u32::from_le_bytes(h[0..4].try_into().expect("4")) as usize;
+        let st = u16::from_le_bytes(h[4..6].try_into().expect("2"));
+        let crc = u32::from_le_bytes(h[6..10].try_into().expect("4"));
+        let offset = u64::from_le_bytes(h[10..18].try_into().expect("8"));
+        let len = u32::from_le_bytes(h[18..22].try_into().expect("4")) as usize;
+        if body_len != PUSH_HEAD_BYTES + len {
+            return Err(proto::ProtoError::Trailing(Op::Push, body_len).into());
+        }
+        let ticket = match shared.streams.lock().expect("streams").get(&id) {
+            Some(Stream::Prefetch(t)) => Some(t.clone()),
+            _ => None,
+        };
+        let Some(t) = ticket else {
+            input.skip(len).await?;
+            return Ok(true);
+        };
+        let slot = t.ranges.get(index).copied();
+        let pending = t
+            .progress
+            .borrow()
+            .blocks
+            .get(index)
+            .is_some_and(|b| !b.is_final());
+        let state = match slot {
+            Some((off, max))
+                if pending && st == status::OK && off == offset && len as u64 <= max =>
+            {
+                // SAFETY: the range is reserved by this live ticket and the entry has not
+                // landed, so nobody holds a slice of it (module docs of `region`).
+                let dst = unsafe { t.region.slice_mut(offset, len) };
+                input.read_into(dst).await?;
+                if ctxpod_wire::crc32c(dst) == crc {
+                    BlockState::Landed { len: len as u32 }
+                } else {
+                    BlockState::Corrupt
+                }
+            }
+            _ => {
+                input.skip(len).await?;
+                if st == status::OK {
+                    // Data that does not match what was asked for is not used.
+                    BlockState::Corrupt
+                } else {
+                    BlockState::Missed { status: st }
+                }
+            }
+        };
+        if pending {
+            t.progress.send_modify(|p| p.set(index, state));
+        }
+        return Ok(true);
+    }
+    let body = input.take(body_len).await?;
+    let frame = proto::Frame { header, body };
+    let resp = Response::decode(&frame)?;
+    match resp {
+        Response::PrefetchDone { .. } => {
+            let t = shared.streams.lock().expect("streams").remove(&id);
+            if let Some(Stream::Prefetch(t)) = t {
+                t.finish();
+            }
+        }
+        Response::Events { lost, events } => {
+            if let Some(Stream::Events(tx, dropped)) =
+                shared.streams.lock().expect("streams").get(&id)
+            {
+                let n = events.len() as u64;
+                if tx.try_send(EventBatch { lost, events }).is_err() {
+                    dropped.fetch_add(n + lost, Ordering::Relaxed);
+                }
+            }
+        }
+        resp => {
+            let tx = shared
+                .pending
+                .lock()
+                .expect("pending map")
+                .as_mut()
+                .and_then(|m| m.remove(&id));
+            match tx {
+                Some(tx) => {
+                    let _ = tx.send((header.status, resp));
+                }
+                // An error under a live stream's id ends it (a subscription whose
+                // namespace was deleted).
+                None => {
+                    shared.streams.lock().expect("streams").remove(&id);
+                }
+            }
+        }
+    }
+    Ok(true)
+}

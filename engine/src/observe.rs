@@ -1,0 +1,102 @@
+//! What the engine tells about itself: its gauges, `/metrics` text, stats.
+
+use super::*;
+
+impl Engine {
+    pub(crate) fn publish_gauges(&self) {
+        let c = &self.core;
+        let m = &c.metrics;
+        let (crc, aead) = c.offload.stats();
+        for (engine, s) in [("crc32c", crc), ("aes-gcm", aead)] {
+            for (figure, v) in [
+                ("ops", s.ops as f64),
+                ("busy_seconds", s.busy_seconds),
+                ("rejected_busy", s.rejected_busy as f64),
+                ("faults", s.faults as f64),
+            ] {
+                m.offload.with_label_values(&[engine, figure]).set(v);
+            }
+        }
+        if let Some(dev) = c.device.sim() {
+            if m.sim.get().is_none() {
+                match crate::metrics::SimGauges::register(&m.registry) {
+                    Ok(g) => drop(m.sim.set(g)),
+                    Err(e) => tracing::warn!("simulated device metrics not registered: {e}"),
+                }
+            }
+            if let Some(g) = m.sim.get() {
+                g.update(dev);
+            }
+        }
+        m.capacity_bytes.set(c.geometry.capacity_bytes as i64);
+        m.used_bytes
+            .set(c.counters.used_bytes.load(Ordering::Relaxed) as i64);
+        m.live_bytes
+            .set(c.counters.live_bytes.load(Ordering::Relaxed) as i64);
+        m.blocks
+            .set(c.counters.blocks.load(Ordering::Relaxed) as i64);
+        m.regions_free
+            .set(c.counters.regions_free.load(Ordering::Relaxed) as i64);
+        let d = c.dram.lock();
+        m.dram_used_bytes.set(d.used_bytes() as i64);
+        m.dram_capacity_bytes.set(d.capacity_bytes() as i64);
+        m.leases.set(c.leases.len() as i64);
+        m.leased_bytes.set(c.leases.bytes() as i64);
+    }
+
+    /// Renders `/metrics` after refreshing the gauges.
+    pub fn render_metrics(&self) -> String {
+        self.publish_gauges();
+        self.core.metrics.render()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.core;
+        let n = &c.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (dram_used, dram_cap) = {
+            let d = c.dram.lock();
+            (d.used_bytes() as u64, d.capacity_bytes() as u64)
+        };
+        let dev = ld(&n.device_written_bytes);
+        let user = ld(&n.user_written_bytes);
+        Stats {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            io_engine: c.device.engine().to_string(),
+            direct_io: c.device.direct(),
+            capacity_bytes: c.geometry.capacity_bytes,
+            used_bytes: ld(&n.used_bytes),
+            live_bytes: ld(&n.live_bytes),
+            block_count: ld(&n.blocks),
+            region_bytes: c.geometry.region_bytes,
+            regions_total: c.geometry.regions as u64,
+            regions_free: ld(&n.regions_free),
+            dram_capacity_bytes: dram_cap,
+            dram_used_bytes: dram_used,
+            hits: ld(&n.hits),
+            dram_hits: ld(&n.dram_hits),
+            misses: ld(&n.misses),
+            integrity_errors: ld(&n.integrity_errors),
+            media_errors: ld(&n.media_errors),
+            evicted_blocks: ld(&n.evicted_blocks),
+            evicted_regions: ld(&n.evicted_regions),
+            reinserted_blocks: ld(&n.reinserted_blocks),
+            device_written_bytes: dev,
+            user_written_bytes: user,
+            write_amplification: if user == 0 {
+                0.0
+            } else {
+                dev as f64 / user as f64
+            },
+            leases: c.leases.len() as u64,
+            inflight_requests: 0,
+            recovered_records: ld(&n.recovered_records),
+            uptime_s: c.started.elapsed().as_secs_f64(),
+            received_bytes: c.metrics.received_bytes.get(),
+            sent_bytes: c.metrics.sent_bytes.get(),
+            // The request-latency histograms are the server's: `server::node_stats`.
+            latency_bounds_s: Vec::new(),
+            latency: Vec::new(),
+        }
+    }
+}

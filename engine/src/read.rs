@@ -1,0 +1,219 @@
+//! The read path: the DRAM tier, then the index and the device, a record's bytes given out
+//! only once verified; and the key-list reads (`contains`, `keys_after`, MATCH).
+
+use super::*;
+
+impl Engine {
+    /// The block's bytes, verified, and their CRC32C, or `None`.
+    pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey: CacheKey = block_key(ns.id, key).into();
+        let c = &self.core;
+        if let Some(b) = c.dram.lock().get(&bkey) {
+            self.reference(&bkey, b.0.len());
+            c.read_bits.set(&bkey);
+            c.counters.hits.fetch_add(1, Ordering::Relaxed);
+            c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
+            c.metrics.hits.with_label_values(&["dram"]).inc();
+            return Ok(Some(b));
+        }
+        let ticket = c.dram_ticket();
+        let found = match c.index.get_block(&bkey)? {
+            Some(loc) => self
+                .read_record(&ns, key, &bkey, loc)
+                .await?
+                .map(|b| (b, loc)),
+            None => None,
+        };
+        match found {
+            Some((b, loc)) => {
+                self.reference(&bkey, b.len());
+                c.read_bits.set(&bkey);
+                c.counters.hits.fetch_add(1, Ordering::Relaxed);
+                c.metrics.hits.with_label_values(&["flash"]).inc();
+                c.dram_admit(bkey, b.clone(), &loc, ticket)?;
+                Ok(Some((b, loc.crc32c)))
+            }
+            None => {
+                c.counters.misses.fetch_add(1, Ordering::Relaxed);
+                c.metrics.misses.inc();
+                Ok(None)
+            }
+        }
+    }
+
+    pub(crate) async fn read_record(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        bkey: &[u8],
+        loc: BlockLoc,
+    ) -> Result<Option<Bytes>> {
+        let c = &self.core;
+        let Some(dek) = ns.opening_key(loc.key_id, c.geometry.plaintext_at_rest) else {
+            return Err(
+                anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into(),
+            );
+        };
+        // Not zeroed: the read overwrites the whole buffer or fails (short transfers are
+        // resubmitted), and whatever it held before cannot pass the header's identity check
+        // against the index and the AEAD (or CRC32C) check.
+        let buf = AlignedBuf::reused(loc.record_len as usize);
+        let (buf, r) = c
+            .device
+            .read_at(buf, c.dev_offset(loc.region, loc.offset))
+            .await;
+        r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
+        c.metrics.device_read_bytes.inc_by(loc.record_len as u64);
+        let (ns_id, key2) = (ns.id, key.to_vec());
+        let opened = match dek {
+            // A plaintext node's read checks only the header here: no trip to the AEAD
+            // engine.
+            None => open_record(buf, None, ns_id, &key2, &loc),
+            Some(dek) => {
+                c.offload
+                    .aead(move || open_record(buf, Some(&dek), ns_id, &key2, &loc))
+                    .await?
+            }
+        };
+        let verdict = match opened {
+            Ok(plain) => {
+                c.offload
+                    .crc(move || check_plaintext(plain, loc.crc32c))
+                    .await?
+            }
+            Err(why) => Verified::Bad(why),
+        };
+        match verdict {
+            Verified::Ok(b) => Ok(Some(b)),
+            Verified::Bad(why) => {
+                // The record may have been moved or its region reclaimed while we read it:
+                // only a record the index still points at is corrupt.
+                if c.index.get_block(bkey)? == Some(loc) {
+                    c.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
+                    c.metrics.integrity_errors.inc();
+                    tracing::warn!(
+                        namespace = %ns.name,
+                        key = %ctxpod_wire::key::KeyDisplay(key),
+                        region = loc.region,
+                        offset = loc.offset,
+                        "integrity check failed ({why}); block quarantined and answered as a miss"
+                    );
+                    let _ = self.send(WriteCmd::Quarantine {
+                        bkey: bkey.to_vec(),
+                        loc,
+                    });
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether the block is present, without reading it: what a GET would find (the DRAM
+    /// tier only ever holds blocks the index holds).
+    pub async fn contains(&self, ns: &str, key: &[u8]) -> Result<bool> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        Ok(self.core.index.get_block(&bkey)?.is_some())
+    }
+
+    /// Up to `limit` keys of namespace `ns` held on flash, in key order, after `after`
+    /// (from the first when `None`): a cursor over the namespace for the pod's backfill.
+    /// Blocks still only in DRAM (not yet committed) are not listed.
+    pub fn keys_after(&self, ns: &str, after: Option<&[u8]>, limit: usize) -> Result<Vec<Vec<u8>>> {
+        let ns = self.ns(ns)?;
+        let prefix = ns.id.to_be_bytes();
+        let mut from = block_key(ns.id, after.unwrap_or_default());
+        if after.is_some() {
+            // The first key after `after`: `after` followed by a zero byte.
+            from.push(0);
+        }
+        let idx = &self.core.index;
+        let mut out = Vec::with_capacity(limit.min(4096));
+        for item in idx.db.iterator_cf(
+            idx.cf(index::CF_BLOCKS),
+            rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
+        ) {
+            let (k, _) = item.map_err(anyhow::Error::from)?;
+            if out.len() == limit || !k.starts_with(&prefix) {
+                break;
+            }
+            out.push(k[prefix.len()..].to_vec());
+        }
+        Ok(out)
+    }
+
+    /// A reference to a block (served or stored), for the miss-ratio curve.
+    pub(crate) fn reference(&self, bkey: &[u8], len: usize) {
+        if let Some(m) = &self.core.mrc {
+            self.core
+                .mrc_ref_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            m.lock().access_bytes(bkey);
+        }
+    }
+
+    /// The node's miss-ratio curve so far: its histogram, sampling rate, keys tracked, and
+    /// the mean size of a referenced block; `None` when off (`mrc_sample_rate = 0`).
+    pub fn mrc(&self) -> Option<(ctxpod_plan::mrc::Histogram, f64, usize, u64)> {
+        let m = self.core.mrc.as_ref()?.lock();
+        let h = m.histogram();
+        let refs = h.total as u64;
+        let mean = self.core.mrc_ref_bytes.load(Ordering::Relaxed) / refs.max(1);
+        Some((h, m.rate(), m.tracked(), mean))
+    }
+
+    /// A block's bytes from flash for a copy to another member (the pod's backfill):
+    /// verified like any read, but not counted as a hit, not cached in DRAM and not marked
+    /// read, so the node's hit ratio and eviction order stay as its clients made them.
+    pub async fn read_for_copy(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey: CacheKey = block_key(ns.id, key).into();
+        match self.core.index.get_block(&bkey)? {
+            Some(loc) => Ok(self
+                .read_record(&ns, key, &bkey, loc)
+                .await?
+                .map(|b| (b, loc.crc32c))),
+            None => Ok(None),
+        }
+    }
+
+    /// The length of the block a GET would serve now, without reading it (`None`: absent,
+    /// counted as a miss, as a GET would count it): what an answer admits against its byte
+    /// budgets before the read.
+    pub fn block_len(&self, ns: &str, key: &[u8]) -> Result<Option<usize>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        // A DRAM hit needs no index lookup: the DRAM tier holds only blocks the index holds.
+        if let Some(len) = self.core.dram.lock().len_of(&bkey) {
+            return Ok(Some(len));
+        }
+        let loc = self.core.index.get_block(&bkey)?;
+        if loc.is_none() {
+            self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.core.metrics.misses.inc();
+        }
+        Ok(loc.map(|l| l.len as usize))
+    }
+
+    /// Whether the index holds the block (it is on flash), whatever the DRAM tier holds.
+    pub fn on_flash(&self, ns: &str, key: &[u8]) -> Result<bool> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        Ok(self.core.index.get_block(&block_key(ns.id, key))?.is_some())
+    }
+
+    /// Number of leading keys of `chain` present, from the in-memory presence set (no
+    /// RocksDB lookup per key). The DRAM tier holds nothing the index does not.
+    pub async fn match_prefix(&self, ns: &str, chain: Vec<Vec<u8>>) -> Result<u64> {
+        for k in &chain {
+            Self::check_key(k)?;
+        }
+        let ns = self.ns(ns)?;
+        Ok(self.core.presence.leading(ns.id, &chain) as u64)
+    }
+}

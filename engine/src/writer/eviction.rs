@@ -1,0 +1,185 @@
+//! Eviction: free regions kept ahead of the writer (`ensure_free`), the oldest sealed region
+//! reclaimed, its recently read and leased records moved rather than dropped (a region
+//! mostly leased is kept in place).
+
+use super::*;
+
+impl Writer {
+    /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
+    /// sealed region is left to try).
+    pub(crate) async fn ensure_free(&mut self) -> anyhow::Result<()> {
+        // Bounded: a device whose oldest regions are mostly leased answers puts 507 at once
+        // rather than scanning every region on every commit.
+        let mut tries = self.sealed.len().min(RECLAIM_TRIES_MAX);
+        if self.free.len() < self.reserve && tries > 0 {
+            // Reclaim reads and rewrites the index: only over committed state.
+            self.drain_committer().await;
+        }
+        while self.free.len() < self.reserve && tries > 0 {
+            tries -= 1;
+            self.evict_oldest().await?;
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Reclaims the oldest sealed region. Blocks that are leased, or were read since they were
+    /// written (up to half a region), are moved to the open region byte for byte (same
+    /// sequence number, nonce and ciphertext); the rest leave the index. A region more than
+    /// half of which is leased records is not rewritten: it goes to the back of the queue
+    /// as it is (counted in `ctxpod_reclaim_skipped_regions_total`). So a reclaim moves at
+    /// most one region's worth of records (half leased, half recently read), and a device
+    /// full of leases is not rewritten over and over by every commit.
+    pub(crate) async fn evict_oldest(&mut self) -> anyhow::Result<()> {
+        let Some(r) = self.sealed.pop_front() else {
+            return Ok(());
+        };
+        let core = self.core.clone();
+        let idx = &core.index;
+        let cf_br = idx.cf(index::CF_BY_REGION);
+        let cf_blocks = idx.cf(index::CF_BLOCKS);
+        let lo = by_region_key(r, 0);
+        let hi = by_region_key(r + 1, 0);
+        let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+        let iter = idx.db.iterator_cf(
+            cf_br,
+            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, bkey) = item?;
+            if k.as_ref() >= hi.as_slice() {
+                break;
+            }
+            let offset = u32::from_be_bytes(k[4..8].try_into()?);
+            if let Some(loc) = idx.get_block(&bkey)? {
+                if loc.region == r && loc.offset == offset {
+                    live.push((bkey.to_vec(), loc));
+                }
+            }
+        }
+        let budget = core.geometry.region_bytes / 2;
+        // Each record's lease, asked once.
+        let pinned: Vec<bool> = live
+            .iter()
+            .map(|(bkey, _)| core.leases.is_pinned(bkey))
+            .collect();
+        let leased: u64 = live
+            .iter()
+            .zip(&pinned)
+            .filter(|(_, p)| **p)
+            .map(|((_, loc), _)| loc.record_len as u64)
+            .sum();
+        if leased > budget {
+            self.sealed.push_back(r);
+            core.metrics.reclaim_skipped.inc();
+            tracing::debug!(region = r, leased, "region mostly leased: kept in place");
+            return Ok(());
+        }
+        let mut reinsert_bytes = 0u64;
+        let mut wb = WriteBatch::default();
+        let mut moved = 0u64;
+        let mut written = 0u64;
+        // Blocks that leave the index: their DRAM copies go once it is written.
+        let mut gone: Vec<Vec<u8>> = Vec::new();
+        for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
+            let hot =
+                core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
+            if !(pinned || hot) {
+                self.evict_entry(&mut wb, &bkey, &loc);
+                gone.push(bkey);
+                continue;
+            }
+            let buf = AlignedBuf::reused(loc.record_len as usize);
+            let (mut buf, res) = core
+                .device
+                .read_at(buf, core.dev_offset(r, loc.offset))
+                .await;
+            // A record the device cannot read is that record's loss only: it is dropped
+            // like an unpinned one and counted; the node stays writable.
+            if let Err(e) = res {
+                tracing::warn!(
+                    region = r,
+                    offset = loc.offset,
+                    error = %e,
+                    "a record to move at reclaim could not be read; it is dropped"
+                );
+                core.metrics
+                    .media_errors
+                    .with_label_values(&["reclaim"])
+                    .inc();
+                core.counters.media_errors.fetch_add(1, Ordering::Relaxed);
+                self.evict_entry(&mut wb, &bkey, &loc);
+                gone.push(bkey);
+                continue;
+            }
+            let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
+                h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
+            });
+            let target = if intact { self.alloc(buf.len())? } else { None };
+            let Some((nr, noff)) = target else {
+                // A record that no longer checks out, or no room left: it leaves the index.
+                self.evict_entry(&mut wb, &bkey, &loc);
+                if !intact {
+                    core.counters
+                        .integrity_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    core.metrics.integrity_errors.inc();
+                    wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
+                }
+                gone.push(bkey);
+                continue;
+            };
+            if !pinned {
+                reinsert_bytes += loc.record_len as u64;
+            }
+            // The same record, byte for byte, but for the epoch of the region it now lives in.
+            record::stamp_region_epoch(
+                &mut buf[..record::HEADER_BYTES],
+                self.regions[nr as usize].tail_epoch,
+            );
+            written += buf.len() as u64;
+            let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
+            res?;
+            let nloc = BlockLoc {
+                region: nr,
+                offset: noff,
+                ..loc
+            };
+            wb.put_cf(cf_blocks, &bkey, nloc.encode());
+            wb.put_cf(cf_br, by_region_key(nr, noff), &bkey);
+            moved += 1;
+        }
+        count_written(&self.core, written);
+        if written > 0 {
+            core.device.flush().await?;
+            core.metrics.device_flushes.inc();
+        }
+        wb.delete_range_cf(cf_br, lo, hi);
+        debug_assert_eq!(
+            self.regions[r as usize].state,
+            RegionState::Sealed,
+            "only a sealed region is reclaimed"
+        );
+        self.regions[r as usize] = RegionMeta::FREE;
+        self.touched.insert(r);
+        self.put_touched(&mut wb);
+        // A checkpoint, synced before the region can be reused: no index entry may point into
+        // it afterwards, and the open region's write pointer moves past every earlier put.
+        if let Some(earlier) = self.take_checkpoint() {
+            idx.write(earlier, index::WriteMode::Wal { sync: false })?;
+        }
+        idx.write(wb, index::WriteMode::Wal { sync: true })?;
+        core.dram_forget(gone.iter().map(Vec::as_slice), &[]);
+        self.free.push_back(r);
+        core.counters
+            .evicted_regions
+            .fetch_add(1, Ordering::Relaxed);
+        core.counters
+            .reinserted_blocks
+            .fetch_add(moved, Ordering::Relaxed);
+        core.metrics.evicted_regions.inc();
+        core.metrics.reinserted_blocks.inc_by(moved);
+        tracing::debug!(region = r, moved, "region reclaimed");
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! The CXP1 listener: connections accepted (and their TLS), the hello and authentication,
+//! then one task reading requests and one writing frames per connection.
+
+use crate::auth::{Authenticator, Principal};
+use crate::budget::Budgets;
+use crate::conn::Gate;
+use ctxpod_client::proto_io::{FrameInput, InputError};
+use ctxpod_engine::Engine;
+use ctxpod_wire::proto::{
+    status, Frame, Header, Hello, Op, Request, Response, HELLO_AUTHENTICATED, HELLO_AUTH_REQUIRED,
+    HELLO_BYTES, VERSION,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::conn::{Activity, Conn, Out, Rd, Wr};
+use super::handshake::{access_of_op, authenticate, refuse, scope_request};
+use super::ops::{error, get, handle, handle_put, read_put, Parsed};
+use super::{
+    HELLO_TIMEOUT, INFLIGHT_PER_CONNECTION, MAX_FRAME_BYTES, OUT_BYTES_PER_CONNECTION,
+    STAGING_PER_CONNECTION,
+};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// Accepts connections until the task is dropped.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
+    tls: Option<Arc<crate::tls::Tls>>,
+    budgets: Budgets,
+    gate: Arc<Gate>,
+    handshakes: Arc<crate::conn::Handshakes>,
+) {
+    loop {
+        let (sock, peer, place) = gate.accept(&listener).await;
+        let handshake = match &tls {
+            Some(_) => match handshakes.try_start() {
+                Some(p) => Some(p),
+                None => {
+                    gate.count("handshakes");
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let (engine, auth, budgets) = (engine.clone(), auth.clone(), budgets.clone());
+        let (tls, gate) = (tls.clone(), gate.clone());
+        tokio::spawn(async move {
+            let _place = place;
+            let r = connection(sock, peer, (tls, handshake), engine, auth, budgets, gate).await;
+            if let Err(e) = r {
+                tracing::debug!(%peer, "transfer connection closed: {e}");
+            }
+        });
+    }
+}
+
+pub(crate) async fn connection(
+    sock: TcpStream,
+    addr: std::net::SocketAddr,
+    (tls, handshake): (Option<Arc<crate::tls::Tls>>, Option<OwnedSemaphorePermit>),
+    engine: Arc<Engine>,
+    auth: Arc<Authenticator>,
+    budgets: Budgets,
+    gate: Arc<Gate>,
+) -> anyhow::Result<()> {
+    sock.set_nodelay(true)?;
+    // Who the connection is before any `Auth`: everyone's admin when authentication is off,
+    // else the identity of its verified client certificate, if it maps to one.
+    let mut who = (!auth.enabled()).then(Principal::anonymous_admin);
+    let (mut rd, mut wr): (Rd, Wr) = match tls {
+        None => {
+            let (r, w) = sock.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Some(tls) => {
+            let (stream, peer) = tls.accept(sock).await?;
+            drop(handshake);
+            if let (None, Some(s)) = (&who, &peer.subject) {
+                who = auth.identity(s).ok();
+            }
+            let (r, w) = tokio::io::split(stream);
+            (Box::new(r), Box::new(w))
+        }
+    };
+    let mut hello = [0u8; HELLO_BYTES];
+    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello)).await??;
+    let peer = Hello::decode(&hello)?;
+    let flags = match &who {
+        _ if !auth.enabled() => 0,
+        Some(_) => HELLO_AUTHENTICATED,
+        None => HELLO_AUTH_REQUIRED,
+    };
+    let ours = Hello {
+        version: VERSION,
+        flags,
+        max_frame_bytes: MAX_FRAME_BYTES,
+    };
+    wr.write_all(&ours.encode()).await?;
+    wr.flush().await?;
+    let (tx, mut rx) = mpsc::channel::<Out>(1024);
+    let closed = CancellationToken::new();
+    // Cancelled when the client is let go (idle, revoked) or does not take the frames left
+    // once the connection ends: the writer stops waiting on its socket.
+    let abandon = CancellationToken::new();
+    let activity = Arc::new(Activity::default());
+    let mut writer = {
+        let (abandon, activity) = (abandon.clone(), activity.clone());
+        tokio::spawn(async move {
+            while let Some(out) = tokio::select! {
+                o = rx.recv() => o,
+                _ = abandon.cancelled() => None,
+            } {
+                for p in &out.parts {
+                    let written = tokio::select! {
+                        r = wr.write_all(p) => r.is_ok(),
+                        // A client that stopped reading is let go with its frames.
+                        _ = abandon.cancelled() => false,
+                    };
+                    if !written {
+                        return;
+                    }
+                    activity.touch();
+                }
+                // Over TLS a write may leave records in the session's buffer until a
+                // flush: flush whenever no further frame is queued (a no-op on plain TCP).
+                if rx.is_empty() && wr.flush().await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let conn = Arc::new(Conn {
+        engine,
+        auth,
+        budgets,
+        out: tx,
+        out_bytes: Arc::new(Semaphore::new(OUT_BYTES_PER_CONNECTION)),
+        staging_mine: Arc::new(Semaphore::new(STAGING_PER_CONNECTION)),
+        regions: Mutex::new(HashMap::new()),
+        tickets: Mutex::new(HashMap::new()),
+        inflight: Arc::new(Semaphore::new(INFLIGHT_PER_CONNECTION)),
+        activity,
+        who: Mutex::new(who.clone()),
+        closed,
+        peer_max: peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize,
+        peer: addr.ip(),
+    });
+    // Idle: no byte either way for `idle`, no request running, no live ticket or
+    // subscription (those may rightly stay quiet). Then the connection is closed.
+    let idle = gate.limits.idle;
+    let tick = (idle / 4).clamp(Duration::from_millis(100), crate::auth::REVOCATION_CHECK);
+    let watchdog = async {
+        loop {
+            tokio::time::sleep(tick).await;
+            // A credential removed or changed at a reload ends its live connections.
+            let revoked = conn
+                .who
+                .lock()
+                .as_ref()
+                .is_some_and(|p| !conn.auth.still_valid(p));
+            if revoked {
+                gate.count("revoked");
+                return;
+            }
+            let busy = conn.inflight.available_permits() < INFLIGHT_PER_CONNECTION
+                || !conn.tickets.lock().is_empty();
+            if !busy && conn.activity.quiet_for() >= idle {
+                gate.count("idle");
+                return;
+            }
+        }
+    };
+    let (result, let_go) = tokio::select! {
+        r = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who) => (r, false),
+        () = watchdog => (Ok(()), true),
+    };
+    conn.closed.cancel();
+    drop(conn);
+    if let_go {
+        abandon.cancel();
+    }
+    // Frames already queued (a last answer, an error) still go out, if the client takes
+    // them within the idle timeout.
+    if tokio::time::timeout(idle, &mut writer).await.is_err() {
+        abandon.cancel();
+        let _ = writer.await;
+    }
+    result
+}
+
+pub(crate) async fn read_requests(
+    conn: &Arc<Conn>,
+    mut input: FrameInput<Rd>,
+    mut who: Option<Principal>,
+) -> anyhow::Result<()> {
+    let inflight = conn.inflight.clone();
+    loop {
+        // A framing error (over the limit, unknown op) ends the connection: its byte stream
+        // can no longer be trusted.
+        let (header, body_len) = match input.next_header().await {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(InputError::Io(e)) => return Err(e.into()),
+            Err(InputError::Framing(e)) => return Err(e.into()),
+        };
+        conn.activity.touch();
+        let (op, id) = (header.op, header.request_id);
+        if op == Op::Auth {
+            match authenticate(conn, &mut input, header, body_len).await? {
+                Some(p) => {
+                    *conn.who.lock() = Some(p.clone());
+                    who = Some(p);
+                }
+                // A wrong credential ends the connection: no guessing on one connection.
+                None => return Ok(()),
+            }
+            continue;
+        }
+        // Nothing but `Auth` before authentication: refused, and the connection closed
+        // without reading the body.
+        let Some(p) = who.clone() else {
+            let f = Response::Error("unauthorized: authenticate first (Auth)".into()).encode(
+                op,
+                status::UNAUTHORIZED,
+                id,
+            );
+            conn.send_one(f).await;
+            return Ok(());
+        };
+        if !p.may(access_of_op(op)) {
+            conn.engine.metrics().forbidden.inc();
+            let msg = "forbidden: this role may not do that";
+            if refuse(conn, &mut input, body_len, op, id, status::FORBIDDEN, msg).await? {
+                continue;
+            }
+            return Ok(());
+        }
+        if conn.auth.admit(&p).is_err() {
+            let msg = "rate limited: the tenant's request rate is spent; retry later";
+            let st = status::TOO_MANY_REQUESTS;
+            if refuse(conn, &mut input, body_len, op, id, st, msg).await? {
+                continue;
+            }
+            return Ok(());
+        }
+        let slot = inflight.clone().try_acquire_owned();
+        let budget = conn.budgets.ingest.try_take(body_len);
+        let (Ok(slot), Some(budget)) = (slot, budget) else {
+            input.skip(body_len).await?;
+            let f = Response::Error("busy: too many requests in flight, retry later".into())
+                .encode(op, status::BUSY, id);
+            if !conn.send_one(f).await {
+                return Ok(());
+            }
+            continue;
+        };
+        // PUT bodies are received straight into their records' buffers; other requests
+        // are small and decoded whole.
+        let req = if op == Op::Put {
+            match read_put(&mut input, body_len).await? {
+                Ok(mut put) => match p.scope(&put.ns) {
+                    Ok(ns) => {
+                        put.ns = ns;
+                        Parsed::Put(put)
+                    }
+                    Err(e) => Parsed::Invalid(e.to_string()),
+                },
+                Err(e) => Parsed::Bad(e),
+            }
+        } else {
+            let frame = Frame {
+                header: Header {
+                    status: 0,
+                    ..header
+                },
+                body: input.take(body_len).await?,
+            };
+            match Request::decode(&frame) {
+                Ok(mut r) => match scope_request(&mut r, &p) {
+                    Ok(()) => Parsed::Other(r),
+                    Err(e) => Parsed::Invalid(e),
+                },
+                Err(e) => Parsed::Bad(e),
+            }
+        };
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let parts = match req {
+                Parsed::Put(put) => {
+                    let bytes = put.entries.iter().map(|e| e.2.len() as u64).sum();
+                    match conn.auth.check_tenant_bytes(&conn.engine, &p, bytes) {
+                        Ok(()) => vec![handle_put(&conn.engine, put, op, id).await],
+                        Err(m) => error(op, id, status::FORBIDDEN, m),
+                    }
+                }
+                Parsed::Other(Request::Get { ns, keys }) => {
+                    let (parts, reserved, permits) = get(&conn, &ns, &keys, op, id).await;
+                    drop(budget);
+                    conn.send_reserved(parts, reserved, permits).await;
+                    drop(slot);
+                    return;
+                }
+                Parsed::Other(r) => match handle(&conn, r, op, id).await {
+                    Some(parts) => parts,
+                    None => return,
+                },
+                Parsed::Bad(e) => {
+                    vec![Response::Error(e.to_string()).encode(op, status::BAD_REQUEST, id)]
+                }
+                Parsed::Invalid(m) => error(op, id, status::BAD_REQUEST, m),
+            };
+            drop(budget);
+            conn.send(parts).await;
+            drop(slot);
+        });
+    }
+}

@@ -1,0 +1,179 @@
+//! PREFETCH tickets: blocks held, read and verified into node memory ahead (under the
+//! staging budget), then PUSHed into the client's region in order; deadline, cancel and
+//! the lease after completion.
+
+use bytes::Bytes;
+use ctxpod_wire::proto::{status, Op, Policy, PrefetchEntry, Response};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::conn::Conn;
+use super::ops::{code, error};
+use super::STAGE_AHEAD;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) struct Prefetch {
+    pub(crate) ns: String,
+    pub(crate) policy: Policy,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) lease: Duration,
+    pub(crate) entries: Vec<PrefetchEntry>,
+}
+
+/// Status of an entry that a cancel stopped before it was pushed.
+pub const CANCELLED: u16 = 499;
+
+/// Runs one prefetch ticket: holds its blocks, answers the ticket, pushes every entry (its
+/// block or a miss) in order while up to [`STAGE_AHEAD`] later blocks are read from flash
+/// and verified into node memory, sends `PrefetchDone`, then keeps the blocks leased for
+/// `lease` unless the ticket is cancelled or the connection ends.
+pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: CancellationToken) {
+    let engine = &conn.engine;
+    let keys = p.entries.iter().map(|e| e.key.clone()).collect();
+    let (held, present) = match engine.hold(&p.ns, keys).await {
+        Ok(h) => h,
+        Err(e) => {
+            conn.send(error(Op::Prefetch, id, code(&e), e.to_string()))
+                .await;
+            return;
+        }
+    };
+    let m = engine.metrics();
+    if !conn
+        .send_one(Response::Ticket(id).encode(Op::Prefetch, status::OK, id))
+        .await
+    {
+        return;
+    }
+    let push = |i: usize, st: u16, crc: u32, data: Bytes| {
+        let outcome = match st {
+            status::OK => "pushed",
+            status::NOT_FOUND => "miss",
+            status::DEADLINE => "deadline",
+            CANCELLED => "cancelled",
+            status::BUSY => "busy",
+            status::TOO_LARGE => "too_large",
+            _ => "error",
+        };
+        m.prefetch_blocks.with_label_values(&[outcome]).inc();
+        let e = &p.entries[i];
+        Response::Push {
+            index: i as u32,
+            status: st,
+            crc32c: crc,
+            offset: e.offset,
+            data,
+        }
+        .encode_parts(Op::Push, status::OK, id)
+    };
+    let (mut pushed, mut missed) = (0u32, 0u32);
+    // Keys the node does not hold are misses at once, whatever the policy.
+    for i in (0..present.len()).filter(|&i| !present[i]) {
+        missed += 1;
+        if !conn.send(push(i, status::NOT_FOUND, 0, Bytes::new())).await {
+            return;
+        }
+    }
+    let staging = &conn.budgets.staging;
+    let pr = &p;
+    // A block is staged under its share of the node's staging budget and of this
+    // connection's (so one client that stalls its pushes cannot take the node's), both
+    // taken for the entry's `max_len` before the read and cut to the block's size after it.
+    let stage = |i: usize| {
+        let (p, e) = (pr, &pr.entries[i]);
+        let want = (e.max_len as usize).clamp(1, ctxpod_wire::BLOCK_BYTES_MAX);
+        async move {
+            let mine = conn.staging_mine.clone();
+            let permits = match p.policy {
+                Policy::BestEffort => mine
+                    .try_acquire_many_owned(want as u32)
+                    .ok()
+                    .and_then(|a| staging.try_take(want).map(|b| (a, b))),
+                _ => match mine.acquire_many_owned(want as u32).await.ok() {
+                    Some(a) => staging.take(want).await.map(|b| (a, b)),
+                    None => None,
+                },
+            };
+            let Some(mut permits) = permits else {
+                engine
+                    .metrics()
+                    .busy_rejections
+                    .with_label_values(&["staging"])
+                    .inc();
+                return (i, Err(status::BUSY), None);
+            };
+            let r = match engine.get(&p.ns, &e.key).await {
+                Ok(Some((b, _))) if b.len() > e.max_len as usize => Err(status::TOO_LARGE),
+                Ok(Some(found)) => Ok(found),
+                Ok(None) => Err(status::NOT_FOUND),
+                Err(e) => Err(code(&e)),
+            };
+            let staged = r.as_ref().map_or(1, |(b, _)| b.len().max(1));
+            if staged < want {
+                drop(permits.0.split(want - staged));
+                drop(permits.1.split(want - staged));
+            }
+            (i, r, Some(permits))
+        }
+    };
+    let here: Vec<usize> = (0..present.len()).filter(|&i| present[i]).collect();
+    let mut staged = futures::stream::iter(here.clone())
+        .map(stage)
+        .buffered(STAGE_AHEAD);
+    let deadline = async {
+        match p.deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let mut left: Vec<usize> = here.into_iter().rev().collect();
+    // Why the rest of the entries will not be pushed, if they will not.
+    let mut stop = None;
+    while !left.is_empty() {
+        let next = tokio::select! {
+            biased;
+            _ = token.cancelled() => { stop = Some(CANCELLED); break; }
+            _ = &mut deadline => { stop = Some(status::DEADLINE); break; }
+            n = staged.next() => n,
+        };
+        let Some((i, r, _permit)) = next else { break };
+        left.pop();
+        let frame = match r {
+            Ok((data, crc)) => {
+                pushed += 1;
+                m.prefetch_pushed_bytes.inc_by(data.len() as u64);
+                push(i, status::OK, crc, data)
+            }
+            Err(st) => {
+                missed += 1;
+                push(i, st, 0, Bytes::new())
+            }
+        };
+        if !conn.send(frame).await {
+            return;
+        }
+    }
+    drop(staged);
+    if let Some(st) = stop {
+        for i in left.into_iter().rev() {
+            missed += 1;
+            if !conn.send(push(i, st, 0, Bytes::new())).await {
+                return;
+            }
+        }
+    }
+    m.prefetch_tickets.inc();
+    let done = Response::PrefetchDone { pushed, missed }.encode(Op::PrefetchDone, status::OK, id);
+    if !conn.send_one(done).await {
+        return;
+    }
+    // The lease: the blocks stay on the node while decode may still ask for them again.
+    tokio::select! {
+        _ = tokio::time::sleep(p.lease) => {}
+        _ = token.cancelled() => {}
+    }
+    drop(held);
+}

@@ -1,0 +1,280 @@
+//! `--scale`: many small blocks, the index's and the process's footprint measured as they
+//! grow.
+
+use super::nodes::Node;
+use super::*;
+
+pub(crate) fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1u64 << 20) as f64)
+}
+
+/// Resident memory of process `pid`, from /proc.
+pub(crate) fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes free on the filesystem holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is a plain C struct of integers, for which all zeroes is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a statvfs struct to fill.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+pub(crate) fn du(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => du(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Key `i` of a scale check: 16 bytes, spread like the hashes engines use.
+pub(crate) fn scale_key(i: u64) -> Bytes {
+    let mut k = Vec::with_capacity(16);
+    k.extend_from_slice(&i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_be_bytes());
+    k.extend_from_slice(&i.to_be_bytes());
+    Bytes::from(k)
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct ScaleRow {
+    pub(crate) blocks: u64,
+    pub(crate) block_bytes: u64,
+    pub(crate) load_s: f64,
+    pub(crate) load_blocks_per_s: f64,
+    pub(crate) get_p50_us: f64,
+    pub(crate) get_p99_us: f64,
+    pub(crate) get_ops_per_s: f64,
+    pub(crate) rss_bytes: u64,
+    /// RSS growth per million blocks from the smallest count of the run (none for it).
+    pub(crate) rss_per_million_blocks: Option<f64>,
+    pub(crate) index_bytes: u64,
+}
+
+/// `--scale`: op latency and throughput against the number of blocks indexed.
+pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
+    let size = a.scale_block.0 as usize;
+    ensure!(
+        size > 0 && size <= ctxpod_wire::BLOCK_BYTES_MAX,
+        "--scale-block must be 1 byte to 8 MiB"
+    );
+    let record = ctxpod_format::record::record_bytes(size) as u64;
+    let mut out = Vec::new();
+    for &n in &a.scale {
+        // Room for every record, regions to spare, and the superblock.
+        let capacity = ((n * record) / 10 * 11 + (512 << 20)).next_multiple_of(1 << 20);
+        if let Some(free) = free_bytes(&a.dir) {
+            ensure!(
+                capacity + (2 << 30) < free,
+                "{n} blocks need a {} device and {} are free under {}",
+                ByteSize(capacity),
+                ByteSize(free),
+                a.dir.display()
+            );
+        }
+        let data_dir = a.dir.join(format!("scale-{n}"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        eprintln!("scale {n}: formatting a {} node", ByteSize(capacity));
+        let node = Node::start(&data_dir, capacity, 16 << 20, "file", a).await?;
+        let addr = node.transfer.clone().context("no transfer listener")?;
+        let mut tcs = Vec::new();
+        for _ in 0..4 {
+            tcs.push(std::sync::Arc::new(
+                TransferClient::connect_with(&addr, &node.how).await?,
+            ));
+        }
+        let data = block(size, 7);
+        const BATCH: u64 = 256;
+        let t = Instant::now();
+        let mut loaded = 0u64;
+        let mut next_report = n / 20;
+        let mut s = futures::stream::iter((0..n.div_ceil(BATCH)).map(|b| {
+            let tc = tcs[b as usize % tcs.len()].clone();
+            let data = data.clone();
+            async move {
+                let mut left: Vec<(Bytes, Bytes)> = (b * BATCH..((b + 1) * BATCH).min(n))
+                    .map(|i| (scale_key(i), data.clone()))
+                    .collect();
+                let count = left.len() as u64;
+                // Entries answered 503 (the node's write queue was full) are sent again.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !left.is_empty() {
+                    let st = tc
+                        .put("default", &left, ctxpod_wire::proto::Durability::Fast)
+                        .await?;
+                    ensure!(
+                        st.iter().all(|&s| s == 201 || s == 200 || s == 503),
+                        "scale load: statuses {st:?}"
+                    );
+                    left = left
+                        .into_iter()
+                        .zip(st)
+                        .filter(|(_, s)| *s == 503)
+                        .map(|(e, _)| e)
+                        .collect();
+                    if !left.is_empty() {
+                        ensure!(
+                            Instant::now() < deadline,
+                            "scale load: the node stayed busy"
+                        );
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+                anyhow::Ok(count)
+            }
+        }))
+        .buffer_unordered(4);
+        while let Some(r) = s.next().await {
+            loaded += r?;
+            if loaded >= next_report {
+                eprintln!(
+                    "scale {n}: {loaded} blocks stored ({:.0} %, {:.0} blocks/s)",
+                    loaded as f64 * 100.0 / n as f64,
+                    loaded as f64 / t.elapsed().as_secs_f64()
+                );
+                next_report += n / 20;
+            }
+        }
+        drop(s);
+        // One durable put: every fast one before it is then on the device too.
+        tcs[0]
+            .put(
+                "default",
+                &[(scale_key(n), data.clone())],
+                ctxpod_wire::proto::Durability::Durable,
+            )
+            .await?;
+        let load_s = t.elapsed().as_secs_f64();
+        // Latency: one GET at a time of uniformly random stored keys (the DRAM tier holds
+        // 16 MiB, so nearly every one is an index lookup and a device read).
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut pick = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut lat = Vec::with_capacity(5000);
+        for _ in 0..5000 {
+            let i = pick();
+            let t = Instant::now();
+            let got = tcs[0].get("default", &[scale_key(i)]).await?;
+            lat.push(t.elapsed());
+            ensure!(
+                got[0] == Some(data.clone()),
+                "scale: block {i} came back wrong"
+            );
+        }
+        lat.sort();
+        // Throughput: `--concurrency` GETs at once.
+        let gets = 20_000u64;
+        let keys: Vec<u64> = (0..gets).map(|_| pick()).collect();
+        let t = Instant::now();
+        let mut s = futures::stream::iter(keys.into_iter().enumerate().map(|(j, i)| {
+            let tc = tcs[j % tcs.len()].clone();
+            let data = data.clone();
+            async move {
+                let got = tc.get("default", &[scale_key(i)]).await?;
+                ensure!(got[0] == Some(data), "scale: block {i} came back wrong");
+                anyhow::Ok(())
+            }
+        }))
+        .buffer_unordered(a.concurrency);
+        while let Some(r) = s.next().await {
+            r?;
+        }
+        drop(s);
+        let get_ops_per_s = gets as f64 / t.elapsed().as_secs_f64();
+        let rss = rss_bytes(node.child.id()).unwrap_or(0);
+        let row = ScaleRow {
+            blocks: n,
+            block_bytes: size as u64,
+            load_s,
+            load_blocks_per_s: n as f64 / load_s,
+            get_p50_us: pct(&lat, 0.5) * 1e3,
+            get_p99_us: pct(&lat, 0.99) * 1e3,
+            get_ops_per_s,
+            rss_bytes: rss,
+            rss_per_million_blocks: out.first().filter(|f: &&ScaleRow| f.blocks < n).map(
+                |f: &ScaleRow| (rss as f64 - f.rss_bytes as f64) / ((n - f.blocks) as f64 / 1e6),
+            ),
+            index_bytes: du(&data_dir.join("index")),
+        };
+        eprintln!(
+            "scale {n}: GET p50 {:.0} µs, p99 {:.0} µs, {:.0} GET/s; RSS {}",
+            row.get_p50_us,
+            row.get_p99_us,
+            row.get_ops_per_s,
+            mib(rss as f64)
+        );
+        out.push(row);
+        drop(tcs);
+        node.stop()?;
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    println!("| blocks indexed | block | load blocks/s | GET p50 µs (1 at a time) | GET p99 µs | GET/s (concurrency {}) | node RSS | RSS growth per 1M blocks | index on disk |", a.concurrency);
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in &out {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+            r.blocks,
+            ByteSize(r.block_bytes),
+            r.load_blocks_per_s,
+            r.get_p50_us,
+            r.get_p99_us,
+            r.get_ops_per_s,
+            mib(r.rss_bytes as f64),
+            r.rss_per_million_blocks.map_or(String::new(), mib),
+            mib(r.index_bytes as f64)
+        );
+    }
+    if let (Some(first), Some(last)) = (out.first(), out.last()) {
+        if out.len() > 1 {
+            println!(
+                "\nGET p50 at {} blocks = {:.2}× the figure at {} blocks",
+                last.blocks,
+                last.get_p50_us / first.get_p50_us,
+                first.blocks
+            );
+        }
+    }
+    if let Some(p) = &a.json {
+        write_json_lines(p, &out)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_parse_with_units_or_the_model_preset() {
+        assert_eq!(parse_block_size("llama3-8b").unwrap().0, 2 << 20);
+        assert_eq!(parse_block_size("64KiB").unwrap().0, 64 << 10);
+        assert!(parse_block_size("llama3").is_err());
+    }
+
+    #[test]
+    fn counts_parse_with_suffixes_and_refuse_the_rest() {
+        assert_eq!(parse_count("10K"), Ok(10_000));
+        assert_eq!(parse_count("1m"), Ok(1_000_000));
+        assert_eq!(parse_count("2500"), Ok(2500));
+        for bad in ["", "K", "0", "-1", "1G", "1.5M", "99999999999999999999M"] {
+            assert!(parse_count(bad).is_err(), "{bad:?}");
+        }
+    }
+}
