@@ -84,7 +84,7 @@ pub struct FrameInput<R> {
     max_frame_bytes: u32,
 }
 
-pub use ctxpod_wire::proto::Landing;
+use ctxpod_wire::proto::Landing;
 
 /// A `Put` body read by [`FrameInput::read_put_body`]: each entry's key, the CRC32C the
 /// client gave, and where its bytes landed.
