@@ -128,6 +128,38 @@ impl Client {
         matches!(e, ClientError::Status { status: 404, body: Some(b) } if b.error == "not_found")
     }
 
+    /// `method` on one block, with no body; the answer as it is (refusals included).
+    async fn block_request(
+        &self,
+        method: Method,
+        ns: &str,
+        key: &[u8],
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = self.url(&Self::block_path(ns, key));
+        Ok(self.http.request(method, url).send().await?)
+    }
+
+    /// `method path` with no body; the answer's JSON.
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<T, ClientError> {
+        let resp = self.send(self.http.request(method, self.url(path))).await?;
+        Ok(resp.json().await?)
+    }
+
+    /// `POST /v1/namespaces/{ns}/{op}` with a JSON body.
+    async fn post_ns(
+        &self,
+        ns: &str,
+        op: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = self.url(&format!("/v1/namespaces/{ns}/{op}"));
+        self.send(self.http.post(url).json(body)).await
+    }
+
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
         let resp = self.send_retrying(req).await?;
         if resp.status().is_success() {
@@ -251,11 +283,7 @@ impl Client {
     }
 
     pub async fn head(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
-        let resp = self
-            .http
-            .head(self.url(&Self::block_path(ns, key)))
-            .send()
-            .await?;
+        let resp = self.block_request(Method::HEAD, ns, key).await?;
         match resp.status() {
             StatusCode::OK => Ok(true),
             StatusCode::NOT_FOUND => Ok(false),
@@ -268,11 +296,7 @@ impl Client {
 
     /// True if the block existed and is now deleted.
     pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
-        let resp = self
-            .http
-            .delete(self.url(&Self::block_path(ns, key)))
-            .send()
-            .await?;
+        let resp = self.block_request(Method::DELETE, ns, key).await?;
         if resp.status() == StatusCode::NO_CONTENT {
             return Ok(true);
         }
@@ -284,45 +308,23 @@ impl Client {
 
     /// Number of leading keys of `chain` present on the node.
     pub async fn match_prefix(&self, ns: &str, chain: &[Vec<u8>]) -> Result<u64, ClientError> {
-        let body = KeysRequest {
-            keys: chain.iter().map(|k| key_hex(k)).collect(),
-        };
-        let resp = self
-            .send(
-                self.http
-                    .post(self.url(&format!("/v1/namespaces/{ns}/match")))
-                    .json(&body),
-            )
-            .await?;
+        let resp = self.post_ns(ns, "match", &keys_request(chain)).await?;
         Ok(resp.json::<MatchResponse>().await?.matched)
     }
 
     /// The node's miss-ratio curve (admin).
     pub async fn mrc(&self) -> Result<MrcResponse, ClientError> {
-        let resp = self.send(self.http.get(self.url("/v1/mrc"))).await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/mrc").await
     }
 
     /// The pod's miss-ratio curve, merged from every member's by the node asked (admin).
     pub async fn pod_mrc(&self) -> Result<MrcResponse, ClientError> {
-        let resp = self
-            .send(self.http.get(self.url("/v1/mrc?scope=pod")))
-            .await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/mrc?scope=pod").await
     }
 
     /// Whether each of `keys` is held (by the pod, when the node is in one), in order.
     pub async fn present(&self, ns: &str, keys: &[Vec<u8>]) -> Result<Vec<bool>, ClientError> {
-        let body = KeysRequest {
-            keys: keys.iter().map(|k| key_hex(k)).collect(),
-        };
-        let resp = self
-            .send(
-                self.http
-                    .post(self.url(&format!("/v1/namespaces/{ns}/present")))
-                    .json(&body),
-            )
-            .await?;
+        let resp = self.post_ns(ns, "present", &keys_request(keys)).await?;
         Ok(resp.json::<PresentResponse>().await?.present)
     }
 
@@ -360,16 +362,7 @@ impl Client {
         ns: &str,
         keys: &[Vec<u8>],
     ) -> Result<Vec<BatchGetResult>, ClientError> {
-        let body = KeysRequest {
-            keys: keys.iter().map(|k| key_hex(k)).collect(),
-        };
-        let resp = self
-            .send(
-                self.http
-                    .post(self.url(&format!("/v1/namespaces/{ns}/batch/get")))
-                    .json(&body),
-            )
-            .await?;
+        let resp = self.post_ns(ns, "batch/get", &keys_request(keys)).await?;
         let buf = resp.bytes().await?;
         let got = frame::decode(&buf).map_err(|e| ClientError::Malformed(e.to_string()))?;
         let mut out = Vec::with_capacity(got.len());
@@ -398,30 +391,15 @@ impl Client {
 
     pub async fn pin(&self, ns: &str, keys: &[Vec<u8>], ttl_ms: u64) -> Result<u64, ClientError> {
         let body = PinRequest {
-            keys: keys.iter().map(|k| key_hex(k)).collect(),
+            keys: keys_request(keys).keys,
             ttl_ms,
         };
-        let resp = self
-            .send(
-                self.http
-                    .post(self.url(&format!("/v1/namespaces/{ns}/pin")))
-                    .json(&body),
-            )
-            .await?;
+        let resp = self.post_ns(ns, "pin", &body).await?;
         Ok(resp.json::<PinResponse>().await?.pinned)
     }
 
     pub async fn unpin(&self, ns: &str, keys: &[Vec<u8>]) -> Result<u64, ClientError> {
-        let body = KeysRequest {
-            keys: keys.iter().map(|k| key_hex(k)).collect(),
-        };
-        let resp = self
-            .send(
-                self.http
-                    .post(self.url(&format!("/v1/namespaces/{ns}/unpin")))
-                    .json(&body),
-            )
-            .await?;
+        let resp = self.post_ns(ns, "unpin", &keys_request(keys)).await?;
         Ok(resp.json::<UnpinResponse>().await?.unpinned)
     }
 
@@ -458,10 +436,8 @@ impl Client {
     }
 
     pub async fn namespace(&self, ns: &str) -> Result<NamespaceInfo, ClientError> {
-        let resp = self
-            .send(self.http.get(self.url(&format!("/v1/namespaces/{ns}"))))
-            .await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, &format!("/v1/namespaces/{ns}"))
+            .await
     }
 
     pub async fn delete_namespace(&self, ns: &str) -> Result<(), ClientError> {
@@ -471,26 +447,22 @@ impl Client {
     }
 
     pub async fn namespaces(&self) -> Result<NamespaceList, ClientError> {
-        let resp = self.send(self.http.get(self.url("/v1/namespaces"))).await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/namespaces").await
     }
 
     pub async fn stats(&self) -> Result<Stats, ClientError> {
-        let resp = self.send(self.http.get(self.url("/v1/stats"))).await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/stats").await
     }
 
     /// `GET /v1/cluster`: the pod as this node sees it.
     pub async fn cluster(&self) -> Result<ctxpod_wire::types::Cluster, ClientError> {
-        let resp = self.send(self.http.get(self.url("/v1/cluster"))).await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/cluster").await
     }
 
     /// `GET /v1/overview`: every member with its stats, every namespace with its usage
     /// (admin or viewer; the dashboard's view).
     pub async fn overview(&self) -> Result<ctxpod_wire::types::Overview, ClientError> {
-        let resp = self.send(self.http.get(self.url("/v1/overview"))).await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/overview").await
     }
 
     /// `POST /v1/plan`: the planner for `args` (`ctxpod plan`'s options in snake case):
@@ -504,26 +476,17 @@ impl Client {
 
     /// `POST /v1/admin/drain` (admin): the node starts draining (see `DrainStatus`).
     pub async fn drain(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
-        let resp = self
-            .send(self.http.post(self.url("/v1/admin/drain")))
-            .await?;
-        Ok(resp.json().await?)
+        self.call(Method::POST, "/v1/admin/drain").await
     }
 
     /// `GET /v1/admin/drain` (admin): how far the node's drain is.
     pub async fn drain_status(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
-        let resp = self
-            .send(self.http.get(self.url("/v1/admin/drain")))
-            .await?;
-        Ok(resp.json().await?)
+        self.call(Method::GET, "/v1/admin/drain").await
     }
 
     /// `DELETE /v1/admin/drain` (admin): the node is up again.
     pub async fn undrain(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
-        let resp = self
-            .send(self.http.delete(self.url("/v1/admin/drain")))
-            .await?;
-        Ok(resp.json().await?)
+        self.call(Method::DELETE, "/v1/admin/drain").await
     }
 
     /// The Prometheus text of `/metrics`.
@@ -535,5 +498,12 @@ impl Client {
     /// True when `/readyz` answers 200.
     pub async fn ready(&self) -> bool {
         matches!(self.http.get(self.url("/readyz")).send().await, Ok(r) if r.status().is_success())
+    }
+}
+
+/// The JSON body naming `keys`, in hex.
+fn keys_request(keys: &[Vec<u8>]) -> KeysRequest {
+    KeysRequest {
+        keys: keys.iter().map(|k| key_hex(k)).collect(),
     }
 }

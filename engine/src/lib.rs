@@ -726,7 +726,7 @@ impl Engine {
     }
 
     pub fn io_engine(&self) -> &'static str {
-        self.core.device.engine()
+        self.core.device.info().engine
     }
 }
 

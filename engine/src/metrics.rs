@@ -163,6 +163,9 @@ impl Metrics {
         }
         let counter = |name: &str, help: &str| IntCounter::new(name, help);
         let gauge = |name: &str, help: &str| IntGauge::new(name, help);
+        let latency = |name: &str, help: &str| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))
+        };
         Metrics {
             request_seconds: reg!(HistogramVec::new(
                 HistogramOpts::new(
@@ -239,26 +242,17 @@ impl Metrics {
                 HistogramOpts::new("ctxpod_group_commit_blocks", "Writes per group commit")
                     .buckets(prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets"))
             )),
-            group_commit_seconds: reg!(Histogram::with_opts(
-                HistogramOpts::new(
-                    "ctxpod_group_commit_duration_seconds",
-                    "Time of one group commit"
-                )
-                .buckets(latency_buckets())
+            group_commit_seconds: reg!(latency(
+                "ctxpod_group_commit_duration_seconds",
+                "Time of one group commit"
             )),
-            flush_seconds: reg!(Histogram::with_opts(
-                HistogramOpts::new(
-                    "ctxpod_device_flush_duration_seconds",
-                    "Time of one device flush"
-                )
-                .buckets(latency_buckets())
+            flush_seconds: reg!(latency(
+                "ctxpod_device_flush_duration_seconds",
+                "Time of one device flush"
             )),
-            index_commit_seconds: reg!(Histogram::with_opts(
-                HistogramOpts::new(
-                    "ctxpod_index_commit_duration_seconds",
-                    "Time of one RocksDB batch write (synced or not)"
-                )
-                .buckets(latency_buckets())
+            index_commit_seconds: reg!(latency(
+                "ctxpod_index_commit_duration_seconds",
+                "Time of one RocksDB batch write (synced or not)"
             )),
             connections: reg!(IntGaugeVec::new(
                 Opts::new("ctxpod_connections", "Connections held, by listener"),

@@ -62,8 +62,8 @@ impl Engine {
         let user = ld(&n.user_written_bytes);
         Stats {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            io_engine: c.device.engine().to_string(),
-            direct_io: c.device.direct(),
+            io_engine: c.device.info().engine.to_string(),
+            direct_io: c.device.info().direct,
             capacity_bytes: c.geometry.capacity_bytes,
             used_bytes: ld(&n.used_bytes),
             live_bytes: ld(&n.live_bytes),
@@ -83,11 +83,7 @@ impl Engine {
             reinserted_blocks: ld(&n.reinserted_blocks),
             device_written_bytes: dev,
             user_written_bytes: user,
-            write_amplification: if user == 0 {
-                0.0
-            } else {
-                dev as f64 / user as f64
-            },
+            write_amplification: ctxpod_wire::types::write_amplification(dev, user),
             leases: c.leases.len() as u64,
             inflight_requests: 0,
             recovered_records: ld(&n.recovered_records),

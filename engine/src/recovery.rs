@@ -156,13 +156,17 @@ pub(super) async fn open(
     metrics
         .io_engine_info
         .with_label_values(&[
-            device.engine(),
-            if device.direct() { "true" } else { "false" },
+            device.info().engine,
+            if device.info().direct {
+                "true"
+            } else {
+                "false"
+            },
         ])
         .set(1);
     tracing::info!(
-        engine = device.engine(),
-        direct = device.direct(),
+        engine = device.info().engine,
+        direct = device.info().direct,
         "device open"
     );
 

@@ -384,11 +384,7 @@ pub async fn replay(
     let dev = after.device_written_bytes - before.device_written_bytes;
     let user = after.user_written_bytes - before.user_written_bytes;
     r.device_written_bytes = dev;
-    r.write_amplification = if user == 0 {
-        0.0
-    } else {
-        dev as f64 / user as f64
-    };
+    r.write_amplification = ctxpod_wire::types::write_amplification(dev, user);
     r.drive_writes = dev as f64 / after.capacity_bytes.max(1) as f64;
     Ok(r)
 }

@@ -40,17 +40,7 @@ pub enum FrameError {
     Trailing(usize),
 }
 
-/// One decoded entry, borrowing from the frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryRef<'a> {
-    pub key: &'a [u8],
-    pub status: u16,
-    pub crc32c: Option<u32>,
-    pub len: u32,
-    pub data: Option<&'a [u8]>,
-}
-
-/// One entry to encode.
+/// One entry: one to encode, or one decoded (borrowing from the frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry<'a> {
     pub key: &'a [u8],
@@ -60,6 +50,9 @@ pub struct Entry<'a> {
     pub len: u32,
     pub data: Option<&'a [u8]>,
 }
+
+/// A decoded entry: the same shape as one to encode.
+pub type EntryRef<'a> = Entry<'a>;
 
 impl<'a> Entry<'a> {
     /// A `batch/put` request entry: key, data, and the data's CRC32C.

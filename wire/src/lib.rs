@@ -14,6 +14,32 @@
 //! the layering test); it knows nothing of the engine, RocksDB or devices; every other crate
 //! depends on it, it on none of them.
 
+/// A fieldless enum that travels on the wire as its `u8` discriminant, with `from_u8`, the
+/// variant of a byte (`None` for one that names none). Each variant is listed once.
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $t:ident {
+            $($(#[$vmeta:meta])* $v:ident = $n:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        pub enum $t {
+            $($(#[$vmeta])* $v = $n,)+
+        }
+
+        impl $t {
+            /// The variant whose discriminant is `v`, if any.
+            pub fn from_u8(v: u8) -> Option<$t> {
+                match v {
+                    $($n => Some($t::$v),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 pub mod block_hash;
 pub mod frame;
 pub mod key;
@@ -82,15 +108,18 @@ pub fn parse_crc32c_hex(s: &str) -> Option<u32> {
     u32::from_str_radix(s, 16).ok()
 }
 
-/// Durability of a put, chosen per request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// Acknowledged after the data is flushed to the device and the index batch is synced.
-    #[default]
-    Durable,
-    /// Acknowledged once written, before the flush: may vanish on a crash, never corrupt.
-    Fast,
+wire_enum! {
+    /// Durability of a put, chosen per request: a header or JSON string on HTTP, its `u8`
+    /// discriminant in CXP1.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Durability {
+        /// Acknowledged after the data is flushed to the device and the index batch is synced.
+        #[default]
+        Durable = 0,
+        /// Acknowledged once written, before the flush: may vanish on a crash, never corrupt.
+        Fast = 1,
+    }
 }
 
 impl Durability {

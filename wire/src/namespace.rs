@@ -11,16 +11,9 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub struct NamespaceNameError;
 
 pub fn check_namespace_name(name: &str) -> Result<(), NamespaceNameError> {
-    let b = name.as_bytes();
-    let first_ok = matches!(b.first(), Some(b'a'..=b'z' | b'0'..=b'9'));
-    let rest_ok = b
-        .iter()
-        .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'));
-    if first_ok && rest_ok && b.len() <= NAMESPACE_NAME_CHARS_MAX {
-        Ok(())
-    } else {
-        Err(NamespaceNameError)
-    }
+    name_matches(name, b"._-", NAMESPACE_NAME_CHARS_MAX)
+        .then_some(())
+        .ok_or(NamespaceNameError)
 }
 
 /// Longest tenant name, in characters.
@@ -31,16 +24,18 @@ pub const TENANT_NAME_CHARS_MAX: usize = 32;
 pub struct TenantNameError;
 
 pub fn check_tenant_name(name: &str) -> Result<(), TenantNameError> {
+    name_matches(name, b"-", TENANT_NAME_CHARS_MAX)
+        .then_some(())
+        .ok_or(TenantNameError)
+}
+
+/// Whether `name` is `[a-z0-9][a-z0-9<punct>]*`, at most `max` characters long.
+fn name_matches(name: &str, punct: &[u8], max: usize) -> bool {
     let b = name.as_bytes();
-    let first_ok = matches!(b.first(), Some(b'a'..=b'z' | b'0'..=b'9'));
-    let rest_ok = b
-        .iter()
-        .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'-'));
-    if first_ok && rest_ok && b.len() <= TENANT_NAME_CHARS_MAX {
-        Ok(())
-    } else {
-        Err(TenantNameError)
-    }
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    b.first().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || punct.contains(c))
+        && b.len() <= max
 }
 
 /// The node's own name for namespace `ns` of `tenant`: `tenant/ns`. Each tenant has its own
@@ -75,34 +70,58 @@ pub fn check_scoped_name(name: &str) -> Result<(), NamespaceNameError> {
 mod tests {
     use super::*;
 
+    /// Each name with whether `check` takes it.
+    fn table<E>(check: impl Fn(&str) -> Result<(), E>, cases: &[(&str, bool)]) {
+        for (name, ok) in cases {
+            assert_eq!(check(name).is_ok(), *ok, "{name:?}");
+        }
+    }
+
     #[test]
     fn tenant_names_and_scoping() {
-        assert!(check_tenant_name("acme-1").is_ok());
-        assert!(check_tenant_name("").is_err());
-        assert!(check_tenant_name("a.b").is_err());
-        assert!(check_tenant_name("a/b").is_err());
-        assert!(check_tenant_name(&"t".repeat(33)).is_err());
+        let long = "t".repeat(33);
+        table(
+            check_tenant_name,
+            &[
+                ("acme-1", true),
+                ("", false),
+                ("a.b", false),
+                ("a/b", false),
+                (&long, false),
+            ],
+        );
         assert_eq!(scoped(Some("acme"), "default"), "acme/default");
         assert_eq!(scoped(None, "default"), "default");
         assert_eq!(split_scoped("acme/x"), (Some("acme"), "x"));
         assert_eq!(split_scoped("x"), (None, "x"));
-        assert!(check_scoped_name("acme/x").is_ok());
-        assert!(check_scoped_name("x").is_ok());
-        assert!(check_scoped_name("acme/x/y").is_err());
-        assert!(check_scoped_name("a.b/x").is_err());
-        assert!(check_scoped_name("/x").is_err());
-        assert!(check_scoped_name("acme/").is_err());
+        table(
+            check_scoped_name,
+            &[
+                ("acme/x", true),
+                ("x", true),
+                ("acme/x/y", false),
+                ("a.b/x", false),
+                ("/x", false),
+                ("acme/", false),
+            ],
+        );
     }
 
     #[test]
     fn names() {
-        assert!(check_namespace_name("default").is_ok());
-        assert!(check_namespace_name("llama-70b.bf16_v2").is_ok());
-        assert!(check_namespace_name("").is_err());
-        assert!(check_namespace_name("-x").is_err());
-        assert!(check_namespace_name("Upper").is_err());
-        assert!(check_namespace_name("a/b").is_err());
-        assert!(check_namespace_name(&"a".repeat(63)).is_ok());
-        assert!(check_namespace_name(&"a".repeat(64)).is_err());
+        let (longest, over) = ("a".repeat(63), "a".repeat(64));
+        table(
+            check_namespace_name,
+            &[
+                ("default", true),
+                ("llama-70b.bf16_v2", true),
+                ("", false),
+                ("-x", false),
+                ("Upper", false),
+                ("a/b", false),
+                (&longest, true),
+                (&over, false),
+            ],
+        );
     }
 }

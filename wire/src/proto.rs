@@ -276,55 +276,35 @@ impl Header {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    Durable = 0,
-    Fast = 1,
-}
+pub use crate::Durability;
 
-/// What a prefetch does with blocks that are not ready by its deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Push what is cheap now: blocks in node DRAM, and flash reads only while the node's
-    /// staging budget has room; anything else is a miss (BUSY or NOT_FOUND) at once.
-    BestEffort = 0,
-    /// Push every block that exists, waiting for staging room and flash reads as long as
-    /// it takes (or until the deadline, if one is given).
-    WaitComplete = 1,
-    /// Wait-complete bounded by a deadline (required): a block not pushed by then is a
-    /// miss with status `DEADLINE`, never a stall.
-    Timeout = 2,
-}
-
-impl Policy {
-    pub fn from_u8(v: u8) -> Option<Policy> {
-        Some(match v {
-            0 => Policy::BestEffort,
-            1 => Policy::WaitComplete,
-            2 => Policy::Timeout,
-            _ => return None,
-        })
+wire_enum! {
+    /// What a prefetch does with blocks that are not ready by its deadline.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Policy {
+        /// Push what is cheap now: blocks in node DRAM, and flash reads only while the node's
+        /// staging budget has room; anything else is a miss (BUSY or NOT_FOUND) at once.
+        BestEffort = 0,
+        /// Push every block that exists, waiting for staging room and flash reads as long as
+        /// it takes (or until the deadline, if one is given).
+        WaitComplete = 1,
+        /// Wait-complete bounded by a deadline (required): a block not pushed by then is a
+        /// miss with status `DEADLINE`, never a stall.
+        Timeout = 2,
     }
 }
 
-/// What happened to a key, in a KV event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    Stored = 1,
-    Evicted = 2,
-    Deleted = 3,
+wire_enum! {
+    /// What happened to a key, in a KV event.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum EventKind {
+        Stored = 1,
+        Evicted = 2,
+        Deleted = 3,
+    }
 }
 
 impl EventKind {
-    pub fn from_u8(v: u8) -> Option<EventKind> {
-        Some(match v {
-            1 => EventKind::Stored,
-            2 => EventKind::Evicted,
-            3 => EventKind::Deleted,
-            _ => return None,
-        })
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             EventKind::Stored => "stored",

@@ -269,3 +269,13 @@ pub struct MrcPoint {
     pub capacity_bytes: u64,
     pub hit_ratio: f64,
 }
+
+/// [`Stats::write_amplification`]: device bytes written per payload byte stored; 0 before
+/// any payload byte is.
+pub fn write_amplification(device_bytes: u64, user_bytes: u64) -> f64 {
+    if user_bytes == 0 {
+        0.0
+    } else {
+        device_bytes as f64 / user_bytes as f64
+    }
+}

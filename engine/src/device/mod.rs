@@ -37,20 +37,31 @@ pub trait Device: Send + Sync + 'static {
     fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture;
     /// Makes every completed write durable (fdatasync / NVMe flush).
     fn flush(&self) -> FlushFuture;
+    /// What the device is: its size, I/O engine, and whether it bypasses the page cache.
+    fn info(&self) -> DeviceInfo;
     /// Size in bytes.
-    fn len(&self) -> u64;
+    fn len(&self) -> u64 {
+        self.info().len
+    }
     /// True for a zero-sized device (never the case for an opened one).
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// `io_uring` or `sync`.
-    fn engine(&self) -> &'static str;
     /// The simulated device behind this one, if it is simulated (firmware-sim).
     fn sim(&self) -> Option<&Arc<ctxpod_firmware_sim::SimDevice>> {
         None
     }
+}
+
+/// What a [`Device`] is, fixed when it is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Size in bytes.
+    pub len: u64,
+    /// `io_uring`, `sync` or `firmware-sim`.
+    pub engine: &'static str,
     /// Whether I/O bypasses the page cache (O_DIRECT).
-    fn direct(&self) -> bool;
+    pub direct: bool,
 }
 
 pub use ctxpod_format::config::IoEngine;

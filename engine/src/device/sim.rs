@@ -5,7 +5,7 @@
 //! sees them in the order the engine issues them), and completed when their future runs: at
 //! once in instant mode, after sleeping until the modelled completion time in real-time mode.
 
-use super::{AlignedBuf, Device, FlushFuture, IoFuture};
+use super::{AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture};
 use ctxpod_firmware_sim::{FaultPlan, Media, Profile, SimDevice, SimError, Ticket};
 use std::io;
 use std::path::Path;
@@ -101,16 +101,12 @@ impl Device for SimBackend {
         Box::pin(async move { finish(dev, submitted.map_err(to_io)?).await })
     }
 
-    fn len(&self) -> u64 {
-        self.dev.len()
-    }
-
-    fn engine(&self) -> &'static str {
-        "firmware-sim"
-    }
-
-    fn direct(&self) -> bool {
-        true
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            len: self.dev.len(),
+            engine: "firmware-sim",
+            direct: true,
+        }
     }
 
     fn sim(&self) -> Option<&Arc<SimDevice>> {

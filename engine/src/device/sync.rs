@@ -1,7 +1,7 @@
 //! Fallback engine: pread/pwrite/fdatasync on tokio's blocking pool, for hosts that refuse
 //! io_uring (container seccomp profiles, old kernels).
 
-use super::{check_aligned, AlignedBuf, Device, FlushFuture, IoFuture};
+use super::{check_aligned, AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -9,13 +9,17 @@ use std::sync::Arc;
 
 pub struct SyncDevice {
     file: Arc<File>,
-    len: u64,
-    direct: bool,
+    info: DeviceInfo,
 }
 
 impl SyncDevice {
     pub fn new(file: Arc<File>, len: u64, direct: bool) -> Self {
-        SyncDevice { file, len, direct }
+        let info = DeviceInfo {
+            len,
+            engine: "sync",
+            direct,
+        };
+        SyncDevice { file, info }
     }
 }
 
@@ -101,15 +105,7 @@ impl Device for SyncDevice {
         })
     }
 
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn engine(&self) -> &'static str {
-        "sync"
-    }
-
-    fn direct(&self) -> bool {
-        self.direct
+    fn info(&self) -> DeviceInfo {
+        self.info
     }
 }

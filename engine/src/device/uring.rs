@@ -5,7 +5,7 @@
 //! it), resubmits short transfers for the remainder, and keeps up to [`RING_DEPTH`]` - 1`
 //! operations in flight; more wait in a backlog.
 
-use super::{check_aligned, AlignedBuf, Device, FlushFuture, IoFuture};
+use super::{check_aligned, AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture};
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -59,8 +59,7 @@ impl Shared {
 pub struct UringDevice {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
-    len: u64,
-    direct: bool,
+    info: DeviceInfo,
 }
 
 impl UringDevice {
@@ -85,8 +84,11 @@ impl UringDevice {
         Ok(UringDevice {
             shared,
             thread: Some(thread),
-            len,
-            direct,
+            info: DeviceInfo {
+                len,
+                engine: "io_uring",
+                direct,
+            },
         })
     }
 
@@ -155,16 +157,8 @@ impl Device for UringDevice {
         Box::pin(async move { fut.await.1 })
     }
 
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn engine(&self) -> &'static str {
-        "io_uring"
-    }
-
-    fn direct(&self) -> bool {
-        self.direct
+    fn info(&self) -> DeviceInfo {
+        self.info
     }
 }
 

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use ctxpod_client::proto_io::FrameInput;
 use ctxpod_engine::{Engine, EngineError, PutStatus, StagedBlock};
 use ctxpod_wire::proto::{status, GetEntry, Op, Policy, ProtoError, Request, Response};
-use ctxpod_wire::Durability;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -286,11 +285,6 @@ pub(crate) async fn handle_put(engine: &Engine, p: StagedPut, op: Op, id: u64) -
         durability,
         entries,
     } = p;
-    // The wire's durability, mapped by name (never by number).
-    let durability = match durability {
-        ctxpod_wire::proto::Durability::Durable => Durability::Durable,
-        ctxpod_wire::proto::Durability::Fast => Durability::Fast,
-    };
     let crcs: Vec<u32> = entries.iter().map(|e| e.1).collect();
     let results = futures::future::join_all(entries.into_iter().map(|(key, crc, staged)| {
         let ns = &ns;

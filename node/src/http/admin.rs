@@ -1,23 +1,19 @@
 //! Key rotation: a namespace's data key, and the node's KEK.
 
-use crate::auth::Principal;
 use axum::extract::State;
-use axum::{Extension, Json};
+use axum::Json;
 
-use super::input::{scope, Path};
+use super::input::NsCall;
 use super::state::AppState;
 use crate::errors::ApiResult;
 
 /// Makes a new data key current for the namespace (older records stay readable).
 pub(crate) async fn rotate_key(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, scoped, .. }: NsCall,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let ns = scope(&p, &ns)?;
-    let key_id = st.engine.rotate_data_key(&ns).await?;
+    let key_id = st.engine.rotate_data_key(&scoped).await?;
     Ok(Json(
-        serde_json::json!({ "namespace": ns, "key_id": key_id }),
+        serde_json::json!({ "namespace": scoped, "key_id": key_id }),
     ))
 }
 

@@ -3,10 +3,9 @@
 
 use crate::auth::Principal;
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use bytes::Bytes;
 use ctxpod_engine::PutStatus;
 use ctxpod_pod::batch as pod_batch;
@@ -16,21 +15,17 @@ use futures::StreamExt;
 use std::time::Duration;
 
 use super::blocks::{body_holding, Peer};
-use super::input::{content_length, durability, parse_keys, read_body, read_json, scope, Path};
+use super::input::{content_length, durability, parse_keys, read_body, read_json};
+use super::input::{Keys, NsCall};
 use super::state::{AppState, BATCH_CONCURRENCY, BATCH_GET_BYTES_MAX};
 use crate::errors::{status_of, ApiError, ApiResult};
 
 pub(crate) async fn batch_get(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
+    NsCall { st, p, ns, scoped }: NsCall,
     Peer(peer): Peer,
-    Path(ns): Path<String>,
     h: HeaderMap,
-    body: Body,
+    Keys(keys): Keys<{ ctxpod_wire::BATCH_ENTRIES_MAX }>,
 ) -> ApiResult<Response> {
-    let scoped = scope(&p, &ns)?;
-    let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
     st.engine.namespace(&scoped)?;
     let room = match h.get(ctxpod_wire::HEADER_ANSWER_BYTES_MAX) {
         None => BATCH_GET_BYTES_MAX,
@@ -325,13 +320,10 @@ pub(crate) async fn pod_batch_get(
 }
 
 pub(crate) async fn batch_put(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, p, ns, scoped }: NsCall,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let scoped = scope(&p, &ns)?;
     let dur = durability(&h)?;
     st.engine.namespace(&scoped)?;
     let declared = content_length(&h);
@@ -482,13 +474,10 @@ pub(crate) async fn pod_batch_put(
 }
 
 pub(crate) async fn pin(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, p, ns, scoped }: NsCall,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<PinResponse>> {
-    let scoped = scope(&p, &ns)?;
     let req: PinRequest = read_json(&h, body).await?;
     if req.ttl_ms == 0 || req.ttl_ms > ctxpod_wire::LEASE_MS_MAX {
         return Err(ApiError::invalid(format!(
@@ -502,15 +491,10 @@ pub(crate) async fn pin(
 }
 
 pub(crate) async fn unpin(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, p, ns, scoped }: NsCall,
     h: HeaderMap,
-    body: Body,
+    Keys(keys): Keys<{ ctxpod_wire::BATCH_ENTRIES_MAX }>,
 ) -> ApiResult<Json<UnpinResponse>> {
-    let scoped = scope(&p, &ns)?;
-    let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_wire::BATCH_ENTRIES_MAX)?;
     let (unpinned, each) = pin_or_unpin(&st, &p, &ns, &scoped, &h, keys, None).await?;
     Ok(Json(UnpinResponse { unpinned, each }))
 }

@@ -1,31 +1,23 @@
 //! Single blocks: PUT, GET, HEAD, DELETE, and the key-list reads MATCH and `present`.
 
-use crate::auth::Principal;
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use bytes::Bytes;
 use ctxpod_engine::{EngineError, PutStatus, StagedBlock};
 use ctxpod_wire::types::*;
 use std::time::Duration;
 
-use super::input::{
-    content_length, durability, parse_key, parse_keys, read_body, read_into, read_json, scope, Path,
-};
-use super::state::AppState;
+use super::input::{content_length, durability, read_body, read_into};
+use super::input::{BlockCall, Keys, NsCall};
 use crate::errors::{ApiError, ApiResult};
 
 pub(crate) async fn put_block(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path((ns, key)): Path<(String, String)>,
+    BlockCall { st, p, ns, key }: BlockCall,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    let ns = scope(&p, &ns)?;
-    let key = parse_key(&key)?;
     let dur = durability(&h)?;
     let crc = match h.get(ctxpod_wire::HEADER_CRC32C) {
         None => None,
@@ -64,13 +56,9 @@ pub(crate) async fn put_block(
 }
 
 pub(crate) async fn get_block(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
+    BlockCall { st, ns, key, .. }: BlockCall,
     Peer(peer): Peer,
-    Path((ns, key)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let ns = scope(&p, &ns)?;
-    let key = parse_key(&key)?;
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block");
     // The block's bytes are taken from the egress budget before it is read, and given back
     // once the body is written out.
@@ -147,27 +135,18 @@ pub(crate) fn body_holding(pieces: Vec<Bytes>, permits: Vec<crate::budget::Permi
     ))
 }
 
-pub(crate) async fn head_block(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path((ns, key)): Path<(String, String)>,
-) -> ApiResult<StatusCode> {
-    let ns = scope(&p, &ns)?;
-    let key = parse_key(&key)?;
-    if st.engine.contains(&ns, &key).await? {
-        Ok(StatusCode::OK)
+pub(crate) async fn head_block(BlockCall { st, ns, key, .. }: BlockCall) -> ApiResult<StatusCode> {
+    let held = st.engine.contains(&ns, &key).await?;
+    Ok(if held {
+        StatusCode::OK
     } else {
-        Ok(StatusCode::NOT_FOUND)
-    }
+        StatusCode::NOT_FOUND
+    })
 }
 
 pub(crate) async fn delete_block(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path((ns, key)): Path<(String, String)>,
+    BlockCall { st, ns, key, .. }: BlockCall,
 ) -> ApiResult<StatusCode> {
-    let ns = scope(&p, &ns)?;
-    let key = parse_key(&key)?;
     if st.engine.delete(&ns, &key).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -180,15 +159,10 @@ pub(crate) async fn delete_block(
 }
 
 pub(crate) async fn match_prefix(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, p, ns, scoped }: NsCall,
     h: HeaderMap,
-    body: Body,
+    Keys(keys): Keys<{ ctxpod_wire::MATCH_KEYS_MAX }>,
 ) -> ApiResult<Json<MatchResponse>> {
-    let scoped = scope(&p, &ns)?;
-    let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_wire::MATCH_KEYS_MAX)?;
     let view = st.pod.view();
     if view.members.len() < 2 || h.contains_key(ctxpod_pod::route::HEADER_FORWARDED) {
         return Ok(Json(MatchResponse {
@@ -259,15 +233,10 @@ pub(crate) async fn match_prefix(
 /// member is asked about the keys it may hold, all at once; one that cannot answer holds
 /// none of them).
 pub(crate) async fn present_keys(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, p, ns, scoped }: NsCall,
     h: HeaderMap,
-    body: Body,
+    Keys(keys): Keys<{ ctxpod_wire::MATCH_KEYS_MAX }>,
 ) -> ApiResult<Json<PresentResponse>> {
-    let scoped = scope(&p, &ns)?;
-    let req: KeysRequest = read_json(&h, body).await?;
-    let keys = parse_keys(&req.keys, ctxpod_wire::MATCH_KEYS_MAX)?;
     st.engine.namespace(&scoped)?;
     let local = |idx: Vec<usize>| {
         let (st, scoped, keys) = (&st, &scoped, &keys);

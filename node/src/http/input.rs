@@ -10,7 +10,7 @@ use ctxpod_engine::StagedBlock;
 use ctxpod_wire::types::*;
 use ctxpod_wire::Durability;
 
-use super::state::JSON_BODY_BYTES_MAX;
+use super::state::{AppState, JSON_BODY_BYTES_MAX};
 use crate::errors::{ApiError, ApiResult};
 
 pub(crate) fn parse_key(s: &str) -> ApiResult<Vec<u8>> {
@@ -159,5 +159,86 @@ where
             Ok(axum::extract::Path(v)) => Ok(Path(v)),
             Err(e) => Err(ApiError::invalid(format!("bad path: {}", e.body_text()))),
         }
+    }
+}
+
+/// The caller, set by the authentication middleware.
+fn principal(parts: &axum::http::request::Parts) -> ApiResult<Principal> {
+    parts.extensions.get::<Principal>().cloned().ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no caller: the authentication layer did not run",
+        )
+    })
+}
+
+/// A request to one namespace (`/v1/namespaces/{ns}/…`): the node's state, the caller, and
+/// the namespace under the caller's name (`ns`) and the node's (`scoped`, see [`scope`]).
+pub(crate) struct NsCall {
+    pub st: AppState,
+    pub p: Principal,
+    pub ns: String,
+    pub scoped: String,
+}
+
+impl axum::extract::FromRequestParts<AppState> for NsCall {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &AppState,
+    ) -> Result<Self, ApiError> {
+        let Path(ns) = Path::<String>::from_request_parts(parts, st).await?;
+        let p = principal(parts)?;
+        let scoped = scope(&p, &ns)?;
+        Ok(NsCall {
+            st: st.clone(),
+            p,
+            ns,
+            scoped,
+        })
+    }
+}
+
+/// A request to one block (`/v1/namespaces/{ns}/blocks/{key}`): the node's state, the
+/// caller, the node's name of the namespace (`ns`, scoped) and the key, parsed.
+pub(crate) struct BlockCall {
+    pub st: AppState,
+    pub p: Principal,
+    pub ns: String,
+    pub key: Vec<u8>,
+}
+
+impl axum::extract::FromRequestParts<AppState> for BlockCall {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &AppState,
+    ) -> Result<Self, ApiError> {
+        let Path((ns, key)) = Path::<(String, String)>::from_request_parts(parts, st).await?;
+        let p = principal(parts)?;
+        let ns = scope(&p, &ns)?;
+        let key = parse_key(&key)?;
+        Ok(BlockCall {
+            st: st.clone(),
+            p,
+            ns,
+            key,
+        })
+    }
+}
+
+/// A JSON body `{"keys": [hex, …]}` ([`KeysRequest`]) of at most `MAX` keys, parsed.
+pub(crate) struct Keys<const MAX: usize>(pub Vec<Vec<u8>>);
+
+impl<const MAX: usize, S: Send + Sync> axum::extract::FromRequest<S> for Keys<MAX> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, _: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let req: KeysRequest = read_json(&parts.headers, body).await?;
+        Ok(Keys(parse_keys(&req.keys, MAX)?))
     }
 }

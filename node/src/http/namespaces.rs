@@ -12,7 +12,8 @@ use ctxpod_engine::{EngineError, NsSettings};
 use ctxpod_wire::types::*;
 use std::time::Duration;
 
-use super::input::{json_object, present, read_body, scope, Path};
+use super::input::NsCall;
+use super::input::{json_object, present, read_body};
 use super::middleware::count_forwarded;
 use super::state::{AppState, JSON_BODY_BYTES_MAX};
 use crate::errors::{ApiError, ApiResult};
@@ -33,15 +34,14 @@ pub(crate) async fn list_namespaces(
 }
 
 pub(crate) async fn put_namespace(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall {
+        st, p, scoped: ns, ..
+    }: NsCall,
     uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     use ctxpod_pod::namespaces::{self as pns, NsRecord};
-    let ns = scope(&p, &ns)?;
     let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
         CreateNamespace::default()
@@ -125,23 +125,19 @@ pub(crate) async fn put_namespace(
 }
 
 pub(crate) async fn get_namespace(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall { st, p, scoped, .. }: NsCall,
 ) -> ApiResult<Json<NamespaceInfo>> {
-    let ns = scope(&p, &ns)?;
-    Ok(Json(present(&p, st.engine.namespace(&ns)?)))
+    Ok(Json(present(&p, st.engine.namespace(&scoped)?)))
 }
 
 pub(crate) async fn delete_namespace(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall {
+        st, p, scoped: ns, ..
+    }: NsCall,
     uri: axum::http::Uri,
     h: HeaderMap,
 ) -> ApiResult<StatusCode> {
     use ctxpod_pod::namespaces::{self as pns, NsRecord};
-    let ns = scope(&p, &ns)?;
     let is_default = ns == "default";
     if let Some(inc) = routed_incarnation(&h)? {
         // `default` comes back under the incarnation sent; another namespace's

@@ -10,7 +10,7 @@ use ctxpod_wire::types::*;
 use futures::StreamExt;
 use std::time::Duration;
 
-use super::input::{scope, Path};
+use super::input::NsCall;
 use super::state::AppState;
 use crate::errors::{ApiError, ApiResult};
 
@@ -304,9 +304,9 @@ pub fn merge_pod_curves(members: &[MrcResponse]) -> MrcResponse {
 /// `{"key": "<hex>"}`, `lost` with `{"count": n}` when this subscriber fell behind (resync
 /// with MATCH), and a last `namespace-deleted` when the namespace goes.
 pub(crate) async fn events(
-    State(st): State<AppState>,
-    Extension(p): Extension<Principal>,
-    Path(ns): Path<String>,
+    NsCall {
+        st, p, scoped: ns, ..
+    }: NsCall,
 ) -> ApiResult<
     axum::response::sse::Sse<
         impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
@@ -315,7 +315,6 @@ pub(crate) async fn events(
     use axum::response::sse::{Event, KeepAlive, Sse};
     use ctxpod_engine::events::KvEventKind;
     use tokio::sync::broadcast::error::RecvError;
-    let ns = scope(&p, &ns)?;
     let (ns_id, rx) = st.engine.subscribe(&ns)?;
     // State: the receiver, or `None` once the namespace is gone (the stream then ends).
     let stream = futures::stream::unfold(Some(rx), move |rx| async move {

@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// Readers of fixed-size little-endian integers: `name: type = Buf method`.
+macro_rules! getters {
+    ($($name:ident: $t:ty = $get:ident),+ $(,)?) => {
+        $(
+            pub(super) fn $name(&mut self) -> Result<$t, ProtoError> {
+                self.need(std::mem::size_of::<$t>())?;
+                Ok(self.b.$get())
+            }
+        )+
+    };
+}
+
 pub(super) struct Writer {
     pub(super) b: BytesMut,
     /// With `by_ref`: the frame so far, as pieces (the first one still open for the
@@ -110,24 +122,11 @@ impl Reader {
         }
     }
 
-    pub(super) fn u8(&mut self) -> Result<u8, ProtoError> {
-        self.need(1)?;
-        Ok(self.b.get_u8())
-    }
-
-    pub(super) fn u16(&mut self) -> Result<u16, ProtoError> {
-        self.need(2)?;
-        Ok(self.b.get_u16_le())
-    }
-
-    pub(super) fn u32(&mut self) -> Result<u32, ProtoError> {
-        self.need(4)?;
-        Ok(self.b.get_u32_le())
-    }
-
-    pub(super) fn u64(&mut self) -> Result<u64, ProtoError> {
-        self.need(8)?;
-        Ok(self.b.get_u64_le())
+    getters! {
+        u8: u8 = get_u8,
+        u16: u16 = get_u16_le,
+        u32: u32 = get_u32_le,
+        u64: u64 = get_u64_le,
     }
 
     pub(super) fn bytes(&mut self, n: usize) -> Result<Bytes, ProtoError> {

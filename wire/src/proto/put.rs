@@ -156,10 +156,9 @@ impl PutBodyParser {
                     Err(_) => return self.fail(ProtoError::BadNamespace(n)),
                 },
                 State::Durability => {
-                    self.durability = match f[0] {
-                        0 => Durability::Durable,
-                        1 => Durability::Fast,
-                        d => return self.fail(ProtoError::BadDurability(d)),
+                    self.durability = match Durability::from_u8(f[0]) {
+                        Some(d) => d,
+                        None => return self.fail(ProtoError::BadDurability(f[0])),
                     };
                     self.state = State::Count;
                 }

@@ -366,3 +366,23 @@ fn fuzz_the_decoder_with_random_and_mutated_frames() {
         "{iters} fuzz inputs: {frames_seen} frames decoded, {errors} streams refused, 0 panics"
     );
 }
+
+/// The wire values of the enums CXP1 carries as one byte (PROTOCOL.md), and nothing else.
+#[test]
+fn one_byte_enums_decode_their_documented_values_only() {
+    assert_eq!(Durability::from_u8(0), Some(Durability::Durable));
+    assert_eq!(Durability::from_u8(1), Some(Durability::Fast));
+    assert_eq!(Policy::from_u8(0), Some(Policy::BestEffort));
+    assert_eq!(Policy::from_u8(1), Some(Policy::WaitComplete));
+    assert_eq!(Policy::from_u8(2), Some(Policy::Timeout));
+    assert_eq!(EventKind::from_u8(1), Some(EventKind::Stored));
+    assert_eq!(EventKind::from_u8(2), Some(EventKind::Evicted));
+    assert_eq!(EventKind::from_u8(3), Some(EventKind::Deleted));
+    for v in 4..=255 {
+        assert_eq!(Durability::from_u8(v), None);
+        assert_eq!(Policy::from_u8(v), None);
+        assert_eq!(EventKind::from_u8(v), None);
+    }
+    assert_eq!((Durability::from_u8(2), Policy::from_u8(3)), (None, None));
+    assert_eq!(EventKind::from_u8(0), None);
+}
