@@ -160,49 +160,22 @@ impl World {
         match (op, cur) {
             // Store a new version when absent, or the same bytes again when present.
             (0, None) | (1, None) | (2, None) => self.put_new(slot, i).await,
-            (0, Some(v)) => {
-                let r = self
-                    .e
-                    .put(ns, &key(i), content(slot, i, v), None, Durability::Fast)
-                    .await;
-                match r {
-                    Ok(PutStatus::Exists) => {}
-                    // It was evicted; now stored again, the same version.
-                    Ok(PutStatus::Created) => {
-                        let ev = self.evictions_now(slot, i);
-                        self.model
-                            .lock()
-                            .keys
-                            .get_mut(&(slot, i))
-                            .expect("key")
-                            .evictions_at_store = ev;
-                    }
-                    other => self.fail(format!("re-put same {slot}/{i} v{v}: {other:?}")),
-                }
-            }
+            (0, Some(v)) => match self.put_version(slot, i, v).await {
+                Ok(PutStatus::Exists) => {}
+                // It was evicted; now stored again, the same version.
+                Ok(PutStatus::Created) => self.stored(slot, i, |_| {}),
+                other => self.fail(format!("re-put same {slot}/{i} v{v}: {other:?}")),
+            },
             // Other bytes under a present key: a conflict, unless it was evicted, when the
             // new version replaces it.
             (1, Some(v)) => {
-                let nv = {
-                    let mut m = self.model.lock();
-                    let k = m.keys.get_mut(&(slot, i)).expect("key");
-                    k.issued += 1;
-                    k.issued
-                };
-                let r = self
-                    .e
-                    .put(ns, &key(i), content(slot, i, nv), None, Durability::Fast)
-                    .await;
-                match r {
+                let nv = self.issue(slot, i);
+                match self.put_version(slot, i, nv).await {
                     Err(EngineError::Conflict) => {}
-                    Ok(PutStatus::Created) => {
-                        let ev = self.evictions_now(slot, i);
-                        let mut m = self.model.lock();
-                        let k = m.keys.get_mut(&(slot, i)).expect("key");
+                    Ok(PutStatus::Created) => self.stored(slot, i, |k| {
                         k.current = Some(nv);
                         k.dead_upto = nv - 1;
-                        k.evictions_at_store = ev;
-                    }
+                    }),
                     other => self.fail(format!("re-put other {slot}/{i} v{v}->{nv}: {other:?}")),
                 }
             }
@@ -228,32 +201,36 @@ impl World {
     }
 
     async fn put_new(&self, slot: usize, i: u32) {
-        let nv = {
-            let mut m = self.model.lock();
-            let k = m.keys.entry((slot, i)).or_default();
-            k.issued += 1;
-            k.issued
-        };
-        let r = self
-            .e
-            .put(
-                NAMESPACES[slot],
-                &key(i),
-                content(slot, i, nv),
-                None,
-                Durability::Fast,
-            )
-            .await;
-        match r {
-            Ok(PutStatus::Created) => {
-                let ev = self.evictions_now(slot, i);
-                let mut m = self.model.lock();
-                let k = m.keys.get_mut(&(slot, i)).expect("key");
-                k.current = Some(nv);
-                k.evictions_at_store = ev;
-            }
+        let nv = self.issue(slot, i);
+        match self.put_version(slot, i, nv).await {
+            Ok(PutStatus::Created) => self.stored(slot, i, |k| k.current = Some(nv)),
             other => self.fail(format!("put new {slot}/{i} v{nv}: {other:?}")),
         }
+    }
+
+    /// The next version of (slot, i), counted as issued before it is put.
+    fn issue(&self, slot: usize, i: u32) -> u64 {
+        let mut m = self.model.lock();
+        let k = m.keys.entry((slot, i)).or_default();
+        k.issued += 1;
+        k.issued
+    }
+
+    /// Puts version `v` of (slot, i).
+    async fn put_version(&self, slot: usize, i: u32, v: u64) -> Result<PutStatus, EngineError> {
+        let data = content(slot, i, v);
+        let ns = NAMESPACES[slot];
+        self.e.put(ns, &key(i), data, None, Durability::Fast).await
+    }
+
+    /// Records that (slot, i) was just stored (as of the evictions seen now), with `f`'s
+    /// change to its model.
+    fn stored(&self, slot: usize, i: u32, f: impl FnOnce(&mut KeyModel)) {
+        let ev = self.evictions_now(slot, i);
+        let mut m = self.model.lock();
+        let k = m.keys.get_mut(&(slot, i)).expect("key");
+        k.evictions_at_store = ev;
+        f(k);
     }
 
     /// One worker's share of a round: mutations of its own keys, reads of anyone's.

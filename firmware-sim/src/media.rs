@@ -56,7 +56,7 @@ impl Media {
         self.len() == 0
     }
 
-    pub fn read(&self, mut offset: u64, mut buf: &mut [u8]) -> io::Result<()> {
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         match self {
             Media::File { file, .. } => file.read_exact_at(buf, offset),
             Media::Discard { .. } => {
@@ -64,44 +64,50 @@ impl Media {
                 Ok(())
             }
             Media::Memory { chunks, .. } => {
-                while !buf.is_empty() {
-                    let (c, o) = (
-                        (offset / CHUNK as u64) as usize,
-                        (offset % CHUNK as u64) as usize,
-                    );
-                    let n = buf.len().min(CHUNK - o);
+                let mut done = 0;
+                for (c, o, n) in pieces(offset, buf.len()) {
+                    let out = &mut buf[done..done + n];
                     match &chunks[c] {
-                        Some(chunk) => buf[..n].copy_from_slice(&chunk[o..o + n]),
-                        None => buf[..n].fill(0),
+                        Some(chunk) => out.copy_from_slice(&chunk[o..o + n]),
+                        None => out.fill(0),
                     }
-                    buf = &mut buf[n..];
-                    offset += n as u64;
+                    done += n;
                 }
                 Ok(())
             }
         }
     }
 
-    pub fn write(&mut self, mut offset: u64, mut data: &[u8]) -> io::Result<()> {
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         match self {
             Media::File { file, .. } => file.write_all_at(data, offset),
             Media::Discard { .. } => Ok(()),
             Media::Memory { chunks, .. } => {
-                while !data.is_empty() {
-                    let (c, o) = (
-                        (offset / CHUNK as u64) as usize,
-                        (offset % CHUNK as u64) as usize,
-                    );
-                    let n = data.len().min(CHUNK - o);
+                let mut done = 0;
+                for (c, o, n) in pieces(offset, data.len()) {
                     chunks[c].get_or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice())[o..o + n]
-                        .copy_from_slice(&data[..n]);
-                    data = &data[n..];
-                    offset += n as u64;
+                        .copy_from_slice(&data[done..done + n]);
+                    done += n;
                 }
                 Ok(())
             }
         }
     }
+}
+
+/// The pieces of `len` bytes at `offset` in memory media: (chunk, offset in it, length),
+/// in order, none crossing a chunk's end.
+fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let end = offset + len as u64;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        (at < end).then(|| {
+            let (c, o) = ((at / CHUNK as u64) as usize, (at % CHUNK as u64) as usize);
+            let n = ((end - at) as usize).min(CHUNK - o);
+            at += n as u64;
+            (c, o, n)
+        })
+    })
 }
 
 #[cfg(test)]

@@ -367,13 +367,18 @@ mod tests {
         n.drain(t, rng)
     }
 
+    /// A drive of `len` logical bytes written `passes` times over in 1 MiB writes; the
+    /// time the last one finished.
+    fn filled(p: &Profile, len: u64, passes: u32, seed: u64) -> (Nand, Rng, u64) {
+        let mut n = Nand::new(p, len);
+        let mut rng = Rng::new(seed);
+        let done = write_all(&mut n, &mut rng, len, passes, 1 << 20);
+        (n, rng, done)
+    }
+
     #[test]
     fn sequential_overwrite_keeps_write_amplification_near_one() {
-        let p = Profile::tlc();
-        let len = 256 << 20;
-        let mut n = Nand::new(&p, len);
-        let mut rng = Rng::new(1);
-        write_all(&mut n, &mut rng, len, 4, 1 << 20);
+        let (n, _, _) = filled(&Profile::tlc(), 256 << 20, 4, 1);
         let wa = n.wear.nand_bytes_written as f64 / n.wear.host_bytes_written as f64;
         assert!(wa < 1.1, "write amplification {wa}");
         assert!(n.wear.erases > 0, "overwrites must have erased blocks");
@@ -383,11 +388,8 @@ mod tests {
     fn random_overwrite_at_high_utilisation_amplifies() {
         // 1 GiB over 64 dies: large enough that the physical space is the profile's
         // 1.145 × logical, every logical unit written once, then 2 × random 4 KiB overwrites.
-        let p = Profile::tlc();
         let len = 1 << 30;
-        let mut n = Nand::new(&p, len);
-        let mut rng = Rng::new(2);
-        write_all(&mut n, &mut rng, len, 1, 1 << 20);
+        let (mut n, mut rng, _) = filled(&Profile::tlc(), len, 1, 2);
         let before = n.wear;
         let mut t = 0;
         for _ in 0..2 * (len / UNIT) {
@@ -407,11 +409,8 @@ mod tests {
     #[test]
     fn bandwidth_follows_the_dies() {
         // 64 dies × 16 KiB / (400 µs + transfer) ≈ 2.4 GB/s of programs for TLC.
-        let p = Profile::tlc();
         let len = 1 << 30;
-        let mut n = Nand::new(&p, len);
-        let mut rng = Rng::new(3);
-        let done = write_all(&mut n, &mut rng, len, 1, 1 << 20);
+        let (_, mut rng, done) = filled(&Profile::tlc(), len, 1, 3);
         let gbps = len as f64 / done as f64;
         assert!(
             (1.5..4.0).contains(&gbps),
