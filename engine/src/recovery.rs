@@ -592,6 +592,10 @@ fn reconcile_blocks(
         match (ok, ns) {
             (true, Some(ns)) => {
                 let loc = BlockLoc::decode(&v)?;
+                debug_assert!(
+                    loc.record_len as usize == record::record_bytes(loc.len as usize),
+                    "an index entry's record length is that of its block's record"
+                );
                 ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                 ns.blocks.fetch_add(1, Ordering::Relaxed);
                 counters
@@ -698,6 +702,11 @@ async fn recover_open_tail(
             pos += record_len;
             continue;
         };
+        debug_assert_eq!(
+            RecordHeader::decode(&buf).ok().as_ref(),
+            Some(&h),
+            "a record's header, read again with its body, decodes as its first read did"
+        );
         if !matches!(
             super::verify_record(buf, dek.as_deref(), h.ns_id, &h.key, &loc),
             super::Verified::Ok(_)
@@ -711,6 +720,13 @@ async fn recover_open_tail(
         pos += record_len;
     }
     if pos > m.write_ptr as u64 {
+        // The writer's pair: only the open region has a tail, and it ends in the region.
+        debug_assert_eq!(
+            regions[r].state,
+            RegionState::Open,
+            "a tail is the open region's"
+        );
+        debug_assert!(pos <= g.region_bytes, "a region's tail ends inside it");
         regions[r].write_ptr = pos as u32;
         wb.put_cf(
             index.cf(index::CF_REGIONS),
