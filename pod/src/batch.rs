@@ -36,6 +36,32 @@ pub struct Got {
     pub data: Option<Bytes>,
 }
 
+/// Why a member gave no usable answer to a sub-request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// It could not be reached, or its answer was cut short: the next candidate is asked.
+    #[error("the member could not be reached")]
+    Unreachable,
+    /// It refused the whole request with this HTTP status.
+    #[error("the member refused the request with HTTP {0}")]
+    Refused(u16),
+    /// Its answer broke the contract (over its share, undecodable, the wrong count).
+    #[error("the member's answer was malformed")]
+    Malformed,
+}
+
+impl PeerError {
+    /// The status a request that got this answers with, when it is not asked again
+    /// elsewhere (`None` for a member that could not be reached).
+    pub fn status(self) -> Option<u16> {
+        match self {
+            PeerError::Unreachable => None,
+            PeerError::Refused(s) => Some(s),
+            PeerError::Malformed => Some(502),
+        }
+    }
+}
+
 /// Key indexes grouped by the member each goes to this round.
 pub type Groups<'v> = BTreeMap<&'v str, (&'v MemberInfo, Vec<usize>)>;
 
@@ -67,14 +93,13 @@ impl Asker<'_> {
         self.peers.for_caller(req, self.headers, self.caller_tenant)
     }
 
-    /// Sends a request: its answer when successful, else `Err(Some(status))`, or
-    /// `Err(None)` when the member could not be reached.
-    async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, Option<u16>> {
-        let resp = req.send().await.map_err(|_| None)?;
+    /// Sends a request: its answer when successful, else why not.
+    async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, PeerError> {
+        let resp = req.send().await.map_err(|_| PeerError::Unreachable)?;
         if resp.status().is_success() {
             Ok(resp)
         } else {
-            Err(Some(resp.status().as_u16()))
+            Err(PeerError::Refused(resp.status().as_u16()))
         }
     }
 
@@ -84,15 +109,14 @@ impl Asker<'_> {
         }
     }
 
-    /// `batch/get` of `keys` at `m`; `Err(status)` when it refused the whole request,
-    /// `Err(None)` when it could not be reached.
-    /// `keys` from member `m`, its answer carrying at most `bytes_max` bytes of blocks.
+    /// `batch/get` of `keys` at member `m`, its answer carrying at most `bytes_max` bytes
+    /// of blocks.
     pub async fn batch_get(
         &self,
         m: &MemberInfo,
         keys: &[&[u8]],
         bytes_max: usize,
-    ) -> Result<Vec<Got>, Option<u16>> {
+    ) -> Result<Vec<Got>, PeerError> {
         let req = self
             .post(m, "batch/get")
             .header(ctxpod_wire::HEADER_ANSWER_BYTES_MAX, bytes_max)
@@ -103,22 +127,22 @@ impl Asker<'_> {
         let limit = 8 + keys.len() * (12 + ctxpod_wire::KEY_BYTES_MAX) + bytes_max;
         if resp.content_length().is_some_and(|n| n as usize > limit) {
             tracing::warn!(member = %m.id, "a member's batch/get answer is over its share");
-            return Err(Some(502));
+            return Err(PeerError::Malformed);
         }
         let mut body = bytes::BytesMut::new();
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
-            let chunk = chunk.map_err(|_| None)?;
+            let chunk = chunk.map_err(|_| PeerError::Unreachable)?;
             if body.len() + chunk.len() > limit {
                 tracing::warn!(member = %m.id, "a member's batch/get answer is over its share");
-                return Err(Some(502));
+                return Err(PeerError::Malformed);
             }
             body.extend_from_slice(&chunk);
         }
         let body = body.freeze();
-        let got = frame::decode(&body).map_err(|_| Some(502))?;
+        let got = frame::decode(&body).map_err(|_| PeerError::Malformed)?;
         if got.len() != keys.len() {
-            return Err(Some(502));
+            return Err(PeerError::Malformed);
         }
         // Bytes taken from a member are checked against their CRC32C before they are served
         // or stored: an entry that does not match is a miss here, as a corrupt record read
@@ -149,11 +173,11 @@ impl Asker<'_> {
     }
 
     /// Which of `keys` member `m` holds itself.
-    pub async fn present(&self, m: &MemberInfo, keys: &[&[u8]]) -> Result<Vec<bool>, Option<u16>> {
+    pub async fn present(&self, m: &MemberInfo, keys: &[&[u8]]) -> Result<Vec<bool>, PeerError> {
         let resp = Self::send(self.post(m, "present").json(&Self::keys_request(keys))).await?;
         match resp.json::<PresentResponse>().await {
             Ok(a) if a.present.len() == keys.len() => Ok(a.present),
-            _ => Err(Some(502)),
+            _ => Err(PeerError::Malformed),
         }
     }
 
@@ -163,7 +187,7 @@ impl Asker<'_> {
         m: &MemberInfo,
         blocks: &[(&[u8], &Bytes)],
         durability: Option<&http::HeaderValue>,
-    ) -> Result<Vec<u16>, Option<u16>> {
+    ) -> Result<Vec<u16>, PeerError> {
         let entries: Vec<frame::Entry> = blocks
             .iter()
             .map(|(k, d)| frame::Entry::put(k, d))
@@ -175,10 +199,14 @@ impl Asker<'_> {
         if let Some(d) = durability {
             req = req.header(ctxpod_wire::HEADER_DURABILITY, d);
         }
-        let body = Self::send(req).await?.bytes().await.map_err(|_| None)?;
-        let got = frame::decode(&body).map_err(|_| Some(502))?;
+        let body = Self::send(req)
+            .await?
+            .bytes()
+            .await
+            .map_err(|_| PeerError::Unreachable)?;
+        let got = frame::decode(&body).map_err(|_| PeerError::Malformed)?;
         if got.len() != blocks.len() {
-            return Err(Some(502));
+            return Err(PeerError::Malformed);
         }
         Ok(got.iter().map(|e| e.status).collect())
     }
@@ -190,7 +218,7 @@ impl Asker<'_> {
         m: &MemberInfo,
         keys: &[&[u8]],
         ttl_ms: Option<u64>,
-    ) -> Result<Vec<bool>, Option<u16>> {
+    ) -> Result<Vec<bool>, PeerError> {
         let hex_keys = keys.iter().map(hex::encode).collect();
         let req = match ttl_ms {
             Some(ttl_ms) => self.post(m, "pin").json(&PinRequest {
@@ -201,12 +229,22 @@ impl Asker<'_> {
         };
         let resp = Self::send(req).await?;
         let each = match ttl_ms {
-            Some(_) => resp.json::<PinResponse>().await.map_err(|_| None)?.each,
-            None => resp.json::<UnpinResponse>().await.map_err(|_| None)?.each,
+            Some(_) => {
+                resp.json::<PinResponse>()
+                    .await
+                    .map_err(|_| PeerError::Unreachable)?
+                    .each
+            }
+            None => {
+                resp.json::<UnpinResponse>()
+                    .await
+                    .map_err(|_| PeerError::Unreachable)?
+                    .each
+            }
         };
         match each {
             Some(e) if e.len() == keys.len() => Ok(e),
-            _ => Err(Some(502)),
+            _ => Err(PeerError::Malformed),
         }
     }
 }

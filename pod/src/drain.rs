@@ -35,6 +35,11 @@ pub struct Drain {
     state: Mutex<State>,
 }
 
+/// Why this node cannot drain (it is alone, or its backfill is off).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CannotDrain(pub String);
+
 impl Drain {
     pub fn new(registration: Option<RegistrationHandle>) -> Drain {
         let off = registration
@@ -57,9 +62,9 @@ impl Drain {
     }
 
     /// Starts draining (again: idempotent), or why it cannot.
-    pub fn start(&self) -> Result<DrainStatus, String> {
+    pub fn start(&self) -> Result<DrainStatus, CannotDrain> {
         if let Some(why) = self.off.lock().clone() {
-            return Err(why);
+            return Err(CannotDrain(why));
         }
         let reg = self.registration.as_ref().expect("checked by `off`");
         {

@@ -19,6 +19,7 @@ use super::input::{content_length, durability, parse_keys, read_body, read_json}
 use super::input::{Keys, NsCall};
 use super::state::{AppState, BATCH_CONCURRENCY, BATCH_GET_BYTES_MAX};
 use crate::errors::{status_of, ApiError, ApiResult};
+use ctxpod_pod::batch::PeerError;
 
 pub(crate) async fn batch_get(
     NsCall { st, p, ns, scoped }: NsCall,
@@ -295,8 +296,9 @@ pub(crate) async fn pod_batch_get(
                     }
                 }
                 // Unreachable, or without the namespace: the next candidate is asked.
-                Err(None) | Err(Some(404)) => {}
-                Err(Some(status)) => {
+                Err(PeerError::Unreachable | PeerError::Refused(404)) => {}
+                Err(e) => {
+                    let status = e.status().unwrap_or(502);
                     for i in idx {
                         out[i] = Some(refused(status));
                     }
@@ -464,9 +466,11 @@ pub(crate) async fn pod_batch_put(
                         states[i].answer(s);
                     }
                 }
-                Err(Some(s)) => idx.into_iter().for_each(|i| states[i].answer(s)),
-                // Unreachable: the next round asks the next member in rank order.
-                Err(None) => {}
+                Err(e) => match e.status() {
+                    Some(s) => idx.into_iter().for_each(|i| states[i].answer(s)),
+                    // Unreachable: the next round asks the next member in rank order.
+                    None => {}
+                },
             }
         }
     }

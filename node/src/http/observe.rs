@@ -130,7 +130,11 @@ pub(crate) async fn cluster(
 pub(crate) async fn drain_start(State(st): State<AppState>) -> ApiResult<Response> {
     match st.drain.start() {
         Ok(s) => Ok((StatusCode::ACCEPTED, Json(s)).into_response()),
-        Err(why) => Err(ApiError::new(StatusCode::CONFLICT, "cannot_drain", why)),
+        Err(why) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "cannot_drain",
+            why.to_string(),
+        )),
     }
 }
 
