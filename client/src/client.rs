@@ -231,7 +231,7 @@ impl Client {
                 self.http
                     .put(self.url(&Self::block_path(ns, key)))
                     .header(ctxpod_wire::HEADER_CRC32C, ctxpod_wire::crc32c_hex(crc))
-                    .header(ctxpod_wire::HEADER_DURABILITY, durability.as_str())
+                    .header(ctxpod_wire::HEADER_DURABILITY, durability.name())
                     .body(data),
             )
             .await?;
@@ -250,7 +250,7 @@ impl Client {
             self.http
                 .put(self.url(&Self::block_path(ns, key)))
                 .header(ctxpod_wire::HEADER_CRC32C, ctxpod_wire::crc32c_hex(crc))
-                .header(ctxpod_wire::HEADER_DURABILITY, Durability::Fast.as_str())
+                .header(ctxpod_wire::HEADER_DURABILITY, Durability::Fast.name())
                 .header(ctxpod_wire::HEADER_COPY, "1")
                 .body(data),
         )
@@ -343,7 +343,7 @@ impl Client {
             .send(
                 self.http
                     .post(self.url(&format!("/v1/namespaces/{ns}/batch/put")))
-                    .header(ctxpod_wire::HEADER_DURABILITY, durability.as_str())
+                    .header(ctxpod_wire::HEADER_DURABILITY, durability.name())
                     .header("content-type", "application/octet-stream")
                     .body(frame::encode(&entries)),
             )

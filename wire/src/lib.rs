@@ -14,16 +14,19 @@
 //! the layering test); it knows nothing of the engine, RocksDB or devices; every other crate
 //! depends on it, it on none of them.
 
-/// A fieldless enum that travels on the wire as its `u8` discriminant, with `from_u8`, the
-/// variant of a byte (`None` for one that names none). Each variant is listed once.
+/// Fieldless enums that travel on the wire as their `u8` discriminants, each variant listed
+/// once: every one is `Debug, Clone, Copy, PartialEq, Eq` (more derives may be given), with
+/// `from_u8`, the variant of a byte (`None` for a byte that names none). Variants given a
+/// name (`Fast = 1 => "fast"`: all of an enum's or none) also get `name` and `parse`.
 macro_rules! wire_enum {
-    (
+    ($(
         $(#[$meta:meta])*
         pub enum $t:ident {
-            $($(#[$vmeta:meta])* $v:ident = $n:literal,)+
+            $($(#[$vmeta:meta])* $v:ident = $n:literal $(=> $name:literal)?,)+
         }
-    ) => {
+    )+) => {$(
         $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum $t {
             $($(#[$vmeta])* $v = $n,)+
         }
@@ -37,7 +40,28 @@ macro_rules! wire_enum {
                 }
             }
         }
+
+        wire_enum!(@names $t { $($v $(=> $name)?,)+ });
+    )+};
+    (@names $t:ident { $($v:ident => $name:literal,)+ }) => {
+        impl $t {
+            /// The variant's name, as JSON, headers and configuration spell it.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($t::$v => $name,)+
+                }
+            }
+
+            /// The variant of a name, if any.
+            pub fn parse(s: &str) -> Option<$t> {
+                match s {
+                    $($name => Some($t::$v),)+
+                    _ => None,
+                }
+            }
+        }
     };
+    (@names $t:ident { $($v:ident,)+ }) => {};
 }
 
 pub mod block_hash;
@@ -111,31 +135,14 @@ pub fn parse_crc32c_hex(s: &str) -> Option<u32> {
 wire_enum! {
     /// Durability of a put, chosen per request: a header or JSON string on HTTP, its `u8`
     /// discriminant in CXP1.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+    #[derive(Default, serde::Serialize, serde::Deserialize)]
     #[serde(rename_all = "lowercase")]
     pub enum Durability {
         /// Acknowledged after the data is flushed to the device and the index batch is synced.
         #[default]
-        Durable = 0,
+        Durable = 0 => "durable",
         /// Acknowledged once written, before the flush: may vanish on a crash, never corrupt.
-        Fast = 1,
-    }
-}
-
-impl Durability {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Durability::Durable => "durable",
-            Durability::Fast => "fast",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "durable" => Some(Durability::Durable),
-            "fast" => Some(Durability::Fast),
-            _ => None,
-        }
+        Fast = 1 => "fast",
     }
 }
 

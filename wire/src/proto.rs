@@ -57,52 +57,30 @@ pub mod status {
     pub const NO_SPACE: u16 = 507;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Op {
-    Ping = 1,
-    Put = 2,
-    Get = 3,
-    Match = 4,
-    Pin = 5,
-    Unpin = 6,
-    RegisterRegion = 7,
-    Prefetch = 8,
-    /// Server → client: one prefetched block, to be written at its region offset.
-    Push = 9,
-    /// Server → client: a prefetch ticket is complete.
-    PrefetchDone = 10,
-    Cancel = 11,
-    /// Response to any request that failed as a whole (status + message).
-    Error = 12,
-    /// Subscribe to a namespace's KV events (stored / evicted / deleted keys).
-    Subscribe = 13,
-    /// Server → client: a batch of KV events of a subscription.
-    Event = 14,
-    /// Presents a bearer token; answered with the tenant and role it grants.
-    Auth = 15,
-}
-
-impl Op {
-    pub fn from_u8(v: u8) -> Option<Op> {
-        Some(match v {
-            1 => Op::Ping,
-            2 => Op::Put,
-            3 => Op::Get,
-            4 => Op::Match,
-            5 => Op::Pin,
-            6 => Op::Unpin,
-            7 => Op::RegisterRegion,
-            8 => Op::Prefetch,
-            9 => Op::Push,
-            10 => Op::PrefetchDone,
-            11 => Op::Cancel,
-            12 => Op::Error,
-            13 => Op::Subscribe,
-            14 => Op::Event,
-            15 => Op::Auth,
-            _ => return None,
-        })
+wire_enum! {
+    #[repr(u8)]
+    pub enum Op {
+        Ping = 1,
+        Put = 2,
+        Get = 3,
+        Match = 4,
+        Pin = 5,
+        Unpin = 6,
+        RegisterRegion = 7,
+        Prefetch = 8,
+        /// Server → client: one prefetched block, to be written at its region offset.
+        Push = 9,
+        /// Server → client: a prefetch ticket is complete.
+        PrefetchDone = 10,
+        Cancel = 11,
+        /// Response to any request that failed as a whole (status + message).
+        Error = 12,
+        /// Subscribe to a namespace's KV events (stored / evicted / deleted keys).
+        Subscribe = 13,
+        /// Server → client: a batch of KV events of a subscription.
+        Event = 14,
+        /// Presents a bearer token; answered with the tenant and role it grants.
+        Auth = 15,
     }
 }
 
@@ -280,7 +258,6 @@ pub use crate::Durability;
 
 wire_enum! {
     /// What a prefetch does with blocks that are not ready by its deadline.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Policy {
         /// Push what is cheap now: blocks in node DRAM, and flash reads only while the node's
         /// staging budget has room; anything else is a miss (BUSY or NOT_FOUND) at once.
@@ -292,25 +269,12 @@ wire_enum! {
         /// miss with status `DEADLINE`, never a stall.
         Timeout = 2,
     }
-}
 
-wire_enum! {
     /// What happened to a key, in a KV event.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum EventKind {
-        Stored = 1,
-        Evicted = 2,
-        Deleted = 3,
-    }
-}
-
-impl EventKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EventKind::Stored => "stored",
-            EventKind::Evicted => "evicted",
-            EventKind::Deleted => "deleted",
-        }
+        Stored = 1 => "stored",
+        Evicted = 2 => "evicted",
+        Deleted = 3 => "deleted",
     }
 }
 
@@ -384,44 +348,19 @@ pub enum Request {
     },
 }
 
-/// What an authenticated connection may do (the HTTP API's roles).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Everything, in every tenant, and the admin operations.
-    Admin = 1,
-    /// Read and write the tenant's namespaces.
-    TenantRw = 2,
-    /// Read the tenant's namespaces.
-    TenantRo = 3,
-    /// The operator's read-only view (the dashboard's): stats, metrics, miss-ratio curves,
-    /// membership, the planner and every tenant's namespace usage; no block, no write.
-    Viewer = 4,
-}
-
-impl Role {
-    pub fn from_u8(v: u8) -> Option<Role> {
-        Some(match v {
-            1 => Role::Admin,
-            2 => Role::TenantRw,
-            3 => Role::TenantRo,
-            4 => Role::Viewer,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::TenantRw => "tenant-rw",
-            Role::TenantRo => "tenant-ro",
-            Role::Viewer => "viewer",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Role> {
-        [Role::Admin, Role::TenantRw, Role::TenantRo, Role::Viewer]
-            .into_iter()
-            .find(|r| r.name() == s)
+wire_enum! {
+    /// What an authenticated connection may do (the HTTP API's roles).
+    #[derive(Hash)]
+    pub enum Role {
+        /// Everything, in every tenant, and the admin operations.
+        Admin = 1 => "admin",
+        /// Read and write the tenant's namespaces.
+        TenantRw = 2 => "tenant-rw",
+        /// Read the tenant's namespaces.
+        TenantRo = 3 => "tenant-ro",
+        /// The operator's read-only view (the dashboard's): stats, metrics, miss-ratio curves,
+        /// membership, the planner and every tenant's namespace usage; no block, no write.
+        Viewer = 4 => "viewer",
     }
 }
 

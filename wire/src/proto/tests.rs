@@ -386,3 +386,38 @@ fn one_byte_enums_decode_their_documented_values_only() {
     assert_eq!((Durability::from_u8(2), Policy::from_u8(3)), (None, None));
     assert_eq!(EventKind::from_u8(0), None);
 }
+
+/// The names the HTTP API, the configuration and the token files spell, both ways.
+#[test]
+fn named_enums_spell_and_parse_their_names() {
+    fn spelled<T: Copy + PartialEq + std::fmt::Debug>(
+        cases: &[(T, &'static str)],
+        name: fn(T) -> &'static str,
+        parse: fn(&str) -> Option<T>,
+    ) {
+        for &(v, n) in cases {
+            assert_eq!((name(v), parse(n)), (n, Some(v)));
+        }
+    }
+    use Durability as D;
+    spelled(
+        &[(D::Durable, "durable"), (D::Fast, "fast")],
+        D::name,
+        D::parse,
+    );
+    use EventKind as K;
+    let k = [
+        (K::Stored, "stored"),
+        (K::Evicted, "evicted"),
+        (K::Deleted, "deleted"),
+    ];
+    spelled(&k, K::name, K::parse);
+    let r = [
+        (Role::Admin, "admin"),
+        (Role::TenantRw, "tenant-rw"),
+        (Role::TenantRo, "tenant-ro"),
+        (Role::Viewer, "viewer"),
+    ];
+    spelled(&r, Role::name, Role::parse);
+    assert_eq!((Durability::parse("Fast"), Role::parse("")), (None, None));
+}
