@@ -9,8 +9,8 @@ use crate::proto_io::{FrameInput, InputError};
 use crate::region::{Region, RegionError, RegionInner};
 use bytes::Bytes;
 use ctxpod_wire::proto::{
-    self, status, Durability, EventKind, GetEntry, Hello, Op, Policy, PrefetchEntry, PutEntry,
-    Request, Response, HELLO_BYTES,
+    self, status, Durability, EventKind, GetEntry, Hello, Op, Policy, PrefetchEntry,
+    PrefetchRequest, PutEntry, Request, Response, HELLO_BYTES,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -453,7 +453,7 @@ impl TransferClient {
             holders: std::sync::atomic::AtomicU8::new(2),
             released: std::sync::atomic::AtomicBool::new(false),
         });
-        let req = Request::Prefetch {
+        let req = Request::Prefetch(PrefetchRequest {
             ns: ns.into(),
             region_id: region.id(),
             policy: opts.policy,
@@ -462,7 +462,7 @@ impl TransferClient {
                 .map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32),
             lease_ms: opts.lease.as_millis().min(u32::MAX as u128) as u32,
             entries,
-        };
+        });
         let id = self
             .inner
             .open_stream(&req, || Stream::Prefetch(state.clone()))

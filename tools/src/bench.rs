@@ -15,6 +15,7 @@ use ctxpod_client::client::Client;
 use ctxpod_client::transfer_client::TransferClient;
 use ctxpod_engine::device::{self, AlignedBuf, IoEngine};
 use ctxpod_format::config::ByteSize;
+use ctxpod_testkit::block;
 use ctxpod_wire::Durability;
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
@@ -208,35 +209,30 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
+impl Row {
+    /// A row of `what` on `size`-byte blocks (I/Os) of the file device, its figures still
+    /// to be filled in (run 0 until the run is known).
+    fn of(what: &str, size: u64) -> Row {
+        Row {
+            device: "file".into(),
+            what: what.into(),
+            size,
+            ..Row::default()
+        }
+    }
+}
+
+/// The row of a timed phase: `bytes` moved in `elapsed`, one latency per request.
 fn row(what: &str, size: u64, bytes: u64, elapsed: Duration, mut lat: Vec<Duration>) -> Row {
     lat.sort();
     Row {
-        run: 0,
-        device: "file".into(),
-        of_device: None,
-        node_cpu_s_per_gib: None,
-        client_cpu_s_per_gib: None,
-        what: what.into(),
-        size,
         ops: lat.len() as u64,
         gb_per_s: bytes as f64 / elapsed.as_secs_f64() / 1e9,
         p50_ms: pct(&lat, 0.5),
         p99_ms: pct(&lat, 0.99),
         p999_ms: pct(&lat, 0.999),
-        ..Row::default()
+        ..Row::of(what, size)
     }
-}
-
-fn block(size: usize, i: u64) -> Bytes {
-    let mut v = vec![0u8; size];
-    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for c in v.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-    }
-    Bytes::from(v)
 }
 
 fn key(size: usize, i: u64) -> Vec<u8> {
@@ -292,14 +288,15 @@ async fn phase(
         }
         _ => None,
     };
-    let cpu0 = CpuMark::now(node);
+    // The blocks are made before the CPU mark: making test data is not the client's cost.
     let pool: Vec<(Bytes, u32)> = (0..POOL)
         .map(|i| {
-            let b = block(size, i);
+            let b = block(i, size);
             let crc = ctxpod_wire::crc32c(&b);
             (b, crc)
         })
         .collect();
+    let cpu0 = CpuMark::now(node);
     let t = Instant::now();
     let mut lat = Vec::with_capacity(n as usize);
     let put = what.starts_with("PUT");
@@ -476,11 +473,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         for l in crate::limits::measure(a.limits_bytes.0) {
             rows.push(Row {
                 device: "machine".into(),
-                what: l.what.into(),
-                size: 1 << 20,
                 ops: a.limits_bytes.0 >> 20,
                 gb_per_s: l.gb_per_s,
-                ..Row::default()
+                ..Row::of(l.what, 1 << 20)
             });
         }
     }

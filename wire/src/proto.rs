@@ -323,17 +323,7 @@ pub enum Request {
         region_id: u32,
         bytes: u64,
     },
-    Prefetch {
-        ns: String,
-        region_id: u32,
-        policy: Policy,
-        /// Milliseconds from receipt after which an unpushed block is a miss; 0: none.
-        deadline_ms: u32,
-        /// Milliseconds the ticket's blocks stay leased on the node after the prefetch
-        /// completes (until then they are leased anyway); capped by the node.
-        lease_ms: u32,
-        entries: Vec<PrefetchEntry>,
-    },
+    Prefetch(PrefetchRequest),
     /// Cancels a prefetch ticket (its unpushed blocks become misses and its lease ends) or
     /// a subscription.
     Cancel {
@@ -362,6 +352,20 @@ wire_enum! {
         /// membership, the planner and every tenant's namespace usage; no block, no write.
         Viewer = 4 => "viewer",
     }
+}
+
+/// A PREFETCH: blocks pushed into a registered region of the client's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefetchRequest {
+    pub ns: String,
+    pub region_id: u32,
+    pub policy: Policy,
+    /// Milliseconds from receipt after which an unpushed block is a miss; 0: none.
+    pub deadline_ms: u32,
+    /// Milliseconds the ticket's blocks stay leased on the node after the prefetch
+    /// completes (until then they are leased anyway); capped by the node.
+    pub lease_ms: u32,
+    pub entries: Vec<PrefetchEntry>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,11 +3,12 @@
 
 use crate::common;
 
-use common::{block, Node};
+use common::{answered, block, eventually, metrics_contain, namespace_names, past_busy, Node};
 use ctxpod_client::client::{ClientError, PutOutcome};
 use ctxpod_wire::{frame, Durability};
 use rand::{Rng, SeedableRng};
-use std::time::{Duration, Instant};
+use reqwest::Method;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A key of 129 bytes, one over the limit.
@@ -20,6 +21,20 @@ const LONG_KEY_PATH: &str = concat!(
     "ab"
 );
 
+/// How long a node has to get to a state the test waits for.
+const SECS_20: Duration = Duration::from_secs(20);
+
+/// Waits until `node` counts `n` requests in flight; fails with `what` after 20 s.
+async fn inflight_becomes(node: &Node, n: u64, what: &str) {
+    let inflight = async || node.client.stats().await.expect("stats").inflight_requests;
+    eventually(SECS_20, what, async || inflight().await == n).await;
+}
+
+/// A 256 MiB node in a temp dir of its own, with environment variable `var` set to `value`.
+async fn node_of_256mib_with(var: &str, value: &str) -> Node {
+    Node::fresh_with(&["--capacity", "256MiB"], &[(var, value)]).await
+}
+
 fn status(e: ClientError) -> u16 {
     e.status()
         .unwrap_or_else(|| panic!("expected an HTTP status, got {e}"))
@@ -27,12 +42,7 @@ fn status(e: ClientError) -> u16 {
 
 #[tokio::test]
 async fn round_trip_random_blocks_from_1_byte_to_8_mib() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--capacity", "512MiB", "--dram", "32MiB"],
-    )
-    .await;
+    let node = Node::fresh(&["--capacity", "512MiB", "--dram", "32MiB"]).await;
     let c = &node.client;
     let seed = common::seed_from_env("CTXPOD_TEST_SEED", 1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -102,8 +112,7 @@ async fn round_trip_random_blocks_from_1_byte_to_8_mib() {
 
 #[tokio::test]
 async fn put_semantics_and_error_codes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let c = &node.client;
     let http = node.client.http().clone();
     let url = |p: &str| format!("{}{p}", node.url);
@@ -137,14 +146,13 @@ async fn put_semantics_and_error_codes() {
     );
 
     // 422: CRC header that does not match; nothing stored.
-    let r = http
-        .put(url("/v1/namespaces/default/blocks/6b32"))
-        .header("x-ctxpod-crc32c", "00000000")
-        .body(data.clone())
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 422);
+    let r = answered(
+        http.put(url("/v1/namespaces/default/blocks/6b32"))
+            .header("x-ctxpod-crc32c", "00000000")
+            .body(data.clone()),
+        422,
+    )
+    .await;
     assert_eq!(
         r.json::<serde_json::Value>().await.expect("json")["error"],
         "integrity"
@@ -169,21 +177,15 @@ async fn put_semantics_and_error_codes() {
     assert_eq!(c.get("default", b"k3").await.expect("get"), None);
     // The right CRC, uppercase hex accepted, and fast durability.
     let crc = format!("{:08X}", ctxpod_wire::crc32c(&data));
-    let r = http
-        .put(url("/v1/namespaces/default/blocks/6b32"))
-        .header("x-ctxpod-crc32c", crc)
-        .header("x-ctxpod-durability", "fast")
-        .body(data.clone())
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 201);
-    let r = http
-        .get(url("/v1/namespaces/default/blocks/6b32"))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 200);
+    answered(
+        http.put(url("/v1/namespaces/default/blocks/6b32"))
+            .header("x-ctxpod-crc32c", crc)
+            .header("x-ctxpod-durability", "fast")
+            .body(data.clone()),
+        201,
+    )
+    .await;
+    let r = answered(http.get(url("/v1/namespaces/default/blocks/6b32")), 200).await;
     assert_eq!(
         r.headers()["x-ctxpod-crc32c"].to_str().expect("ascii"),
         format!("{:08x}", ctxpod_wire::crc32c(&data))
@@ -191,13 +193,12 @@ async fn put_semantics_and_error_codes() {
 
     // 413: one byte over the limit, with and without Content-Length.
     let big = bytes::Bytes::from(vec![1u8; ctxpod_wire::BLOCK_BYTES_MAX + 1]);
-    let r = http
-        .put(url("/v1/namespaces/default/blocks/b16b"))
-        .body(big.clone())
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 413);
+    answered(
+        http.put(url("/v1/namespaces/default/blocks/b16b"))
+            .body(big.clone()),
+        413,
+    )
+    .await;
     let stream = futures::stream::iter(
         big.chunks(1 << 20)
             .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)))
@@ -240,13 +241,12 @@ async fn put_semantics_and_error_codes() {
         let r = rb.send().await.expect("send");
         assert_eq!(r.status(), 400, "{method} {path} {hdr:?}");
     }
-    let r = http
-        .post(url("/v1/namespaces/default/match"))
-        .body("{not json")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 400);
+    answered(
+        http.post(url("/v1/namespaces/default/match"))
+            .body("{not json"),
+        400,
+    )
+    .await;
     let r = http
         .put(url("/v1/namespaces/default/blocks/00"))
         .body("")
@@ -300,12 +300,7 @@ async fn put_semantics_and_error_codes() {
         r.json::<serde_json::Value>().await.expect("json")["error"],
         "no_route"
     );
-    let r = http
-        .patch(url("/v1/namespaces/default/blocks/00"))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 405);
+    answered(http.patch(url("/v1/namespaces/default/blocks/00")), 405).await;
 
     // Delete: 204 then 404.
     assert!(c.delete("default", b"k1").await.expect("delete"));
@@ -316,13 +311,7 @@ async fn put_semantics_and_error_codes() {
 /// 503 with Retry-After when the in-flight limit is reached, then service resumes.
 #[tokio::test]
 async fn busy_answers_503_with_retry_after() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start_with(
-        &dir.path().join("n"),
-        &["--capacity", "256MiB"],
-        &[("CTXPOD_MAX_INFLIGHT_REQUESTS", "1")],
-    )
-    .await;
+    let node = node_of_256mib_with("CTXPOD_MAX_INFLIGHT_REQUESTS", "1").await;
     // A PUT whose body never finishes holds the only slot.
     let mut slow = node.raw_http().await;
     slow.write_all(
@@ -331,22 +320,12 @@ async fn busy_answers_503_with_retry_after() {
     .await
     .expect("write");
     slow.flush().await.expect("flush");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while node.client.stats().await.expect("stats").inflight_requests != 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow PUT never became in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let r = node
-        .client
-        .http()
-        .get(format!("{}/v1/namespaces/default/blocks/aa", node.url))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 503);
+    inflight_becomes(&node, 1, "the slow PUT never became in flight").await;
+    let r = answered(
+        node.request(Method::GET, "/v1/namespaces/default/blocks/aa"),
+        503,
+    )
+    .await;
     assert_eq!(r.headers()["retry-after"], "1");
     assert_eq!(
         r.json::<serde_json::Value>().await.expect("json")["error"],
@@ -358,30 +337,17 @@ async fn busy_answers_503_with_retry_after() {
     slow.read_exact(&mut buf).await.expect("read status");
     assert_eq!(&buf, b"HTTP/1.1 201");
     drop(slow);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match node.client.get("default", &[0xaa]).await {
-            Ok(Some(b)) => {
-                assert_eq!(b.len(), 1000);
-                break;
-            }
-            Err(e) if e.status() == Some(503) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await
-            }
-            other => panic!("after the slot freed: {other:?}"),
-        }
+    let after = past_busy(SECS_20, async || node.client.get("default", &[0xaa]).await).await;
+    match after {
+        Ok(Some(b)) => assert_eq!(b.len(), 1000),
+        other => panic!("after the slot freed: {other:?}"),
     }
-    let m = node.client.metrics().await.expect("metrics");
-    assert!(
-        m.contains("ctxpod_busy_rejections_total{queue=\"requests\"} 1"),
-        "{m}"
-    );
+    metrics_contain(&node, "ctxpod_busy_rejections_total{queue=\"requests\"} 1").await;
 }
 
 #[tokio::test]
 async fn batches_match_pins_and_namespaces() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let c = &node.client;
     let blocks: Vec<(Vec<u8>, bytes::Bytes)> = (0..40u64)
         .map(|i| {
@@ -485,14 +451,7 @@ async fn batches_match_pins_and_namespaces() {
         c.get("tenant-a", &blocks[0].0).await.expect("get"),
         Some(block(4242, 1000))
     );
-    let names: Vec<String> = c
-        .namespaces()
-        .await
-        .expect("list")
-        .namespaces
-        .into_iter()
-        .map(|n| n.name)
-        .collect();
+    let names = namespace_names(c).await;
     assert_eq!(names, vec!["default".to_string(), "tenant-a".to_string()]);
     assert_eq!(c.namespace("tenant-a").await.expect("info").block_count, 1);
     c.delete_namespace("tenant-a").await.expect("delete ns");
@@ -530,8 +489,7 @@ async fn batches_match_pins_and_namespaces() {
 /// methods answer 405.
 #[tokio::test]
 async fn live_routes_match_the_spec() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let http = node.client.http().clone();
     let spec: serde_json::Value = serde_json::from_str(ctxpod_wire::OPENAPI_JSON).expect("spec");
     let all = ["GET", "PUT", "POST", "DELETE", "HEAD", "PATCH"];
@@ -572,8 +530,7 @@ async fn live_routes_match_the_spec() {
 /// not UTF-8 answers the JSON error like every other 400.
 #[tokio::test]
 async fn json_bodies_are_objects_and_bad_paths_answer_json() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let http = node.client.http().clone();
     for (method, path, body) in [
         ("PUT", "/v1/namespaces/arr", "[null, null]"),
@@ -606,8 +563,7 @@ async fn json_bodies_are_objects_and_bad_paths_answer_json() {
 /// Truncated and malformed batch frames are refused with 400; the node goes on serving.
 #[tokio::test]
 async fn malformed_batch_frames() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let c = &node.client;
     c.put("default", b"keep", block(1, 5000), Durability::Durable)
         .await
@@ -680,13 +636,7 @@ async fn malformed_batch_frames() {
 /// PUT bodies in flight are bounded in bytes: past the ingest budget, 503.
 #[tokio::test]
 async fn ingest_budget_answers_503() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start_with(
-        &dir.path().join("n"),
-        &["--capacity", "256MiB"],
-        &[("CTXPOD_INGEST_BYTES_MAX", "64MiB")],
-    )
-    .await;
+    let node = node_of_256mib_with("CTXPOD_INGEST_BYTES_MAX", "64MiB").await;
     // Eight 8 MiB bodies that never finish spend the 64 MiB budget.
     let mut held = Vec::new();
     for i in 0..8 {
@@ -699,14 +649,7 @@ async fn ingest_budget_answers_503() {
         s.flush().await.expect("flush");
         held.push(s);
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while node.client.stats().await.expect("stats").inflight_requests != 8 {
-        assert!(
-            Instant::now() < deadline,
-            "the held PUTs never became in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    inflight_becomes(&node, 8, "the held PUTs never became in flight").await;
     let e = node
         .client
         .put("default", b"more", block(1, 1000), Durability::Durable)
@@ -719,25 +662,15 @@ async fn ingest_budget_answers_503() {
         None
     );
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match node
-            .client
-            .put("default", b"more", block(1, 1000), Durability::Durable)
+    let more = async || {
+        let c = &node.client;
+        c.put("default", b"more", block(1, 1000), Durability::Durable)
             .await
-        {
-            Ok(_) => break,
-            Err(e) if e.status() == Some(503) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await
-            }
-            Err(e) => panic!("after the held bodies closed: {e}"),
-        }
+    };
+    if let Err(e) = past_busy(SECS_20, more).await {
+        panic!("after the held bodies closed: {e}");
     }
-    let m = node.client.metrics().await.expect("metrics");
-    assert!(
-        m.contains("ctxpod_busy_rejections_total{queue=\"ingest\"}"),
-        "{m}"
-    );
+    metrics_contain(&node, "ctxpod_busy_rejections_total{queue=\"ingest\"}").await;
 }
 
 /// Where io_uring is refused (a seccomp profile), the node falls back to pread/pwrite, says

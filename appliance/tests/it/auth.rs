@@ -5,13 +5,13 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{block, Node};
+use common::{block, put_durable, Node};
 use ctxpod_client::client::Client;
 use ctxpod_client::connect::Connect;
 use ctxpod_client::transfer_client::{TransferClient, TransferError};
 use ctxpod_wire::proto::{
-    self, status, Durability as WireDurability, FrameDecoder, Op, Policy, PrefetchEntry, PutEntry,
-    Request, Response,
+    self, status, Durability as WireDurability, FrameDecoder, Op, Policy, PrefetchEntry,
+    PrefetchRequest, PutEntry, Request, Response,
 };
 use ctxpod_wire::Durability;
 use ctxpod_wire::{frame, key::key_hex};
@@ -395,7 +395,7 @@ async fn auth_matrix_over_every_route_and_op() {
                 region_id: 1,
                 bytes: 1 << 20,
             },
-            Op::Prefetch => Request::Prefetch {
+            Op::Prefetch => Request::Prefetch(PrefetchRequest {
                 ns: ns.clone(),
                 region_id: 1,
                 policy: Policy::WaitComplete,
@@ -406,7 +406,7 @@ async fn auth_matrix_over_every_route_and_op() {
                     offset: 0,
                     max_len: 8192,
                 }],
-            },
+            }),
             Op::Cancel => Request::Cancel { ticket: 1 },
             Op::Subscribe => Request::Subscribe { ns: ns.clone() },
             Op::Auth => Request::Auth {
@@ -673,12 +673,8 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
         .await
         .expect("sse");
     assert_eq!(sse.status(), 200);
-    a.put("data", b"a-secret-key", block(7, 100), Durability::Durable)
-        .await
-        .expect("put");
-    b.put("data", b"b-marker", block(8, 100), Durability::Durable)
-        .await
-        .expect("put");
+    put_durable(&a, "data", b"a-secret-key", block(7, 100)).await;
+    put_durable(&b, "data", b"b-marker", block(8, 100)).await;
     let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
         .await
         .expect("an event in time")
@@ -733,12 +729,8 @@ async fn tenant_quotas_answer_403_and_429() {
     assert!(e.to_string().contains("namespace_limit"), "{e}");
     q.create_namespace("x", None).await.expect("x again");
     // 1 MiB across both namespaces: the third 400 KB block is over.
-    q.put("x", b"1", block(1, 400_000), Durability::Durable)
-        .await
-        .expect("put");
-    q.put("y", b"2", block(2, 400_000), Durability::Durable)
-        .await
-        .expect("put");
+    put_durable(&q, "x", b"1", block(1, 400_000)).await;
+    put_durable(&q, "y", b"2", block(2, 400_000)).await;
     let e = q
         .put("x", b"3", block(3, 400_000), Durability::Durable)
         .await

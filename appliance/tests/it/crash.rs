@@ -11,7 +11,7 @@
 
 use crate::common;
 
-use common::{block, flip, open_device, records, Node};
+use common::{block, flip, open_device, put_all, records, Node};
 use ctxpod_format::record::HEADER_BYTES;
 use ctxpod_wire::Durability;
 use futures::StreamExt;
@@ -203,16 +203,11 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
 /// leaves no tail to scan.
 #[tokio::test]
 async fn tail_recovery_restores_puts_and_never_resurrects_deletes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let mut node = Node::fresh(&["--capacity", "256MiB"]).await;
     let key = |i: u64| format!("tail{i:03}").into_bytes();
     let len = |i: u64| 1000 + i as usize * 7919;
-    for i in 0..30 {
-        node.client
-            .put("default", &key(i), block(i, len(i)), Durability::Durable)
-            .await
-            .expect("put");
-    }
+    let blocks = |r: std::ops::Range<u64>| r.map(|i| (key(i), block(i, len(i))));
+    put_all(&node.client, "default", blocks(0..30), Durability::Durable).await;
     node.restart().await; // kill -9
     let s = node.client.stats().await.expect("stats");
     assert!(s.recovered_records > 0, "nothing came back from the tail");
@@ -229,12 +224,7 @@ async fn tail_recovery_restores_puts_and_never_resurrects_deletes() {
             .await
             .expect("delete"));
     }
-    for i in 30..40 {
-        node.client
-            .put("default", &key(i), block(i, len(i)), Durability::Durable)
-            .await
-            .expect("put");
-    }
+    put_all(&node.client, "default", blocks(30..40), Durability::Durable).await;
     node.restart().await;
     for i in 0..40 {
         let got = node.client.get("default", &key(i)).await.expect("get");

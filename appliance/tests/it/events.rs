@@ -5,23 +5,18 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{block, Node};
+use common::{answered, block, Node};
 use ctxpod_client::transfer_client::Subscription;
 use ctxpod_wire::proto::{Durability, EventKind};
 use futures::StreamExt;
+use reqwest::Method;
 use std::collections::HashSet;
 use std::time::Duration;
 
 /// Reads SSE events from `/v1/namespaces/{ns}/events` into a channel (name, data).
 async fn sse(node: &Node, ns: &str) -> tokio::sync::mpsc::Receiver<(String, String)> {
-    let resp = node
-        .client
-        .http()
-        .get(format!("{}/v1/namespaces/{ns}/events", node.url))
-        .send()
-        .await
-        .expect("events request");
-    assert_eq!(resp.status(), 200);
+    let path = format!("/v1/namespaces/{ns}/events");
+    let resp = answered(node.request(Method::GET, &path), 200).await;
     assert_eq!(
         resp.headers()["content-type"].to_str().expect("ascii"),
         "text/event-stream"
@@ -73,12 +68,7 @@ async fn collect(sub: &mut Subscription, want: usize) -> Vec<(EventKind, Bytes)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_only() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--capacity", "128MiB", "--dram", "1MiB"],
-    )
-    .await;
+    let node = Node::fresh(&["--capacity", "128MiB", "--dram", "1MiB"]).await;
     node.client
         .create_namespace("tenant-a", None)
         .await
@@ -181,12 +171,9 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
     .expect("both streams end");
     // Subscribing to a namespace that does not exist is refused on both carriers.
     assert!(c.subscribe("nosuch").await.is_err());
-    let r = node
-        .client
-        .http()
-        .get(format!("{}/v1/namespaces/nosuch/events", node.url))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(r.status(), 404);
+    answered(
+        node.request(Method::GET, "/v1/namespaces/nosuch/events"),
+        404,
+    )
+    .await;
 }

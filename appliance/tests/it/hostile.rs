@@ -7,7 +7,7 @@
 
 use crate::common;
 
-use common::{content, Node};
+use common::{content, rss_bytes, Node};
 use ctxpod_wire::proto::Request;
 use ctxpod_wire::Durability;
 use std::time::{Duration, Instant};
@@ -27,29 +27,20 @@ const DRAM_MIB: u64 = 64;
 const BUDGETS_MIB: u64 = 64 + 256 + 64 + DRAM_MIB;
 const RSS_SLACK_MIB: u64 = 512;
 
-fn rss_bytes(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kib: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib * 1024
-}
-
-async fn start() -> (tempfile::TempDir, Node) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start_with(
-        &dir.path().join("n"),
-        &["--capacity", "256MiB", "--dram", &format!("{DRAM_MIB}MiB")],
-        &BUDGETS,
-    )
-    .await;
+/// A node under [`BUDGETS`] (and `envs`) in a temp dir of its own, holding block `big`.
+async fn start_with(envs: &[(&str, &str)]) -> Node {
+    let dram = format!("{DRAM_MIB}MiB");
+    let node = Node::fresh_with(&["--capacity", "256MiB", "--dram", &dram], envs).await;
     node.client
         .put("default", b"big", content(b"big", BIG), Durability::Durable)
         .await
         .expect("put big");
-    (dir, node)
+    node
+}
+
+/// A node under [`BUDGETS`] holding block `big`.
+async fn start() -> Node {
+    start_with(&BUDGETS).await
 }
 
 /// A GET of block `big` from a fresh connection whose source address is 127.0.0.2 (the
@@ -147,7 +138,7 @@ async fn judge(node: &mut Node, what: &str, asked: u64, base: u64) -> String {
 /// (a 2.6 KB frame asking 4 GiB), and never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cxp1_gets_that_are_never_read_hold_only_their_budget() {
-    let (_dir, mut node) = start().await;
+    let mut node = start().await;
     let base = rss_bytes(node.pid());
     let mut held = Vec::new();
     let frame = Request::Get {
@@ -172,7 +163,7 @@ async fn cxp1_gets_that_are_never_read_hold_only_their_budget() {
 /// HTTP: 64 connections each ask `batch/get` for 8 × 8 MiB and never read the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_batch_gets_that_are_never_read_hold_only_their_budget() {
-    let (_dir, mut node) = start().await;
+    let mut node = start().await;
     let base = rss_bytes(node.pid());
     let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
     let req = format!(
@@ -227,23 +218,13 @@ fn counter(m: &str, name_and_labels: &str) -> u64 {
 /// 180 s later: no cap, no idle or header-read timeout.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_half_open_connections_are_let_go() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let mut envs = BUDGETS.to_vec();
     envs.extend([
         ("CTXPOD_IDLE_TIMEOUT_S", "2"),
         ("CTXPOD_HEADER_READ_TIMEOUT_S", "2"),
         ("CTXPOD_CONNECTIONS_PER_PEER_MAX", "1000"),
     ]);
-    let node = Node::start_with(
-        &dir.path().join("n"),
-        &["--capacity", "256MiB", "--dram", &format!("{DRAM_MIB}MiB")],
-        &envs,
-    )
-    .await;
-    node.client
-        .put("default", b"big", content(b"big", BIG), Durability::Durable)
-        .await
-        .expect("put big");
+    let node = start_with(&envs).await;
     let base = rss_bytes(node.pid());
     let (per_listener, trickling) = (1200usize, 50usize);
     let timeout = Duration::from_secs(2);
@@ -379,6 +360,20 @@ fn keys_asked(body: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A fake pod member: healthy and ready, answering GETs of single blocks with `single` and
+/// batch gets with `batch`.
+fn fake_member(
+    single: axum::routing::MethodRouter,
+    batch: axum::routing::MethodRouter,
+) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .route("/v1/namespaces/{ns}/blocks/{key}", single)
+        .route("/v1/namespaces/{ns}/batch/get", batch)
+}
+
 async fn static_pod_with(
     fake: axum::Router,
     envs: &[(&str, &str)],
@@ -432,38 +427,31 @@ async fn damaged_bytes_from_a_member_are_never_served() {
             asked.clone(),
         );
         let crc = ctxpod_wire::crc32c(&right);
-        axum::Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(|| async { "ok" }))
-            .route(
-                "/v1/namespaces/{ns}/blocks/{key}",
-                get(move || {
-                    let (w, c) = (wrong1.clone(), crc1.clone());
-                    a1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    async move { ([(ctxpod_wire::HEADER_CRC32C, c)], w) }
-                }),
-            )
-            .route(
-                "/v1/namespaces/{ns}/batch/get",
-                post(move |body: bytes::Bytes| {
-                    let w = wrong2.clone();
-                    a2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    async move {
-                        let keys = keys_asked(&body);
-                        let entries: Vec<ctxpod_wire::frame::Entry> = keys
-                            .iter()
-                            .map(|k| ctxpod_wire::frame::Entry {
-                                key: k,
-                                status: 200,
-                                crc32c: Some(crc),
-                                len: w.len() as u32,
-                                data: Some(&w[..]),
-                            })
-                            .collect();
-                        ctxpod_wire::frame::encode(&entries)
-                    }
-                }),
-            )
+        fake_member(
+            get(move || {
+                let (w, c) = (wrong1.clone(), crc1.clone());
+                a1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async move { ([(ctxpod_wire::HEADER_CRC32C, c)], w) }
+            }),
+            post(move |body: bytes::Bytes| {
+                let w = wrong2.clone();
+                a2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async move {
+                    let keys = keys_asked(&body);
+                    let entries: Vec<ctxpod_wire::frame::Entry> = keys
+                        .iter()
+                        .map(|k| ctxpod_wire::frame::Entry {
+                            key: k,
+                            status: 200,
+                            crc32c: Some(crc),
+                            len: w.len() as u32,
+                            data: Some(&w[..]),
+                        })
+                        .collect();
+                    ctxpod_wire::frame::encode(&entries)
+                }
+            }),
+        )
     };
     let (_dir, node, server) = static_pod_with(fake, &[]).await;
     let http = reqwest::Client::new();
@@ -486,13 +474,8 @@ async fn damaged_bytes_from_a_member_are_never_served() {
         }
     }
     let body = serde_json::json!({ "keys": keys.iter().map(hex::encode).collect::<Vec<_>>() });
-    let r = http
-        .post(format!("{}/v1/namespaces/default/batch/get", node.url))
-        .json(&body)
-        .send()
-        .await
-        .expect("batch get");
-    assert_eq!(r.status(), 200);
+    let batch_get = http.post(format!("{}/v1/namespaces/default/batch/get", node.url));
+    let r = common::answered(batch_get.json(&body), 200).await;
     let frame = r.bytes().await.expect("frame");
     let entries = ctxpod_wire::frame::decode(&frame).expect("a batch frame");
     let batch_wrong = entries
@@ -574,40 +557,33 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let fake = {
         let (block, asked) = (block.clone(), asked.clone());
-        axum::Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(|| async { "ok" }))
+        fake_member(
             // It holds no single block: a GET falls back to the node.
-            .route(
-                "/v1/namespaces/{ns}/blocks/{key}",
-                get(|| async { axum::http::StatusCode::NOT_FOUND }),
-            )
-            .route(
-                "/v1/namespaces/{ns}/batch/get",
-                post(move |body: bytes::Bytes| {
-                    let block = block.clone();
-                    asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    async move {
-                        let keys = keys_asked(&body);
-                        // Streamed, so the fake holds one block, not the answer.
-                        let mut head = b"CXB1".to_vec();
-                        head.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-                        let mut parts = vec![bytes::Bytes::from(head)];
-                        for k in &keys {
-                            let mut e = vec![k.len() as u8, 0x03];
-                            e.extend_from_slice(&200u16.to_le_bytes());
-                            e.extend_from_slice(&crc.to_le_bytes());
-                            e.extend_from_slice(&(BIG as u32).to_le_bytes());
-                            e.extend_from_slice(k);
-                            parts.push(e.into());
-                            parts.push(block.clone());
-                        }
-                        axum::body::Body::from_stream(futures::stream::iter(
-                            parts.into_iter().map(Ok::<_, std::io::Error>),
-                        ))
+            get(|| async { axum::http::StatusCode::NOT_FOUND }),
+            post(move |body: bytes::Bytes| {
+                let block = block.clone();
+                asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async move {
+                    let keys = keys_asked(&body);
+                    // Streamed, so the fake holds one block, not the answer.
+                    let mut head = b"CXB1".to_vec();
+                    head.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+                    let mut parts = vec![bytes::Bytes::from(head)];
+                    for k in &keys {
+                        let mut e = vec![k.len() as u8, 0x03];
+                        e.extend_from_slice(&200u16.to_le_bytes());
+                        e.extend_from_slice(&crc.to_le_bytes());
+                        e.extend_from_slice(&(BIG as u32).to_le_bytes());
+                        e.extend_from_slice(k);
+                        parts.push(e.into());
+                        parts.push(block.clone());
                     }
-                }),
-            )
+                    axum::body::Body::from_stream(futures::stream::iter(
+                        parts.into_iter().map(Ok::<_, std::io::Error>),
+                    ))
+                }
+            }),
+        )
     };
     let (_dir, node, server) = static_pod_with(fake, &BUDGETS).await;
     // The block a fresh client reads during the attack, stored on the node itself.

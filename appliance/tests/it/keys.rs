@@ -4,58 +4,53 @@
 
 use crate::common;
 
-use common::{block, open_device, records, Node};
+use common::{block, open_device, put_all, records, Node};
+use ctxpod_client::client::Client;
 use ctxpod_wire::Durability;
+use reqwest::Method;
 use std::collections::BTreeSet;
 
 fn key(i: u64) -> Vec<u8> {
     format!("rot{i:04}").into_bytes()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data_dir = dir.path().join("n");
-    let mut node = Node::start_with(
-        &data_dir,
-        &["--capacity", "256MiB"],
-        &[("CTXPOD_DEK_ROTATE_AFTER_WRITES", "1000")],
-    )
-    .await;
-    let c = node.client.clone();
-    for i in 0..3 {
-        c.put("default", &key(i), block(i, 5000), Durability::Durable)
-            .await
-            .expect("put");
-    }
-    let r: serde_json::Value = node
-        .client
-        .http()
-        .clone()
-        .post(format!("{}/v1/namespaces/default/rotate-key", node.url))
+/// Blocks `range` (key `i`, `len` bytes), stored durably through `c`.
+async fn put_range(c: &Client, range: std::ops::Range<u64>, len: usize) {
+    let blocks = range.map(|i| (key(i), block(i, len)));
+    put_all(c, "default", blocks, Durability::Durable).await;
+}
+
+/// A 256 MiB node in a temp dir of its own that rotates a data key after `writes` writes.
+async fn rotating_after(writes: &str) -> Node {
+    let env = [("CTXPOD_DEK_ROTATE_AFTER_WRITES", writes)];
+    Node::fresh_with(&["--capacity", "256MiB"], &env).await
+}
+
+/// Asks `node` (HTTP) to rotate namespace `ns`'s data key; the answer.
+async fn rotate_key(node: &Node, ns: &str) -> reqwest::Response {
+    let path = format!("/v1/namespaces/{ns}/rotate-key");
+    node.request(Method::POST, &path)
         .send()
         .await
         .expect("rotate")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
+    let mut node = rotating_after("1000").await;
+    let c = node.client.clone();
+    put_range(&c, 0..3, 5000).await;
+    let r: serde_json::Value = rotate_key(&node, "default")
+        .await
         .json()
         .await
         .expect("json");
     assert_eq!(r["key_id"], 2);
-    for i in 3..6 {
-        c.put("default", &key(i), block(i, 5000), Durability::Durable)
-            .await
-            .expect("put");
-    }
-    let missing = node
-        .client
-        .http()
-        .clone()
-        .post(format!("{}/v1/namespaces/nosuch/rotate-key", node.url))
-        .send()
-        .await
-        .expect("rotate");
+    put_range(&c, 3..6, 5000).await;
+    let missing = rotate_key(&node, "nosuch").await;
     assert_eq!(missing.status(), 404);
     node.stop();
-    let recs = records(&open_device(&data_dir));
+    let recs = records(&open_device(&node.dir));
     let key_of = |i: u64| recs.get(&key(i)).expect("record on the device").1.key_id;
     assert_eq!((0..3).map(key_of).collect::<Vec<_>>(), vec![1, 1, 1]);
     assert_eq!((3..6).map(key_of).collect::<Vec<_>>(), vec![2, 2, 2]);
@@ -69,20 +64,8 @@ async fn rotated_keys_seal_new_records_and_old_ones_stay_readable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worn_key_is_rotated_by_the_node() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data_dir = dir.path().join("n");
-    let mut node = Node::start_with(
-        &data_dir,
-        &["--capacity", "256MiB"],
-        &[("CTXPOD_DEK_ROTATE_AFTER_WRITES", "8")],
-    )
-    .await;
-    for i in 0..40 {
-        node.client
-            .put("default", &key(i), block(i, 3000), Durability::Durable)
-            .await
-            .expect("put");
-    }
+    let mut node = rotating_after("8").await;
+    put_range(&node.client, 0..40, 3000).await;
     let m = node.client.metrics().await.expect("metrics");
     let rotations: u64 = m
         .lines()
@@ -94,7 +77,7 @@ async fn a_worn_key_is_rotated_by_the_node() {
         "{rotations} rotations for 40 writes"
     );
     node.stop();
-    let recs = records(&open_device(&data_dir));
+    let recs = records(&open_device(&node.dir));
     let ids: Vec<u32> = (0..40).map(|i| recs[&key(i)].1.key_id).collect();
     assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{ids:?}");
     let distinct: BTreeSet<u32> = ids.iter().copied().collect();
@@ -272,13 +255,7 @@ async fn deleting_a_namespace_leaves_no_copy_of_its_wrapped_keys_in_the_index_fi
         .put("shred", &key(1), block(1, 4000), Durability::Durable)
         .await
         .expect("put");
-    node.client
-        .http()
-        .clone()
-        .post(format!("{}/v1/namespaces/shred/rotate-key", node.url))
-        .send()
-        .await
-        .expect("rotate");
+    rotate_key(&node, "shred").await;
     node.stop();
     let deks = wrapped_deks(&data_dir, "shred");
     assert_eq!(deks.len(), 2, "two key generations");

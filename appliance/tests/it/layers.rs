@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ctxpod-client", 2),
     ("ctxpod-engine", 2),
     ("ctxpod-pod", 3),
+    ("ctxpod-testkit", 3),
     ("ctxpod-node", 4),
     ("ctxpod-tools", 4),
     ("ctxpod", 5),
@@ -42,6 +43,7 @@ const NEVER: &[(&str, &[&str])] = &[
     ("ctxpod-client", &["axum", "rocksdb", "librocksdb-sys"]),
     ("ctxpod-engine", &["axum", "reqwest", "hyper"]),
     ("ctxpod-pod", &["axum"]),
+    ("ctxpod-testkit", &["axum", "rocksdb"]),
     ("ctxpod-tools", &["axum"]),
 ];
 

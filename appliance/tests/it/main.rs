@@ -1,6 +1,7 @@
 //! The integration tests, one binary (one link of RocksDB and the rest, not fifteen): each
 //! module drives the real `ctxpod` binary (or the engine) through one concern. The process
-//! harness, PKI and etcd are in [`common`].
+//! harness is in [`common`], built on ctxpod-testkit (PKI, etcd, process utilities, block
+//! contents), which the bench shares.
 
 mod api;
 mod auth;

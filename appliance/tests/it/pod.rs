@@ -3,13 +3,14 @@
 
 use crate::common;
 
-use common::etcd::EtcdServer;
+use common::etcd::{EtcdServer, PodEtcd};
 use common::Node;
 use ctxpod_client::connect::Connect;
 use ctxpod_client::pod_client::PodClient;
 use ctxpod_pod::membership::{
     members_prefix, MemberInfo, MemberState, Membership, PodView, Registration,
 };
+use ctxpod_wire::types::NamespaceInfo;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -587,13 +588,7 @@ async fn a_fourth_node_joins_under_load() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (reads, failures) = reader.await.unwrap();
-    assert!(reads > 0);
-    assert!(
-        failures.is_empty(),
-        "{} of {reads} reads failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
+    no_read_failed(reads, &failures);
 
     // Only blocks that now rank d first changed owner: about a quarter of them.
     let mut moved = 0;
@@ -654,10 +649,7 @@ async fn a_fourth_node_joins_under_load() {
 /// repair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
-    let cycles: usize = std::env::var("CTXPOD_POD_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let cycles: usize = common::env_or("CTXPOD_POD_CYCLES", 5);
     let tmp = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(tmp.path());
     let config = |id: &str| {
@@ -728,15 +720,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
                     continue;
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                match pc
-                    .put(
-                        "default",
-                        &r2_key(i),
-                        r2_data(i),
-                        ctxpod_wire::Durability::Durable,
-                    )
-                    .await
-                {
+                match r2_put(&pc, "default", i).await {
                     Ok(_) => acked_to.store(i + 1, std::sync::atomic::Ordering::Relaxed),
                     // Not acknowledged: retried (the same block) after a moment.
                     Err(e) => {
@@ -804,13 +788,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     let (reads, failures) = reader.await.unwrap();
     let acked = acked_to.load(std::sync::atomic::Ordering::Relaxed);
     assert!(acked > 100, "the writer made progress");
-    assert!(reads > 0);
-    assert!(
-        failures.is_empty(),
-        "{} of {reads} reads failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
+    no_read_failed(reads, &failures);
     // No acknowledged block is lost; reading each one through every node repairs the
     // copies a restarted node missed.
     for n in &nodes {
@@ -847,20 +825,34 @@ fn r2_data(i: u64) -> bytes::Bytes {
     common::block(i, 1024 + (i as usize * 97) % 8192)
 }
 
+/// A background reader's outcome, `(block, answer)` per failed read: it read, and no read
+/// failed (the first five failures shown).
+fn no_read_failed(reads: u64, failures: &[(u64, String)]) {
+    assert!(reads > 0);
+    assert!(
+        failures.is_empty(),
+        "{} of {reads} reads failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}
+
+/// Puts block `i` (r2 key and data) durably into `ns` through the pod client.
+async fn r2_put(
+    pc: &PodClient,
+    ns: &str,
+    i: u64,
+) -> Result<ctxpod_client::client::PutOutcome, ctxpod_client::client::ClientError> {
+    let durable = ctxpod_wire::Durability::Durable;
+    pc.put(ns, &r2_key(i), r2_data(i), durable).await
+}
+
 /// Puts blocks `from..from + n` through the pod client; how many were acknowledged before
 /// the first failure.
 async fn r2_write(pc: &PodClient, from: u64, n: u64) -> u64 {
     let mut ok = 0;
     for i in from..from + n {
-        match pc
-            .put(
-                "default",
-                &r2_key(i),
-                r2_data(i),
-                ctxpod_wire::Durability::Durable,
-            )
-            .await
-        {
+        match r2_put(pc, "default", i).await {
             Ok(_) => ok += 1,
             Err(e) => {
                 eprintln!("put {i}: {e}");
@@ -917,6 +909,65 @@ async fn three_nodes(
     (nodes, pc)
 }
 
+/// What a pod made by [`pod_of_three`] runs on: its etcd, its temp dir, and its nodes'
+/// configuration (dropped after the nodes, when declared before them).
+struct PodGround {
+    name: String,
+    extra: String,
+    etcd: EtcdServer,
+    tmp: tempfile::TempDir,
+}
+
+impl PodGround {
+    /// Node `id`'s configuration ([`pod_config`]).
+    fn config(&self, id: &str) -> String {
+        pod_config(&self.name, &self.etcd, &self.extra)(id)
+    }
+}
+
+/// Pod `name` of nodes a, b and c over a fresh etcd, in a temp dir (`extra`: more lines of
+/// `[pod]`); and a pod client that sees all three.
+async fn pod_of_three(name: &str, extra: &str) -> (PodGround, Vec<Node>, PodClient) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ground = PodGround {
+        name: name.into(),
+        extra: extra.into(),
+        etcd: EtcdServer::start(tmp.path()),
+        tmp,
+    };
+    let config = |id: &str| ground.config(id);
+    let (nodes, pc) = three_nodes(ground.tmp.path(), &config).await;
+    (ground, nodes, pc)
+}
+
+/// [`pod_of_three`] holding blocks `0..n` (r2 keys and data, every put acknowledged); their
+/// keys.
+async fn pod_holding(
+    name: &str,
+    extra: &str,
+    n: u64,
+) -> (PodGround, Vec<Node>, PodClient, Vec<Vec<u8>>) {
+    let (ground, nodes, pc) = pod_of_three(name, extra).await;
+    assert_eq!(r2_write(&pc, 0, n).await, n);
+    (ground, nodes, pc, (0..n).map(r2_key).collect())
+}
+
+/// Creates namespace `name` with `copies` copies of each block through `node`.
+async fn create_replicated(node: &Node, name: &str, copies: u32) -> NamespaceInfo {
+    let c = &node.client;
+    c.create_namespace_with(name, &replicated(copies))
+        .await
+        .unwrap()
+}
+
+/// A namespace of the pod's default quota with `copies` copies of each block.
+fn replicated(copies: u32) -> ctxpod_wire::types::CreateNamespace {
+    ctxpod_wire::types::CreateNamespace {
+        quota_bytes: None,
+        replication: Some(copies),
+    }
+}
+
 /// Waits (10 s at most) until every node's view has `n` members.
 async fn wait_views(nodes: &[Node], n: usize) {
     for node in nodes {
@@ -948,6 +999,13 @@ async fn put_each(c: &ctxpod_client::client::Client, ns: &str, range: std::ops::
         c.put(ns, &r2_key(i), r2_data(i), ctxpod_wire::Durability::Durable)
             .await
             .unwrap();
+    }
+}
+
+/// Puts blocks `range` (r2 keys and data) durably one by one through the pod client.
+async fn pod_put_each(pc: &PodClient, ns: &str, range: std::ops::Range<u64>) {
+    for i in range {
+        r2_put(pc, ns, i).await.unwrap();
     }
 }
 
@@ -1032,14 +1090,8 @@ fn metric_of(text: &str, name: &str) -> f64 {
 /// client reading anything (read repair never runs), within the backfill's byte rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_brings_a_restarted_and_a_new_node_their_share_without_reads() {
-    let tmp = tempfile::tempdir().unwrap();
-    let etcd = EtcdServer::start(tmp.path());
-    let config = pod_config(
-        "bf",
-        &etcd,
-        "replication = 2\nbackfill_interval_s = 1\nbackfill_bytes_per_s = \"8MiB\"\n",
-    );
-    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
+    let backfill = "replication = 2\nbackfill_interval_s = 1\nbackfill_bytes_per_s = \"8MiB\"\n";
+    let (ground, mut nodes, pc) = pod_of_three("bf", backfill).await;
     let keys: Vec<Vec<u8>> = (0..600).map(r2_key).collect();
     assert_eq!(r2_write(&pc, 0, 300).await, 300);
     // c dies; 300 more blocks are written while it is away (each to the two reachable
@@ -1073,7 +1125,7 @@ async fn backfill_brings_a_restarted_and_a_new_node_their_share_without_reads() 
     assert_eq!(pc.repairs(), 0, "no read, no read repair");
 
     // A fourth node joins: it receives the blocks it now ranks among the first two.
-    nodes.push(pod_node(tmp.path(), "d", &config("d")).await);
+    nodes.push(pod_node(ground.tmp.path(), "d", &ground.config("d")).await);
     wait_members(&pc, 4).await;
     let share = keys
         .iter()
@@ -1118,21 +1170,10 @@ async fn reqwest_text(url: &str) -> String {
 /// replication holds for plain clients (forwarded) and the pod client alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_and_their_replication_are_the_pods() {
-    use ctxpod_wire::types::CreateNamespace;
-    let tmp = tempfile::tempdir().unwrap();
-    let etcd = EtcdServer::start(tmp.path());
-    let (mut nodes, pc) = three_nodes(tmp.path(), &pod_config("ns", &etcd, "")).await;
+    let (_ground, mut nodes, pc) = pod_of_three("ns", "").await;
     // Every node's view must list all three before a namespace change goes out.
     wait_views(&nodes, 3).await;
-    let hot = CreateNamespace {
-        quota_bytes: None,
-        replication: Some(3),
-    };
-    let info = nodes[0]
-        .client
-        .create_namespace_with("hot", &hot)
-        .await
-        .unwrap();
+    let info = create_replicated(&nodes[0], "hot", 3).await;
     assert_eq!(info.replication, Some(3));
     for n in &nodes {
         assert_eq!(
@@ -1140,10 +1181,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
             Some(3)
         );
     }
-    let bad = CreateNamespace {
-        quota_bytes: None,
-        replication: Some(9),
-    };
+    let bad = replicated(9);
     assert!(nodes[1]
         .client
         .create_namespace_with("bad", &bad)
@@ -1164,16 +1202,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
     }
     assert_eq!(pc.replication_of("hot").await, 3);
     assert_eq!(pc.replication_of("default").await, 1);
-    for i in 40..80u64 {
-        pc.put(
-            "hot",
-            &r2_key(i),
-            r2_data(i),
-            ctxpod_wire::Durability::Durable,
-        )
-        .await
-        .unwrap();
-    }
+    pod_put_each(&pc, "hot", 40..80u64).await;
     for i in 0..60u64 {
         put_durable(&pc, &r2_key(i), r2_data(i)).await;
     }
@@ -1189,16 +1218,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
         .create_namespace("late", None)
         .await
         .unwrap();
-    for i in 0..60u64 {
-        pc.put(
-            "late",
-            &r2_key(i),
-            r2_data(i),
-            ctxpod_wire::Durability::Durable,
-        )
-        .await
-        .unwrap();
-    }
+    pod_put_each(&pc, "late", 0..60u64).await;
     assert!(nodes[2].client.namespace("late").await.unwrap().block_count > 0);
 
     // c is away while `new` is created, `hot` deleted and `late` deleted and created
@@ -1211,15 +1231,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
         .unwrap();
     nodes[1].client.delete_namespace("hot").await.unwrap();
     nodes[0].client.delete_namespace("late").await.unwrap();
-    let late = CreateNamespace {
-        quota_bytes: None,
-        replication: Some(2),
-    };
-    nodes[1]
-        .client
-        .create_namespace_with("late", &late)
-        .await
-        .unwrap();
+    create_replicated(&nodes[1], "late", 2).await;
     for n in &nodes[..2] {
         assert!(n.client.namespace("hot").await.is_err());
         assert_eq!(
@@ -1261,20 +1273,9 @@ async fn namespaces_and_their_replication_are_the_pods() {
 /// every block wherever it lives, `pin` and `unpin` reach the members holding the keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_sent_to_any_node_are_answered_for_the_pod() {
-    use ctxpod_wire::types::CreateNamespace;
-    let tmp = tempfile::tempdir().unwrap();
-    let etcd = EtcdServer::start(tmp.path());
-    let (mut nodes, pc) = three_nodes(tmp.path(), &pod_config("bt", &etcd, "")).await;
+    let (_ground, mut nodes, pc) = pod_of_three("bt", "").await;
     wait_views(&nodes, 3).await;
-    let r2 = CreateNamespace {
-        quota_bytes: None,
-        replication: Some(2),
-    };
-    nodes[0]
-        .client
-        .create_namespace_with("r2", &r2)
-        .await
-        .unwrap();
+    create_replicated(&nodes[0], "r2", 2).await;
     let keys: Vec<Vec<u8>> = (0..120).map(r2_key).collect();
     let blocks: Vec<(Vec<u8>, bytes::Bytes)> = keys
         .iter()
@@ -1766,11 +1767,8 @@ async fn forged_member_records_get_no_credential_and_cause_no_wrong_byte() {
 /// with one copy (R = 1) a third of the blocks were held by it alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_node_leaves_without_losing_a_block() {
-    let tmp = tempfile::tempdir().unwrap();
-    let etcd = EtcdServer::start(tmp.path());
     // Passes only when asked (drain) or when the view changes: not on a timer.
-    let config = pod_config("dr", &etcd, "backfill_interval_s = 3600\n");
-    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
+    let (_ground, mut nodes, pc) = pod_of_three("dr", "backfill_interval_s = 3600\n").await;
     let keys: Vec<Vec<u8>> = (0..350).map(r2_key).collect();
     for (i, k) in keys[..300].iter().enumerate() {
         put_durable(&pc, k, r2_data(i as u64)).await;
@@ -1863,13 +1861,9 @@ async fn kill_until_gone(nodes: &mut [Node], i: usize) {
 /// client, ever returns a deleted block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_deleted_while_a_holder_is_down_never_reads_back() {
-    let tmp = tempfile::tempdir().unwrap();
-    let etcd = EtcdServer::start(tmp.path());
-    let config = pod_config("del", &etcd, "replication = 2\nbackfill_interval_s = 1\n");
-    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
     let n = 40u64;
-    let keys: Vec<Vec<u8>> = (0..n).map(r2_key).collect();
-    assert_eq!(r2_write(&pc, 0, n).await, n);
+    let extra = "replication = 2\nbackfill_interval_s = 1\n";
+    let (_ground, mut nodes, pc, keys) = pod_holding("del", extra, n).await;
     let on_c = keys
         .iter()
         .filter(|k| pc.ranked("default", k)[..2].contains(&"c".to_string()))
@@ -1958,17 +1952,9 @@ async fn a_block_deleted_while_a_holder_is_down_never_reads_back() {
 /// was away does not come back, even with its tombstone gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
-    let tmp = tempfile::tempdir().unwrap();
-    let etcd = EtcdServer::start(tmp.path());
-    let config = pod_config(
-        "ttl",
-        &etcd,
-        "replication = 2\nbackfill_interval_s = 1\ntombstone_retention_s = 10\n",
-    );
-    let (mut nodes, pc) = three_nodes(tmp.path(), &config).await;
     let n = 20u64;
-    let keys: Vec<Vec<u8>> = (0..n).map(r2_key).collect();
-    assert_eq!(r2_write(&pc, 0, n).await, n);
+    let extra = "replication = 2\nbackfill_interval_s = 1\ntombstone_retention_s = 10\n";
+    let (ground, mut nodes, pc, keys) = pod_holding("ttl", extra, n).await;
     nodes[0]
         .client
         .create_namespace("gone", None)
@@ -1980,7 +1966,7 @@ async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
     }
     // A namespace deleted while c is away: its record is a tombstone that expires too.
     nodes[0].client.delete_namespace("gone").await.unwrap();
-    let e = etcd.client();
+    let e = ground.etcd.client();
     let gone_key = "/ctxpod/ttl/namespaces/gone";
     assert!(
         e.get(gone_key).await.unwrap().is_some(),

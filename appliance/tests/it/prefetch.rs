@@ -11,7 +11,8 @@ use common::{block, Node};
 use ctxpod_client::region::Region;
 use ctxpod_client::transfer_client::{BlockState, PrefetchOptions, TransferClient};
 use ctxpod_wire::proto::{
-    self, status, Durability, FrameDecoder, Policy, PrefetchEntry, Request, Response,
+    self, status, Durability, FrameDecoder, Policy, PrefetchEntry, PrefetchRequest, Request,
+    Response,
 };
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -55,15 +56,7 @@ fn seed(chain: &str, i: usize) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_1gib_region_gets_every_block_byte_exact_at_its_offset_in_chain_order() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--capacity", "1GiB", "--dram", "16MiB"],
-    )
-    .await;
-    let c = TransferClient::connect(&node.transfer_addr())
-        .await
-        .expect("connect");
+    let (node, c) = Node::fresh_with_wire(&["--capacity", "1GiB", "--dram", "16MiB"]).await;
     // 448 blocks of varied sizes around 1 MiB (448 MiB, mostly cold: the DRAM tier is 16
     // MiB), at offsets spread over the whole 1 GiB region, none aligned, none adjacent.
     let n = 448;
@@ -193,14 +186,14 @@ async fn stalled_prefetch(
     )
     .await;
     assert!(matches!(r.next().await.1, Response::RegionRegistered));
-    let req = Request::Prefetch {
+    let req = Request::Prefetch(PrefetchRequest {
         ns: "default".into(),
         region_id: 7,
         policy,
         deadline_ms,
         lease_ms: 0,
         entries: entries("stall", n, MIB),
-    };
+    });
     r.send(99, &req).await;
     let (h, resp) = r.next().await;
     assert_eq!((h.request_id, resp), (99, Response::Ticket(99)));
@@ -237,18 +230,19 @@ async fn stalled_prefetch(
     }
 }
 
+/// A node (1 GiB, a 16 MiB DRAM tier) holding blocks `0..n` of chain `stall`, 1 MiB each; a
+/// CXP1 client of it, and its CXP1 address.
+async fn holding_stall_chain(n: usize) -> (Node, TransferClient, String) {
+    let (node, c) = Node::fresh_with_wire(&["--capacity", "1GiB", "--dram", "16MiB"]).await;
+    put_chain(&c, "stall", n, |_| MIB).await;
+    let addr = node.transfer_addr();
+    (node, c, addr)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_makes_late_blocks_misses_and_cancel_stops_the_rest() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--capacity", "1GiB", "--dram", "16MiB"],
-    )
-    .await;
-    let addr = node.transfer_addr();
-    let c = TransferClient::connect(&addr).await.expect("connect");
     let n = 200;
-    put_chain(&c, "stall", n, |_| MIB).await;
+    let (_node, c, addr) = holding_stall_chain(n).await;
 
     // Timeout policy, 300 ms: the client reads nothing for a second after the ticket, so
     // the node cannot push 200 MiB by then; what it has not pushed at the deadline is a
@@ -345,15 +339,7 @@ async fn deadline_makes_late_blocks_misses_and_cancel_stops_the_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_keep_prefetched_blocks_through_churn_and_then_expire() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--capacity", "128MiB", "--dram", "1MiB"],
-    )
-    .await;
-    let c = TransferClient::connect(&node.transfer_addr())
-        .await
-        .expect("connect");
+    let (node, c) = Node::fresh_with_wire(&["--capacity", "128MiB", "--dram", "1MiB"]).await;
     // 256 KiB blocks are over a quarter of the 1 MiB DRAM tier: never cached there, so a
     // GET answers from flash only and tells what eviction kept.
     let blk = 256 << 10;
@@ -362,36 +348,21 @@ async fn leases_keep_prefetched_blocks_through_churn_and_then_expire() {
     put_chain(&c, "plain", 8, |_| blk).await;
     let region = Region::new(16 * blk).expect("region");
     c.register_region(&region).await.expect("register");
-    let shifted = |chain: &str, base: usize| -> Vec<PrefetchEntry> {
+    // The 8 blocks of `chain` into the region from block `base` on, under `lease`.
+    let prefetch_leased = async |chain: &str, base: usize, lease: Duration| {
         let mut es = entries(chain, 8, blk);
         es.iter_mut().for_each(|e| e.offset += (base * blk) as u64);
-        es
+        let options = PrefetchOptions {
+            lease,
+            ..Default::default()
+        };
+        c.prefetch("default", &region, es, options)
+            .await
+            .expect("prefetch")
     };
-    let long = c
-        .prefetch(
-            "default",
-            &region,
-            shifted("leased", 0),
-            PrefetchOptions {
-                lease: Duration::from_secs(600),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("prefetch");
+    let long = prefetch_leased("leased", 0, Duration::from_secs(600)).await;
     assert_eq!(long.wait().await.landed, 8);
-    let short = c
-        .prefetch(
-            "default",
-            &region,
-            shifted("short", 8),
-            PrefetchOptions {
-                lease: Duration::from_millis(200),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("prefetch");
+    let short = prefetch_leased("short", 8, Duration::from_millis(200)).await;
     assert_eq!(short.wait().await.landed, 8);
     // Let the short lease run out (a sleep, not a timing assertion: the lease is 200 ms).
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -438,16 +409,8 @@ async fn leases_keep_prefetched_blocks_through_churn_and_then_expire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_costs_bounded_memory_and_others_are_served() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--capacity", "1GiB", "--dram", "16MiB"],
-    )
-    .await;
-    let addr = node.transfer_addr();
-    let c = TransferClient::connect(&addr).await.expect("connect");
     let n = 512;
-    put_chain(&c, "stall", n, |_| MIB).await;
+    let (node, c, addr) = holding_stall_chain(n).await;
     let rss = || common::rss_bytes(node.pid());
     let before = rss();
     // Three connections each ask for 512 MiB and never read a byte of it.
@@ -462,14 +425,14 @@ async fn a_client_that_never_reads_costs_bounded_memory_and_others_are_served() 
             },
         )
         .await;
-        let req = Request::Prefetch {
+        let req = Request::Prefetch(PrefetchRequest {
             ns: "default".into(),
             region_id: 1,
             policy: Policy::WaitComplete,
             deadline_ms: 0,
             lease_ms: 0,
             entries: entries("stall", n, MIB),
-        };
+        });
         r.send(2, &req).await;
         stalled.push(r);
     }
@@ -525,8 +488,7 @@ fn cli(args: &[&str]) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_match_prefetch_events_and_hash_over_cxp1() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(&dir.path().join("n"), &["--capacity", "256MiB"]).await;
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let addr = node.transfer_addr();
     // Keys from the chained block hash of 48 tokens, 16 per block.
     let tokens: Vec<String> = (0..48).map(|t| t.to_string()).collect();
@@ -563,7 +525,7 @@ async fn cli_match_prefetch_events_and_hash_over_cxp1() {
         .expect("put");
     let (code, out) = cli(&["match", "--transfer", &addr, keys[0], keys[1], keys[2]]);
     assert_eq!((code, out.trim()), (0, "2"));
-    let got = dir.path().join("out");
+    let got = node.scratch().join("out");
     let (code, out) = cli(&[
         "prefetch",
         "--transfer",

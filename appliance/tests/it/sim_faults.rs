@@ -26,6 +26,18 @@ async fn put(
     node.put("default", key, content(key, len), None, d).await
 }
 
+/// Stores the block whose contents derive from `key` durably; it must be acknowledged.
+async fn stored(node: &ctxpod_engine::Engine, key: &[u8], len: usize) {
+    put(node, key, len, Durability::Durable).await.expect("put");
+}
+
+/// A temp dir, a node's configuration in it, and a simulated device without faults.
+fn fault_free() -> (tempfile::TempDir, Config, Arc<SimDevice>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path());
+    (dir, cfg, device(FaultPlan::none()))
+}
+
 fn device(plan: FaultPlan) -> Arc<SimDevice> {
     Arc::new(SimDevice::new(
         Profile::load("tlc-noplp").expect("profile"),
@@ -49,9 +61,7 @@ fn every_tear_point_of_a_record_leaves_it_whole_or_absent() {
     let len = sectors * 4096 - ctxpod_format::record::HEADER_BYTES - 16;
     assert_eq!(ctxpod_format::record::record_bytes(len), sectors * 4096);
     for keep in 0..=sectors {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = config(dir.path());
-        let dev = device(FaultPlan::none());
+        let (_dir, cfg, dev) = fault_free();
         let node = life(async {
             let node = open_on_sim(&cfg, &dev).await;
             put(&node, b"base", 5000, Durability::Durable)
@@ -95,9 +105,7 @@ fn every_tear_point_of_a_record_leaves_it_whole_or_absent() {
 fn misdirected_writes_are_caught_by_the_record_identity() {
     let mut caught = 0;
     for seed in 0..20u64 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = config(dir.path());
-        let dev = device(FaultPlan::none());
+        let (_dir, cfg, dev) = fault_free();
         let keys: Vec<Vec<u8>> = (0..8).map(|i| format!("k{i}").into_bytes()).collect();
         life(async {
             let node = open_on_sim(&cfg, &dev).await;
@@ -143,9 +151,7 @@ fn misdirected_writes_are_caught_by_the_record_identity() {
 /// an error for that request only; the node goes on serving.
 #[test]
 fn bad_reads_are_misses_or_errors_never_wrong_bytes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path());
-    let dev = device(FaultPlan::none());
+    let (_dir, cfg, dev) = fault_free();
     life(async {
         let node = open_on_sim(&cfg, &dev).await;
         for k in [&b"a"[..], b"b", b"c"] {
@@ -180,14 +186,10 @@ fn bad_reads_are_misses_or_errors_never_wrong_bytes() {
 #[test]
 fn failed_writes_and_flushes_are_never_acknowledged() {
     for fault in [Fault::ProgramFail, Fault::FlushFail] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = config(dir.path());
-        let dev = device(FaultPlan::none());
+        let (_dir, cfg, dev) = fault_free();
         life(async {
             let node = open_on_sim(&cfg, &dev).await;
-            put(&node, b"before", 9000, Durability::Durable)
-                .await
-                .expect("put");
+            stored(&node, b"before", 9000).await;
             // A flush comes with a durable put after a fast one.
             put(&node, b"fast", 9000, Durability::Fast)
                 .await
@@ -292,19 +294,10 @@ fn writes_resume_when_space_returns() {
 /// device's wear in its metrics.
 #[tokio::test]
 async fn the_daemon_serves_on_a_simulated_device() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        &dir.path().join("n"),
-        &["--device", "sim:qlc", "--capacity", "256MiB"],
-    )
-    .await;
-    for i in 0..20u64 {
-        let k = format!("sim{i}").into_bytes();
-        node.client
-            .put("default", &k, content(&k, 100_000), Durability::Durable)
-            .await
-            .expect("put");
-    }
+    let node = Node::fresh(&["--device", "sim:qlc", "--capacity", "256MiB"]).await;
+    let keys = (0..20u64).map(|i| format!("sim{i}").into_bytes());
+    let blocks = keys.map(|k| (k.clone(), content(&k, 100_000)));
+    common::put_all(&node.client, "default", blocks, Durability::Durable).await;
     for i in 0..20u64 {
         let k = format!("sim{i}").into_bytes();
         let got = node.client.get("default", &k).await.expect("get");
@@ -328,14 +321,10 @@ async fn the_daemon_serves_on_a_simulated_device() {
 #[test]
 fn offload_engine_faults_fail_only_their_request() {
     use ctxpod_engine::offload::OffloadFaults;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path());
-    let dev = device(FaultPlan::none());
+    let (_dir, cfg, dev) = fault_free();
     life(async {
         let node = open_on_sim(&cfg, &dev).await;
-        put(&node, b"ok", 20_000, Durability::Durable)
-            .await
-            .expect("put");
+        stored(&node, b"ok", 20_000).await;
         // A put's work on the engines is the AES-GCM seal (its CRC32C is computed inline
         // with the landing copy).
         node.offload().set_faults(OffloadFaults {

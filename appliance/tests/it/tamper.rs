@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use common::{block, flip, open_device, records, Node};
+use common::{block, flip, open_device, put_all, put_durable, records, Node};
 use ctxpod_format::record::HEADER_BYTES;
 use ctxpod_wire::Durability;
 use std::os::unix::fs::FileExt;
@@ -139,10 +139,7 @@ async fn a_replaced_device_file_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
     let mut node = Node::start(&data_dir, &["--capacity", "128MiB"]).await;
-    node.client
-        .put("default", b"k", block(1, 1000), Durability::Durable)
-        .await
-        .expect("put");
+    put_durable(&node.client, "default", b"k", block(1, 1000)).await;
     node.stop();
     std::fs::remove_file(data_dir.join("blocks.dev")).expect("remove");
     let err = refused_start(&data_dir, "128MiB");
@@ -193,10 +190,7 @@ fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod_format::record::RecordHe
 async fn ten_thousand_tamper_cases_release_no_plaintext() {
     use ctxpod_format::record::RecordHeader;
     use rand::{Rng, SeedableRng};
-    let cases: usize = std::env::var("CTXPOD_TAMPER_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let cases: usize = common::env_or("CTXPOD_TAMPER_CASES", 10_000);
     let seed = common::seed_from_env("CTXPOD_TEST_SEED", 5);
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("n");
@@ -240,12 +234,7 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
                     .await
                     .expect("batch put");
                 assert!(st.iter().all(|&s| s == 201 || s == 503), "{st:?}");
-                left = left
-                    .into_iter()
-                    .zip(st)
-                    .filter(|(_, s)| *s == 503)
-                    .map(|(b, _)| b)
-                    .collect();
+                left = common::answered_busy(left, st);
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             panic!("the node stayed busy");
@@ -436,17 +425,10 @@ async fn a_plaintext_node_stores_bodies_as_received_and_keeps_its_mode() {
     );
     let key = |i: u64| format!("p{i}").into_bytes();
     let len = |i: u64| 5_000 + i as usize * 7_000;
-    for i in 0..6 {
-        // Fast puts: after the kill below, only the tail scan finds them.
-        node.client
-            .put("default", &key(i), block(i, len(i)), Durability::Fast)
-            .await
-            .expect("put");
-    }
-    node.client
-        .put("default", b"sync", block(99, 100), Durability::Durable)
-        .await
-        .expect("put");
+    // Fast puts: after the kill below, only the tail scan finds them.
+    let blocks = (0..6).map(|i| (key(i), block(i, len(i))));
+    put_all(&node.client, "default", blocks, Durability::Fast).await;
+    put_durable(&node.client, "default", b"sync", block(99, 100)).await;
     node.restart().await;
     for i in 0..6 {
         assert_eq!(
@@ -494,10 +476,7 @@ async fn a_plaintext_node_stores_bodies_as_received_and_keeps_its_mode() {
     // and it refuses to be restarted in plaintext mode.
     let sealed_dir = dir.path().join("sealed");
     let mut node = Node::start(&sealed_dir, &["--capacity", "128MiB"]).await;
-    node.client
-        .put("default", b"s", block(5, 9_000), Durability::Durable)
-        .await
-        .expect("put");
+    put_durable(&node.client, "default", b"s", block(5, 9_000)).await;
     node.stop();
     let dev = open_device(&sealed_dir);
     let (at, h) = records(&dev)[&b"s".to_vec()].clone();

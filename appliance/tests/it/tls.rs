@@ -12,16 +12,12 @@ use common::{block, Node};
 use ctxpod_client::client::Client;
 use ctxpod_client::connect::Connect;
 use ctxpod_client::transfer_client::TransferClient;
-use ctxpod_wire::proto::Durability as WireDurability;
 use ctxpod_wire::Durability;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn tls_toml(server: &Files, client_ca: Option<&Path>) -> String {
-    let mut t = format!(
-        "[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
-        server.cert, server.key
-    );
+    let mut t = server.tls_lines();
     if let Some(ca) = client_ca {
         t += &format!("client_ca_file = {ca:?}\n");
     }
@@ -84,15 +80,7 @@ async fn mtls_maps_certificates_to_tenants_and_refuses_bad_ones() {
         .expect("get");
     assert_eq!(got, vec![Some(block(1, 100_000))]);
     // The admin certificate sees it under the tenant's prefix; tenant a cannot see admin's.
-    let names: Vec<String> = node
-        .client
-        .namespaces()
-        .await
-        .expect("list")
-        .namespaces
-        .into_iter()
-        .map(|n| n.name)
-        .collect();
+    let names = common::namespace_names(&node.client).await;
     assert!(names.contains(&"a/kv".to_string()), "{names:?}");
     let a_names = ca_http.namespaces().await.expect("list").namespaces;
     assert_eq!(a_names.len(), 1);
@@ -200,13 +188,7 @@ async fn certificates_reload_without_dropping_connections() {
     let wire = TransferClient::connect_with(&node.transfer_addr(), &only(&ca1))
         .await
         .expect("CXP1");
-    wire.put(
-        "default",
-        &[(Bytes::from_static(b"x"), block(3, 10_000))],
-        WireDurability::Durable,
-    )
-    .await
-    .expect("put");
+    common::put_over_wire(&wire, "default", b"x", block(3, 10_000)).await;
     let keep = Client::connect(node.url.clone(), &only(&ca1)).expect("client");
     assert!(keep.namespaces().await.is_ok());
 
@@ -334,13 +316,9 @@ async fn token_files_reload_on_sighup() {
         .expect("CXP1 with engine-b's token");
     let mut sub = w.subscribe("x").await.expect("subscribe");
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let sse = reqwest::Client::new()
-        .get(format!("{}/v1/namespaces/x/events", node.url))
-        .bearer_auth(&later)
-        .send()
-        .await
-        .expect("SSE");
-    assert_eq!(sse.status(), 200);
+    let events = format!("{}/v1/namespaces/x/events", node.url);
+    let sse = reqwest::Client::new().get(events).bearer_auth(&later);
+    let sse = common::answered(sse, 200).await;
     let mut sse = sse.bytes_stream();
     // A removed token stops working at the next reload, and its live connection and
     // stream are closed within seconds. (At adc7102 both went on.)

@@ -117,13 +117,7 @@ async fn abuse_costs_the_abuser_its_connection_only() {
     let data_dir = dir.path().join("n");
     let node = Node::start(&data_dir, &["--capacity", "256MiB"]).await;
     let good = node.wire().await;
-    good.put(
-        "default",
-        &[(Bytes::from_static(b"k"), block(1, 1000))],
-        Durability::Durable,
-    )
-    .await
-    .expect("put");
+    common::put_over_wire(&good, "default", b"k", block(1, 1000)).await;
 
     // Not CXP1 at all.
     let mut s = node.raw_wire().await;

@@ -4,7 +4,9 @@
 use crate::auth::{Access, Principal};
 use bytes::Bytes;
 use ctxpod_client::proto_io::FrameInput;
-use ctxpod_wire::proto::{status, Frame, Header, Op, Request, Response, TOKEN_BYTES_MAX};
+use ctxpod_wire::proto::{
+    status, Frame, Header, Op, PrefetchRequest, Request, Response, TOKEN_BYTES_MAX,
+};
 
 use super::conn::{Conn, Rd};
 
@@ -24,7 +26,7 @@ pub(crate) fn scope_request(req: &mut Request, p: &Principal) -> Result<(), Stri
         | Request::Pin { ns, .. }
         | Request::Unpin { ns, .. }
         | Request::Put { ns, .. }
-        | Request::Prefetch { ns, .. }
+        | Request::Prefetch(PrefetchRequest { ns, .. })
         | Request::Subscribe { ns } => ns,
         Request::Ping
         | Request::RegisterRegion { .. }

@@ -72,23 +72,19 @@ pub(crate) async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> O
             }
             vec![Response::RegionRegistered.encode(op, status::OK, id)]
         }
-        Request::Prefetch {
-            ns,
-            region_id,
-            policy,
-            deadline_ms,
-            lease_ms,
-            entries,
-        } => {
-            let Some(region_bytes) = conn.regions.lock().get(&region_id).copied() else {
+        Request::Prefetch(req) => {
+            let Some(region_bytes) = conn.regions.lock().get(&req.region_id).copied() else {
                 return Some(error(
                     op,
                     id,
                     status::NOT_FOUND,
-                    format!("region {region_id} is not registered on this connection"),
+                    format!(
+                        "region {} is not registered on this connection",
+                        req.region_id
+                    ),
                 ));
             };
-            if let Some((i, e)) = entries.iter().enumerate().find(|(_, e)| {
+            if let Some((i, e)) = req.entries.iter().enumerate().find(|(_, e)| {
                 e.offset
                     .checked_add(e.max_len as u64)
                     .is_none_or(|end| end > region_bytes)
@@ -98,12 +94,12 @@ pub(crate) async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> O
                     id,
                     status::BAD_REQUEST,
                     format!(
-                        "entry {i}: {} bytes at offset {} do not fit region {region_id} of {region_bytes} bytes",
-                        e.max_len, e.offset
+                        "entry {i}: {} bytes at offset {} do not fit region {} of {region_bytes} bytes",
+                        e.max_len, e.offset, req.region_id
                     ),
                 ));
             }
-            if policy == Policy::Timeout && deadline_ms == 0 {
+            if req.policy == Policy::Timeout && req.deadline_ms == 0 {
                 return Some(error(
                     op,
                     id,
@@ -116,14 +112,14 @@ pub(crate) async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> O
                 Err(f) => return Some(vec![f]),
             };
             let p = Prefetch {
-                ns,
-                policy,
-                deadline: (deadline_ms > 0)
-                    .then(|| Instant::now() + Duration::from_millis(deadline_ms as u64)),
+                policy: req.policy,
+                deadline: (req.deadline_ms > 0)
+                    .then(|| Instant::now() + Duration::from_millis(req.deadline_ms as u64)),
                 lease: Duration::from_millis(
-                    (lease_ms as u64).min(ctxpod_wire::PREFETCH_LEASE_MS_MAX),
+                    (req.lease_ms as u64).min(ctxpod_wire::PREFETCH_LEASE_MS_MAX),
                 ),
-                entries,
+                ns: req.ns,
+                entries: req.entries,
             };
             // The ticket outlives this request (its pushes, then its lease).
             let conn = conn.clone();

@@ -466,11 +466,12 @@ pub(crate) async fn pod_batch_put(
                         states[i].answer(s);
                     }
                 }
-                Err(e) => match e.status() {
-                    Some(s) => idx.into_iter().for_each(|i| states[i].answer(s)),
-                    // Unreachable: the next round asks the next member in rank order.
-                    None => {}
-                },
+                // Unreachable (no status): the next round asks the next member in rank order.
+                Err(e) => {
+                    if let Some(s) = e.status() {
+                        idx.into_iter().for_each(|i| states[i].answer(s));
+                    }
+                }
             }
         }
     }

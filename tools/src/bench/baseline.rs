@@ -125,16 +125,9 @@ pub(crate) fn fio_baseline(dir: &Path, bytes: u64) -> Option<Vec<Row>> {
     let ws = run("write", "1M", 16, &["--fdatasync=4"]);
     let _ = std::fs::remove_file(&path);
     let mk = |what: &str, size: u64, (bw, iops): (f64, f64)| Row {
-        run: 0,
-        device: "file".into(),
-        of_device: None,
-        node_cpu_s_per_gib: None,
-        client_cpu_s_per_gib: None,
-        what: what.into(),
-        size,
         ops: iops.round() as u64,
         gb_per_s: bw / 1e9,
-        ..Row::default()
+        ..Row::of(what, size)
     };
     let mut rows = vec![
         mk("fio seq write (O_DIRECT, 1 MiB, QD8)", 1 << 20, w?),

@@ -2,6 +2,8 @@
 //! and `perf record` when asked), stopped when dropped.
 
 use super::*;
+use ctxpod_testkit::pki::{client_tls, Ca};
+use ctxpod_testkit::process::{self, terminate, wait_for_addr};
 
 pub(crate) struct Node {
     pub(crate) child: Child,
@@ -56,25 +58,10 @@ impl PerfRecord {
 pub(crate) fn bench_tls(
     dir: &Path,
 ) -> anyhow::Result<(String, std::sync::Arc<rustls::ClientConfig>)> {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     std::fs::create_dir_all(dir)?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "ctxpod bench CA");
-    let ca_key = KeyPair::generate()?;
-    let ca = ca.self_signed(&ca_key)?;
-    let mut srv = CertificateParams::new(vec!["127.0.0.1".to_string()])?;
-    srv.distinguished_name
-        .push(DnType::CommonName, "ctxpod bench node");
-    let key = KeyPair::generate()?;
-    let cert = srv.signed_by(&key, &ca, &ca_key)?;
-    let (cf, kf) = (dir.join("node.crt"), dir.join("node.key"));
-    std::fs::write(&cf, cert.pem())?;
-    std::fs::write(&kf, key.serialize_pem())?;
-    let toml = format!("[tls]\ncert_file = {cf:?}\nkey_file = {kf:?}\n");
-    let client = ctxpod_client::connect::tls_client_config(ca.pem().as_bytes(), None)?;
-    Ok((toml, std::sync::Arc::new(client)))
+    let ca = Ca::new("ctxpod bench CA");
+    let toml = ca.server(dir, "node").tls_lines();
+    Ok((toml, client_tls(&ca, None)))
 }
 
 impl Node {
@@ -87,7 +74,7 @@ impl Node {
     ) -> anyhow::Result<Node> {
         let offload_inline = a.offload_inline;
         let exe = std::env::current_exe()?;
-        let _ = std::fs::remove_file(data_dir.join("ctxpod.addr"));
+        let _ = std::fs::remove_file(data_dir.join(process::ADDR_FILE));
         let mut cmd = Command::new(exe);
         cmd.args([
             "serve",
@@ -113,18 +100,9 @@ impl Node {
             cmd.arg("--config").arg(f);
             how.tls = Some(client);
         }
-        let child = spawn_serve(cmd, data_dir, capacity, dram)?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let addr = loop {
-            if let Ok(a) = std::fs::read_to_string(data_dir.join("ctxpod.addr")) {
-                break a.trim().to_string();
-            }
-            ensure!(Instant::now() < deadline, "node did not start within 60 s");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let transfer = std::fs::read_to_string(data_dir.join("ctxpod.transfer.addr"))
-            .ok()
-            .map(|a| a.trim().to_string());
+        let mut child = spawn_serve(cmd, data_dir, capacity, dram)?;
+        let addr = wait_for_addr(data_dir, &mut child, Duration::from_secs(60)).await?;
+        let transfer = process::transfer_addr(data_dir).ok();
         let scheme = if a.tls { "https" } else { "http" };
         Ok(Node {
             child,
@@ -136,9 +114,7 @@ impl Node {
     }
 
     pub(crate) fn stop(mut self) -> anyhow::Result<()> {
-        // SAFETY: sending SIGTERM to our own child process.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait()?;
+        terminate(&mut self.child)?;
         Ok(())
     }
 }
@@ -177,13 +153,6 @@ pub(crate) fn spawn_serve(
         .context("start ctxpod serve")
 }
 
-/// A free loopback port (bound, then released for the node to take).
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// A node of the `--pod` benchmark: stopped with SIGTERM and its data removed when dropped.
 pub(crate) struct PodNode {
     pub(crate) child: Child,
@@ -192,9 +161,7 @@ pub(crate) struct PodNode {
 
 impl Drop for PodNode {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        let _ = terminate(&mut self.child);
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(self.dir.with_extension("toml"));
     }

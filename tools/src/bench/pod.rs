@@ -1,7 +1,8 @@
 //! `--pod`: a pod of nodes with etcd, measured through the pod client.
 
-use super::nodes::{free_port, spawn_serve, PodNode};
+use super::nodes::{spawn_serve, PodNode};
 use super::*;
+use ctxpod_testkit::{free_port, poll_until};
 
 /// One row of the `--pod` benchmark.
 #[derive(serde::Serialize)]
@@ -81,21 +82,18 @@ pub(crate) async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
             .collect();
         for (node, url) in nodes.iter().zip(&urls) {
             let c = Client::new(url.clone());
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !c.ready().await {
-                ensure!(
-                    Instant::now() < deadline,
-                    "node {} not ready within 60 s",
-                    node.dir.display()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let every = Duration::from_millis(20);
+            ensure!(
+                poll_until(Duration::from_secs(60), every, async || c.ready().await).await,
+                "node {} not ready within 60 s",
+                node.dir.display()
+            );
         }
         let pc = std::sync::Arc::new(PodClient::connect(&urls, &Default::default()).await?);
         let cpu = |nodes: &[PodNode]| -> f64 {
             nodes.iter().filter_map(|n| cpu_seconds(n.child.id())).sum()
         };
-        let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
+        let pool: Vec<Bytes> = (0..POOL).map(|i| block(i, size)).collect();
         let mut counts = Vec::new();
         // The first read of each block comes from flash (puts do not fill the DRAM tier);
         // the second from DRAM.

@@ -3,17 +3,10 @@
 
 use super::nodes::Node;
 use super::*;
+use ctxpod_testkit::{answered_busy, du, rss_bytes};
 
 pub(crate) fn mib(bytes: f64) -> String {
     format!("{:.1} MiB", bytes / (1u64 << 20) as f64)
-}
-
-/// Resident memory of process `pid`, from /proc.
-pub(crate) fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Bytes free on the filesystem holding `dir`.
@@ -25,20 +18,6 @@ pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
     // SAFETY: a valid C string and a statvfs struct to fill.
     (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
         .then(|| st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-pub(crate) fn du(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => du(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// Key `i` of a scale check: 16 bytes, spread like the hashes engines use.
@@ -96,7 +75,7 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
                 TransferClient::connect_with(&addr, &node.how).await?,
             ));
         }
-        let data = block(size, 7);
+        let data = block(7, size);
         const BATCH: u64 = 256;
         let t = Instant::now();
         let mut loaded = 0u64;
@@ -119,12 +98,7 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
                         st.iter().all(|&s| s == 201 || s == 200 || s == 503),
                         "scale load: statuses {st:?}"
                     );
-                    left = left
-                        .into_iter()
-                        .zip(st)
-                        .filter(|(_, s)| *s == 503)
-                        .map(|(e, _)| e)
-                        .collect();
+                    left = answered_busy(left, st);
                     if !left.is_empty() {
                         ensure!(
                             Instant::now() < deadline,
@@ -211,7 +185,7 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
             rss_per_million_blocks: out.first().filter(|f: &&ScaleRow| f.blocks < n).map(
                 |f: &ScaleRow| (rss as f64 - f.rss_bytes as f64) / ((n - f.blocks) as f64 / 1e6),
             ),
-            index_bytes: du(&data_dir.join("index")),
+            index_bytes: du(&data_dir.join("index")).unwrap_or(0),
         };
         eprintln!(
             "scale {n}: GET p50 {:.0} µs, p99 {:.0} µs, {:.0} GET/s; RSS {}",

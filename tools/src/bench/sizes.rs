@@ -237,7 +237,7 @@ pub(crate) async fn compare_transfer(
         .collect();
     for part in chain.chunks(100) {
         let blocks: Vec<(Bytes, Bytes)> =
-            part.iter().map(|k| (k.clone(), block(4096, 1))).collect();
+            part.iter().map(|k| (k.clone(), block(1, 4096))).collect();
         tc.put("default", &blocks, ctxpod_wire::proto::Durability::Durable)
             .await?;
     }
@@ -289,7 +289,7 @@ pub(crate) async fn batch_phase(
     const DEPTH: usize = 2;
     let batch = batch_of(size) as u64;
     let addr = node.transfer.clone().context("no transfer listener")?;
-    let pool: Vec<Bytes> = (0..POOL).map(|i| block(size, i)).collect();
+    let pool: Vec<Bytes> = (0..POOL).map(|i| block(i, size)).collect();
     let cpu0 = CpuMark::now(node);
     let batches = n.div_ceil(batch);
     let t = Instant::now();

@@ -13,7 +13,7 @@ impl Request {
             Request::Pin { .. } => Op::Pin,
             Request::Unpin { .. } => Op::Unpin,
             Request::RegisterRegion { .. } => Op::RegisterRegion,
-            Request::Prefetch { .. } => Op::Prefetch,
+            Request::Prefetch(_) => Op::Prefetch,
             Request::Cancel { .. } => Op::Cancel,
             Request::Subscribe { .. } => Op::Subscribe,
             Request::Auth { .. } => Op::Auth,
@@ -59,21 +59,14 @@ impl Request {
                 w.b.put_u32_le(*region_id);
                 w.b.put_u64_le(*bytes);
             }
-            Request::Prefetch {
-                ns,
-                region_id,
-                policy,
-                deadline_ms,
-                lease_ms,
-                entries,
-            } => {
-                w.ns(ns);
-                w.b.put_u32_le(*region_id);
-                w.b.put_u8(*policy as u8);
-                w.b.put_u32_le(*deadline_ms);
-                w.b.put_u32_le(*lease_ms);
-                w.b.put_u32_le(entries.len() as u32);
-                for e in entries {
+            Request::Prefetch(p) => {
+                w.ns(&p.ns);
+                w.b.put_u32_le(p.region_id);
+                w.b.put_u8(p.policy as u8);
+                w.b.put_u32_le(p.deadline_ms);
+                w.b.put_u32_le(p.lease_ms);
+                w.b.put_u32_le(p.entries.len() as u32);
+                for e in &p.entries {
                     w.key(&e.key);
                     w.b.put_u64_le(e.offset);
                     w.b.put_u32_le(e.max_len);
@@ -165,29 +158,24 @@ impl Request {
                 region_id: r.u32()?,
                 bytes: r.u64()?,
             },
-            Op::Prefetch => {
-                let ns = r.ns()?;
-                let region_id = r.u32()?;
-                let p = r.u8()?;
-                let policy = Policy::from_u8(p).ok_or(ProtoError::BadPolicy(p))?;
-                let deadline_ms = r.u32()?;
-                let lease_ms = r.u32()?;
-                let entries = r.list(|r| {
+            // Fields in wire order: a struct literal evaluates them as written.
+            Op::Prefetch => Request::Prefetch(PrefetchRequest {
+                ns: r.ns()?,
+                region_id: r.u32()?,
+                policy: {
+                    let p = r.u8()?;
+                    Policy::from_u8(p).ok_or(ProtoError::BadPolicy(p))?
+                },
+                deadline_ms: r.u32()?,
+                lease_ms: r.u32()?,
+                entries: r.list(|r| {
                     Ok(PrefetchEntry {
                         key: r.key()?,
                         offset: r.u64()?,
                         max_len: r.u32()?,
                     })
-                })?;
-                Request::Prefetch {
-                    ns,
-                    region_id,
-                    policy,
-                    deadline_ms,
-                    lease_ms,
-                    entries,
-                }
-            }
+                })?,
+            }),
             Op::Cancel => Request::Cancel { ticket: r.u64()? },
             Op::Subscribe => Request::Subscribe { ns: r.ns()? },
             Op::Auth => {

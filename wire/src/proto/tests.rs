@@ -78,7 +78,7 @@ fn request(r: &mut impl Rng) -> Request {
             region_id: r.gen(),
             bytes: r.gen(),
         },
-        7 => Request::Prefetch {
+        7 => Request::Prefetch(PrefetchRequest {
             ns: ns(r),
             region_id: r.gen(),
             policy: [Policy::BestEffort, Policy::WaitComplete, Policy::Timeout][r.gen_range(0..3)],
@@ -91,7 +91,7 @@ fn request(r: &mut impl Rng) -> Request {
                     max_len: r.gen(),
                 })
                 .collect(),
-        },
+        }),
         8 => Request::Subscribe { ns: ns(r) },
         9 => Request::Auth {
             token: Bytes::from(format!("tok-{}.{:064x}", r.gen::<u16>(), r.gen::<u128>())),

@@ -1,18 +1,27 @@
 //! Test harness: starts the real `ctxpod` binary on a temp dir and a free loopback port.
+//! The pieces a node process is made of (waiting for its address, PKI, etcd, block
+//! contents) are ctxpod-testkit's, shared with the benchmark; [`Node`] stays here because
+//! it is the tests' own: it panics rather than returning errors, runs the binary this test
+//! crate is built with (`CARGO_BIN_EXE_ctxpod`), follows `CTXPOD_TEST_TRANSPORT`, and its
+//! twenty-odd call sites start it in half a dozen ways the bench never needs.
 
 pub mod etcd;
-pub mod pki;
 
-use ctxpod_client::client::Client;
+pub use ctxpod_testkit::pki;
+pub use ctxpod_testkit::process::deny_io_uring_setup;
+pub use ctxpod_testkit::{answered_busy, block, content, env_or, seed_from_env};
+
+use ctxpod_client::client::{Client, ClientError};
 use ctxpod_client::connect::Connect;
 use ctxpod_client::transfer_client::TransferClient;
 use ctxpod_format::record::{RecordHeader, HEADER_BYTES};
-use rand::{Rng, SeedableRng};
+use ctxpod_testkit::process;
+use ctxpod_wire::Durability;
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Node {
     child: Option<Child>,
@@ -27,6 +36,9 @@ pub struct Node {
     https: bool,
     /// Configuration file contents, if any (written beside the data dir).
     config: Option<String>,
+    /// The temp dir of a node made by [`Node::fresh`]: removed after the node is killed
+    /// (fields drop after [`Drop::drop`] ran).
+    tmp: Option<tempfile::TempDir>,
 }
 
 /// A connection's byte stream, plain or TLS.
@@ -56,6 +68,7 @@ impl Node {
             how: Connect::default(),
             https: false,
             config: None,
+            tmp: None,
         };
         match transport().as_str() {
             "plain" => {}
@@ -74,10 +87,7 @@ impl Node {
         let ca = pki::Ca::new("ctxpod suite CA");
         let ca_file = ca.write(&pki_dir.join("ca.crt"));
         let server = ca.server(&pki_dir, "node");
-        let mut toml = format!(
-            "[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
-            server.cert, server.key
-        );
+        let mut toml = server.tls_lines();
         let identity = mutual.then(|| {
             toml += &format!("client_ca_file = {ca_file:?}\n");
             toml += "[[auth.identities]]\nsubject = \"suite-admin\"\nrole = \"admin\"\n";
@@ -166,14 +176,49 @@ impl Node {
 
     /// The address the node's CXP1 listener publishes.
     pub fn transfer_addr(&self) -> String {
-        std::fs::read_to_string(self.dir.join("ctxpod.transfer.addr"))
-            .expect("the node publishes its transfer address")
-            .trim()
-            .to_string()
+        process::transfer_addr(&self.dir).expect("the node publishes its transfer address")
     }
 
     pub async fn start(dir: &Path, args: &[&str]) -> Node {
         Self::start_with(dir, args, &[]).await
+    }
+
+    /// Starts a node in a temp dir of its own (its data dir is `n` in it), which goes when
+    /// the node is dropped.
+    pub async fn fresh(args: &[&str]) -> Node {
+        Self::fresh_with(args, &[]).await
+    }
+
+    /// [`Node::fresh`] with extra environment.
+    pub async fn fresh_with(args: &[&str], envs: &[(&str, &str)]) -> Node {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut n = Self::unstarted(&tmp.path().join("n"), args, envs, false);
+        n.tmp = Some(tmp);
+        n.spawn().await;
+        n
+    }
+
+    /// [`Node::fresh`], and a CXP1 client of it.
+    pub async fn fresh_with_wire(args: &[&str]) -> (Node, TransferClient) {
+        let n = Self::fresh(args).await;
+        let c = n.wire().await;
+        (n, c)
+    }
+
+    /// The temp dir a [`Node::fresh`] node lives in, for files beside its data dir.
+    pub fn scratch(&self) -> &Path {
+        self.tmp
+            .as_ref()
+            .expect("a node made by Node::fresh")
+            .path()
+    }
+
+    /// A request to `path` (from `/v1/...`) of the node's HTTP API, by the harness's
+    /// client (with its token and TLS).
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .http()
+            .request(method, format!("{}{path}", self.url))
     }
 
     /// Starts a node whose process is refused `io_uring_setup` by a seccomp filter, the way
@@ -185,8 +230,7 @@ impl Node {
     }
 
     async fn spawn(&mut self) {
-        let addr_file = self.dir.join("ctxpod.addr");
-        let _ = std::fs::remove_file(&addr_file);
+        let _ = std::fs::remove_file(self.dir.join(process::ADDR_FILE));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -226,34 +270,20 @@ impl Node {
             }
         }
         let mut child = cmd.spawn().expect("spawn ctxpod");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let addr = loop {
-            if let Ok(a) = std::fs::read_to_string(&addr_file) {
-                if a.ends_with('\n') {
-                    break a.trim().to_string();
-                }
-            }
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!(
-                    "ctxpod exited with {st} before serving; log:\n{}",
-                    std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ctxpod did not start within 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let addr = process::wait_for_addr(&self.dir, &mut child, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log()));
         let scheme = if self.https { "https" } else { "http" };
         self.url = format!("{scheme}://{addr}");
         self.client = Client::connect(self.url.clone(), &self.how).expect("client");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.client.ready().await {
-            assert!(Instant::now() < deadline, "ctxpod not ready within 30 s");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let client = self.client.clone();
+        let ready = ctxpod_testkit::poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(10),
+            async || client.ready().await,
+        );
+        assert!(ready.await, "ctxpod not ready within 30 s");
     }
 
     /// `kill -9`, no warning.
@@ -267,9 +297,7 @@ impl Node {
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let st = c.wait().expect("wait for ctxpod");
+            let st = process::terminate(&mut c).expect("wait for ctxpod");
             assert!(st.success(), "ctxpod exited with {st} on SIGTERM");
         }
     }
@@ -290,82 +318,88 @@ impl Drop for Node {
     }
 }
 
-/// Deterministic pseudo-random bytes for (seed, len).
-pub fn block(seed: u64, len: usize) -> bytes::Bytes {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut v = vec![0u8; len];
-    rng.fill(&mut v[..]);
-    bytes::Bytes::from(v)
-}
-
-pub fn seed_from_env(name: &str, default: u64) -> u64 {
-    let s = std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    eprintln!("{name}={s} (set it to replay)");
-    s
-}
-
 /// Bytes used by the files under `dir` (allocated blocks, like `du`).
 pub fn du(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
-            let m = e.metadata().expect("metadata");
-            if m.is_dir() {
-                stack.push(e.path());
-            } else {
-                total += m.blocks() * 512;
-            }
-        }
-    }
-    total
+    ctxpod_testkit::du(dir).expect("read the dir")
 }
 
-/// Installs a seccomp filter that answers EPERM to `io_uring_setup` (x86_64) and allows
-/// everything else.
-pub fn deny_io_uring_setup() -> std::io::Result<()> {
-    const SYS_IO_URING_SETUP: u32 = 425;
-    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
-    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-    let stmt = |code: u16, k: u32| libc::sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jump = |k: u32, jt: u8, jf: u8| libc::sock_filter {
-        code: 0x05 | 0x10,
-        jt,
-        jf,
-        k,
-    };
-    let filter = [
-        stmt(0x20, 4),                 // load arch
-        jump(AUDIT_ARCH_X86_64, 1, 0), // x86_64: go on; else allow
-        stmt(0x06, SECCOMP_RET_ALLOW),
-        stmt(0x20, 0), // load syscall number
-        jump(SYS_IO_URING_SETUP, 0, 1),
-        stmt(0x06, SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        stmt(0x06, SECCOMP_RET_ALLOW),
-    ];
-    let prog = libc::sock_fprog {
-        len: filter.len() as u16,
-        filter: filter.as_ptr() as *mut libc::sock_filter,
-    };
-    // SAFETY: prctl with valid arguments; `prog` outlives the call.
-    unsafe {
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-            || libc::prctl(libc::PR_SET_SECCOMP, 2, &prog as *const libc::sock_fprog) != 0
-        {
-            return Err(std::io::Error::last_os_error());
+/// Resident memory of a running process, from `/proc/<pid>/status` (VmRSS).
+pub fn rss_bytes(pid: u32) -> u64 {
+    ctxpod_testkit::rss_bytes(pid).expect("VmRSS in kB")
+}
+
+/// Waits (polling every 10 ms) until `done` answers true; after `within`, fails with `what`.
+pub async fn eventually(within: Duration, what: &str, done: impl AsyncFnMut() -> bool) {
+    let every = Duration::from_millis(10);
+    assert!(
+        ctxpod_testkit::poll_until(within, every, done).await,
+        "{what}"
+    );
+}
+
+/// Calls `op` again (every 10 ms) while it is answered 503 (busy), for `within` at most; its
+/// last answer.
+pub async fn past_busy<T>(
+    within: Duration,
+    mut op: impl AsyncFnMut() -> Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match op().await {
+            Err(e) if e.status() == Some(503) && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            answer => return answer,
         }
     }
-    Ok(())
+}
+
+/// Sends `req` and checks that it is answered `status`; the response, for its headers and
+/// body.
+pub async fn answered(req: reqwest::RequestBuilder, status: u16) -> reqwest::Response {
+    let r = req.send().await.expect("send");
+    assert_eq!(r.status(), status);
+    r
+}
+
+/// Checks that `node`'s metrics (the Prometheus text) contain `text`.
+pub async fn metrics_contain(node: &Node, text: &str) {
+    let m = node.client.metrics().await.expect("metrics");
+    assert!(m.contains(text), "{m}");
+}
+
+/// Puts `blocks` into `ns` through `c`, one request each, with `durability`; each must be
+/// stored.
+pub async fn put_all(
+    c: &Client,
+    ns: &str,
+    blocks: impl IntoIterator<Item = (Vec<u8>, bytes::Bytes)>,
+    durability: Durability,
+) {
+    for (k, d) in blocks {
+        c.put(ns, &k, d, durability).await.expect("put");
+    }
+}
+
+/// One durable put through `c`, which must be stored.
+pub async fn put_durable(c: &Client, ns: &str, key: &[u8], data: bytes::Bytes) {
+    c.put(ns, key, data, Durability::Durable)
+        .await
+        .expect("put");
+}
+
+/// One block put durably into `ns` over CXP1; the request must be answered (the block's own
+/// status, returned, is the caller's to check).
+pub async fn put_over_wire(c: &TransferClient, ns: &str, key: &[u8], data: bytes::Bytes) -> u16 {
+    let entry = [(bytes::Bytes::copy_from_slice(key), data)];
+    let durable = ctxpod_wire::proto::Durability::Durable;
+    c.put(ns, &entry, durable).await.expect("put")[0]
+}
+
+/// The names of the namespaces `c` sees, in the order listed.
+pub async fn namespace_names(c: &Client) -> Vec<String> {
+    let list = c.namespaces().await.expect("list");
+    list.namespaces.into_iter().map(|n| n.name).collect()
 }
 
 /// Device file of a node's data dir; records start here.
@@ -401,20 +435,6 @@ pub fn flip(dev: &std::fs::File, at: u64) {
     dev.read_exact_at(&mut b, at).expect("read");
     b[0] ^= 0x5a;
     dev.write_all_at(&b, at).expect("write");
-}
-
-/// Block contents derived from the key (so that any bytes served can be checked).
-pub fn content(key: &[u8], len: usize) -> bytes::Bytes {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in key {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    let mut r = ctxpod_firmware_sim::rng::Rng::new(h);
-    let mut v = vec![0u8; len];
-    for c in v.chunks_mut(8) {
-        c.copy_from_slice(&r.next_u64().to_le_bytes()[..c.len()]);
-    }
-    bytes::Bytes::from(v)
 }
 
 /// A node's configuration for the in-process suites on a simulated device: 16 MiB regions,
@@ -468,16 +488,6 @@ pub async fn try_open_on_sim(
         )),
     )
     .await
-}
-
-/// Resident memory of a process, from `/proc/<pid>/status` (VmRSS).
-pub fn rss_bytes(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS in kB")
-        * 1024
 }
 
 /// Sends a CXP1 hello on a raw connection and checks the node's; returns the node's.

@@ -1,5 +1,6 @@
-//! Certificates made in the test (rcgen): a CA, a server certificate for 127.0.0.1 and
-//! localhost, client certificates (good, expired, signed by another CA).
+//! Certificates made on the spot (rcgen): a CA, a server certificate for 127.0.0.1 and
+//! localhost, pod node certificates, client certificates (good, expired, signed by another
+//! CA, without a common name), and a client TLS configuration that trusts a CA.
 
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -7,6 +8,7 @@ use rcgen::{
 };
 use std::path::{Path, PathBuf};
 
+/// A certificate authority made for one run: its certificate and key, in memory.
 pub struct Ca {
     cert: Certificate,
     key: KeyPair,
@@ -17,11 +19,24 @@ pub struct Ca {
 /// A certificate and its key, as PEM files.
 #[derive(Clone, Debug)]
 pub struct Files {
+    /// The certificate, PEM.
     pub cert: PathBuf,
+    /// Its private key, PEM.
     pub key: PathBuf,
 }
 
+impl Files {
+    /// The `[tls]` section of a node's configuration that serves this certificate.
+    pub fn tls_lines(&self) -> String {
+        format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            self.cert, self.key
+        )
+    }
+}
+
 impl Ca {
+    /// A new self-signed CA whose common name is `name`.
     pub fn new(name: &str) -> Ca {
         let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -36,10 +51,12 @@ impl Ca {
         Ca { cert, key, tag }
     }
 
+    /// The CA's certificate, PEM.
     pub fn pem(&self) -> String {
         self.cert.pem()
     }
 
+    /// Writes the CA's certificate to `path`; returns the path.
     pub fn write(&self, path: &Path) -> PathBuf {
         std::fs::write(path, self.pem()).expect("write CA");
         path.to_path_buf()
@@ -57,7 +74,7 @@ impl Ca {
         f
     }
 
-    /// A server certificate for 127.0.0.1 and localhost.
+    /// A server certificate for 127.0.0.1 and localhost, written under `dir`.
     pub fn server(&self, dir: &Path, name: &str) -> Files {
         let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
             .expect("params");
@@ -95,9 +112,7 @@ impl Ca {
             &format!("client-{cn}{}", if expired { "-expired" } else { "" }),
         )
     }
-}
 
-impl Ca {
     /// A client certificate with no common name (subject `O=<org>` only): what etcd 3.4's
     /// gateway needs from a client while etcd auth is on.
     pub fn client_without_cn(&self, dir: &Path, org: &str) -> Files {
