@@ -1,22 +1,39 @@
-//! Prometheus metrics of one node: `ctxpod_` prefix, base units, `_total` counters, bounded
-//! label sets (an operation name, a tier, an engine: never a key or a namespace id).
+//! The engine's Prometheus series, and the node's one registry they live in: the pod's
+//! (`ctxpod_pod::metrics`) and the node's own (`ctxpod_node::metrics`) are registered in the
+//! same [`Metrics::registry`], so that `/metrics` is one page. Every series: `ctxpod_` prefix,
+//! base units, `_total` counters, bounded label sets (an operation name, a tier, an engine:
+//! never a key or a namespace id).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+
+/// Registers a metric that was just defined in `r` and returns it: definitions are static, and
+/// each is registered once (a second registration of a name is a bug, and panics).
+pub fn register<M>(r: &Registry, m: prometheus::Result<M>) -> M
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let m = m.expect("metric definitions are static and valid");
+    r.register(Box::new(m.clone()))
+        .expect("each metric is registered once");
+    m
+}
+
+/// A counter defined and registered in `r` (see [`register`]).
+pub fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    register(r, IntCounter::new(name, help))
+}
+
+/// A gauge defined and registered in `r` (see [`register`]).
+pub fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    register(r, IntGauge::new(name, help))
+}
 
 pub struct Metrics {
     pub registry: Registry,
     /// Set when the node runs on a simulated device.
     pub sim: std::sync::OnceLock<SimGauges>,
-    /// Request latency per operation (`put`, `get`, `head`, `delete`, `match`, `batch_get`,
-    /// `batch_put`, `pin`, `unpin`, `namespace`).
-    pub request_seconds: HistogramVec,
-    /// Answers per operation and status class.
-    pub responses: IntCounterVec,
-    pub received_bytes: IntCounter,
-    pub sent_bytes: IntCounter,
     /// Block lookups that found the block, by tier (`dram`, `flash`).
     pub hits: IntCounterVec,
     pub misses: IntCounter,
@@ -37,11 +54,6 @@ pub struct Metrics {
     pub index_commit_seconds: Histogram,
     pub group_commit_seconds: Histogram,
     pub busy_rejections: IntCounterVec,
-    /// Connections held, by listener (`http`, `transfer`).
-    pub connections: IntGaugeVec,
-    /// Connections refused or closed by a limit, by listener and why (`listener`, `peer`:
-    /// the caps; `idle`: the idle timeout; `handshakes`: too many TLS handshakes).
-    pub connections_refused: IntCounterVec,
     /// Offload engines (`crc32c`, `aes-gcm`): operations run, seconds their workers were
     /// busy, submissions refused (queue full), operations failed by injected faults.
     pub offload: prometheus::GaugeVec,
@@ -60,58 +72,8 @@ pub struct Metrics {
     pub lease_refusals: IntCounterVec,
     /// Regions eviction kept in place because leased records fill most of them.
     pub reclaim_skipped: IntCounter,
-    pub inflight_requests: IntGauge,
-    pub prefetch_blocks: IntCounterVec,
-    pub prefetch_pushed_bytes: IntCounter,
-    pub prefetch_tickets: IntCounter,
     pub dek_rotations: IntCounter,
     pub kek_rotations: IntCounter,
-    /// Credentials refused, by reason (`missing`, `malformed`, `wrong`, `unknown_identity`).
-    pub auth_failures: IntCounterVec,
-    /// Authenticated requests refused for their role (403).
-    pub forbidden: IntCounter,
-    /// Requests refused for a tenant's limits, by tenant and kind (`rate`: 429, `bytes`: 403 `quota`, `namespaces`: 403).
-    pub quota_rejections: IntCounterVec,
-    /// TLS handshakes that failed (bad or missing client certificate, protocol errors).
-    pub tls_handshake_failures: IntCounter,
-    /// Successful reloads of the TLS certificate, key and client CA.
-    pub tls_reloads: IntCounter,
-    /// Members of the pod in this node's view.
-    pub pod_members: IntGauge,
-    /// Single-block requests this node forwarded to another member, by outcome (`read`,
-    /// `write`, `read_miss`: no member tried held it, `unreachable`: a member did not answer).
-    pub forwarded: IntCounterVec,
-    /// 1 while etcd answers (always 1 without etcd), 0 while the node serves with the last
-    /// known membership.
-    pub pod_etcd_up: IntGauge,
-    /// Unix time of etcd's last answer (0: never, or no etcd).
-    pub pod_etcd_last_ok: IntGauge,
-    /// Backfill passes, by outcome (`done`, `restarted`: the membership changed during it,
-    /// `failed`).
-    pub backfill_passes: IntCounterVec,
-    /// Keys a backfill pass looked at.
-    pub backfill_scanned: IntCounter,
-    /// Blocks (and bytes) backfill copied to a member that should hold them and did not.
-    pub backfill_copied_blocks: IntCounter,
-    pub backfill_copied_bytes: IntCounter,
-    /// Copies backfill could not make (member unreachable or refusing).
-    pub backfill_failed: IntCounter,
-    /// Unix time the last backfill pass ended (0: none yet).
-    pub backfill_last_pass: IntGauge,
-    /// Member records in etcd left out of this node's view as invalid (forged or broken).
-    pub pod_member_records_rejected: IntGauge,
-    /// Block tombstones this node knows of (the pod's deletes still remembered in etcd).
-    pub pod_tombstones: IntGauge,
-    /// Tombstones applied here, by outcome (`deleted`: this node held the block and
-    /// deleted it; `absent`).
-    pub pod_tombstones_applied: IntCounterVec,
-    /// Block deletes through the pod refused, by reason (`tombstones_full`, `etcd`).
-    pub pod_deletes_refused: IntCounterVec,
-    /// Copies of a deleted block refused (read repair, backfill).
-    pub copies_refused: IntCounter,
-    /// Times this node emptied itself on return, having been away longer than
-    /// `pod.tombstone_retention_s`.
-    pub pod_emptied_on_return: IntCounter,
 }
 
 /// Upper bounds of the request-latency buckets (20 µs to 2.6 s, doubling).
@@ -120,46 +82,12 @@ pub fn latency_buckets() -> Vec<f64> {
 }
 
 impl Metrics {
-    /// The request-latency histogram of each operation served so far (cumulative bucket
-    /// counts at [`latency_buckets`]), sorted by op.
-    pub fn latency_by_op(&self) -> Vec<ctxpod_wire::types::OpLatency> {
-        use prometheus::core::Collector;
-        let mut out: Vec<_> = self
-            .request_seconds
-            .collect()
-            .iter()
-            .flat_map(|mf| mf.get_metric())
-            .map(|m| {
-                let h = m.get_histogram();
-                ctxpod_wire::types::OpLatency {
-                    op: m
-                        .get_label()
-                        .iter()
-                        .find(|l| l.name() == "op")
-                        .map(|l| l.value().to_string())
-                        .unwrap_or_default(),
-                    buckets: h
-                        .get_bucket()
-                        .iter()
-                        .map(|b| b.cumulative_count())
-                        .collect(),
-                    count: h.get_sample_count(),
-                }
-            })
-            .collect();
-        out.sort_by(|a, b| a.op.cmp(&b.op));
-        out
-    }
-
     pub fn new() -> Self {
         let r = Registry::new();
         macro_rules! reg {
-            ($m:expr) => {{
-                let m = $m.expect("metric definitions are static and valid");
-                r.register(Box::new(m.clone()))
-                    .expect("each metric is registered once");
-                m
-            }};
+            ($m:expr) => {
+                register(&r, $m)
+            };
         }
         let counter = |name: &str, help: &str| IntCounter::new(name, help);
         let gauge = |name: &str, help: &str| IntGauge::new(name, help);
@@ -167,29 +95,6 @@ impl Metrics {
             Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))
         };
         Metrics {
-            request_seconds: reg!(HistogramVec::new(
-                HistogramOpts::new(
-                    "ctxpod_request_duration_seconds",
-                    "Request latency per operation"
-                )
-                .buckets(latency_buckets()),
-                &["op"]
-            )),
-            responses: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_responses_total",
-                    "Answers per operation and status class"
-                ),
-                &["op", "class"]
-            )),
-            received_bytes: reg!(counter(
-                "ctxpod_received_bytes_total",
-                "Block payload bytes received"
-            )),
-            sent_bytes: reg!(counter(
-                "ctxpod_sent_bytes_total",
-                "Block payload bytes sent"
-            )),
             hits: reg!(IntCounterVec::new(
                 Opts::new(
                     "ctxpod_block_hits_total",
@@ -254,17 +159,6 @@ impl Metrics {
                 "ctxpod_index_commit_duration_seconds",
                 "Time of one RocksDB batch write (synced or not)"
             )),
-            connections: reg!(IntGaugeVec::new(
-                Opts::new("ctxpod_connections", "Connections held, by listener"),
-                &["listener"]
-            )),
-            connections_refused: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_connections_refused_total",
-                    "Connections refused or closed by a limit, by listener and why"
-                ),
-                &["listener", "why"]
-            )),
             busy_rejections: reg!(IntCounterVec::new(
                 Opts::new(
                     "ctxpod_busy_rejections_total",
@@ -312,25 +206,6 @@ impl Metrics {
                 "ctxpod_reclaim_skipped_regions_total",
                 "Regions eviction kept in place because leased records fill most of them"
             )),
-            inflight_requests: reg!(gauge(
-                "ctxpod_inflight_requests",
-                "Data requests being served"
-            )),
-            prefetch_blocks: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_prefetch_blocks_total",
-                    "Prefetch entries by outcome: pushed, miss, deadline, cancelled, busy, too_large, error"
-                ),
-                &["outcome"]
-            )),
-            prefetch_pushed_bytes: reg!(counter(
-                "ctxpod_prefetch_pushed_bytes_total",
-                "Block bytes pushed into clients' memory regions"
-            )),
-            prefetch_tickets: reg!(counter(
-                "ctxpod_prefetch_tickets_total",
-                "Prefetch tickets completed (every entry pushed or missed)"
-            )),
             dek_rotations: reg!(counter(
                 "ctxpod_dek_rotations_total",
                 "Namespace data keys rotated (on request, or after dek_rotate_after_writes writes)"
@@ -339,119 +214,9 @@ impl Metrics {
                 "ctxpod_kek_rotations_total",
                 "Key-encryption key rotations (every data key re-wrapped under the new KEK)"
             )),
-            auth_failures: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_auth_failures_total",
-                    "Credentials refused (401), by reason"
-                ),
-                &["reason"]
-            )),
-            forbidden: reg!(counter(
-                "ctxpod_forbidden_total",
-                "Authenticated requests refused for their role (403)"
-            )),
-            quota_rejections: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_quota_rejections_total",
-                    "Requests refused for a tenant's limits: rate (429), bytes (403 quota) or namespaces (403)"
-                ),
-                &["tenant", "kind"]
-            )),
-            tls_handshake_failures: reg!(counter(
-                "ctxpod_tls_handshake_failures_total",
-                "TLS handshakes that failed (client certificate refused, protocol errors)"
-            )),
-            tls_reloads: reg!(counter(
-                "ctxpod_tls_reloads_total",
-                "Reloads of the TLS certificate, key and client CA"
-            )),
-            pod_members: reg!(gauge(
-                "ctxpod_pod_members",
-                "Members of the pod in this node's view"
-            )),
-            forwarded: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_forwarded_total",
-                    "Single-block requests forwarded to the member holding the block, by outcome"
-                ),
-                &["outcome"]
-            )),
-            pod_etcd_up: reg!(gauge(
-                "ctxpod_pod_etcd_up",
-                "1 while etcd answers (or no etcd is configured); 0 while serving with the last known membership"
-            )),
-            pod_etcd_last_ok: reg!(gauge(
-                "ctxpod_pod_etcd_last_ok_timestamp_seconds",
-                "Unix time of etcd's last answer (0: never, or no etcd)"
-            )),
-            backfill_passes: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_backfill_passes_total",
-                    "Backfill passes, by outcome (done, restarted, failed)"
-                ),
-                &["outcome"]
-            )),
-            backfill_scanned: reg!(counter(
-                "ctxpod_backfill_scanned_keys_total",
-                "Keys held here that backfill passes looked at"
-            )),
-            backfill_copied_blocks: reg!(counter(
-                "ctxpod_backfill_copied_blocks_total",
-                "Blocks backfill copied to a member that should hold them"
-            )),
-            backfill_copied_bytes: reg!(counter(
-                "ctxpod_backfill_copied_bytes_total",
-                "Bytes backfill copied to other members"
-            )),
-            backfill_failed: reg!(counter(
-                "ctxpod_backfill_failed_copies_total",
-                "Copies backfill could not make (member unreachable or refusing)"
-            )),
-            backfill_last_pass: reg!(gauge(
-                "ctxpod_backfill_last_pass_timestamp_seconds",
-                "Unix time the last backfill pass ended (0: none yet)"
-            )),
-            pod_member_records_rejected: reg!(gauge(
-                "ctxpod_pod_member_records_rejected",
-                "Member records in etcd left out of the view as invalid (forged or broken)"
-            )),
-            pod_tombstones: reg!(gauge(
-                "ctxpod_pod_tombstones",
-                "Block tombstones this node knows of (pod deletes still remembered in etcd)"
-            )),
-            pod_tombstones_applied: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_pod_tombstones_applied_total",
-                    "Tombstones applied here, by outcome (deleted, absent)"
-                ),
-                &["outcome"]
-            )),
-            pod_deletes_refused: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_pod_deletes_refused_total",
-                    "Block deletes through the pod refused, by reason (tombstones_full, etcd)"
-                ),
-                &["reason"]
-            )),
-            copies_refused: reg!(counter(
-                "ctxpod_copies_refused_total",
-                "Copies of a block the pod deleted refused (read repair, backfill)"
-            )),
-            pod_emptied_on_return: reg!(counter(
-                "ctxpod_pod_emptied_on_return_total",
-                "Times this node emptied itself on return after longer away than the tombstone retention"
-            )),
             registry: r,
             sim: std::sync::OnceLock::new(),
         }
-    }
-
-    pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .expect("text encoding into a Vec cannot fail");
-        String::from_utf8(buf).expect("the text encoder writes UTF-8")
     }
 }
 

@@ -3,7 +3,8 @@
 use super::*;
 
 impl Engine {
-    pub(crate) fn publish_gauges(&self) {
+    /// Brings the engine's gauges (capacity, use, DRAM, leases) up to date, before a scrape.
+    pub fn publish_gauges(&self) {
         let c = &self.core;
         let m = &c.metrics;
         let (crc, aead) = c.offload.stats();
@@ -44,12 +45,6 @@ impl Engine {
         m.leased_bytes.set(c.leases.bytes() as i64);
     }
 
-    /// Renders `/metrics` after refreshing the gauges.
-    pub fn render_metrics(&self) -> String {
-        self.publish_gauges();
-        self.core.metrics.render()
-    }
-
     pub fn stats(&self) -> Stats {
         let c = &self.core;
         let n = &c.counters;
@@ -88,8 +83,9 @@ impl Engine {
             inflight_requests: 0,
             recovered_records: ld(&n.recovered_records),
             uptime_s: c.started.elapsed().as_secs_f64(),
-            received_bytes: c.metrics.received_bytes.get(),
-            sent_bytes: c.metrics.sent_bytes.get(),
+            // The listeners count the bytes they move: the node fills these in.
+            received_bytes: 0,
+            sent_bytes: 0,
             // The request-latency histograms are the server's: `server::node_stats`.
             latency_bounds_s: Vec::new(),
             latency: Vec::new(),

@@ -11,8 +11,8 @@
 //! Each tenant has its own space of namespace names ([`ctxpod_wire::namespace::scoped`]):
 //! a tenant can only name its own namespaces, so it cannot reach, or learn of, another's.
 
+use crate::metrics::NodeMetrics;
 use aws_lc_rs::digest;
-use ctxpod_engine::metrics::Metrics;
 use ctxpod_format::config::{AuthConfig, ByteSize, Config, TenantConfig};
 pub use ctxpod_wire::proto::Role;
 use parking_lot::{Mutex, RwLock};
@@ -304,11 +304,11 @@ pub struct Authenticator {
     tenants: HashMap<String, TenantLimits>,
     /// Namespaces per tenant unless its entry says otherwise.
     namespaces_max_default: u32,
-    metrics: Arc<Metrics>,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl Authenticator {
-    pub fn new(cfg: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Authenticator> {
+    pub fn new(cfg: &Config, metrics: Arc<NodeMetrics>) -> anyhow::Result<Authenticator> {
         let a = &cfg.auth;
         let tokens = load_tokens(a).map_err(anyhow::Error::msg)?;
         let mut identities = HashMap::new();

@@ -7,7 +7,7 @@
 //! and counted in `ctxpod_connections_refused_total{listener, why}`; the connections held
 //! are `ctxpod_connections{listener}`.
 
-use ctxpod_engine::metrics::Metrics;
+use crate::metrics::NodeMetrics;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
@@ -51,7 +51,9 @@ pub struct Gate {
     pub name: &'static str,
     pub limits: Limits,
     state: parking_lot::Mutex<(usize, HashMap<IpAddr, usize>)>,
-    metrics: Arc<Metrics>,
+    /// The node's series: its connection gauges and refusals, and the rest of the node's
+    /// for the connections it admits.
+    pub metrics: Arc<NodeMetrics>,
 }
 
 /// A connection's place in its [`Gate`], given back when dropped.
@@ -79,7 +81,7 @@ impl Drop for Admitted {
 }
 
 impl Gate {
-    pub fn new(name: &'static str, limits: Limits, metrics: Arc<Metrics>) -> Arc<Gate> {
+    pub fn new(name: &'static str, limits: Limits, metrics: Arc<NodeMetrics>) -> Arc<Gate> {
         Arc::new(Gate {
             name,
             limits,

@@ -23,6 +23,7 @@ pub mod cxp1;
 pub mod errors;
 pub mod forward;
 pub mod http;
+pub mod metrics;
 pub mod plan_args;
 pub mod serve;
 pub mod tls;

@@ -2,6 +2,7 @@
 //! listeners bound, reloads on SIGHUP, shutdown on a signal). No logic of its own.
 
 use crate::auth::Authenticator;
+use crate::metrics::NodeMetrics;
 use ctxpod_engine::metrics::Metrics;
 use ctxpod_engine::Engine;
 use ctxpod_format::config::Config;
@@ -12,8 +13,10 @@ use crate::http::routes::router;
 /// Runs a node until SIGTERM or Ctrl-C, then stops accepting, drains and commits.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     use anyhow::Context;
+    // One registry: the engine's series, the pod's (registered when it joins) and the node's.
     let metrics = Arc::new(Metrics::new());
-    let auth = Arc::new(Authenticator::new(&cfg, metrics.clone())?);
+    let node_metrics = Arc::new(NodeMetrics::new(&metrics.registry));
+    let auth = Arc::new(Authenticator::new(&cfg, node_metrics.clone())?);
     let engine = Arc::new(Engine::open(cfg.clone(), metrics).await?);
     if auth.enabled() {
         tracing::info!("authentication is on: every request needs a token or a client certificate");
@@ -23,7 +26,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
              configure auth tokens or identities to turn it on)"
         );
     }
-    let tls = crate::tls::Tls::load(&cfg.tls, engine.metrics().clone())?;
+    let tls = crate::tls::Tls::load(&cfg.tls, node_metrics.clone())?;
     match &tls {
         Some(t) => {
             tracing::info!(
@@ -67,7 +70,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
                 crate::conn::Gate::new(
                     "transfer",
                     crate::conn::Limits::from_config(&cfg),
-                    engine.metrics().clone(),
+                    node_metrics.clone(),
                 ),
                 handshakes.clone(),
             )))
@@ -84,6 +87,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     pod.start_background(engine.clone(), &cfg, auth.enabled());
     let app = router(
         engine.clone(),
+        node_metrics.clone(),
         auth.clone(),
         cfg.max_inflight_requests,
         budgets,
@@ -93,7 +97,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::write(&tmp, format!("{addr}\n"))?;
     std::fs::rename(&tmp, &addr_file)?;
     let limits = crate::conn::Limits::from_config(&cfg);
-    let gate = crate::conn::Gate::new("http", limits.clone(), engine.metrics().clone());
+    let gate = crate::conn::Gate::new("http", limits.clone(), node_metrics);
     let (conns, accepting) = crate::tls::accept_loop(listener, tls, gate, handshakes);
     crate::conn::serve_http(conns, app, limits.header_read, shutdown_signal()).await;
     accepting.abort();

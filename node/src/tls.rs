@@ -8,8 +8,8 @@
 //! tenant and role by `auth.identities`).
 
 use crate::conn::{BoxIo, PeerInfo};
+use crate::metrics::NodeMetrics;
 use anyhow::Context;
-use ctxpod_engine::metrics::Metrics;
 use ctxpod_format::config::TlsConfig;
 use parking_lot::{Mutex, RwLock};
 use rustls::server::WebPkiClientVerifier;
@@ -40,7 +40,7 @@ pub struct Tls {
     cfg: TlsConfig,
     current: RwLock<Arc<ServerConfig>>,
     stamps: Mutex<Vec<Option<SystemTime>>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<NodeMetrics>,
 }
 
 fn read_file(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
@@ -114,7 +114,7 @@ pub fn subject_cn(der: &[u8]) -> Option<String> {
 
 impl Tls {
     /// The node's TLS state, or `None` when TLS is not configured.
-    pub fn load(cfg: &TlsConfig, metrics: Arc<Metrics>) -> anyhow::Result<Option<Arc<Tls>>> {
+    pub fn load(cfg: &TlsConfig, metrics: Arc<NodeMetrics>) -> anyhow::Result<Option<Arc<Tls>>> {
         if !cfg.enabled() {
             return Ok(None);
         }

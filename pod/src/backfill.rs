@@ -56,6 +56,7 @@ pub struct Backfill {
     pub bytes_per_s: u64,
     /// This node's drain: asks for passes, and is told how they went.
     pub drain: Arc<super::drain::Drain>,
+    pub metrics: Arc<super::metrics::PodMetrics>,
     /// The pod's block deletes: a tombstoned block is never copied (and a member refuses
     /// the copy anyway).
     pub tombstones: Option<Arc<super::tombstones::Tombstones>>,
@@ -89,7 +90,7 @@ impl Backfill {
                 }
                 changes.borrow_and_update();
                 again = false;
-                let m = self.engine.metrics().clone();
+                let m = self.metrics.clone();
                 // A pass counts for the drain when its view has this node draining and
                 // another member up to take the blocks.
                 let view = self.membership.view();
@@ -171,10 +172,7 @@ impl Backfill {
                 let Some(last) = keys.last() else { break };
                 after = Some(last.clone());
                 report.scanned += keys.len() as u64;
-                self.engine
-                    .metrics()
-                    .backfill_scanned
-                    .inc_by(keys.len() as u64);
+                self.metrics.backfill_scanned.inc_by(keys.len() as u64);
                 let mut wants: BTreeMap<&str, (&MemberInfo, Vec<usize>)> = BTreeMap::new();
                 for (i, k) in keys.iter().enumerate() {
                     for m in view.ranked(ns, k).into_iter().take(r) {
@@ -208,7 +206,7 @@ impl Backfill {
 
     fn failed(&self, report: &mut PassReport, n: usize) {
         report.failed += n as u64;
-        self.engine.metrics().backfill_failed.inc_by(n as u64);
+        self.metrics.backfill_failed.inc_by(n as u64);
     }
 
     fn request(
@@ -319,7 +317,7 @@ impl Backfill {
         };
         match answer.await {
             Ok(statuses) => {
-                let met = self.engine.metrics();
+                let met = &self.metrics;
                 for ((_, d), s) in batch.iter().zip(statuses) {
                     if s == 200 || s == 201 {
                         report.copied_blocks += 1;

@@ -22,6 +22,7 @@ pub mod batch;
 pub mod drain;
 pub mod etcd;
 pub mod membership;
+pub mod metrics;
 pub mod namespaces;
 pub mod route;
 pub mod tombstones;
@@ -59,6 +60,8 @@ pub struct Pod {
     pub drain: Arc<drain::Drain>,
     /// The pod's block deletes (with etcd), and the revision to follow them from.
     pub tombstones: Option<(Arc<tombstones::Tombstones>, i64)>,
+    /// The pod's series, in the engine's registry.
+    pub metrics: Arc<metrics::PodMetrics>,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -105,6 +108,7 @@ impl Pod {
         engine: &ctxpod_engine::Engine,
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
+        let pod_metrics = Arc::new(metrics::PodMetrics::new(&engine.metrics().registry));
         let id = node_id(p.node_id.as_deref(), &cfg.data_dir)?;
         let scheme = if cfg.tls.enabled() { "https" } else { "http" };
         let http_url = match (&p.advertise_http, reachable(http)) {
@@ -145,10 +149,16 @@ impl Pod {
                 })?;
             // Deletes made while this node was away are applied before it registers, so
             // nothing is routed to it while it still holds a deleted block.
-            let tombstones =
-                tombstones::Tombstones::open(engine, etcd.clone(), &p.name, p, &cfg.data_dir)
-                    .await
-                    .context("apply the pod's block deletes (tombstones in etcd)")?;
+            let tombstones = tombstones::Tombstones::open(
+                engine,
+                etcd.clone(),
+                &p.name,
+                p,
+                &cfg.data_dir,
+                pod_metrics.clone(),
+            )
+            .await
+            .context("apply the pod's block deletes (tombstones in etcd)")?;
             let registration = Registration::register(
                 etcd.clone(),
                 &p.name,
@@ -173,6 +183,7 @@ impl Pod {
                 drain: Arc::new(drain::Drain::new(Some(registration.handle()))),
                 registration: Some(registration),
                 tombstones: Some(tombstones),
+                metrics: pod_metrics,
                 stop,
             });
         }
@@ -202,6 +213,7 @@ impl Pod {
             registration: None,
             drain: Arc::new(drain::Drain::new(None)),
             tombstones: None,
+            metrics: pod_metrics,
             stop,
         })
     }
@@ -250,6 +262,7 @@ impl Pod {
             bytes_per_s: p.backfill_bytes_per_s.0,
             drain: self.drain.clone(),
             tombstones: self.tombstones.as_ref().map(|(t, _)| t.clone()),
+            metrics: self.metrics.clone(),
         }
         .spawn(
             Duration::from_secs(p.backfill_interval_s),

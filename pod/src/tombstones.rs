@@ -25,7 +25,7 @@
 //! can be reached, and a member down at that moment keeps its copy (docs/OPERATIONS.md).
 
 use super::etcd::{Etcd, Kv, WatchEvent};
-use ctxpod_engine::metrics::Metrics;
+use super::metrics::PodMetrics;
 use ctxpod_engine::{Engine, EngineError};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -86,7 +86,7 @@ pub struct Tombstones {
     /// The lease new tombstones are attached to, and when it was granted.
     lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
     state_file: PathBuf,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PodMetrics>,
 }
 
 impl Tombstones {
@@ -99,6 +99,7 @@ impl Tombstones {
         pod: &str,
         cfg: &ctxpod_format::config::PodConfig,
         data_dir: &Path,
+        metrics: Arc<PodMetrics>,
     ) -> anyhow::Result<(Arc<Tombstones>, i64)> {
         let t = Arc::new(Tombstones {
             etcd,
@@ -109,7 +110,7 @@ impl Tombstones {
             known: Mutex::new(HashSet::new()),
             lease: tokio::sync::Mutex::new(None),
             state_file: data_dir.join(STATE_FILE),
-            metrics: engine.metrics().clone(),
+            metrics,
         });
         let state = t.load();
         let now = super::membership::unix_now();

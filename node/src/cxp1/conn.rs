@@ -32,6 +32,8 @@ pub(crate) struct Out {
 /// What every task of one connection shares.
 pub(crate) struct Conn {
     pub(crate) engine: Arc<Engine>,
+    /// The node's series (prefetch pushes, refusals).
+    pub(crate) metrics: Arc<crate::metrics::NodeMetrics>,
     pub(crate) auth: Arc<Authenticator>,
     pub(crate) budgets: Budgets,
     pub(crate) out: mpsc::Sender<Out>,

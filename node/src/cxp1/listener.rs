@@ -138,6 +138,7 @@ pub(crate) async fn connection(
     };
     let conn = Arc::new(Conn {
         engine,
+        metrics: gate.metrics.clone(),
         auth,
         budgets,
         out: tx,
@@ -235,7 +236,7 @@ pub(crate) async fn read_requests(
             return Ok(());
         };
         if !p.may(access_of_op(op)) {
-            conn.engine.metrics().forbidden.inc();
+            conn.metrics.forbidden.inc();
             let msg = "forbidden: this role may not do that";
             if refuse(conn, &mut input, body_len, op, id, status::FORBIDDEN, msg).await? {
                 continue;

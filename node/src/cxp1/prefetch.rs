@@ -40,7 +40,7 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
             return;
         }
     };
-    let m = engine.metrics();
+    let m = &conn.metrics;
     if !conn
         .send_one(Response::Ticket(id).encode(Op::Prefetch, status::OK, id))
         .await

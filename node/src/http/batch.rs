@@ -65,7 +65,7 @@ pub(crate) async fn batch_get(
         );
     }
     drop(results);
-    st.engine.metrics().sent_bytes.inc_by(sent);
+    st.metrics.sent_bytes.inc_by(sent);
     // The frame holds the answer's egress share until it is written out.
     Ok((
         [
@@ -352,7 +352,7 @@ pub(crate) async fn batch_put(
         }
         jobs.push((e.key.to_vec(), body.slice_ref(d), e.crc32c));
     }
-    st.engine.metrics().received_bytes.inc_by(body.len() as u64);
+    st.metrics.received_bytes.inc_by(body.len() as u64);
     let statuses = if st.answers_for_pod(&h) {
         pod_batch_put(&st, &p, &ns, &scoped, &h, &jobs, dur).await
     } else {

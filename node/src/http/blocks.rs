@@ -45,10 +45,7 @@ pub(crate) async fn put_block(
         }
         _ => StagedBlock::copy_of(&read_body(&h, body, ctxpod_wire::BLOCK_BYTES_MAX).await?)?,
     };
-    st.engine
-        .metrics()
-        .received_bytes
-        .inc_by(staged.len() as u64);
+    st.metrics.received_bytes.inc_by(staged.len() as u64);
     match st.engine.put_staged(&ns, &key, staged, crc, dur).await? {
         PutStatus::Created => Ok(StatusCode::CREATED),
         PutStatus::Exists => Ok(StatusCode::OK),
@@ -71,7 +68,7 @@ pub(crate) async fn get_block(
             "the block was replaced while it was read; retry",
         )),
         Some((data, crc)) => {
-            st.engine.metrics().sent_bytes.inc_by(data.len() as u64);
+            st.metrics.sent_bytes.inc_by(data.len() as u64);
             Ok((
                 [
                     (header::CONTENT_TYPE, "application/octet-stream".to_string()),

@@ -4,14 +4,13 @@
 //! ([`route_in_pod`]: a block this node does not hold is forwarded).
 
 use crate::auth::{Access, AuthError, Limited, Principal};
+use crate::metrics::NodeMetrics;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use ctxpod_engine::metrics::Metrics;
-use ctxpod_engine::Engine;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -119,7 +118,7 @@ pub(crate) fn principal_of(st: &AppState, req: &Request) -> Result<Principal, Bo
     if let Some(t) = req.headers().get(ctxpod_wire::HEADER_TENANT) {
         if p.role != crate::auth::Role::Admin {
             return Err(Box::new(forbidden(
-                &st.engine,
+                &st.metrics,
                 "only an admin may act for another tenant",
             )));
         }
@@ -135,8 +134,8 @@ pub(crate) fn principal_of(st: &AppState, req: &Request) -> Result<Principal, Bo
     Ok(p)
 }
 
-pub(crate) fn forbidden(engine: &Engine, why: &str) -> Response {
-    engine.metrics().forbidden.inc();
+pub(crate) fn forbidden(metrics: &NodeMetrics, why: &str) -> Response {
+    metrics.forbidden.inc();
     ApiError::new(StatusCode::FORBIDDEN, "forbidden", why).into_response()
 }
 
@@ -320,11 +319,7 @@ pub(crate) async fn forward_counted(
 
 /// `ctxpod_forwarded_total{outcome}`.
 pub(crate) fn count_forwarded(st: &AppState, outcome: &str) {
-    st.engine
-        .metrics()
-        .forwarded
-        .with_label_values(&[outcome])
-        .inc();
+    st.metrics.forwarded.with_label_values(&[outcome]).inc();
 }
 
 /// The answer to a write sent to several members. A put is acknowledged (with the first
@@ -383,7 +378,7 @@ pub(crate) async fn authenticate(
         Err(r) => return *r,
     };
     if !p.may(access) {
-        return forbidden(&st.engine, "this role may not do that");
+        return forbidden(&st.metrics, "this role may not do that");
     }
     if let Err(Limited::Rate) = st.auth.admit(&p) {
         let mut r = ApiError::new(
@@ -421,9 +416,9 @@ pub(crate) async fn admit_and_measure(
         match st.limiter.clone().try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) => {
-                let m = st.engine.metrics();
-                m.busy_rejections.with_label_values(&["requests"]).inc();
-                m.responses.with_label_values(&[op, "5xx"]).inc();
+                let busy = &st.engine.metrics().busy_rejections;
+                busy.with_label_values(&["requests"]).inc();
+                st.metrics.responses.with_label_values(&[op, "5xx"]).inc();
                 return ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "busy",
@@ -437,7 +432,7 @@ pub(crate) async fn admit_and_measure(
     };
     let resp = next.run(req).await;
     drop(permit);
-    let m: &Metrics = st.engine.metrics();
+    let m: &NodeMetrics = &st.metrics;
     let class = match resp.status().as_u16() {
         200..=299 => "2xx",
         400..=499 => "4xx",

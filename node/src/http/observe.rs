@@ -32,15 +32,15 @@ pub(crate) async fn readyz(State(st): State<AppState>) -> Response {
 
 pub(crate) async fn metrics(State(st): State<AppState>) -> Response {
     pod_gauges(&st);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.engine.render_metrics(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+        st.engine.publish_gauges();
+        crate::metrics::render(&st.engine.metrics().registry)
+    })
         .into_response()
 }
 
 pub(crate) fn pod_gauges(st: &AppState) {
-    let m = st.engine.metrics();
+    let m = &st.metrics;
     m.pod_members.set(st.pod.view().members.len() as i64);
     m.pod_etcd_up.set(st.pod.etcd_up() as i64);
     m.pod_etcd_last_ok.set(st.pod.etcd_last_ok());
@@ -157,7 +157,9 @@ pub(crate) fn node_stats(st: &AppState) -> Stats {
     let mut s = st.engine.stats();
     s.inflight_requests = (st.max_inflight - st.limiter.available_permits()) as u64;
     s.latency_bounds_s = ctxpod_engine::metrics::latency_buckets();
-    s.latency = st.engine.metrics().latency_by_op();
+    s.latency = st.metrics.latency_by_op();
+    s.received_bytes = st.metrics.received_bytes.get();
+    s.sent_bytes = st.metrics.sent_bytes.get();
     s
 }
 

@@ -102,6 +102,7 @@ pub fn routes() -> Routes<AppState> {
 
 pub fn router(
     engine: Arc<Engine>,
+    metrics: Arc<crate::metrics::NodeMetrics>,
     auth: Arc<Authenticator>,
     max_inflight: usize,
     budgets: crate::budget::Budgets,
@@ -109,6 +110,7 @@ pub fn router(
 ) -> Router {
     let state = AppState {
         engine,
+        metrics,
         limiter: Arc::new(Semaphore::new(max_inflight)),
         max_inflight,
         budgets,

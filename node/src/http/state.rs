@@ -21,6 +21,8 @@ pub(crate) const BATCH_CONCURRENCY: usize = 16;
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<Engine>,
+    /// The node's series (the engine's are `engine.metrics()`).
+    pub metrics: Arc<crate::metrics::NodeMetrics>,
     pub(crate) limiter: Arc<Semaphore>,
     pub(crate) max_inflight: usize,
     /// The node's byte budgets (request bodies, answers, staging), shared with CXP1.
@@ -47,7 +49,7 @@ impl AppState {
     pub(crate) fn refuse_deleted_copy(&self, h: &HeaderMap, ns: &str, key: &[u8]) -> ApiResult<()> {
         match &self.tombstones {
             Some(t) if h.contains_key(ctxpod_wire::HEADER_COPY) && t.holds(ns, key) => {
-                self.engine.metrics().copies_refused.inc();
+                self.metrics.copies_refused.inc();
                 Err(ApiError::new(
                     StatusCode::GONE,
                     "deleted",

@@ -1,0 +1,208 @@
+//! The node's own Prometheus series: requests and answers, block bytes in and out, connections,
+//! prefetch pushes, authentication, TLS, forwarding and the pod as this node sees it. They are
+//! registered in the engine's registry (`ctxpod_engine::metrics`), so `/metrics` is one page;
+//! [`render`] writes it.
+
+use ctxpod_engine::metrics::{counter, gauge, latency_buckets, register};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+pub struct NodeMetrics {
+    /// Request latency per operation (`put`, `get`, `head`, `delete`, `match`, `batch_get`,
+    /// `batch_put`, `pin`, `unpin`, `namespace`).
+    pub request_seconds: HistogramVec,
+    /// Answers per operation and status class.
+    pub responses: IntCounterVec,
+    pub received_bytes: IntCounter,
+    pub sent_bytes: IntCounter,
+    /// Connections held, by listener (`http`, `transfer`).
+    pub connections: IntGaugeVec,
+    /// Connections refused or closed by a limit, by listener and why (`listener`, `peer`:
+    /// the caps; `idle`: the idle timeout; `handshakes`: too many TLS handshakes).
+    pub connections_refused: IntCounterVec,
+    pub inflight_requests: IntGauge,
+    pub prefetch_blocks: IntCounterVec,
+    pub prefetch_pushed_bytes: IntCounter,
+    pub prefetch_tickets: IntCounter,
+    /// Credentials refused, by reason (`missing`, `malformed`, `wrong`, `unknown_identity`).
+    pub auth_failures: IntCounterVec,
+    /// Authenticated requests refused for their role (403).
+    pub forbidden: IntCounter,
+    /// Requests refused for a tenant's limits, by tenant and kind (`rate`: 429, `bytes`: 403 `quota`, `namespaces`: 403).
+    pub quota_rejections: IntCounterVec,
+    /// TLS handshakes that failed (bad or missing client certificate, protocol errors).
+    pub tls_handshake_failures: IntCounter,
+    /// Successful reloads of the TLS certificate, key and client CA.
+    pub tls_reloads: IntCounter,
+    /// Members of the pod in this node's view.
+    pub pod_members: IntGauge,
+    /// Single-block requests this node forwarded to another member, by outcome (`read`,
+    /// `write`, `read_miss`: no member tried held it, `unreachable`: a member did not answer).
+    pub forwarded: IntCounterVec,
+    /// 1 while etcd answers (always 1 without etcd), 0 while the node serves with the last
+    /// known membership.
+    pub pod_etcd_up: IntGauge,
+    /// Unix time of etcd's last answer (0: never, or no etcd).
+    pub pod_etcd_last_ok: IntGauge,
+    /// Member records in etcd left out of this node's view as invalid (forged or broken).
+    pub pod_member_records_rejected: IntGauge,
+    /// Copies of a deleted block refused (read repair, backfill).
+    pub copies_refused: IntCounter,
+}
+
+impl NodeMetrics {
+    /// The node's series, registered in `r`.
+    pub fn new(r: &Registry) -> NodeMetrics {
+        NodeMetrics {
+            request_seconds: register(r, HistogramVec::new(
+                HistogramOpts::new(
+                    "ctxpod_request_duration_seconds",
+                    "Request latency per operation"
+                )
+                .buckets(latency_buckets()),
+                &["op"]
+            )),
+            responses: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_responses_total",
+                    "Answers per operation and status class"
+                ),
+                &["op", "class"]
+            )),
+            received_bytes: counter(
+                r,
+                "ctxpod_received_bytes_total",
+                "Block payload bytes received",
+            ),
+            sent_bytes: counter(r, "ctxpod_sent_bytes_total", "Block payload bytes sent"),
+            connections: register(r, IntGaugeVec::new(
+                Opts::new("ctxpod_connections", "Connections held, by listener"),
+                &["listener"]
+            )),
+            connections_refused: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_connections_refused_total",
+                    "Connections refused or closed by a limit, by listener and why"
+                ),
+                &["listener", "why"]
+            )),
+            inflight_requests: gauge(r, "ctxpod_inflight_requests", "Data requests being served"),
+            prefetch_blocks: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_prefetch_blocks_total",
+                    "Prefetch entries by outcome: pushed, miss, deadline, cancelled, busy, too_large, error"
+                ),
+                &["outcome"]
+            )),
+            prefetch_pushed_bytes: counter(
+                r,
+                "ctxpod_prefetch_pushed_bytes_total",
+                "Block bytes pushed into clients' memory regions",
+            ),
+            prefetch_tickets: counter(
+                r,
+                "ctxpod_prefetch_tickets_total",
+                "Prefetch tickets completed (every entry pushed or missed)",
+            ),
+            auth_failures: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_auth_failures_total",
+                    "Credentials refused (401), by reason"
+                ),
+                &["reason"]
+            )),
+            forbidden: counter(
+                r,
+                "ctxpod_forbidden_total",
+                "Authenticated requests refused for their role (403)",
+            ),
+            quota_rejections: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_quota_rejections_total",
+                    "Requests refused for a tenant's limits: rate (429), bytes (403 quota) or namespaces (403)"
+                ),
+                &["tenant", "kind"]
+            )),
+            tls_handshake_failures: counter(
+                r,
+                "ctxpod_tls_handshake_failures_total",
+                "TLS handshakes that failed (client certificate refused, protocol errors)",
+            ),
+            tls_reloads: counter(
+                r,
+                "ctxpod_tls_reloads_total",
+                "Reloads of the TLS certificate, key and client CA",
+            ),
+            pod_members: gauge(r, "ctxpod_pod_members", "Members of the pod in this node's view"),
+            forwarded: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_forwarded_total",
+                    "Single-block requests forwarded to the member holding the block, by outcome"
+                ),
+                &["outcome"]
+            )),
+            pod_etcd_up: gauge(
+                r,
+                "ctxpod_pod_etcd_up",
+                "1 while etcd answers (or no etcd is configured); 0 while serving with the last known membership",
+            ),
+            pod_etcd_last_ok: gauge(
+                r,
+                "ctxpod_pod_etcd_last_ok_timestamp_seconds",
+                "Unix time of etcd's last answer (0: never, or no etcd)",
+            ),
+            pod_member_records_rejected: gauge(
+                r,
+                "ctxpod_pod_member_records_rejected",
+                "Member records in etcd left out of the view as invalid (forged or broken)",
+            ),
+            copies_refused: counter(
+                r,
+                "ctxpod_copies_refused_total",
+                "Copies of a block the pod deleted refused (read repair, backfill)",
+            ),
+        }
+    }
+
+    /// The request-latency histogram of each operation served so far (cumulative bucket
+    /// counts at [`latency_buckets`]), sorted by op.
+    pub fn latency_by_op(&self) -> Vec<ctxpod_wire::types::OpLatency> {
+        use prometheus::core::Collector;
+        let mut out: Vec<_> = self
+            .request_seconds
+            .collect()
+            .iter()
+            .flat_map(|mf| mf.get_metric())
+            .map(|m| {
+                let h = m.get_histogram();
+                ctxpod_wire::types::OpLatency {
+                    op: m
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == "op")
+                        .map(|l| l.value().to_string())
+                        .unwrap_or_default(),
+                    buckets: h
+                        .get_bucket()
+                        .iter()
+                        .map(|b| b.cumulative_count())
+                        .collect(),
+                    count: h.get_sample_count(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.op.cmp(&b.op));
+        out
+    }
+}
+
+/// The Prometheus text of every series in `r`.
+pub fn render(r: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&r.gather(), &mut buf)
+        .expect("text encoding into a Vec cannot fail");
+    String::from_utf8(buf).expect("the text encoder writes UTF-8")
+}

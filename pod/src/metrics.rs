@@ -1,0 +1,94 @@
+//! The pod's Prometheus series: backfill passes and tombstones. They are registered in the
+//! engine's registry (`ctxpod_engine::metrics`), so the node's `/metrics` shows them.
+
+use ctxpod_engine::metrics::{counter, gauge, register};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+pub struct PodMetrics {
+    /// Backfill passes, by outcome (`done`, `restarted`: the membership changed during it,
+    /// `failed`).
+    pub backfill_passes: IntCounterVec,
+    /// Keys a backfill pass looked at.
+    pub backfill_scanned: IntCounter,
+    /// Blocks (and bytes) backfill copied to a member that should hold them and did not.
+    pub backfill_copied_blocks: IntCounter,
+    pub backfill_copied_bytes: IntCounter,
+    /// Copies backfill could not make (member unreachable or refusing).
+    pub backfill_failed: IntCounter,
+    /// Unix time the last backfill pass ended (0: none yet).
+    pub backfill_last_pass: IntGauge,
+    /// Block tombstones this node knows of (the pod's deletes still remembered in etcd).
+    pub pod_tombstones: IntGauge,
+    /// Tombstones applied here, by outcome (`deleted`: this node held the block and
+    /// deleted it; `absent`).
+    pub pod_tombstones_applied: IntCounterVec,
+    /// Block deletes through the pod refused, by reason (`tombstones_full`, `etcd`).
+    pub pod_deletes_refused: IntCounterVec,
+    /// Times this node emptied itself on return, having been away longer than
+    /// `pod.tombstone_retention_s`.
+    pub pod_emptied_on_return: IntCounter,
+}
+
+impl PodMetrics {
+    /// The pod's series, registered in `r`.
+    pub fn new(r: &Registry) -> PodMetrics {
+        PodMetrics {
+            backfill_passes: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_backfill_passes_total",
+                    "Backfill passes, by outcome (done, restarted, failed)"
+                ),
+                &["outcome"]
+            )),
+            backfill_scanned: counter(
+                r,
+                "ctxpod_backfill_scanned_keys_total",
+                "Keys held here that backfill passes looked at",
+            ),
+            backfill_copied_blocks: counter(
+                r,
+                "ctxpod_backfill_copied_blocks_total",
+                "Blocks backfill copied to a member that should hold them",
+            ),
+            backfill_copied_bytes: counter(
+                r,
+                "ctxpod_backfill_copied_bytes_total",
+                "Bytes backfill copied to other members",
+            ),
+            backfill_failed: counter(
+                r,
+                "ctxpod_backfill_failed_copies_total",
+                "Copies backfill could not make (member unreachable or refusing)",
+            ),
+            backfill_last_pass: gauge(
+                r,
+                "ctxpod_backfill_last_pass_timestamp_seconds",
+                "Unix time the last backfill pass ended (0: none yet)",
+            ),
+            pod_tombstones: gauge(
+                r,
+                "ctxpod_pod_tombstones",
+                "Block tombstones this node knows of (pod deletes still remembered in etcd)",
+            ),
+            pod_tombstones_applied: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_pod_tombstones_applied_total",
+                    "Tombstones applied here, by outcome (deleted, absent)"
+                ),
+                &["outcome"]
+            )),
+            pod_deletes_refused: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_pod_deletes_refused_total",
+                    "Block deletes through the pod refused, by reason (tombstones_full, etcd)"
+                ),
+                &["reason"]
+            )),
+            pod_emptied_on_return: counter(
+                r,
+                "ctxpod_pod_emptied_on_return_total",
+                "Times this node emptied itself on return after longer away than the tombstone retention",
+            ),
+        }
+    }
+}
