@@ -184,7 +184,11 @@ def check_dashboard():
     """Every metric the Grafana dashboard queries is one the node exports, with the labels
     the queries group by."""
     d = json.loads(open(DASHBOARD).read())
-    src = open(os.path.join(ROOT, "engine", "src", "metrics.rs")).read()
+    # The node's series are defined in three places: the engine's, the pod's and the node's.
+    src = "".join(
+        open(os.path.join(ROOT, crate, "src", "metrics.rs")).read()
+        for crate in ("engine", "pod", "node")
+    )
     exported = set(re.findall(r'"(ctxpod_[a-z0-9_]+)"', src))
     exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
     if len(exprs) < 10:
