@@ -420,6 +420,17 @@ impl TransferClient {
         Ok(())
     }
 
+    /// Stops using `region` on this connection: no new prefetch may name it, and the
+    /// connection lets go of it, so that caller memory ([`Region::from_raw`]) is released once
+    /// the caller's clones and every ticket into it are gone too (a ticket holds its region
+    /// until the node has finished it and it is dropped). The node keeps the region's id
+    /// registered, one of its 256 per connection, until the connection closes. False if it
+    /// was not registered here.
+    pub fn unregister_region(&self, region: &Region) -> bool {
+        let mut regions = self.inner.shared.regions.lock().expect("regions");
+        regions.remove(&region.id()).is_some()
+    }
+
     /// Asks the node to push the blocks of `entries` into `region` (registered on this
     /// connection): entry `i` lands at `entries[i].offset`, at most `max_len` bytes. Returns
     /// at once with a ticket; the blocks arrive in order, each read from the socket straight

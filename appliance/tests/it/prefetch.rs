@@ -166,6 +166,100 @@ impl Raw {
     }
 }
 
+/// The caller's own memory as the region (a buffer it filled with a marker beforehand, and
+/// memory it keeps owning and only lends): blocks land there in place, the caller's other bytes
+/// are never touched, and the memory is released only once the ticket is gone too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_land_in_the_callers_own_memory_and_nothing_else_is_touched() {
+    let (_node, c) = Node::fresh_with_wire(&["--capacity", "256MiB", "--dram", "16MiB"]).await;
+    let (n, len) = (24, 100_000);
+    put_chain(&c, "own", n, |_| len).await;
+    let stride = len + 777;
+    let check = |mem: &[u8], what: &str| {
+        for i in 0..n {
+            let o = i * stride;
+            assert!(
+                mem[o..o + len] == block(seed("own", i), len)[..],
+                "{what}: block {i}"
+            );
+            let gap = &mem[o + len..(o + stride).min(mem.len())];
+            assert!(
+                gap.iter().all(|&b| b == 0xAA),
+                "{what}: bytes after block {i}"
+            );
+        }
+    };
+    let ents: Vec<PrefetchEntry> = (0..n)
+        .map(|i| PrefetchEntry {
+            key: key("own", i),
+            offset: (i * stride) as u64,
+            max_len: len as u32,
+        })
+        .collect();
+    // A buffer handed over.
+    let buf = vec![0xAAu8; n * stride];
+    let at = buf.as_ptr();
+    let region = Region::from_vec(buf).expect("region");
+    c.register_region(&region).await.expect("register");
+    let t = c
+        .prefetch("default", &region, ents.clone(), PrefetchOptions::default())
+        .await
+        .expect("prefetch");
+    assert_eq!(t.wait().await.landed, n as u32);
+    assert_eq!(
+        t.data(3).expect("landed").as_ptr(),
+        at.wrapping_add(3 * stride)
+    );
+    // SAFETY: the ticket is finished; nothing writes into the region any more.
+    check(
+        unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len()) },
+        "from_vec",
+    );
+    drop(t);
+
+    // Memory the caller keeps owning, lent with a keep-alive that says when it is released.
+    let mut mine = vec![0xAAu8; n * stride];
+    let (released_tx, released_rx) = std::sync::mpsc::channel::<()>();
+    struct Released(std::sync::mpsc::Sender<()>);
+    impl Drop for Released {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    // SAFETY: `mine` is neither read nor written until `Released` is dropped (received below).
+    let lent = unsafe {
+        Region::from_raw(
+            mine.as_mut_ptr(),
+            mine.len(),
+            Box::new(Released(released_tx)),
+        )
+    }
+    .expect("region");
+    c.register_region(&lent).await.expect("register");
+    let t = c
+        .prefetch("default", &lent, ents, PrefetchOptions::default())
+        .await
+        .expect("prefetch");
+    // The connection holds a registered region until it is let go; the ticket holds it
+    // until it is finished and dropped.
+    assert!(c.unregister_region(&lent) && !c.unregister_region(&lent));
+    drop(lent);
+    assert_eq!(
+        t.wait().await.landed,
+        n as u32,
+        "the ticket keeps the region"
+    );
+    assert!(
+        released_rx.try_recv().is_err(),
+        "still in use by the ticket"
+    );
+    drop(t);
+    released_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("released once the ticket is gone");
+    check(&mine, "from_raw");
+}
+
 /// Runs a prefetch of `n` 1 MiB blocks on a connection that stops reading after the ticket
 /// (so the node cannot push more than its per-connection output budget plus socket
 /// buffers), does `meanwhile`, then reads everything: per entry, its push status.
