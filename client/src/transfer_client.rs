@@ -420,15 +420,32 @@ impl TransferClient {
         Ok(())
     }
 
-    /// Stops using `region` on this connection: no new prefetch may name it, and the
-    /// connection lets go of it, so that caller memory ([`Region::from_raw`]) is released once
-    /// the caller's clones and every ticket into it are gone too (a ticket holds its region
-    /// until the node has finished it and it is dropped). The node keeps the region's id
-    /// registered, one of its 256 per connection, until the connection closes. False if it
-    /// was not registered here.
-    pub fn unregister_region(&self, region: &Region) -> bool {
-        let mut regions = self.inner.shared.regions.lock().expect("regions");
-        regions.remove(&region.id()).is_some()
+    /// Stops using `region` on this connection: the node forgets it (`RegisterRegion` of 0
+    /// bytes, which frees one of its 256 per connection) and no new prefetch may name it, and
+    /// the connection lets go of it, so that caller memory ([`Region::from_raw`]) is released
+    /// once the caller's clones and every ticket into it are gone too (a ticket holds its
+    /// region until the node has finished it and it is dropped). Live tickets go on landing
+    /// their blocks. False if it was not registered here.
+    pub async fn unregister_region(&self, region: &Region) -> Result<bool, TransferError> {
+        let held = self
+            .inner
+            .shared
+            .regions
+            .lock()
+            .expect("regions")
+            .remove(&region.id())
+            .is_some();
+        if !held {
+            return Ok(false);
+        }
+        let req = Request::RegisterRegion {
+            region_id: region.id(),
+            bytes: 0,
+        };
+        match self.call(&req).await? {
+            Response::RegionRegistered => Ok(true),
+            r => Err(TransferError::Unexpected(r.op())),
+        }
     }
 
     /// Asks the node to push the blocks of `entries` into `region` (registered on this

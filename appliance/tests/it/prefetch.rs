@@ -242,7 +242,18 @@ async fn blocks_land_in_the_callers_own_memory_and_nothing_else_is_touched() {
         .expect("prefetch");
     // The connection holds a registered region until it is let go; the ticket holds it
     // until it is finished and dropped.
-    assert!(c.unregister_region(&lent) && !c.unregister_region(&lent));
+    assert!(c.unregister_region(&lent).await.expect("unregister"));
+    assert!(!c
+        .unregister_region(&lent)
+        .await
+        .expect("again: not registered"));
+    // The node forgot it: a connection registers and lets go of more regions, one after the
+    // other, than it may hold at once (256).
+    for _ in 0..300 {
+        let r = Region::new(4096).expect("region");
+        c.register_region(&r).await.expect("register");
+        assert!(c.unregister_region(&r).await.expect("unregister"));
+    }
     drop(lent);
     assert_eq!(
         t.wait().await.landed,
