@@ -151,6 +151,20 @@ def check_semantics(label, values, docs):
             fail(f"{label}: the dashboard ConfigMap lacks Grafana's sidecar label")
 
 
+def check_notes(label, values, out):
+    """The install notes send CXP1 clients to each node's own address: CXP1 answers only for
+    the node a client is connected to, so a load-balanced Service would scatter a client's
+    blocks over whichever node it happened to reach."""
+    merged = helm.Chart.load(CHART).merge_values(values)
+    notes = next(t for p, t in out.items() if p.endswith("NOTES.txt"))
+    port = merged["node"]["transferPort"]
+    for i in range(merged["nodes"]):
+        if f"ctxpod-{i}.ctxpod-peers.kv.svc:{port}" not in notes:
+            fail(f"{label}: NOTES do not give node {i}'s own CXP1 address")
+    if f"ctxpod.kv.svc:{port}" in notes:
+        fail(f"{label}: NOTES send CXP1 clients to the load-balanced Service")
+
+
 def check_with_binary(label, docs):
     """The rendered ctxpod.toml and the StatefulSet's flags, through `ctxpod config`."""
     binary = os.environ.get("CTXPOD_BIN")
@@ -214,9 +228,10 @@ def main():
             cases.append((f"ci/{f}", helm.values_from_yaml(fh.read())))
     for label, values in cases:
         lint(CHART, values, label)
-        docs, _ = render(CHART, values)
+        docs, out = render(CHART, values)
         kinds = validate(docs, label)
         check_semantics(label, values, docs)
+        check_notes(label, values, out)
         by_binary = check_with_binary(label, docs)
         print(f"helm-check: {label}: lint clean, {len(docs)} manifests valid for Kubernetes "
               f"{KUBE} ({', '.join(sorted(set(kinds)))})"
