@@ -84,136 +84,170 @@ pub fn latency_buckets() -> Vec<f64> {
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        macro_rules! reg {
-            ($m:expr) => {
-                register(&r, $m)
-            };
-        }
-        let counter = |name: &str, help: &str| IntCounter::new(name, help);
-        let gauge = |name: &str, help: &str| IntGauge::new(name, help);
         let latency = |name: &str, help: &str| {
             Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))
         };
         Metrics {
-            hits: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_block_hits_total",
-                    "Block lookups that found the block, by tier"
+            hits: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ctxpod_block_hits_total",
+                        "Block lookups that found the block, by tier",
+                    ),
+                    &["tier"],
                 ),
-                &["tier"]
-            )),
-            misses: reg!(counter(
+            ),
+            misses: counter(
+                &r,
                 "ctxpod_block_misses_total",
-                "Block lookups that found nothing"
-            )),
-            integrity_errors: reg!(counter(
+                "Block lookups that found nothing",
+            ),
+            integrity_errors: counter(
+                &r,
                 "ctxpod_integrity_errors_total",
-                "Records that failed a header, GCM or CRC32C check and were quarantined"
-            )),
-            media_errors: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_media_errors_total",
-                    "Device reads that failed outside a client's request, by what was \
-                     reading; the record concerned is dropped, the node stays writable"
+                "Records that failed a header, GCM or CRC32C check and were quarantined",
+            ),
+            media_errors: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ctxpod_media_errors_total",
+                        "Device reads that failed outside a client's request, by what was \
+                     reading; the record concerned is dropped, the node stays writable",
+                    ),
+                    &["op"],
                 ),
-                &["op"]
-            )),
-            evicted_blocks: reg!(counter(
+            ),
+            evicted_blocks: counter(
+                &r,
                 "ctxpod_evicted_blocks_total",
-                "Blocks dropped by eviction"
-            )),
-            evicted_regions: reg!(counter(
+                "Blocks dropped by eviction",
+            ),
+            evicted_regions: counter(
+                &r,
                 "ctxpod_evicted_regions_total",
-                "Regions reclaimed by eviction"
-            )),
-            reinserted_blocks: reg!(counter(
+                "Regions reclaimed by eviction",
+            ),
+            reinserted_blocks: counter(
+                &r,
                 "ctxpod_reinserted_blocks_total",
-                "Blocks moved out of an evicted region (recently read or leased)"
-            )),
-            device_written_bytes: reg!(counter(
+                "Blocks moved out of an evicted region (recently read or leased)",
+            ),
+            device_written_bytes: counter(
+                &r,
                 "ctxpod_device_written_bytes_total",
-                "Bytes written to the device"
-            )),
-            device_read_bytes: reg!(counter(
+                "Bytes written to the device",
+            ),
+            device_read_bytes: counter(
+                &r,
                 "ctxpod_device_read_bytes_total",
-                "Bytes read from the device"
-            )),
-            user_written_bytes: reg!(counter(
+                "Bytes read from the device",
+            ),
+            user_written_bytes: counter(
+                &r,
                 "ctxpod_user_written_bytes_total",
-                "Payload bytes of newly stored blocks (write amplification = device / user)"
-            )),
-            device_flushes: reg!(counter("ctxpod_device_flushes_total", "Device flushes")),
-            group_commit_blocks: reg!(Histogram::with_opts(
-                HistogramOpts::new("ctxpod_group_commit_blocks", "Writes per group commit")
-                    .buckets(prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets"))
-            )),
-            group_commit_seconds: reg!(latency(
-                "ctxpod_group_commit_duration_seconds",
-                "Time of one group commit"
-            )),
-            flush_seconds: reg!(latency(
-                "ctxpod_device_flush_duration_seconds",
-                "Time of one device flush"
-            )),
-            index_commit_seconds: reg!(latency(
-                "ctxpod_index_commit_duration_seconds",
-                "Time of one RocksDB batch write (synced or not)"
-            )),
-            busy_rejections: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_busy_rejections_total",
-                    "Requests refused with 503, by full queue"
+                "Payload bytes of newly stored blocks (write amplification = device / user)",
+            ),
+            device_flushes: counter(&r, "ctxpod_device_flushes_total", "Device flushes"),
+            group_commit_blocks: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new("ctxpod_group_commit_blocks", "Writes per group commit")
+                        .buckets(
+                            prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets"),
+                        ),
                 ),
-                &["queue"]
-            )),
-            offload: reg!(prometheus::GaugeVec::new(
-                Opts::new(
-                    "ctxpod_offload",
-                    "Offload engines: ops, busy_seconds, rejected_busy, faults (monotonic)"
+            ),
+            group_commit_seconds: register(
+                &r,
+                latency(
+                    "ctxpod_group_commit_duration_seconds",
+                    "Time of one group commit",
                 ),
-                &["engine", "figure"]
-            )),
-            io_engine_info: reg!(IntGaugeVec::new(
-                Opts::new(
-                    "ctxpod_io_engine_info",
-                    "The device I/O engine in use (value 1)"
+            ),
+            flush_seconds: register(
+                &r,
+                latency(
+                    "ctxpod_device_flush_duration_seconds",
+                    "Time of one device flush",
                 ),
-                &["engine", "direct"]
-            )),
-            capacity_bytes: reg!(gauge("ctxpod_capacity_bytes", "Configured flash capacity")),
-            used_bytes: reg!(gauge("ctxpod_used_bytes", "Device bytes in regions in use")),
-            live_bytes: reg!(gauge("ctxpod_live_bytes", "Payload bytes of live blocks")),
-            blocks: reg!(gauge("ctxpod_blocks", "Live blocks")),
-            dram_used_bytes: reg!(gauge(
-                "ctxpod_dram_used_bytes",
-                "Bytes held by the DRAM tier"
-            )),
-            dram_capacity_bytes: reg!(gauge("ctxpod_dram_capacity_bytes", "DRAM tier limit")),
-            regions_free: reg!(gauge("ctxpod_regions_free", "Free regions")),
-            leases: reg!(gauge("ctxpod_leases", "Keys pinned by a lease")),
-            leased_bytes: reg!(gauge(
+            ),
+            index_commit_seconds: register(
+                &r,
+                latency(
+                    "ctxpod_index_commit_duration_seconds",
+                    "Time of one RocksDB batch write (synced or not)",
+                ),
+            ),
+            busy_rejections: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ctxpod_busy_rejections_total",
+                        "Requests refused with 503, by full queue",
+                    ),
+                    &["queue"],
+                ),
+            ),
+            offload: register(
+                &r,
+                prometheus::GaugeVec::new(
+                    Opts::new(
+                        "ctxpod_offload",
+                        "Offload engines: ops, busy_seconds, rejected_busy, faults (monotonic)",
+                    ),
+                    &["engine", "figure"],
+                ),
+            ),
+            io_engine_info: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "ctxpod_io_engine_info",
+                        "The device I/O engine in use (value 1)",
+                    ),
+                    &["engine", "direct"],
+                ),
+            ),
+            capacity_bytes: gauge(&r, "ctxpod_capacity_bytes", "Configured flash capacity"),
+            used_bytes: gauge(&r, "ctxpod_used_bytes", "Device bytes in regions in use"),
+            live_bytes: gauge(&r, "ctxpod_live_bytes", "Payload bytes of live blocks"),
+            blocks: gauge(&r, "ctxpod_blocks", "Live blocks"),
+            dram_used_bytes: gauge(&r, "ctxpod_dram_used_bytes", "Bytes held by the DRAM tier"),
+            dram_capacity_bytes: gauge(&r, "ctxpod_dram_capacity_bytes", "DRAM tier limit"),
+            regions_free: gauge(&r, "ctxpod_regions_free", "Free regions"),
+            leases: gauge(&r, "ctxpod_leases", "Keys pinned by a lease"),
+            leased_bytes: gauge(
+                &r,
                 "ctxpod_leased_bytes",
-                "Device bytes of leased (pinned or held) records"
-            )),
-            lease_refusals: reg!(IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_lease_refusals_total",
-                    "Leases refused, by reason (table, node_bytes, tenant_bytes)"
+                "Device bytes of leased (pinned or held) records",
+            ),
+            lease_refusals: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ctxpod_lease_refusals_total",
+                        "Leases refused, by reason (table, node_bytes, tenant_bytes)",
+                    ),
+                    &["reason"],
                 ),
-                &["reason"]
-            )),
-            reclaim_skipped: reg!(counter(
+            ),
+            reclaim_skipped: counter(
+                &r,
                 "ctxpod_reclaim_skipped_regions_total",
-                "Regions eviction kept in place because leased records fill most of them"
-            )),
-            dek_rotations: reg!(counter(
+                "Regions eviction kept in place because leased records fill most of them",
+            ),
+            dek_rotations: counter(
+                &r,
                 "ctxpod_dek_rotations_total",
-                "Namespace data keys rotated (on request, or after dek_rotate_after_writes writes)"
-            )),
-            kek_rotations: reg!(counter(
+                "Namespace data keys rotated (on request, or after dek_rotate_after_writes writes)",
+            ),
+            kek_rotations: counter(
+                &r,
                 "ctxpod_kek_rotations_total",
-                "Key-encryption key rotations (every data key re-wrapped under the new KEK)"
-            )),
+                "Key-encryption key rotations (every data key re-wrapped under the new KEK)",
+            ),
             registry: r,
             sim: std::sync::OnceLock::new(),
         }

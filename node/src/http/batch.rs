@@ -19,7 +19,6 @@ use super::input::{content_length, durability, parse_keys, read_body, read_json}
 use super::input::{Keys, NsCall};
 use super::state::{AppState, BATCH_CONCURRENCY, BATCH_GET_BYTES_MAX};
 use crate::errors::{status_of, ApiError, ApiResult};
-use ctxpod_pod::batch::PeerError;
 
 pub(crate) async fn batch_get(
     NsCall { st, p, ns, scoped }: NsCall,
@@ -295,14 +294,15 @@ pub(crate) async fn pod_batch_get(
                         }
                     }
                 }
-                // Unreachable, or without the namespace: the next candidate is asked.
-                Err(PeerError::Unreachable | PeerError::Refused(404)) => {}
-                Err(e) => {
-                    let status = e.status().unwrap_or(502);
-                    for i in idx {
-                        out[i] = Some(refused(status));
+                Err(e) => match e.status() {
+                    // Unreachable, or without the namespace: the next candidate is asked.
+                    None | Some(404) => {}
+                    Some(status) => {
+                        for i in idx {
+                            out[i] = Some(refused(status));
+                        }
                     }
-                }
+                },
             }
             // What the answer did not use goes back to the budget.
             for permit in &mut permits {

@@ -182,14 +182,9 @@ pub(crate) struct NsCall {
     pub scoped: String,
 }
 
-impl axum::extract::FromRequestParts<AppState> for NsCall {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        st: &AppState,
-    ) -> Result<Self, ApiError> {
-        let Path(ns) = Path::<String>::from_request_parts(parts, st).await?;
+impl NsCall {
+    /// The call of the caller in `parts` to its namespace `ns`.
+    fn of(parts: &axum::http::request::Parts, st: &AppState, ns: String) -> ApiResult<NsCall> {
         let p = principal(parts)?;
         let scoped = scope(&p, &ns)?;
         Ok(NsCall {
@@ -198,6 +193,18 @@ impl axum::extract::FromRequestParts<AppState> for NsCall {
             ns,
             scoped,
         })
+    }
+}
+
+impl axum::extract::FromRequestParts<AppState> for NsCall {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &AppState,
+    ) -> Result<Self, ApiError> {
+        let Path(ns) = Path::<String>::from_request_parts(parts, st).await?;
+        NsCall::of(parts, st, ns)
     }
 }
 
@@ -218,13 +225,12 @@ impl axum::extract::FromRequestParts<AppState> for BlockCall {
         st: &AppState,
     ) -> Result<Self, ApiError> {
         let Path((ns, key)) = Path::<(String, String)>::from_request_parts(parts, st).await?;
-        let p = principal(parts)?;
-        let ns = scope(&p, &ns)?;
+        let NsCall { st, p, scoped, .. } = NsCall::of(parts, st, ns)?;
         let key = parse_key(&key)?;
         Ok(BlockCall {
-            st: st.clone(),
+            st,
             p,
-            ns,
+            ns: scoped,
             key,
         })
     }
