@@ -4,6 +4,8 @@
 //! - [`transfer_client`]: CXP1, pipelined on one connection, with [`region`]s that prefetch
 //!   tickets push blocks into; [`proto_io`]: CXP1 frames over tokio streams (the node's
 //!   listener reads with it too);
+//! - [`transfer_pod`]: CXP1 to a whole pod, each batch split by member (placement here,
+//!   R copies, read fall-back), one prefetch ticket filled from every member at once;
 //! - [`connect`]: the TLS client configuration both use.
 //!
 //! Architecture invariant: clients know nothing of the engine; the node depends on this
@@ -15,3 +17,4 @@ pub mod pod_client;
 pub mod proto_io;
 pub mod region;
 pub mod transfer_client;
+pub mod transfer_pod;

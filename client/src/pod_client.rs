@@ -139,7 +139,7 @@ impl PodClient {
         Ok(c)
     }
 
-    fn ranked_members(&self, ns: &str, key: &[u8]) -> Vec<ClusterMember> {
+    pub(crate) fn ranked_members(&self, ns: &str, key: &[u8]) -> Vec<ClusterMember> {
         let v = self.view();
         v.placement
             .rank(ns, key)
@@ -287,7 +287,7 @@ impl PodClient {
 
     /// Writes a copy back to a member that should hold one. `fast`: a lost repair is
     /// repaired again by a later read.
-    async fn repair(
+    pub(crate) async fn repair(
         &self,
         m: &ClusterMember,
         ns: &str,

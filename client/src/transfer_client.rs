@@ -54,6 +54,8 @@ pub enum TransferError {
     Tls(String),
     #[error("the node requires authentication: give a token or a client certificate")]
     AuthRequired,
+    #[error("{0}")]
+    Http(#[from] crate::client::ClientError),
     #[error("the request's frame is {bytes} bytes, over the node's limit of {max}: send fewer or smaller blocks per request")]
     TooLarge { bytes: usize, max: usize },
 }
@@ -295,6 +297,32 @@ impl TransferClient {
         self.inner.busy_retries.load(Ordering::Relaxed)
     }
 
+    /// Whether the connection has closed (the node went away, or a refused token): every
+    /// request on it now fails with [`TransferError::Closed`].
+    pub fn is_closed(&self) -> bool {
+        self.inner
+            .shared
+            .pending
+            .lock()
+            .expect("pending map")
+            .is_none()
+    }
+
+    /// The largest frame the node takes from this client: a batch put must fit in it.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.inner.peer_max_frame
+    }
+
+    /// Whether `region` is registered on this connection.
+    pub fn has_region(&self, region: &Region) -> bool {
+        self.inner
+            .shared
+            .regions
+            .lock()
+            .expect("regions")
+            .contains_key(&region.id())
+    }
+
     async fn call(&self, req: &Request) -> Result<Response, TransferError> {
         self.inner.call(req).await
     }
@@ -333,8 +361,20 @@ impl TransferClient {
         }
     }
 
-    /// Blocks by key: `Some(bytes)` (CRC32C checked) or `None` for a miss.
+    /// Blocks by key: `Some(bytes)` (CRC32C checked) or `None` for a miss; the first entry
+    /// the node refused fails the whole call.
     pub async fn get(&self, ns: &str, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, TransferError> {
+        self.get_each(ns, keys).await?.into_iter().collect()
+    }
+
+    /// Like [`TransferClient::get`], with an outcome per entry: a refused entry (413: over
+    /// what fits the frame, ask again in a smaller batch; 503: the node's egress budget is
+    /// spent, ask again later; …) or a corrupt one fails only itself.
+    pub async fn get_each(
+        &self,
+        ns: &str,
+        keys: &[Bytes],
+    ) -> Result<Vec<Result<Option<Bytes>, TransferError>>, TransferError> {
         let req = Request::Get {
             ns: ns.into(),
             keys: keys.to_vec(),
@@ -343,7 +383,11 @@ impl TransferClient {
             Response::Get(es) => es,
             r => return Err(TransferError::Unexpected(r.op())),
         };
-        es.into_iter()
+        if es.len() != keys.len() {
+            return Err(TransferError::Unexpected(Op::Get));
+        }
+        Ok(es
+            .into_iter()
             .enumerate()
             .map(
                 |(
@@ -363,7 +407,7 @@ impl TransferClient {
                     }),
                 },
             )
-            .collect()
+            .collect())
     }
 
     /// How many leading keys of the chain the node holds.

@@ -261,13 +261,13 @@ wire_enum! {
     pub enum Policy {
         /// Push what is cheap now: blocks in node DRAM, and flash reads only while the node's
         /// staging budget has room; anything else is a miss (BUSY or NOT_FOUND) at once.
-        BestEffort = 0,
+        BestEffort = 0 => "best_effort",
         /// Push every block that exists, waiting for staging room and flash reads as long as
         /// it takes (or until the deadline, if one is given).
-        WaitComplete = 1,
+        WaitComplete = 1 => "wait_complete",
         /// Wait-complete bounded by a deadline (required): a block not pushed by then is a
         /// miss with status `DEADLINE`, never a stall.
-        Timeout = 2,
+        Timeout = 2 => "timeout",
     }
 
     /// What happened to a key, in a KV event.

@@ -26,6 +26,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ctxpod-testkit", 3),
     ("ctxpod-node", 4),
     ("ctxpod-tools", 4),
+    ("ctxpod-python", 4),
     ("ctxpod", 5),
 ];
 
@@ -45,6 +46,10 @@ const NEVER: &[(&str, &[&str])] = &[
     ("ctxpod-pod", &["axum"]),
     ("ctxpod-testkit", &["axum", "rocksdb"]),
     ("ctxpod-tools", &["axum"]),
+    (
+        "ctxpod-python",
+        &["axum", "rocksdb", "ctxpod-engine", "ctxpod-node"],
+    ),
 ];
 
 fn workspace_root() -> PathBuf {

@@ -1,0 +1,612 @@
+"""The Pythonic layer over the native module: argument checking, keys, buffers,
+exceptions, asyncio. The I/O itself runs in Rust with the GIL released."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from os import PathLike
+from typing import Any, NamedTuple, Union
+
+from . import _ctxpod
+from .errors import InvalidRequest, from_status
+
+#: What a key may be: raw bytes (1..=128), a ``str`` (its UTF-8 bytes), or an ``int``
+#: in 0..2**64 (its 8 bytes, big-endian: a Dynamo sequence hash as ``dynamo_key`` spells
+#: it).
+Key = Union[bytes, bytearray, memoryview, str, int]
+
+#: Per-entry code of a prefetch entry or a ``*_into`` read: bytes landed (>= 0), or a
+#: negative status: -404 not found, -413 larger than its room, -422 corrupt, -499
+#: cancelled, -503 busy, -504 past the deadline; ``LOST`` when the connection closed
+#: before the node answered for it; ``None`` while pending.
+LOST = -1
+
+DEFAULT_LEASE_MS = 10_000
+POLICIES = ("best_effort", "wait_complete", "timeout")
+
+
+def _key(k: Key) -> bytes:
+    if isinstance(k, bytes):
+        b = k
+    elif isinstance(k, (bytearray, memoryview)):
+        b = bytes(k)
+    elif isinstance(k, str):
+        b = k.encode()
+    elif isinstance(k, int) and not isinstance(k, bool):
+        if not 0 <= k < 1 << 64:
+            raise InvalidRequest(f"an int key is in 0..2**64, not {k}")
+        b = k.to_bytes(8, "big")
+    else:
+        raise TypeError(f"a key is bytes, str or int, not {type(k).__name__}")
+    if not 1 <= len(b) <= _ctxpod.KEY_BYTES_MAX:
+        raise InvalidRequest(f"a key is 1..={_ctxpod.KEY_BYTES_MAX} bytes, not {len(b)}")
+    return b
+
+
+def _keys(keys: Sequence[Key]) -> list[bytes]:
+    if isinstance(keys, (bytes, bytearray, memoryview, str, int)):
+        raise TypeError("give a sequence of keys (a list), not one key")
+    return [_key(k) for k in keys]
+
+
+def _ints(xs: Sequence[int], what: str) -> list[int]:
+    out = []
+    for x in xs:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{what} are ints, not {type(x).__name__}")
+        if x < 0:
+            raise InvalidRequest(f"{what} are >= 0, not {x}")
+        out.append(x)
+    return out
+
+
+def _torch_span(obj: Any) -> tuple[int, int] | None:
+    """(address, bytes) of a CPU torch tensor (duck-typed: no import of torch)."""
+    if not (hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and hasattr(obj, "device")):
+        return None
+    if getattr(obj.device, "type", None) != "cpu":
+        raise InvalidRequest(
+            f"a tensor on {obj.device} cannot be registered yet: only host memory (a CPU tensor, "
+            "pinned or not)"
+        )
+    if not obj.is_contiguous():
+        raise InvalidRequest("the tensor is not contiguous: register tensor.contiguous()")
+    return int(obj.data_ptr()), int(obj.numel() * obj.element_size())
+
+
+class Buffer:
+    """Memory registered with a :class:`Store`: prefetches push straight into it.
+
+    ``ptr`` and ``size`` say where it is. The memory stays in use (the object it came
+    from is kept alive) until the buffer is unregistered and every ticket into it is done.
+    """
+
+    __slots__ = ("_b", "obj")
+
+    def __init__(self, native: Any, obj: Any) -> None:
+        self._b = native
+        #: The object the memory belongs to (``None`` for a bare pointer).
+        self.obj = obj
+
+    @property
+    def ptr(self) -> int:
+        return self._b.ptr
+
+    @property
+    def size(self) -> int:
+        return self._b.size
+
+    @property
+    def id(self) -> int:
+        return self._b.id
+
+    def __repr__(self) -> str:
+        return f"<ctxpod.Buffer {self.id}: {self.size} bytes at {self.ptr:#x}>"
+
+
+class Ticket:
+    """A prefetch in flight. Blocks land in the caller's registered memory; per entry the
+    code says how it went (see ``LOST`` for the codes). Dropping the ticket cancels what
+    the nodes have not pushed yet and ends its lease.
+
+    ``await ticket`` waits from asyncio without blocking the event loop, and gives
+    :meth:`poll`'s codes.
+    """
+
+    __slots__ = ("_t", "keys")
+
+    def __init__(self, native: Any, keys: list[bytes]) -> None:
+        self._t = native
+        #: The keys, in entry order.
+        self.keys = keys
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def wait(self, timeout: float | None = None) -> list[int | None]:
+        """Waits until every entry landed or missed (or ``timeout`` seconds): the codes."""
+        return self._t.wait(timeout)
+
+    def wait_for(self, i: int, timeout: float | None = None) -> int | None:
+        """Waits for entry ``i`` alone (decode can start on the first blocks while the rest
+        arrive); its code, ``None`` if still pending at ``timeout`` seconds."""
+        return self._t.wait_for(i, timeout)
+
+    def poll(self) -> list[int | None]:
+        """The codes now, without waiting."""
+        return self._t.poll()
+
+    def ready(self) -> bool:
+        """Whether the nodes have finished (every entry landed or missed)."""
+        return self._t.ready()
+
+    def progress(self) -> tuple[int, int, bool]:
+        """(landed, missed, done)."""
+        return self._t.progress()
+
+    def cancel(self) -> None:
+        """Asks the nodes to stop: entries not pushed yet miss with -499."""
+        self._t.cancel()
+
+    def add_done_callback(self, fn: Any) -> None:
+        """Calls ``fn()`` once the ticket is done, from the SDK's I/O thread (keep it short;
+        with asyncio use ``await ticket``)."""
+        self._t.on_done(fn)
+
+    def __await__(self):
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def resolve() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        def done() -> None:
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+        self._t.on_done(done)
+        yield from fut.__await__()
+        return self._t.poll()
+
+    def __repr__(self) -> str:
+        landed, missed, done = self.progress()
+        return f"<ctxpod.Ticket {len(self)} entries: {landed} landed, {missed} missed, done={done}>"
+
+
+class Event(NamedTuple):
+    """A KV event: ``kind`` is ``"stored"``, ``"evicted"`` or ``"deleted"``."""
+
+    kind: str
+    key: bytes
+
+
+class Events:
+    """KV events of a namespace from every member of the pod, as an iterator of
+    :class:`Event`. ``lost`` counts events dropped because this reader fell behind (then
+    resynchronise, e.g. with ``match_prefix``). Iteration ends when the stream ends."""
+
+    def __init__(self, native: Any) -> None:
+        self._e = native
+        self._pending: list[Event] = []
+        #: Events dropped before the ones read, in all.
+        self.lost = 0
+
+    def next(self, timeout: float | None = None) -> Event | None:
+        """The next event, or ``None`` after ``timeout`` seconds without one."""
+        if not self._pending:
+            got = self._e.next(timeout)
+            if got is None:
+                return None
+            lost, events = got
+            self.lost += lost
+            self._pending = [Event(k, key) for k, key in events]
+            self._pending.reverse()
+            if not self._pending:
+                return None
+        return self._pending.pop()
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        from .errors import Ended
+
+        while True:
+            try:
+                e = self.next(1.0)
+            except Ended:
+                raise StopIteration from None
+            if e is not None:
+                return e
+
+    def close(self) -> None:
+        """Ends the subscription on every member."""
+        self._e.close()
+
+    def __enter__(self) -> Events:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _ns(t: tuple) -> dict[str, Any]:
+    name, quota, replication, used, blocks = t
+    return {"name": name, "quota_bytes": quota, "replication": replication, "used_bytes": used, "block_count": blocks}
+
+
+def _ok(status: int) -> bool:
+    return status in (200, 201)
+
+
+class Store:
+    """A ctxpod pod (or one node), through one namespace.
+
+    Connect with :meth:`connect`. Data travels over CXP1 straight to the member that
+    holds each block (placement computed here, R copies, read fall-back); membership and
+    deletes go over HTTP. Every call releases the GIL while it waits. A store is safe to
+    share between threads.
+    """
+
+    def __init__(self, native: Any, namespace: str) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidRequest("the namespace is a non-empty str")
+        self._s = native
+        #: The namespace this store reads and writes.
+        self.namespace = namespace
+        self._objs: dict[int, Buffer] = {}
+
+    # -- connecting ---------------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        seeds: str | Sequence[str],
+        namespace: str = "default",
+        *,
+        token: str | None = None,
+        ca_file: str | PathLike | None = None,
+        cert_file: str | PathLike | None = None,
+        key_file: str | PathLike | None = None,
+    ) -> Store:
+        """Connects to a pod through any of ``seeds`` (node URLs such as
+        ``"http://10.0.0.5:7400"``, or one URL; ``https://`` with ``ca_file``). The members
+        are learnt from the first seed that answers; their CXP1 connections open on first
+        use.
+
+        ``token``: a bearer token (``ctxpod token create``). ``ca_file``: the CA bundle
+        that signed the nodes' certificates (TLS). ``cert_file`` / ``key_file``: a client
+        certificate (mTLS).
+        """
+        if isinstance(seeds, str):
+            seeds = [seeds]
+        seeds = list(seeds)
+        if not seeds or not all(isinstance(s, str) for s in seeds):
+            raise InvalidRequest("seeds: one node URL or a list of them")
+        for s in seeds:
+            if not s.startswith(("http://", "https://")):
+                raise InvalidRequest(f"seed {s!r}: a node's HTTP URL, http://host:port or https://host:port")
+        if any(s.startswith("https://") for s in seeds) and ca_file is None:
+            raise InvalidRequest("https seeds need ca_file (the CA that signed the nodes' certificates)")
+        if token is not None and not isinstance(token, str):
+            raise TypeError("token is a str")
+        native = _ctxpod._Store.connect(
+            seeds,
+            token,
+            None if ca_file is None else str(ca_file),
+            None if cert_file is None else str(cert_file),
+            None if key_file is None else str(key_file),
+        )
+        return cls(native, namespace)
+
+    def with_namespace(self, namespace: str) -> Store:
+        """The same connections, through another namespace."""
+        s = Store(self._s, namespace)
+        s._objs = self._objs
+        return s
+
+    def members(self) -> list[dict[str, Any]]:
+        """The pod's members as last seen: id, http, transfer (CXP1), state."""
+        return [
+            {"id": i, "http": h, "transfer": t, "state": st} for i, h, t, st in self._s.members()
+        ]
+
+    def replication(self) -> int:
+        """Copies the pod keeps of each block of this namespace (R)."""
+        return self._s.replication(self.namespace)
+
+    def create_namespace(self, *, quota_bytes: int | None = None, replication: int | None = None) -> dict[str, Any]:
+        """Creates this store's namespace in the pod (or sets these settings on it, if it
+        exists): ``quota_bytes`` caps its live bytes, ``replication`` its copies of each
+        block (default: the pod's). Returns :meth:`namespace_info`. Namespaces are the
+        caller's tenant's."""
+        return _ns(self._s.create_namespace(self.namespace, quota_bytes, replication))
+
+    def namespace_info(self) -> dict[str, Any]:
+        """This namespace's name, quota_bytes, replication, used_bytes and block_count;
+        raises ``NotFound`` if it does not exist."""
+        return _ns(self._s.namespace_info(self.namespace))
+
+    def delete_namespace(self) -> None:
+        """Deletes this namespace and every block in it, in the whole pod."""
+        self._s.delete_namespace(self.namespace)
+
+    def refresh(self) -> None:
+        """Reads the pod's membership again (done by itself when a member is unreachable)."""
+        self._s.refresh()
+
+    def close(self) -> None:
+        """Unregisters every buffer (the connections close when the store is collected)."""
+        for b in list(self._objs.values()):
+            self.unregister_buffer(b)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- one block ----------------------------------------------------------------
+
+    def put(self, key: Key, value: Any, *, durable: bool = True) -> int:
+        """Stores ``value`` (any buffer: bytes, bytearray, memoryview, a numpy array) under
+        ``key``; 201 stored, 200 already stored with these bytes. ``durable=False``: the
+        answer comes before the block is flushed to flash (faster; a crash may lose it).
+        Raises the exception of the node's refusal (``TooLarge``, ``NoSpace``, ...)."""
+        (s,) = self.batch_put([key], [value], durable=durable)
+        if not _ok(s):
+            raise from_status(s, f"put of {key!r}: the node answered {s}")
+        return s
+
+    def get(self, key: Key) -> bytes | None:
+        """The block's bytes (CRC32C checked), or ``None`` if no member holds it."""
+        (s, b) = self._s.get(self.namespace, [_key(key)])[0]
+        if s == 200:
+            return b
+        if s == 404:
+            return None
+        raise from_status(s, f"get of {key!r}: the node answered {s}")
+
+    def get_into(self, key: Key, buffer: Any, size: int | None = None) -> int | None:
+        """Reads the block into ``buffer`` (a writable buffer, or with ``size`` an address
+        inside a registered buffer, as Mooncake's ``get_into(key, ptr, size)``): the bytes
+        written, or ``None`` for a miss. Raises ``TooLarge`` when the block does not fit
+        (nothing is written)."""
+        if size is None:
+            (n,) = self.batch_get_into([key], [buffer])
+        else:
+            (n,) = self.batch_get_into([key], [buffer], [size])
+        if n >= 0:
+            return n
+        if n == -404:
+            return None
+        raise from_status(-n, f"get_into of {key!r}: {n}")
+
+    def remove(self, key: Key) -> bool:
+        """Deletes the block from the pod (every copy; it does not come back). True if a
+        member held it."""
+        return self.batch_remove([key])[0]
+
+    def exists(self, key: Key) -> bool:
+        """Whether a member holds the block."""
+        return self.batch_exists([key])[0]
+
+    # -- batches ------------------------------------------------------------------
+
+    def batch_put(self, keys: Sequence[Key], values: Sequence[Any], *, durable: bool = True) -> list[int]:
+        """Stores each value under its key, each member's share in one request: per entry,
+        its status (201, 200; or 409, 413, 422, 503, 507, ... for that entry alone)."""
+        keys = _keys(keys)
+        values = list(values)
+        if len(keys) != len(values):
+            raise InvalidRequest(f"{len(keys)} keys but {len(values)} values")
+        return self._s.put(self.namespace, keys, values, durable)
+
+    def batch_get(self, keys: Sequence[Key]) -> list[bytes | None]:
+        """Each block's bytes, or ``None`` for a miss; raises for the first entry a node
+        refused (use :meth:`batch_get_into` for per-entry codes)."""
+        out = []
+        for k, (s, b) in zip(keys, self._s.get(self.namespace, _keys(keys))):
+            if s == 200:
+                out.append(b)
+            elif s == 404:
+                out.append(None)
+            else:
+                raise from_status(s, f"get of {k!r}: the node answered {s}")
+        return out
+
+    def batch_get_into(
+        self, keys: Sequence[Key], buffers: Sequence[Any], sizes: Sequence[int] | None = None
+    ) -> list[int]:
+        """Reads each block into its buffer. ``buffers`` are writable buffers, or, with
+        ``sizes``, addresses (ints) inside registered buffers (Mooncake's
+        ``batch_get_into(keys, ptrs, sizes)``). Per entry: the bytes written, or a negative
+        status (-404 a miss, -413 the block is larger than its buffer: nothing written)."""
+        keys = _keys(keys)
+        if sizes is None:
+            bufs = list(buffers)
+            if len(bufs) != len(keys):
+                raise InvalidRequest(f"{len(keys)} keys but {len(bufs)} buffers")
+            return self._s.get_into(self.namespace, keys, bufs)
+        ptrs, sizes = _ints(buffers, "pointers"), _ints(sizes, "sizes")
+        return self._s.get_into_ptrs(self.namespace, keys, ptrs, sizes)
+
+    def batch_remove(self, keys: Sequence[Key]) -> list[bool]:
+        """Deletes each block from the pod: per key, whether a member held it."""
+        return self._s.remove(self.namespace, _keys(keys))
+
+    def batch_exists(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each block is held (a member a read would try holds it)."""
+        return self._s.exists(self.namespace, _keys(keys))
+
+    def match_prefix(self, keys: Sequence[Key]) -> int:
+        """How many leading keys of a chain of block hashes the pod holds: the prefix an
+        engine can fetch instead of recompute."""
+        keys = _keys(keys)
+        if len(keys) > _ctxpod.MATCH_KEYS_MAX:
+            raise InvalidRequest(f"a chain is at most {_ctxpod.MATCH_KEYS_MAX} keys, not {len(keys)}")
+        return self._s.match_prefix(self.namespace, keys)
+
+    def pin(self, keys: Sequence[Key], ttl: float) -> int:
+        """Keeps the present blocks from eviction for ``ttl`` seconds (at most an hour), on
+        each of their copies; how many were pinned."""
+        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 < ttl <= _ctxpod.LEASE_MS_MAX / 1000:
+            raise InvalidRequest(f"ttl is a number of seconds in (0, {_ctxpod.LEASE_MS_MAX // 1000}]")
+        return self._s.pin(self.namespace, _keys(keys), int(ttl * 1000))
+
+    def unpin(self, keys: Sequence[Key]) -> int:
+        """Ends the pins (and prefetch leases) of the blocks; how many were pinned."""
+        return self._s.unpin(self.namespace, _keys(keys))
+
+    # -- caller memory --------------------------------------------------------------
+
+    def register_buffer(self, obj: Any, size: int | None = None) -> Buffer:
+        """Makes caller memory a region that prefetches push into with no copy:
+
+        - a writable buffer-protocol object (``bytearray``, a numpy array, ``memoryview``),
+          C-contiguous: kept alive, and (for a bytearray) kept from resizing, while
+          registered;
+        - a CPU torch tensor (contiguous; pinned or not): kept alive while registered;
+        - ``register_buffer(ptr, size)`` or ``register_buffer((ptr, size))``: raw memory
+          the caller keeps valid until :meth:`unregister_buffer` and every ticket into it
+          is done (Mooncake's ``register_buffer``).
+
+        Buffers may not overlap. Returns the :class:`Buffer`.
+        """
+        if isinstance(obj, tuple) and size is None and len(obj) == 2:
+            obj, size = obj
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            if size is None:
+                raise InvalidRequest("register_buffer(ptr, size): give the size")
+            ptr, size = _ints([obj, size], "pointer and size")
+            if ptr == 0:
+                raise InvalidRequest("a null pointer cannot be registered")
+            native = self._s.register(None, ptr, size)
+            b = Buffer(native, None)
+        else:
+            if size is not None:
+                raise InvalidRequest("size goes with a pointer, not with an object")
+            span = _torch_span(obj)
+            if span is None:
+                native = self._s.register(obj)
+            else:
+                native = self._s.register(obj, span[0], span[1])
+            b = Buffer(native, obj)
+        self._objs[b.id] = b
+        return b
+
+    def unregister_buffer(self, buffer: Buffer | int | Any) -> bool:
+        """Stops using a buffer (the :class:`Buffer`, its object, or its address): no new
+        call may name it; prefetches in flight still land, and the memory is let go once
+        they are done. False if it was not registered."""
+        b = self._find(buffer)
+        if b is None:
+            return False
+        self._objs.pop(b.id, None)
+        return self._s.unregister(b._b)
+
+    def _find(self, buffer: Any) -> Buffer | None:
+        if isinstance(buffer, Buffer):
+            return buffer if buffer.id in self._objs else None
+        for b in self._objs.values():
+            if (isinstance(buffer, int) and b.ptr == buffer) or (b.obj is not None and b.obj is buffer):
+                return b
+        return None
+
+    # -- prefetch and events ------------------------------------------------------
+
+    def prefetch(
+        self,
+        keys: Sequence[Key],
+        into: tuple[Any, Sequence[int]] | tuple[Sequence[int], Sequence[int]],
+        *,
+        sizes: Sequence[int] | None = None,
+        policy: str = "wait_complete",
+        deadline_ms: int | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+    ) -> Ticket:
+        """Asks the pod to push blocks straight into registered memory, every member its
+        own blocks at once; returns a :class:`Ticket` at once.
+
+        ``into`` is ``(buffer, offsets)``: entry ``i`` lands at ``offsets[i]`` of a
+        registered buffer (the :class:`Buffer` or its object), with room up to the next
+        offset (or the buffer's end) unless ``sizes`` says otherwise; or ``(ptrs, sizes)``:
+        addresses inside registered buffers (several buffers may be named).
+
+        ``policy``: ``"wait_complete"`` (every block that exists, however long),
+        ``"best_effort"`` (what is cheap now; the rest miss at once), ``"timeout"``
+        (``deadline_ms`` required: blocks not pushed by then miss with -504).
+        ``lease_ms``: how long the blocks stay leased on the nodes after the ticket ends
+        (at most 60 s), so that decode finds them.
+        """
+        keys = _keys(keys)
+        if not isinstance(into, tuple) or len(into) != 2:
+            raise TypeError("into is (buffer, offsets) or (ptrs, sizes)")
+        first, second = into
+        buf = self._find(first)
+        if buf is not None:
+            offsets = _ints(second, "offsets")
+            if sizes is None:
+                # Room up to the next offset, or the buffer's end.
+                ends = sorted(set(offsets)) + [buf.size]
+                sizes = [max(min(e for e in ends if e > o) - o, 0) if o < buf.size else 0 for o in offsets]
+            else:
+                sizes = _ints(sizes, "sizes")
+            ptrs = [buf.ptr + o for o in offsets]
+        elif isinstance(first, (list, tuple)):
+            ptrs = _ints(first, "pointers")
+            sizes = _ints(second if sizes is None else sizes, "sizes")
+        else:
+            raise InvalidRequest(
+                "prefetch into=(buffer, offsets) names a buffer that is not registered "
+                "(register_buffer first; an unregistered buffer is no longer usable)"
+            )
+        if not (len(keys) == len(ptrs) == len(sizes)):
+            raise InvalidRequest(f"{len(keys)} keys, {len(ptrs)} places and {len(sizes)} sizes")
+        if policy not in POLICIES:
+            raise InvalidRequest(f"policy {policy!r}: one of {', '.join(POLICIES)}")
+        if deadline_ms is not None:
+            (deadline_ms,) = _ints([deadline_ms], "deadline_ms")
+        (lease_ms,) = _ints([lease_ms], "lease_ms")
+        native = self._s.prefetch(self.namespace, keys, ptrs, sizes, policy, deadline_ms, lease_ms)
+        return Ticket(native, keys)
+
+    def events(self, namespace: str | None = None) -> Events:
+        """KV events (stored, evicted, deleted keys) of a namespace (this one by default)
+        from every member, from now on."""
+        return Events(self._s.subscribe(namespace or self.namespace))
+
+    def busy_retries(self) -> int:
+        """Requests sent again because a node answered BUSY."""
+        return self._s.busy_retries()
+
+    # -- Mooncake Store's names -----------------------------------------------------
+
+    def put_from(self, key: Key, ptr: int, size: int) -> int:
+        """Mooncake's ``put_from``: stores ``size`` bytes at ``ptr`` (inside a registered
+        buffer); 0, or a negative status."""
+        return self.batch_put_from([key], [ptr], [size])[0]
+
+    def batch_put_from(self, keys: Sequence[Key], ptrs: Sequence[int], sizes: Sequence[int]) -> list[int]:
+        """Mooncake's ``batch_put_from``: per entry 0 (stored, or already stored), or a
+        negative status."""
+        keys = _keys(keys)
+        ptrs, sizes = _ints(ptrs, "pointers"), _ints(sizes, "sizes")
+        sts = self._s.put_from(self.namespace, keys, ptrs, sizes, True)
+        return [0 if _ok(s) else -s for s in sts]
+
+    def is_exist(self, key: Key) -> int:
+        """Mooncake's ``is_exist``: 1 held, 0 not."""
+        return int(self.exists(key))
+
+    def batch_is_exist(self, keys: Sequence[Key]) -> list[int]:
+        """Mooncake's ``batch_is_exist``: per key 1 held, 0 not."""
+        return [int(x) for x in self.batch_exists(keys)]
+
+    def __repr__(self) -> str:
+        return f"<ctxpod.Store namespace={self.namespace!r} members={len(self.members())}>"
+

@@ -1,0 +1,495 @@
+//! `_Store`: one pod (or node) connection set. Arguments arrive normalised by the Python
+//! layer (`ctxpod/_store.py`): keys as `bytes`, namespaces as `str`, values as
+//! buffer-protocol objects, pointers as `int`s. Per-entry outcomes come back as HTTP-like
+//! statuses; whole-call failures as `ctxpod.errors` exceptions.
+
+use crate::buffers::{self, Buffer, Keep, Registry};
+use crate::ticket::{Events, Held, Ticket};
+use crate::{block, error, invalid};
+use bytes::Bytes;
+use ctxpod_client::connect::Connect;
+use ctxpod_client::transfer_client::{PrefetchOptions, TransferError};
+use ctxpod_client::transfer_pod::TransferPod;
+use ctxpod_wire::proto::{Durability, Policy, PrefetchEntry};
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[pyclass(frozen, name = "_Store", module = "ctxpod._ctxpod")]
+pub struct Store {
+    pod: Arc<TransferPod>,
+    buffers: Registry,
+}
+
+/// A block's bytes borrowed in place (no copy) from a Python buffer export or a registered
+/// region, let go when the last `Bytes` referring to it goes.
+struct Lent {
+    ptr: usize,
+    len: usize,
+    _keep: Keep,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `_keep` holds the export or the region (a registered range, checked by
+        // `Registry::find`) that keeps these bytes valid; the caller does not write them
+        // during the call (docs/PYTHON.md, "Buffers").
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+type NsInfo = (String, Option<u64>, Option<u32>, u64, u64);
+
+fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
+    (i.name, i.quota_bytes, i.replication, i.used_bytes, i.block_count)
+}
+
+fn durability(durable: bool) -> Durability {
+    if durable {
+        Durability::Durable
+    } else {
+        Durability::Fast
+    }
+}
+
+fn keys_of(keys: Vec<Vec<u8>>) -> Vec<Bytes> {
+    keys.into_iter().map(Bytes::from).collect()
+}
+
+/// A per-entry outcome as an int: bytes (≥ 0) or a negative status.
+fn neg(status: u16) -> i64 {
+    -(status as i64)
+}
+
+fn status_of(e: &TransferError) -> u16 {
+    match e {
+        TransferError::Refused { status, .. } => *status,
+        TransferError::Corrupt(_) => 422,
+        TransferError::TooLarge { .. } => 413,
+        _ => 503,
+    }
+}
+
+#[pymethods]
+impl Store {
+    /// Connects through any of `seeds` (node URLs); TLS when a CA file is given.
+    #[staticmethod]
+    #[pyo3(signature = (seeds, token=None, ca_file=None, cert_file=None, key_file=None))]
+    fn connect(
+        py: Python<'_>,
+        seeds: Vec<String>,
+        token: Option<String>,
+        ca_file: Option<std::path::PathBuf>,
+        cert_file: Option<std::path::PathBuf>,
+        key_file: Option<std::path::PathBuf>,
+    ) -> PyResult<Store> {
+        let identity = match (&cert_file, &key_file) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            (None, None) => None,
+            _ => return Err(invalid("cert_file and key_file go together (mTLS)")),
+        };
+        if identity.is_some() && ca_file.is_none() {
+            return Err(invalid("a client certificate needs ca_file (TLS) too"));
+        }
+        let how = Connect::from_files(token, ca_file.as_deref(), identity)
+            .map_err(|e| invalid(e.to_string()))?;
+        let pod = block(py, TransferPod::connect(&seeds, &how)).map_err(error)?;
+        Ok(Store {
+            pod: Arc::new(pod),
+            buffers: Registry::default(),
+        })
+    }
+
+    /// The pod's members: (id, http, transfer, state).
+    fn members(&self) -> Vec<(String, String, Option<String>, String)> {
+        self.pod
+            .http()
+            .members()
+            .into_iter()
+            .map(|m| (m.id, m.http, m.transfer, m.state))
+            .collect()
+    }
+
+    /// Copies of each block of `ns` (R).
+    fn replication(&self, py: Python<'_>, ns: String) -> usize {
+        let pod = self.pod.clone();
+        block(py, async move { pod.http().replication_of(&ns).await })
+    }
+
+    /// Creates namespace `ns` (or sets these settings on it): (name, quota_bytes,
+    /// replication, used_bytes, block_count).
+    #[pyo3(signature = (ns, quota_bytes=None, replication=None))]
+    fn create_namespace(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        quota_bytes: Option<u64>,
+        replication: Option<u32>,
+    ) -> PyResult<NsInfo> {
+        let c = self.pod.member_http().map_err(error)?;
+        let settings = ctxpod_wire::types::CreateNamespace {
+            quota_bytes,
+            replication,
+        };
+        let i = block(py, async move { c.create_namespace_with(&ns, &settings).await })
+            .map_err(|e| error(e.into()))?;
+        Ok(ns_info(i))
+    }
+
+    /// The namespace's settings and usage.
+    fn namespace_info(&self, py: Python<'_>, ns: String) -> PyResult<NsInfo> {
+        let c = self.pod.member_http().map_err(error)?;
+        let i = block(py, async move { c.namespace(&ns).await }).map_err(|e| error(e.into()))?;
+        Ok(ns_info(i))
+    }
+
+    /// Deletes the namespace and every block in it.
+    fn delete_namespace(&self, py: Python<'_>, ns: String) -> PyResult<()> {
+        let c = self.pod.member_http().map_err(error)?;
+        block(py, async move { c.delete_namespace(&ns).await }).map_err(|e| error(e.into()))
+    }
+
+    /// Reads the membership again.
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        let pod = self.pod.clone();
+        block(py, async move { pod.refresh().await }).map_err(error)
+    }
+
+    /// The CXP1 addresses of the members `key` lives on, best first.
+    fn ranked(&self, ns: &str, key: Vec<u8>) -> Vec<String> {
+        self.pod.ranked(ns, &key)
+    }
+
+    /// Stores `values[i]` under `keys[i]` (buffers are read in place); per entry, its status.
+    fn put(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        values: Vec<Bound<'_, PyAny>>,
+        durable: bool,
+    ) -> PyResult<Vec<u16>> {
+        if keys.len() != values.len() {
+            return Err(invalid(format!(
+                "{} keys but {} values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        let mut blocks = Vec::with_capacity(keys.len());
+        for (k, v) in keys.into_iter().zip(&values) {
+            let (ptr, len, export) = buffers::readable(v)?;
+            let data = Bytes::from_owner(Lent {
+                ptr,
+                len,
+                _keep: Keep::Export(export),
+            });
+            blocks.push((Bytes::from(k), data));
+        }
+        let pod = self.pod.clone();
+        let r = block(py, async move {
+            pod.put(&ns, &blocks, durability(durable)).await
+        });
+        r.map_err(error)
+    }
+
+    /// Stores `sizes[i]` bytes at `ptrs[i]` (inside registered buffers) under `keys[i]`.
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        durable: bool,
+    ) -> PyResult<Vec<u16>> {
+        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
+            return Err(invalid("keys, ptrs and sizes must have the same length"));
+        }
+        let mut blocks = Vec::with_capacity(keys.len());
+        for ((k, ptr), len) in keys.into_iter().zip(ptrs).zip(sizes) {
+            let (region, _) = self.buffers.find(ptr, len)?;
+            let data = Bytes::from_owner(Lent {
+                ptr,
+                len,
+                _keep: Keep::Region(region),
+            });
+            blocks.push((Bytes::from(k), data));
+        }
+        let pod = self.pod.clone();
+        let r = block(py, async move {
+            pod.put(&ns, &blocks, durability(durable)).await
+        });
+        r.map_err(error)
+    }
+
+    /// Per key: (200, bytes), (404, None), or (status, None) for a refused entry.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+    ) -> PyResult<Vec<(u16, Option<Bound<'py, PyBytes>>)>> {
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        let got = block(py, async move { pod.get(&ns, &keys).await }).map_err(error)?;
+        Ok(got
+            .into_iter()
+            .map(|e| match e {
+                Ok(Some(b)) => (200, Some(PyBytes::new(py, &b))),
+                Ok(None) => (404, None),
+                Err(e) => (status_of(&e), None),
+            })
+            .collect())
+    }
+
+    /// Reads each block into a writable buffer: per entry, the bytes written, or a negative
+    /// status (-404 a miss, -413 the buffer is too small: nothing written).
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        targets: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        if keys.len() != targets.len() {
+            return Err(invalid(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                targets.len()
+            )));
+        }
+        let mut spans: Vec<(usize, usize)> = Vec::with_capacity(targets.len());
+        let mut exports: Vec<PyUntypedBuffer> = Vec::with_capacity(targets.len());
+        for t in &targets {
+            let (ptr, len, export) = buffers::writable(t)?;
+            spans.push((ptr, len));
+            exports.push(export);
+        }
+        let out = self.read_into(py, ns, keys, spans);
+        drop(exports);
+        out
+    }
+
+    /// [`Store::get_into`] with (pointer, size) pairs inside registered buffers.
+    fn get_into_ptrs(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
+            return Err(invalid("keys, ptrs and sizes must have the same length"));
+        }
+        let mut held = Vec::with_capacity(ptrs.len());
+        for (&p, &s) in ptrs.iter().zip(&sizes) {
+            held.push(self.buffers.find(p, s)?.0);
+        }
+        let out = self.read_into(py, ns, keys, ptrs.into_iter().zip(sizes).collect());
+        drop(held);
+        out
+    }
+
+    /// Whether each key is held.
+    fn exists(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>) -> PyResult<Vec<bool>> {
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        block(py, async move { pod.exists(&ns, &keys).await }).map_err(error)
+    }
+
+    /// Leading keys of the chain held.
+    fn match_prefix(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>) -> PyResult<u32> {
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        block(py, async move { pod.match_prefix(&ns, &keys).await }).map_err(error)
+    }
+
+    fn pin(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>, ttl_ms: u64) -> PyResult<u32> {
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        let ttl = Duration::from_millis(ttl_ms);
+        block(py, async move { pod.pin(&ns, &keys, ttl).await }).map_err(error)
+    }
+
+    fn unpin(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>) -> PyResult<u32> {
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        block(py, async move { pod.unpin(&ns, &keys).await }).map_err(error)
+    }
+
+    /// Deletes each key from the pod; per key, whether a member held it.
+    fn remove(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>) -> PyResult<Vec<bool>> {
+        let pod = self.pod.clone();
+        block(py, async move {
+            let mut out = Vec::with_capacity(keys.len());
+            for k in &keys {
+                out.push(pod.delete(&ns, k).await?);
+            }
+            Ok(out)
+        })
+        .map_err(error)
+    }
+
+    /// Registers memory: a writable buffer-protocol object (`obj`, with `ptr` None), or
+    /// `size` bytes at `ptr` kept alive by a reference to `obj` (a torch tensor).
+    #[pyo3(signature = (obj, ptr=None, size=None))]
+    fn register(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        ptr: Option<usize>,
+        size: Option<usize>,
+    ) -> PyResult<Buffer> {
+        let (ptr, size, keep) = match (ptr, size) {
+            (None, None) => {
+                let (p, s, export) = buffers::writable(obj)?;
+                (p, s, Keep::Export(export))
+            }
+            (Some(p), Some(s)) => (p, s, Keep::Object(obj.clone().unbind())),
+            _ => return Err(invalid("give both ptr and size, or neither")),
+        };
+        let region = buffers::region(ptr, size, keep)?;
+        let b = Buffer {
+            id: region.id(),
+            region: std::sync::Mutex::new(Some(region.clone())),
+            ptr,
+            size,
+        };
+        self.buffers.add(&b, &region)?;
+        Ok(b)
+    }
+
+    /// Stops using a buffer: no new call may name it; prefetches in flight still land.
+    fn unregister(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<bool> {
+        let held = self.buffers.remove(buffer.id);
+        let Some(region) = buffer.region.lock().expect("buffer").take() else {
+            return Ok(held);
+        };
+        let pod = self.pod.clone();
+        // The region is dropped on the runtime: the last reference may be this one, and
+        // its keep-alive (the buffer export) is released there with the GIL taken.
+        block(py, async move {
+            let r = pod.unregister_region(&region).await;
+            drop(region);
+            r
+        })
+        .map_err(error)?;
+        Ok(held)
+    }
+
+    /// Registered buffers now.
+    fn buffers(&self) -> usize {
+        self.buffers.all().len()
+    }
+
+    /// Pushes each (key, ptr, size) entry into registered memory; a ticket at once.
+    #[pyo3(signature = (ns, keys, ptrs, sizes, policy, deadline_ms, lease_ms))]
+    #[allow(clippy::too_many_arguments)]
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        policy: &str,
+        deadline_ms: Option<u64>,
+        lease_ms: u64,
+    ) -> PyResult<Ticket> {
+        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
+            return Err(invalid("keys, ptrs and sizes must have the same length"));
+        }
+        let policy = Policy::parse(policy).ok_or_else(|| {
+            invalid(format!(
+                "policy {policy:?}: one of best_effort, wait_complete, timeout"
+            ))
+        })?;
+        if policy == Policy::Timeout && deadline_ms.is_none() {
+            return Err(invalid("the timeout policy needs deadline_ms"));
+        }
+        if lease_ms > ctxpod_wire::PREFETCH_LEASE_MS_MAX {
+            return Err(invalid(format!(
+                "lease_ms is at most {}",
+                ctxpod_wire::PREFETCH_LEASE_MS_MAX
+            )));
+        }
+        let mut entries = Vec::with_capacity(keys.len());
+        for ((k, p), s) in keys.into_iter().zip(ptrs).zip(sizes) {
+            let max_len = u32::try_from(s)
+                .map_err(|_| invalid(format!("an entry of {s} bytes is over 4 GiB")))?;
+            let (region, offset) = self.buffers.find(p, s)?;
+            entries.push((
+                region,
+                PrefetchEntry {
+                    key: Bytes::from(k),
+                    offset,
+                    max_len,
+                },
+            ));
+        }
+        let opts = PrefetchOptions {
+            policy,
+            deadline: deadline_ms.map(Duration::from_millis),
+            lease: Duration::from_millis(lease_ms),
+        };
+        let pod = self.pod.clone();
+        let t = block(py, async move { pod.prefetch(&ns, entries, opts).await }).map_err(error)?;
+        Ok(Ticket {
+            inner: Held::new(t),
+        })
+    }
+
+    /// KV events of `ns`, from every member.
+    fn subscribe(&self, py: Python<'_>, ns: String) -> PyResult<Events> {
+        let pod = self.pod.clone();
+        let s = block(py, async move { pod.subscribe(&ns).await }).map_err(error)?;
+        Ok(Events::new(s))
+    }
+
+    /// Requests sent again because a node answered BUSY.
+    fn busy_retries(&self, py: Python<'_>) -> u64 {
+        let pod = self.pod.clone();
+        block(py, async move { pod.busy_retries().await })
+    }
+}
+
+impl Store {
+    /// GETs `keys` and copies each block into its (address, length) span.
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        spans: Vec<(usize, usize)>,
+    ) -> PyResult<Vec<i64>> {
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        block(py, async move {
+            let got = pod.get(&ns, &keys).await?;
+            Ok(got
+                .into_iter()
+                .zip(spans)
+                .map(|(e, (ptr, len))| match e {
+                    Ok(Some(b)) if b.len() <= len => {
+                        // SAFETY: `ptr` is `len` writable bytes of a buffer export (or a
+                        // registered region) the caller holds for the call.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(b.as_ptr(), ptr as *mut u8, b.len())
+                        };
+                        b.len() as i64
+                    }
+                    Ok(Some(_)) => neg(413),
+                    Ok(None) => neg(404),
+                    Err(e) => neg(status_of(&e)),
+                })
+                .collect())
+        })
+        .map_err(error)
+    }
+}

@@ -1,0 +1,207 @@
+//! Prefetch tickets and KV event streams as Python objects. Waiting releases the GIL; a
+//! done callback (for asyncio) is called from the SDK's I/O thread with the GIL taken.
+
+use crate::{block, error, rt};
+use ctxpod_client::transfer_client::{BlockState, Progress};
+use ctxpod_client::transfer_pod::{PodSubscription, PodTicket};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An entry's state as an int: bytes landed (≥ 0), a negative status for a miss (-404 not
+/// found, -503 busy, -504 past the deadline, -499 cancelled, -413 larger than its room,
+/// -422 corrupt), -1 lost (the connection closed), or `None` still pending.
+fn code(s: BlockState) -> Option<i64> {
+    match s {
+        BlockState::Pending => None,
+        BlockState::Landed { len } => Some(len as i64),
+        BlockState::Missed { status } => Some(-(status as i64)),
+        BlockState::Corrupt => Some(-422),
+        BlockState::Lost => Some(-1),
+    }
+}
+
+fn codes(p: &Progress) -> Vec<Option<i64>> {
+    p.blocks.iter().copied().map(code).collect()
+}
+
+fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(crate::invalid(format!(
+            "timeout {s}: a number of seconds, ≥ 0"
+        ))),
+    }
+}
+
+/// A ticket that is dropped inside the runtime, so that its cancel reaches the nodes.
+pub(crate) struct Held(Option<Arc<PodTicket>>);
+
+impl Held {
+    pub(crate) fn new(t: PodTicket) -> Held {
+        Held(Some(Arc::new(t)))
+    }
+
+    fn get(&self) -> &Arc<PodTicket> {
+        self.0.as_ref().expect("a live ticket")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _in_runtime = rt().enter();
+        self.0.take();
+    }
+}
+
+#[pyclass(frozen, name = "_Ticket", module = "ctxpod._ctxpod")]
+pub struct Ticket {
+    pub(crate) inner: Held,
+}
+
+#[pymethods]
+impl Ticket {
+    fn __len__(&self) -> usize {
+        self.inner.get().len()
+    }
+
+    /// Waits until every entry landed or missed (or `timeout` seconds); per entry, its code.
+    #[pyo3(signature = (timeout_s=None))]
+    fn wait(&self, py: Python<'_>, timeout_s: Option<f64>) -> PyResult<Vec<Option<i64>>> {
+        let t = self.inner.get().clone();
+        let limit = timeout(timeout_s)?;
+        let p = block(py, async move {
+            match limit {
+                Some(d) => t.wait_for(d).await,
+                None => t.wait().await,
+            }
+        });
+        Ok(codes(&p))
+    }
+
+    /// Waits for entry `i` (or `timeout` seconds); its code.
+    #[pyo3(signature = (i, timeout_s=None))]
+    fn wait_for(&self, py: Python<'_>, i: usize, timeout_s: Option<f64>) -> PyResult<Option<i64>> {
+        let t = self.inner.get().clone();
+        if i >= t.len() {
+            return Err(crate::invalid(format!(
+                "entry {i} of a ticket of {}",
+                t.len()
+            )));
+        }
+        let limit = timeout(timeout_s)?;
+        let s = block(py, async move {
+            match limit {
+                Some(d) => tokio::time::timeout(d, t.block(i))
+                    .await
+                    .unwrap_or(BlockState::Pending),
+                None => t.block(i).await,
+            }
+        });
+        Ok(code(s))
+    }
+
+    /// The codes now, without waiting.
+    fn poll(&self) -> Vec<Option<i64>> {
+        codes(&self.inner.get().poll())
+    }
+
+    /// Whether every member has finished (no more pushes).
+    fn ready(&self) -> bool {
+        self.inner.get().poll().done
+    }
+
+    /// (landed, missed, done).
+    fn progress(&self) -> (u32, u32, bool) {
+        let p = self.inner.get().poll();
+        (p.landed, p.missed, p.done)
+    }
+
+    /// Asks the nodes to stop: entries not pushed yet miss (-499).
+    fn cancel(&self, py: Python<'_>) -> PyResult<()> {
+        let t = self.inner.get().clone();
+        block(py, async move { t.cancel().await }).map_err(error)
+    }
+
+    /// Calls `callback()` (from the SDK's I/O thread) once the ticket is done.
+    fn on_done(&self, callback: Py<PyAny>) {
+        let t = self.inner.get().clone();
+        rt().spawn(async move {
+            t.wait().await;
+            drop(t);
+            Python::attach(|py| {
+                if let Err(e) = callback.call0(py) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        });
+    }
+}
+
+/// The KV events of a namespace, from every member.
+#[pyclass(frozen, name = "_Events", module = "ctxpod._ctxpod")]
+pub struct Events {
+    sub: Arc<tokio::sync::Mutex<Option<PodSubscription>>>,
+}
+
+impl Events {
+    pub(crate) fn new(s: PodSubscription) -> Events {
+        Events {
+            sub: Arc::new(tokio::sync::Mutex::new(Some(s))),
+        }
+    }
+}
+
+type Batch<'py> = (u64, Vec<(&'static str, Bound<'py, PyBytes>)>);
+
+#[pymethods]
+impl Events {
+    /// The next batch: (events lost before it, [(kind, key)]); `None` at `timeout`
+    /// seconds; raises `ctxpod.errors.Ended` once the stream ended.
+    #[pyo3(signature = (timeout_s=None))]
+    fn next<'py>(&self, py: Python<'py>, timeout_s: Option<f64>) -> PyResult<Option<Batch<'py>>> {
+        let sub = self.sub.clone();
+        let limit = timeout(timeout_s)?;
+        let got = block(py, async move {
+            let mut g = sub.lock().await;
+            let Some(s) = g.as_mut() else {
+                return Err(());
+            };
+            let next = match limit {
+                Some(d) => match tokio::time::timeout(d, s.next()).await {
+                    Ok(n) => n,
+                    Err(_) => return Ok(None),
+                },
+                None => s.next().await,
+            };
+            match next {
+                Some(b) => Ok(Some(b)),
+                None => {
+                    g.take();
+                    Err(())
+                }
+            }
+        });
+        match got {
+            Ok(None) => Ok(None),
+            Ok(Some(b)) => Ok(Some((
+                b.lost,
+                b.events
+                    .iter()
+                    .map(|(k, key)| (k.name(), PyBytes::new(py, key)))
+                    .collect(),
+            ))),
+            Err(()) => Err(crate::raise("Ended", "the event stream ended", None)),
+        }
+    }
+
+    /// Ends the subscription on every member.
+    fn close(&self, py: Python<'_>) {
+        let sub = self.sub.clone();
+        block(py, async move {
+            sub.lock().await.take();
+        });
+    }
+}
