@@ -13,9 +13,16 @@ bash scripts/setup-deps.sh
 venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator==0.9.0 \
-  helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2 selenium==4.51.0
+  helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2 selenium==4.51.0 \
+  maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 cbor2==6.3.0 xxhash==4.1.0
 "$venv/bin/python" -m openapi_spec_validator wire/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
+# The Python SDK (python/): built from the workspace's Rust client with maturin into the
+# venv (the dev profile shares this build's artifacts), then its pytest suites against real
+# nodes: one node, one with authentication on, a 3-node pod over etcd.
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  --no-build-isolation --config-settings=build-args="--profile dev" ./python
+CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" -m pytest -q python/tests
 # The Helm chart: every values file renders, lints and validates (Helm v4's engine in
 # process, Kubernetes 1.31 schemas), and the real binary accepts each rendered config.
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/helm-check.py

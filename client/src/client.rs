@@ -171,7 +171,7 @@ impl Client {
 
     /// Sends `req`; while the node answers 503 with `Retry-After` (busy: too many requests
     /// or bodies in flight, a full write queue) it is sent again after a backoff of 1, 2,
-    /// 4, … 256 ms, [`crate::transfer_client::BUSY_ATTEMPTS`] attempts in all (about 4 s),
+    /// 4, … 256 ms, [`crate::BUSY_ATTEMPTS`] attempts in all (about 4 s),
     /// as the CXP1 client does. Any other answer is returned as it is.
     async fn send_retrying(
         &self,
@@ -185,7 +185,7 @@ impl Client {
             let busy = resp.status() == StatusCode::SERVICE_UNAVAILABLE
                 && resp.headers().contains_key(reqwest::header::RETRY_AFTER);
             match again {
-                Some(next) if busy && attempt < crate::transfer_client::BUSY_ATTEMPTS => {
+                Some(next) if busy && attempt < crate::BUSY_ATTEMPTS => {
                     drop(resp);
                     self.busy_retries
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -18,3 +18,7 @@ pub mod proto_io;
 pub mod region;
 pub mod transfer_client;
 pub mod transfer_pod;
+
+/// Attempts of a request a node answers BUSY, over HTTP and CXP1 alike (with backoff 1, 2,
+/// 4, … 256 ms between: about 4 s in all).
+pub const BUSY_ATTEMPTS: u32 = 20;

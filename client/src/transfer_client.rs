@@ -60,9 +60,7 @@ pub enum TransferError {
     TooLarge { bytes: usize, max: usize },
 }
 
-/// Attempts of a request the node answers BUSY (with backoff 1, 2, 4, … 256 ms between:
-/// about 4 s in all).
-pub const BUSY_ATTEMPTS: u32 = 20;
+pub use crate::BUSY_ATTEMPTS;
 /// KV events buffered per subscription in the client; beyond it they are counted as lost.
 pub const EVENTS_BUFFER: usize = 64;
 
@@ -522,6 +520,7 @@ impl TransferClient {
             region: region.inner.clone(),
             ranges,
             progress: watch::channel(Progress::new(entries.len())).0,
+            finished: watch::channel(false).0,
             holders: std::sync::atomic::AtomicU8::new(2),
             released: std::sync::atomic::AtomicBool::new(false),
         });

@@ -293,13 +293,15 @@ impl TransferPod {
         let mut open: Vec<usize> = (0..keys.len()).collect();
         while !open.is_empty() {
             let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
-            open.retain(|&i| match ranks[i].get(rank[i]).filter(|_| rank[i] < tries) {
-                Some(a) => {
-                    groups.entry(a.clone()).or_default().push(i);
-                    true
-                }
-                None => false,
-            });
+            open.retain(
+                |&i| match ranks[i].get(rank[i]).filter(|_| rank[i] < tries) {
+                    Some(a) => {
+                        groups.entry(a.clone()).or_default().push(i);
+                        true
+                    }
+                    None => false,
+                },
+            );
             let asked = futures::future::join_all(groups.into_iter().map(|(addr, idx)| {
                 let ks: Vec<Bytes> = idx.iter().map(|&i| keys[i].clone()).collect();
                 let r = ask(addr.clone(), ks);

@@ -46,7 +46,13 @@ impl AsRef<[u8]> for Lent {
 type NsInfo = (String, Option<u64>, Option<u32>, u64, u64);
 
 fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
-    (i.name, i.quota_bytes, i.replication, i.used_bytes, i.block_count)
+    (
+        i.name,
+        i.quota_bytes,
+        i.replication,
+        i.used_bytes,
+        i.block_count,
+    )
 }
 
 fn durability(durable: bool) -> Durability {
@@ -136,8 +142,11 @@ impl Store {
             quota_bytes,
             replication,
         };
-        let i = block(py, async move { c.create_namespace_with(&ns, &settings).await })
-            .map_err(|e| error(e.into()))?;
+        let i = block(
+            py,
+            async move { c.create_namespace_with(&ns, &settings).await },
+        )
+        .map_err(|e| error(e.into()))?;
         Ok(ns_info(i))
     }
 
@@ -276,7 +285,9 @@ impl Store {
         out
     }
 
-    /// [`Store::get_into`] with (pointer, size) pairs inside registered buffers.
+    /// [`Store::get_into`] into registered memory, with (pointer, size) pairs: a prefetch
+    /// with no lease, each block pushed from the socket straight into its place (no copy).
+    /// Per entry: the bytes landed, or a negative status.
     fn get_into_ptrs(
         &self,
         py: Python<'_>,
@@ -288,13 +299,20 @@ impl Store {
         if keys.len() != ptrs.len() || keys.len() != sizes.len() {
             return Err(invalid("keys, ptrs and sizes must have the same length"));
         }
-        let mut held = Vec::with_capacity(ptrs.len());
-        for (&p, &s) in ptrs.iter().zip(&sizes) {
-            held.push(self.buffers.find(p, s)?.0);
-        }
-        let out = self.read_into(py, ns, keys, ptrs.into_iter().zip(sizes).collect());
-        drop(held);
-        out
+        let entries = self.entries(keys, ptrs, sizes)?;
+        let opts = PrefetchOptions {
+            policy: Policy::WaitComplete,
+            deadline: None,
+            lease: Duration::ZERO,
+        };
+        let pod = self.pod.clone();
+        let codes = block(py, async move {
+            let t = pod.prefetch(&ns, entries, opts).await?;
+            let p = t.wait().await;
+            Ok::<_, TransferError>(crate::ticket::codes(&p))
+        })
+        .map_err(error)?;
+        Ok(codes.into_iter().map(|c| c.unwrap_or(-1)).collect())
     }
 
     /// Whether each key is held.
@@ -419,20 +437,7 @@ impl Store {
                 ctxpod_wire::PREFETCH_LEASE_MS_MAX
             )));
         }
-        let mut entries = Vec::with_capacity(keys.len());
-        for ((k, p), s) in keys.into_iter().zip(ptrs).zip(sizes) {
-            let max_len = u32::try_from(s)
-                .map_err(|_| invalid(format!("an entry of {s} bytes is over 4 GiB")))?;
-            let (region, offset) = self.buffers.find(p, s)?;
-            entries.push((
-                region,
-                PrefetchEntry {
-                    key: Bytes::from(k),
-                    offset,
-                    max_len,
-                },
-            ));
-        }
+        let entries = self.entries(keys, ptrs, sizes)?;
         let opts = PrefetchOptions {
             policy,
             deadline: deadline_ms.map(Duration::from_millis),
@@ -460,6 +465,30 @@ impl Store {
 }
 
 impl Store {
+    /// Prefetch entries for (key, pointer, size) triples, each inside a registered buffer.
+    fn entries(
+        &self,
+        keys: Vec<Vec<u8>>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<(ctxpod_client::region::Region, PrefetchEntry)>> {
+        let mut entries = Vec::with_capacity(keys.len());
+        for ((k, p), s) in keys.into_iter().zip(ptrs).zip(sizes) {
+            let max_len = u32::try_from(s)
+                .map_err(|_| invalid(format!("an entry of {s} bytes is over 4 GiB")))?;
+            let (region, offset) = self.buffers.find(p, s)?;
+            entries.push((
+                region,
+                PrefetchEntry {
+                    key: Bytes::from(k),
+                    offset,
+                    max_len,
+                },
+            ));
+        }
+        Ok(entries)
+    }
+
     /// GETs `keys` and copies each block into its (address, length) span.
     fn read_into(
         &self,

@@ -22,7 +22,7 @@ fn code(s: BlockState) -> Option<i64> {
     }
 }
 
-fn codes(p: &Progress) -> Vec<Option<i64>> {
+pub(crate) fn codes(p: &Progress) -> Vec<Option<i64>> {
     p.blocks.iter().copied().map(code).collect()
 }
 

@@ -100,6 +100,9 @@ pub(crate) struct TicketState {
     /// Per entry: offset and reserved length.
     pub(crate) ranges: Vec<(u64, u64)>,
     pub(crate) progress: watch::Sender<Progress>,
+    /// Set once, when the node is done with the ticket (or the connection closed): what
+    /// [`Ticket::wait`] waits on, so that a waiter is woken once, not on every push.
+    pub(crate) finished: watch::Sender<bool>,
     /// The caller's `Ticket` and the node's pushes: the ranges are freed when both are
     /// over, by whichever ends last, before it wakes anyone.
     pub(crate) holders: std::sync::atomic::AtomicU8,
@@ -129,6 +132,7 @@ impl TicketState {
             }
             p.done = true;
         });
+        self.finished.send_replace(true);
     }
 }
 
@@ -200,7 +204,10 @@ impl Ticket {
 
     /// Waits until the node has finished the ticket (every entry landed or missed).
     pub async fn wait(&self) -> Progress {
-        self.until(|p| p.done).await
+        let mut finished = self.state.finished.subscribe();
+        // An error means the sender is gone, which happens only with the ticket's state.
+        let _ = finished.wait_for(|done| *done).await;
+        self.poll()
     }
 
     /// Like [`Ticket::wait`], but returns at `timeout` with what has landed by then (the

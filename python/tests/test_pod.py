@@ -1,0 +1,136 @@
+"""The SDK against a real 3-node pod over etcd, two copies of each block (R = 2): every
+batch is split by member, each block lands on its R members, prefetch fills one buffer
+from every member, reads fall back when a member is down."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+import ctxpod
+
+
+def held_locally(member_http: str, ns: str, key: bytes) -> bool:
+    """Whether this member itself holds the block (a routed GET is served locally)."""
+    req = urllib.request.Request(
+        f"{member_http}/v1/namespaces/{ns}/blocks/{key.hex()}", headers={"x-ctxpod-forwarded-by": "sdk-test"}
+    )
+    try:
+        return urllib.request.urlopen(req, timeout=5).status == 200
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return False
+        raise
+
+
+@pytest.fixture
+def store(pod):
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=f"p-{uuid.uuid4().hex[:12]}")
+    s.create_namespace()
+    yield s
+    s.close()
+
+
+def blocks(n: int, size: int = 16 * 1024) -> tuple[list[bytes], list[bytes]]:
+    rng = np.random.default_rng(n)
+    keys = [f"pod-{uuid.uuid4().hex[:8]}-{i}".encode() for i in range(n)]
+    vals = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(n)]
+    return keys, vals
+
+
+def test_the_store_sees_every_member_and_its_cxp1_address(pod, store):
+    ms = store.members()
+    assert sorted(m["transfer"] for m in ms) == sorted(n.transfer for n in pod)
+    assert store.replication() == 2
+
+
+def test_each_block_lands_on_its_two_ranked_members_and_no_other(pod, store):
+    keys, vals = blocks(24)
+    assert store.batch_put(keys, vals) == [201] * 24
+    by_transfer = {n.transfer: n.http for n in pod}
+    firsts = set()
+    for k in keys:
+        ranked = store._s.ranked(store.namespace, k)
+        firsts.add(ranked[0])
+        holders = {t for t, h in by_transfer.items() if held_locally(h, store.namespace, k)}
+        assert holders == set(ranked[:2]), k
+    assert len(firsts) == 3, "24 keys spread over all three members"
+    assert store.batch_get(keys) == vals
+
+
+def test_match_exists_pin_across_members(store):
+    keys, vals = blocks(12)
+    store.batch_put(keys[:8], vals[:8])
+    store.put(keys[9], vals[9])
+    assert store.match_prefix(keys) == 8
+    assert store.batch_exists(keys) == [True] * 8 + [False, True, False, False]
+    assert store.pin(keys, ttl=30) == 9
+    assert store.unpin(keys) == 9
+
+
+def test_prefetch_fills_one_buffer_from_every_member(pod, store):
+    keys, vals = blocks(30, 8192)
+    store.batch_put(keys, vals)
+    senders = {store._s.ranked(store.namespace, k)[0] for k in keys}
+    assert len(senders) == 3
+    guard = 0x5A
+    mem = np.full(30 * 9000, guard, dtype=np.uint8)
+    buf = store.register_buffer(mem)
+    offsets = [i * 9000 for i in range(30)]
+    t = store.prefetch(keys, into=(buf, offsets), sizes=[8192] * 30)
+    assert t.wait() == [8192] * 30
+    expect = np.full_like(mem, guard)
+    for o, v in zip(offsets, vals):
+        expect[o : o + 8192] = np.frombuffer(v, dtype=np.uint8)
+    assert np.array_equal(mem, expect)
+
+
+def test_events_come_from_every_member(store):
+    keys, vals = blocks(9)
+    with store.events() as ev:
+        store.batch_put(keys, vals)
+        seen = set()
+        while len(seen) < 9:
+            e = ev.next(timeout=10)
+            assert e is not None, seen
+            assert e.kind == "stored"
+            seen.add(e.key)
+    # Each key is stored on two members: both report it, one stream.
+    assert seen == set(keys)
+
+
+def test_remove_deletes_every_copy(pod, store):
+    keys, vals = blocks(6)
+    store.batch_put(keys, vals)
+    assert store.batch_remove(keys[:3]) == [True] * 3
+    for k in keys[:3]:
+        assert not any(held_locally(n.http, store.namespace, k) for n in pod)
+    assert store.batch_exists(keys) == [False] * 3 + [True] * 3
+
+
+def test_reads_fall_back_when_a_member_is_down(pod, store):
+    keys, vals = blocks(18)
+    store.batch_put(keys, vals)
+    victim = pod[1]
+    victim.kill()
+    try:
+        # Every block has a second copy: all are read, matched, prefetched from the others.
+        assert store.batch_get(keys) == vals
+        assert store.match_prefix(keys) == 18
+        mem = bytearray(18 * 16 * 1024)
+        buf = store.register_buffer(mem)
+        t = store.prefetch(keys, into=(buf, [i * 16 * 1024 for i in range(18)]))
+        codes = t.wait()
+        assert codes == [16 * 1024] * 18, codes
+        assert bytes(mem) == b"".join(vals)
+        # Writes go to the two reachable members in rank order.
+        k2, v2 = blocks(6)
+        assert store.batch_put(k2, v2) == [201] * 6
+    finally:
+        victim.start()
+    store.refresh()
+    assert store.batch_get(k2) == v2
