@@ -101,12 +101,60 @@ def main():
     print("\nCold GET, from flash (Mooncake: SSD tier, batch 32, page cache dropped before the "
           "gets):\n")
     table("cold", "ssd256M zerocopy", None)
+    sdk_tables(out, peers, ours, med, f, ratio)
     if limits:
         print("\nThe machine's limits (first round):\n")
         print("| limit | GB/s |")
         print("|---|---|")
         for (what, _size), v in limits.items():
             print(f"| {what} | {v[0]:.3f} |")
+
+
+def sdk_tables(out, peers, ours, med, f, ratio):
+    """The Python SDK beside Mooncake Store's Python client and Redis at each batch, and
+    its prefetch into registered memory against the Rust client's CXP1 batch GET."""
+    sdk = collections.defaultdict(list)  # (variant, op, size, batch) -> [gbps]
+    for path in sorted(glob.glob(os.path.join(out, "sdk-*.jsonl"))):
+        for r in load(path):
+            if r.get("errors") or r.get("mismatches"):
+                continue
+            sdk[(r["variant"], r["op"], r["size"], r["batch"])].append(r["gbps"])
+    if not sdk:
+        return
+
+    def at(table, key):
+        return med(table.get(key, []))
+
+    print("\nThe Python SDK, hot GET, at each batch (GB/s; same harness, every byte checked):\n")
+    cols = ["Mooncake zero-copy", "Redis no-persist", "SDK zero-copy (prefetch into a registered buffer)",
+            "SDK bytes", "SDK zero-copy ÷ Mooncake", "SDK zero-copy ÷ Redis"]
+    print("| block | batch | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 2) + "|")
+    for name, size in SIZES:
+        for b in (1, 16, 32):
+            mc = at(peers, ("mooncake", "mem zerocopy", "get", size, b))
+            rd = at(peers, ("redis", "no-persist", "get", size, b))
+            zc = at(sdk, ("sdk zerocopy", "get", size, b))
+            by = at(sdk, ("sdk bytes", "get", size, b))
+            print(f"| {name} | {b} | {f(mc)} | {f(rd)} | {f(zc)} | {f(by)} | {ratio(zc, mc)} | {ratio(zc, rd)} |")
+    print("\nSDK prefetch into a registered buffer against the Rust client's CXP1 batch GET "
+          "(batch 32; 8 for 4 MiB in the Rust client):\n")
+    print("| block | SDK zero-copy, batch 32 | Rust CXP1 batch GET | SDK ÷ Rust |")
+    print("|---|---|---|---|")
+    for name, size in SIZES:
+        zc = at(sdk, ("sdk zerocopy", "get", size, 32))
+        got = [med(v) for k, v in ours.items() if k[:3] == ("cxp1", "hot", size) and k[3] > 1 and v]
+        rust = max(got) if got else None
+        print(f"| {name} | {f(zc)} | {f(rust)} | {ratio(zc, rust)} |")
+    print("\nSDK puts (GB/s):\n")
+    print("| block | batch | Mooncake zero-copy put | SDK zero-copy put | SDK bytes put |")
+    print("|---|---|---|---|---|")
+    for name, size in SIZES:
+        for b in (1, 16, 32):
+            mc = at(peers, ("mooncake", "mem zerocopy", "put", size, b))
+            zc = at(sdk, ("sdk zerocopy", "put", size, b))
+            by = at(sdk, ("sdk bytes", "put", size, b))
+            print(f"| {name} | {b} | {f(mc)} | {f(zc)} | {f(by)} |")
 
 
 if __name__ == "__main__":

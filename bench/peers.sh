@@ -4,11 +4,16 @@
 #      Redis, and ctxpod's HTTP API driven by the same Python harness;
 #   2. `ctxpod bench` with ctxpod's own Rust client, right after, on the same machine:
 #      CXP1 one block per request, and CXP1 and HTTP with the harness's batch (32 blocks per
-#      request; 8 for 4 MiB blocks: a request holds at most 64 MiB with its framing).
+#      request; 8 for 4 MiB blocks: a request holds at most 64 MiB with its framing);
+#   3. ctxpod through its Python SDK (bench/sdk_bench.py) in the same harness as Mooncake
+#      Store's Python client and Redis (benchlib.py: sizes, batches 1/16/32, every byte
+#      checked): the zero-copy API (register_buffer, batch_put_from, batch_get_into) and
+#      the bytes API. The SDK must be installed in $SDK_PYTHON's environment (the README's
+#      test command installs it into ~/.cache/ctxpod-venv).
 # Then bench/peers-report.py prints the medians over the rounds and the ratios issue #6's
 # targets name. Everything lands in $OUT (default ~/.cache/ctxpod-peers/combined-<time>).
 #
-#   CTXPOD_BIN=~/.cache/ctxpod-target/debug/ctxpod ROUNDS=2 bash bench/peers.sh   # ~13 min a round
+#   CTXPOD_BIN=~/.cache/ctxpod-target/debug/ctxpod ROUNDS=2 bash bench/peers.sh   # ~20 min a round
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 PEERS=${PEERS:-$here/../../shared/bench-peers}
@@ -20,6 +25,8 @@ DIR=${DIR:-/work/bench}
 PEERS_DIR=${PEERS_DIR:-$HOME/.cache/ctxpod-peers}
 OUT=${OUT:-$PEERS_DIR/combined-$(date +%Y%m%d-%H%M%S)}
 BYTES=${BYTES:-1GiB}
+SDK_PYTHON=${SDK_PYTHON:-$HOME/.cache/ctxpod-venv/bin/python}
+SDK_BYTES=${SDK_BYTES:-1G}
 mkdir -p "$OUT" "$DIR"
 [[ -d $PEERS ]] || { echo "peers.sh: no bench-peers at $PEERS (set PEERS)" >&2; exit 1; }
 for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
@@ -43,5 +50,12 @@ for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
   run cxp1-b8 --protocol cxp1 --sizes 4MiB --batch 8 --limits-bytes 0
   run http-b32 --protocol http --sizes 64KiB,1MiB --batch 32 --limits-bytes 0
   run http-b8 --protocol http --sizes 4MiB --batch 8 --limits-bytes 0
+  echo "== round $r of $ROUNDS: ctxpod through its Python SDK ($(date +%T))" >&2
+  for api in zerocopy bytes; do
+    PEERS=$PEERS timeout 900 "$SDK_PYTHON" "$here/sdk_bench.py" --ctxpod-bin "$CTXPOD_BIN" \
+      --api "$api" --sizes 64K,1M,4M --batches 1,16,32 --bytes-per-config "$SDK_BYTES" \
+      --data-root "$DIR" --jsonl "$OUT/sdk-$r.jsonl" --server-log "$OUT/sdk-$r-$api.server.log" \
+      >"$OUT/sdk-$r-$api.log" 2>&1
+  done
 done
 python3 "$here/peers-report.py" "$OUT" | tee "$OUT/report.md"

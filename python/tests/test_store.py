@@ -40,6 +40,9 @@ def test_put_get_exists_remove_round_trip(store):
     data = blob(100_000, 1)
     assert store.put(b"k1", data) == 201
     assert store.put(b"k1", data) == 200  # the same bytes again
+    with pytest.raises(errors.Conflict):
+        store.put(b"k1", b"other bytes")  # a block's bytes never change under its key
+    assert store.get(b"k1") == data
     assert store.get(b"k1") == data
     assert store.exists(b"k1") and not store.exists(b"nope")
     assert store.get(b"nope") is None
