@@ -15,11 +15,16 @@ venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator==0.9.0 \
   helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2 selenium==4.51.0 \
   maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 cbor2==6.3.0 xxhash==4.1.0
+# A real engine for the SDK's end-to-end test: torch from PyPI (the CUDA build; it runs on
+# the CPU here; about 2.5 minutes and 5.6 GB the first time, then cached in the venv) and
+# Hugging Face transformers.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.15.0 transformers==5.24.0
 "$venv/bin/python" -m openapi_spec_validator wire/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 # The Python SDK (python/): built from the workspace's Rust client with maturin into the
 # venv (the dev profile shares this build's artifacts), then its pytest suites against real
-# nodes: one node, one with authentication on, a 3-node pod over etcd.
+# nodes: one node, one with authentication on, a 3-node pod over etcd, and a seeded Llama
+# (transformers, on the CPU) restoring a prompt's prefix from ctxpod with identical tokens.
 PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-build-isolation --config-settings=build-args="--profile dev" ./python
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" -m pytest -q python/tests

@@ -542,6 +542,8 @@ impl TransferClient {
             id,
             state,
             client: self.inner.clone(),
+            leased: !opts.lease.is_zero(),
+            released: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -42,6 +42,13 @@ use tokio::sync::mpsc;
 /// unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Keys in one request's list (GET, MATCH, PIN, PREFETCH): the protocol's limit.
+const LIST_MAX: usize = ctxpod_wire::MATCH_KEYS_MAX;
+
+/// One-key MATCHes in flight per member for `exists` (the node runs 32 requests at once
+/// per connection and answers more BUSY).
+const EXISTS_IN_FLIGHT: usize = 16;
+
 /// A CXP1 client of a pod (or of one node).
 pub struct TransferPod {
     pod: PodClient,
@@ -204,7 +211,10 @@ impl TransferPod {
             .collect())
     }
 
-    /// The blocks `idx` of `blocks` to one member, in as many requests as its frame needs.
+    /// The blocks `idx` of `blocks` to one member, in as many requests as its frame and
+    /// the protocol's entry limit need; entries the node answers BUSY (its staging or
+    /// write budget is spent) are sent again after a backoff, [`BUSY_ATTEMPTS`] rounds at
+    /// most.
     async fn put_on(
         &self,
         addr: &str,
@@ -216,22 +226,44 @@ impl TransferPod {
         let c = self.conn(addr).await?;
         // Room for the frame's header and each entry's key, CRC and length.
         let room = c.max_frame_bytes().saturating_sub(1024);
-        let mut out = Vec::with_capacity(idx.len());
-        let mut batch: Vec<(Bytes, Bytes)> = Vec::new();
-        let mut bytes = 0;
-        for &i in idx {
-            let (k, d) = &blocks[i];
-            let cost = d.len() + k.len() + 16;
-            if !batch.is_empty() && bytes + cost > room {
-                out.extend(c.put(ns, &batch, durability).await?);
-                batch.clear();
-                bytes = 0;
+        let mut out = vec![status::BUSY; idx.len()];
+        let mut todo: Vec<usize> = (0..idx.len()).collect();
+        let mut backoff = Duration::from_millis(1);
+        for round in 1..=BUSY_ATTEMPTS {
+            let mut again = Vec::new();
+            let mut start = 0;
+            while start < todo.len() {
+                let (mut end, mut bytes) = (start, 0);
+                while end < todo.len() && end - start < ctxpod_wire::BATCH_ENTRIES_MAX {
+                    let (k, d) = &blocks[idx[todo[end]]];
+                    let cost = d.len() + k.len() + 16;
+                    if end > start && bytes + cost > room {
+                        break;
+                    }
+                    bytes += cost;
+                    end += 1;
+                }
+                let batch: Vec<(Bytes, Bytes)> = todo[start..end]
+                    .iter()
+                    .map(|&j| blocks[idx[j]].clone())
+                    .collect();
+                for (&j, st) in todo[start..end]
+                    .iter()
+                    .zip(c.put(ns, &batch, durability).await?)
+                {
+                    out[j] = st;
+                    if st == status::BUSY && round < BUSY_ATTEMPTS {
+                        again.push(j);
+                    }
+                }
+                start = end;
             }
-            batch.push((k.clone(), d.clone()));
-            bytes += cost;
-        }
-        if !batch.is_empty() {
-            out.extend(c.put(ns, &batch, durability).await?);
+            if again.is_empty() {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(256));
+            todo = again;
         }
         Ok(out)
     }
@@ -345,8 +377,11 @@ impl TransferPod {
         let mut todo: Vec<usize> = (0..keys.len()).collect();
         let mut backoff = Duration::from_millis(1);
         for round in 1..=BUSY_ATTEMPTS {
-            let ks: Vec<Bytes> = todo.iter().map(|&i| keys[i].clone()).collect();
-            let es = c.get_each(ns, &ks).await?;
+            let mut es = Vec::with_capacity(todo.len());
+            for chunk in todo.chunks(LIST_MAX) {
+                let ks: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
+                es.extend(c.get_each(ns, &ks).await?);
+            }
             let (mut again, mut busy, mut landed) = (Vec::new(), false, false);
             for (i, e) in todo.iter().copied().zip(es) {
                 match e {
@@ -417,7 +452,7 @@ impl TransferPod {
         let (held, _) = self
             .down_the_ranks(ns, keys, |addr, ks| async move {
                 let c = self.conn(&addr).await?;
-                let held = held_each(&c, ns, ks.iter()).await?;
+                let held = held_each(c, ns, ks).await?;
                 Ok(held.into_iter().map(|h| h.then_some(true)).collect())
             })
             .await?;
@@ -430,9 +465,15 @@ impl TransferPod {
         while start < chain.len() {
             let rest = &chain[start..];
             let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+            // A key no member serving CXP1 could hold ends the chain there.
+            let mut stop = rest.len();
             for (i, k) in rest.iter().enumerate() {
-                if let Some(a) = self.ranked(ns, k).into_iter().next() {
-                    groups.entry(a).or_default().push(i);
+                match self.ranked(ns, k).into_iter().next() {
+                    Some(a) => groups.entry(a).or_default().push(i),
+                    None => {
+                        stop = i;
+                        break;
+                    }
                 }
             }
             let asked = futures::future::join_all(groups.into_iter().map(|(addr, pos)| async {
@@ -445,7 +486,6 @@ impl TransferPod {
             }))
             .await;
             // The chain stops at the first key its member lacks (or cannot be asked about).
-            let mut stop = rest.len();
             for (addr, pos, r) in asked {
                 let n = match r {
                     Ok(n) => n as usize,
@@ -520,10 +560,15 @@ impl TransferPod {
         let done = futures::future::join_all(groups.into_iter().map(|((addr, first), ks)| {
             let op = &op;
             async move {
-                let r = match self.conn(&addr).await {
-                    Ok(c) => op(c, ks).await,
-                    Err(e) => Err(e),
-                };
+                let r = async {
+                    let c = self.conn(&addr).await?;
+                    let mut n = 0;
+                    for chunk in ks.chunks(LIST_MAX) {
+                        n += op(c.clone(), chunk.to_vec()).await?;
+                    }
+                    Ok(n)
+                }
+                .await;
                 (addr, first, r)
             }
         }))
@@ -586,18 +631,21 @@ impl TransferPod {
             todo.clear();
             for ((addr, _), idx) in groups {
                 let region = entries[idx[0]].0.clone();
-                let sub: Vec<PrefetchEntry> = idx.iter().map(|&i| entries[i].1.clone()).collect();
-                match self.prefetch_on(&addr, ns, &region, sub, opts).await {
-                    Ok(t) => parts.push((t, idx)),
-                    Err(e) if unreachable(&e) => {
-                        self.lost(&addr).await;
-                        for i in idx {
-                            rank[i] += 1;
-                            todo.push(i);
+                for chunk in idx.chunks(LIST_MAX) {
+                    let sub: Vec<PrefetchEntry> =
+                        chunk.iter().map(|&i| entries[i].1.clone()).collect();
+                    match self.prefetch_on(&addr, ns, &region, sub, opts).await {
+                        Ok(t) => parts.push((t, chunk.to_vec())),
+                        Err(e) if unreachable(&e) => {
+                            self.lost(&addr).await;
+                            for &i in chunk {
+                                rank[i] += 1;
+                                todo.push(i);
+                            }
                         }
+                        // The tickets opened so far are cancelled as `parts` drops.
+                        Err(e) => return Err(e),
                     }
-                    // The tickets opened so far are cancelled as `parts` drops.
-                    Err(e) => return Err(e),
                 }
             }
         }
@@ -658,16 +706,23 @@ impl TransferPod {
     }
 }
 
-/// Whether each key is held by the member behind `c` (a one-key MATCH each, pipelined).
-async fn held_each<'a>(
-    c: &TransferClient,
+/// Whether each key is held by the member behind `c` (a one-key MATCH each, pipelined,
+/// [`EXISTS_IN_FLIGHT`] at a time).
+async fn held_each(
+    c: Arc<TransferClient>,
     ns: &str,
-    keys: impl Iterator<Item = &'a Bytes>,
+    keys: Vec<Bytes>,
 ) -> Result<Vec<bool>, TransferError> {
-    let asked = futures::future::join_all(
-        keys.map(|k| async move { c.match_prefix(ns, std::slice::from_ref(k)).await }),
-    )
-    .await;
+    use futures::StreamExt;
+    let ns: Arc<str> = Arc::from(ns);
+    let asked: Vec<_> = futures::stream::iter(keys)
+        .map(move |k| {
+            let (c, ns) = (c.clone(), ns.clone());
+            async move { c.match_prefix(&ns, std::slice::from_ref(&k)).await }
+        })
+        .buffered(EXISTS_IN_FLIGHT)
+        .collect()
+        .await;
     asked.into_iter().map(|r| r.map(|n| n == 1)).collect()
 }
 
@@ -766,6 +821,13 @@ impl PodTicket {
     pub fn data(&self, i: usize) -> Option<&[u8]> {
         let &(p, local) = self.index.get(i)?;
         self.parts[p].0.data(local)
+    }
+
+    /// [`Ticket::release`] of every part: true once all are finished and released.
+    pub fn release(&self) -> bool {
+        self.parts
+            .iter()
+            .fold(true, |all, (t, _)| t.release() && all)
     }
 
     /// Asks every member to stop (see [`Ticket::cancel`]).

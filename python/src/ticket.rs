@@ -36,6 +36,16 @@ fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+/// Once a ticket is done its ranges are given back ([`PodTicket::release`]): in Python a
+/// landing buffer is reused by the next prefetch while the finished ticket object may
+/// still be alive (`t = store.prefetch(...)` in a loop).
+fn settled(t: &PodTicket, p: Progress) -> Progress {
+    if p.done {
+        t.release();
+    }
+    p
+}
+
 /// A ticket that is dropped inside the runtime, so that its cancel reaches the nodes.
 pub(crate) struct Held(Option<Arc<PodTicket>>);
 
@@ -72,13 +82,14 @@ impl Ticket {
     fn wait(&self, py: Python<'_>, timeout_s: Option<f64>) -> PyResult<Vec<Option<i64>>> {
         let t = self.inner.get().clone();
         let limit = timeout(timeout_s)?;
+        let t2 = t.clone();
         let p = block(py, async move {
             match limit {
-                Some(d) => t.wait_for(d).await,
-                None => t.wait().await,
+                Some(d) => t2.wait_for(d).await,
+                None => t2.wait().await,
             }
         });
-        Ok(codes(&p))
+        Ok(codes(&settled(&t, p)))
     }
 
     /// Waits for entry `i` (or `timeout` seconds); its code.
@@ -105,17 +116,20 @@ impl Ticket {
 
     /// The codes now, without waiting.
     fn poll(&self) -> Vec<Option<i64>> {
-        codes(&self.inner.get().poll())
+        let t = self.inner.get();
+        codes(&settled(t, t.poll()))
     }
 
     /// Whether every member has finished (no more pushes).
     fn ready(&self) -> bool {
-        self.inner.get().poll().done
+        let t = self.inner.get();
+        settled(t, t.poll()).done
     }
 
     /// (landed, missed, done).
     fn progress(&self) -> (u32, u32, bool) {
-        let p = self.inner.get().poll();
+        let t = self.inner.get();
+        let p = settled(t, t.poll());
         (p.landed, p.missed, p.done)
     }
 

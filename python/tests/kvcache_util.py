@@ -23,7 +23,10 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import ctxpod
 
-PUT_ENTRIES_MAX = 1024  # a node takes at most this many entries per batch (BATCH_ENTRIES_MAX)
+# What a node takes in one request (the SDK does not split by count yet): a batch put of
+# at most BATCH_ENTRIES_MAX entries, a prefetch of at most MATCH_KEYS_MAX.
+PUT_ENTRIES_MAX = 1024
+PREFETCH_ENTRIES_MAX = 4096
 
 
 def tiny_llama(
@@ -129,14 +132,24 @@ def entries(hashes: list[int], lay: Layout, capacity: int) -> tuple[list[bytes],
     return keys, offsets
 
 
+def prefetch(store: ctxpod.Store, buf: ctxpod.Buffer, keys: list[bytes], offsets: list[int], size: int) -> list[int]:
+    """One prefetch of ``keys`` into ``buf`` at ``offsets`` (room ``size`` each; several
+    tickets, all in flight at once, past PREFETCH_ENTRIES_MAX entries), waited: the codes."""
+    tickets = [
+        store.prefetch(keys[j : j + PREFETCH_ENTRIES_MAX], into=(buf, offsets[j : j + PREFETCH_ENTRIES_MAX]),
+                       sizes=[size] * len(keys[j : j + PREFETCH_ENTRIES_MAX]))
+        for j in range(0, len(keys), PREFETCH_ENTRIES_MAX)
+    ]
+    codes = [c for t in tickets for c in t.wait()]
+    del tickets  # a finished ticket still reserves its ranges of the buffer until dropped
+    return codes
+
+
 def fetch(store: ctxpod.Store, buf: ctxpod.Buffer, hashes: list[int], lay: Layout, capacity: int) -> list[int]:
     """Prefetches every (block, layer, K|V) of ``hashes`` into the registered landing
-    tensor (``capacity`` blocks) in one call; the per-entry codes."""
+    tensor (``capacity`` blocks); the per-entry codes."""
     keys, offsets = entries(hashes, lay, capacity)
-    t = store.prefetch(keys, into=(buf, offsets), sizes=[lay.block_bytes] * len(keys))
-    codes = t.wait()
-    del t  # a finished ticket still reserves its ranges of the buffer until dropped
-    return codes
+    return prefetch(store, buf, keys, offsets, lay.block_bytes)
 
 
 def build_cache(landing: torch.Tensor, blocks: int, config) -> DynamicCache:

@@ -248,14 +248,33 @@ def test_a_live_prefetch_reserves_its_ranges(store):
     mem = bytearray(100)
     buf = store.register_buffer(mem)
     t = store.prefetch([b"r"], into=(buf, [0]))
-    t.wait()
-    # The same bytes cannot be the target of a second prefetch while the first ticket lives
-    # (it reserved the whole buffer: room up to the buffer's end).
+    # Until the ticket is seen done, its bytes (room up to the buffer's end) cannot be the
+    # target of another prefetch.
     with pytest.raises(errors.InvalidRequest, match="overlap"):
         store.prefetch([b"r"], into=(buf, [50]), sizes=[10])
-    del t
-    gc.collect()
-    assert store.prefetch([b"r"], into=(buf, [0]), sizes=[10]).wait() == [10]
+    assert t.wait() == [10]
+    # Done: the same buffer is reused at once, the finished ticket still alive.
+    t2 = store.prefetch([b"r"], into=(buf, [50]), sizes=[10])
+    assert t2.wait() == [10] and t.ready()
+    for _ in range(3):
+        t = store.prefetch([b"r"], into=(buf, [0]), sizes=[10])
+        assert t.wait() == [10]
+    assert bytes(mem[:10]) == bytes(mem[50:60]) == b"r" * 10
+
+
+def test_batches_over_the_protocols_entry_limits_are_split(store):
+    # 1024 entries per PUT request, 4096 keys per GET / PREFETCH / PIN list.
+    keys = [f"many{i}".encode() for i in range(5000)]
+    vals = [i.to_bytes(4, "little") * 2 for i in range(5000)]
+    assert store.batch_put(keys, vals) == [201] * 5000
+    assert store.batch_exists(keys[::7]) == [True] * len(keys[::7])
+    assert store.batch_get(keys) == vals
+    assert store.pin(keys, ttl=10) == 5000 and store.unpin(keys) == 5000
+    mem = np.zeros(5000 * 8, dtype=np.uint8)
+    buf = store.register_buffer(mem)
+    t = store.prefetch(keys, into=(buf, [i * 8 for i in range(5000)]))
+    assert t.wait() == [8] * 5000
+    assert mem.tobytes() == b"".join(vals)
 
 
 def test_cancel_and_deadline(store):

@@ -148,13 +148,23 @@ pub struct Ticket {
     pub(crate) id: u64,
     pub(crate) state: Arc<TicketState>,
     pub(crate) client: Arc<ClientInner>,
+    /// Whether the blocks stay leased after the ticket (a lease to end when it drops).
+    pub(crate) leased: bool,
+    /// The caller's hold on the ranges was given back ([`Ticket::release`]).
+    pub(crate) released: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         // The ticket's life ends here: the node stops pushing (if it still is) and releases
         // the lease; the region's ranges are free once the node has sent `PrefetchDone`.
-        self.state.release_one();
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.state.release_one();
+        }
+        // Finished with no lease: there is nothing left on the node to stop.
+        if !self.leased && self.state.progress.borrow().done {
+            return;
+        }
         let client = self.client.clone();
         let id = self.id;
         if let Ok(h) = tokio::runtime::Handle::try_current() {
@@ -218,8 +228,25 @@ impl Ticket {
             .unwrap_or_else(|_| self.poll())
     }
 
-    /// The bytes of entry `i` in the region, once landed.
+    /// Gives the ticket's ranges of the region back once the node has finished it (true if
+    /// so, now or before; false while it runs): a later prefetch may then target the same
+    /// bytes, and [`Ticket::data`] answers `None`. The lease is untouched (it ends when
+    /// the ticket drops).
+    pub fn release(&self) -> bool {
+        if !self.state.progress.borrow().done {
+            return false;
+        }
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.state.release_one();
+        }
+        true
+    }
+
+    /// The bytes of entry `i` in the region, once landed (and until [`Ticket::release`]).
     pub fn data(&self, i: usize) -> Option<&[u8]> {
+        if self.released.load(Ordering::Acquire) {
+            return None;
+        }
         let BlockState::Landed { len } = *self.state.progress.borrow().blocks.get(i)? else {
             return None;
         };
