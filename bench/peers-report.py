@@ -29,7 +29,8 @@ def main():
     for path in sorted(glob.glob(os.path.join(out, "peers-*.jsonl"))):
         rounds += 1
         for r in load(path):
-            if r.get("errors") or r.get("mismatches"):
+            # Configs a bench skipped (its deadline) have no figure.
+            if r.get("errors") or r.get("mismatches") or "gbps" not in r:
                 continue
             peers[(r["system"], r["variant"], r["op"], r["size"], r["batch"])].append(r["gbps"])
     ours = collections.defaultdict(list)  # (protocol, kind, size, batch) -> [gbps]
@@ -116,7 +117,7 @@ def sdk_tables(out, peers, ours, med, f, ratio):
     sdk = collections.defaultdict(list)  # (variant, op, size, batch) -> [gbps]
     for path in sorted(glob.glob(os.path.join(out, "sdk-*.jsonl"))):
         for r in load(path):
-            if r.get("errors") or r.get("mismatches"):
+            if r.get("errors") or r.get("mismatches") or "gbps" not in r:
                 continue
             sdk[(r["variant"], r["op"], r["size"], r["batch"])].append(r["gbps"])
     if not sdk:

@@ -9,7 +9,9 @@
 #      Store's Python client and Redis (benchlib.py: sizes, batches 1/16/32, every byte
 #      checked): the zero-copy API (register_buffer, batch_put_from, batch_get_into) and
 #      the bytes API. The SDK must be installed in $SDK_PYTHON's environment (the README's
-#      test command installs it into ~/.cache/ctxpod-venv).
+#      test command installs it into ~/.cache/ctxpod-venv);
+#   4. bench/ttft.py: time to first token with a 1k/4k/16k-token prefix from ctxpod against
+#      a full recompute (a seeded Llama on the CPU), the fetch against its bound.
 # Then bench/peers-report.py prints the medians over the rounds and the ratios issue #6's
 # targets name. Everything lands in $OUT (default ~/.cache/ctxpod-peers/combined-<time>).
 #
@@ -57,5 +59,8 @@ for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
       --data-root "$DIR" --jsonl "$OUT/sdk-$r.jsonl" --server-log "$OUT/sdk-$r-$api.server.log" \
       >"$OUT/sdk-$r-$api.log" 2>&1
   done
+  echo "== round $r of $ROUNDS: time to first token, prefix from ctxpod vs recompute ($(date +%T))" >&2
+  CTXPOD_BIN=$CTXPOD_BIN timeout 900 "$SDK_PYTHON" "$here/ttft.py" --json "$OUT/ttft-$r.json" \
+    >"$OUT/ttft-$r.log" 2>&1
 done
 python3 "$here/peers-report.py" "$OUT" | tee "$OUT/report.md"

@@ -164,6 +164,21 @@ def test_prefetch_lands_in_caller_memory_and_nowhere_else(store):
     assert store.unregister_buffer(buf) is False
 
 
+def test_large_reads_into_registered_memory_land_in_place(store):
+    # Every byte where asked, nothing else.
+    keys = [f"lr{i}".encode() for i in range(6)]
+    vals = [blob(1 << 20, 70 + i) for i in range(6)]
+    store.batch_put(keys, vals)
+    mem = np.full(8 << 20, 0x3C, dtype=np.uint8)
+    b = store.register_buffer(mem)
+    ptrs = [b.ptr + 4096 + i * ((1 << 20) + 4096) for i in range(6)]
+    assert store.batch_get_into(keys + [b"nope"], ptrs + [b.ptr], [1 << 20] * 6 + [100]) == [1 << 20] * 6 + [-404]
+    expect = np.full(8 << 20, 0x3C, dtype=np.uint8)
+    for p, v in zip(ptrs, vals):
+        expect[p - b.ptr : p - b.ptr + len(v)] = np.frombuffer(v, dtype=np.uint8)
+    assert np.array_equal(mem, expect)
+
+
 def test_prefetch_by_pointers_and_block_by_block(store):
     keys = [f"pp{i}".encode() for i in range(8)]
     vals = [blob(8192, 40 + i) for i in range(8)]
@@ -204,7 +219,7 @@ def test_mooncake_shaped_calls(store):
     want = mem.copy()
     mem[:] = 0
     # Into registered memory a read is a prefetch: each block straight from the socket
-    # into its place; the entries may not overlap.
+    # into its place.
     out = np.zeros(4 * 1024, dtype=np.uint8)
     o = store.register_buffer(out)
     got = store.batch_get_into([b"m2", b"m1", b"m0", b"zz"], [o.ptr, o.ptr + 1024, o.ptr + 2048, o.ptr + 3072], [1024] * 4)
