@@ -52,11 +52,19 @@ def token(tokens_dir: Path, tid: str, role: str, tenant: str | None = None) -> s
 class Node:
     """One `ctxpod serve` process."""
 
-    def __init__(self, root: Path, name: str, extra: str = "", pod: str = "") -> None:
+    def __init__(self, root: Path, name: str, extra: str = "", pod: str = "", scheme: str = "http",
+                 ca: Path | None = None, client: tuple[Path, Path] | None = None) -> None:
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port, self.tport = free_port(), free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
+        self.http = f"{scheme}://127.0.0.1:{self.port}"
+        self.ssl = None
+        if ca is not None:
+            import ssl
+
+            self.ssl = ssl.create_default_context(cafile=str(ca))
+            if client is not None:
+                self.ssl.load_cert_chain(str(client[0]), str(client[1]))
         self.transfer = f"127.0.0.1:{self.tport}"
         self.config = self.dir / "node.toml"
         self.config.write_text(
@@ -73,7 +81,10 @@ class Node:
         self.proc = subprocess.Popen(
             [BIN, "serve", "--config", str(self.config)], stdout=subprocess.DEVNULL, stderr=self.log, env=env
         )
-        wait_for(f"node {self.dir.name}", lambda: urllib.request.urlopen(self.http + "/readyz", timeout=2).status == 200)
+        wait_for(
+            f"node {self.dir.name}",
+            lambda: urllib.request.urlopen(self.http + "/readyz", timeout=2, context=self.ssl).status == 200,
+        )
 
     def stop(self) -> None:
         if self.proc is None:
