@@ -241,3 +241,58 @@ async fn busy_is_retried_until_everything_is_stored() {
         assert_eq!(got.expect("get"), vec![Some(block(i, 30_000))], "block {i}");
     }
 }
+
+/// Batch GETs whose answers together take the connection's whole output budget (64 MiB):
+/// each GET reserves its blocks' bytes when it is planned, so three 32 × 1 MiB GETs in
+/// flight on one connection hold it all before any is written. Each must still be answered
+/// (it used to wait, with its reservation held, for more of the same budget: a deadlock
+/// that `ctxpod bench --protocol cxp1 --batch 32` hit with cold reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_gets_that_fill_the_output_budget_are_all_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(
+        &dir.path().join("n"),
+        &["--capacity", "1GiB", "--dram", "16MiB"],
+    )
+    .await;
+    let c = node.wire().await;
+    let key = |i: u64| Bytes::from(format!("big{i:04}").into_bytes());
+    for chunk in (0..96u64).collect::<Vec<_>>().chunks(16) {
+        let blocks: Vec<(Bytes, Bytes)> =
+            chunk.iter().map(|&i| (key(i), block(i, 1 << 20))).collect();
+        let st = c
+            .put("default", &blocks, Durability::Durable)
+            .await
+            .expect("put");
+        assert!(st.iter().all(|&s| s == status::CREATED), "{st:?}");
+    }
+    let gets = (0..3u64).map(|g| {
+        let (c, keys) = (&c, (g * 32..(g + 1) * 32).map(key).collect::<Vec<_>>());
+        async move { (g, c.get_each("default", &keys).await) }
+    });
+    // A liveness bound, not a speed target: the deadlock never ends.
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        futures::future::join_all(gets),
+    )
+    .await
+    .expect("every batch GET is answered");
+    for (g, got) in answered {
+        let got = got.expect("the GET");
+        for (j, e) in got.into_iter().enumerate() {
+            let i = g * 32 + j as u64;
+            match e {
+                // Entries over the frame or the budgets are answered 413 / BUSY, never lost.
+                Err(ctxpod_client::transfer_client::TransferError::Refused {
+                    status: s, ..
+                }) => {
+                    assert!(
+                        s == status::TOO_LARGE || s == status::BUSY,
+                        "block {i}: {s}"
+                    )
+                }
+                r => assert_eq!(r.expect("entry"), Some(block(i, 1 << 20)), "block {i}"),
+            }
+        }
+    }
+}

@@ -72,14 +72,26 @@ impl Conn {
         permits: Vec<Permit>,
     ) -> bool {
         let bytes: usize = parts.iter().map(|p| p.len()).sum();
-        let want = bytes
-            .saturating_sub(reserved)
-            .clamp(1, OUT_BYTES_PER_CONNECTION) as u32;
-        let permit = tokio::select! {
-            p = self.out_bytes.clone().acquire_many_owned(want) => p.ok(),
-            _ = self.closed.cancelled() => None,
+        let permit = if reserved > 0 {
+            // The frame's data already holds its share (taken when it was planned). Its
+            // framing (a few bytes per entry) is taken only if free now: waiting for it
+            // while holding a reservation of the same budget deadlocks as soon as the
+            // frames in flight reserved all of it (three 32 MiB batch GETs on one
+            // connection).
+            let rest = bytes.saturating_sub(reserved).min(OUT_BYTES_PER_CONNECTION) as u32;
+            self.out_bytes.clone().try_acquire_many_owned(rest).ok()
+        } else {
+            let want = bytes.clamp(1, OUT_BYTES_PER_CONNECTION) as u32;
+            let p = tokio::select! {
+                p = self.out_bytes.clone().acquire_many_owned(want) => p.ok(),
+                _ = self.closed.cancelled() => None,
+            };
+            if p.is_none() {
+                return false;
+            }
+            p
         };
-        if permit.is_none() {
+        if self.closed.is_cancelled() {
             return false;
         }
         self.out
