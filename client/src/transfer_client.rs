@@ -359,10 +359,77 @@ impl TransferClient {
         }
     }
 
-    /// Blocks by key: `Some(bytes)` (CRC32C checked) or `None` for a miss; the first entry
-    /// the node refused fails the whole call.
+    /// Blocks by key: `Some(bytes)` (CRC32C checked) or `None` for a miss. Entries the node
+    /// defers (413: over the answer's frame; BUSY) are asked again ([`TransferClient::get_all`]);
+    /// the first entry it still refuses fails the whole call.
     pub async fn get(&self, ns: &str, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, TransferError> {
-        self.get_each(ns, keys).await?.into_iter().collect()
+        self.get_all(ns, keys).await?.into_iter().collect()
+    }
+
+    /// [`TransferClient::get_each`] of any number of keys, until each entry has its answer:
+    /// lists split at the protocol's limit, entries the node answers 413 (the frame is full)
+    /// asked again at once, entries it answers BUSY (its egress or the connection's output
+    /// budget is spent) after a backoff, [`BUSY_ATTEMPTS`] rounds at most.
+    pub async fn get_all(
+        &self,
+        ns: &str,
+        keys: &[Bytes],
+    ) -> Result<Vec<Result<Option<Bytes>, TransferError>>, TransferError> {
+        let c = self;
+        let mut out: Vec<Option<Result<Option<Bytes>, TransferError>>> =
+            (0..keys.len()).map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..keys.len()).collect();
+        let mut backoff = Duration::from_millis(1);
+        for round in 1..=BUSY_ATTEMPTS {
+            let mut es = Vec::with_capacity(todo.len());
+            for chunk in todo.chunks(ctxpod_wire::MATCH_KEYS_MAX) {
+                let ks: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
+                es.extend(c.get_each(ns, &ks).await?);
+            }
+            let (mut again, mut busy, mut landed) = (Vec::new(), false, false);
+            for (i, e) in todo.iter().copied().zip(es) {
+                match e {
+                    Err(TransferError::Refused { status: s, .. })
+                        if (s == status::TOO_LARGE || s == status::BUSY)
+                            && round < BUSY_ATTEMPTS =>
+                    {
+                        busy |= s == status::BUSY;
+                        again.push(i);
+                    }
+                    e => {
+                        landed = true;
+                        out[i] = Some(e);
+                    }
+                }
+            }
+            // A block over the frame on its own stays 413: nothing landed this round and
+            // nothing was busy.
+            if !again.is_empty() && !landed && !busy {
+                for i in again.drain(..) {
+                    out[i] = Some(Err(TransferError::Refused {
+                        status: status::TOO_LARGE,
+                        message: "the block does not fit in one frame".into(),
+                    }));
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            if busy {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(256));
+            }
+            todo = again;
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or(Err(TransferError::Refused {
+                    status: status::BUSY,
+                    message: "still busy".into(),
+                }))
+            })
+            .collect())
     }
 
     /// Like [`TransferClient::get`], with an outcome per entry: a refused entry (413: over

@@ -362,70 +362,14 @@ impl TransferPod {
         Ok((out, lacking))
     }
 
-    /// A GET of `keys` on one member; entries it answers 413 (the frame is full) are asked
-    /// again at once, entries it answers BUSY after a backoff, [`BUSY_ATTEMPTS`] rounds at
-    /// most.
+    /// A GET of `keys` on one member ([`TransferClient::get_all`]).
     async fn get_on(
         &self,
         addr: &str,
         ns: &str,
         keys: &[Bytes],
     ) -> Result<Vec<Result<Option<Bytes>, TransferError>>, TransferError> {
-        let c = self.conn(addr).await?;
-        let mut out: Vec<Option<Result<Option<Bytes>, TransferError>>> =
-            (0..keys.len()).map(|_| None).collect();
-        let mut todo: Vec<usize> = (0..keys.len()).collect();
-        let mut backoff = Duration::from_millis(1);
-        for round in 1..=BUSY_ATTEMPTS {
-            let mut es = Vec::with_capacity(todo.len());
-            for chunk in todo.chunks(LIST_MAX) {
-                let ks: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
-                es.extend(c.get_each(ns, &ks).await?);
-            }
-            let (mut again, mut busy, mut landed) = (Vec::new(), false, false);
-            for (i, e) in todo.iter().copied().zip(es) {
-                match e {
-                    Err(TransferError::Refused { status: s, .. })
-                        if (s == status::TOO_LARGE || s == status::BUSY)
-                            && round < BUSY_ATTEMPTS =>
-                    {
-                        busy |= s == status::BUSY;
-                        again.push(i);
-                    }
-                    e => {
-                        landed = true;
-                        out[i] = Some(e);
-                    }
-                }
-            }
-            // A block over the frame on its own stays 413: nothing landed this round and
-            // nothing was busy.
-            if !again.is_empty() && !landed && !busy {
-                for i in again.drain(..) {
-                    out[i] = Some(Err(TransferError::Refused {
-                        status: status::TOO_LARGE,
-                        message: "the block does not fit in one frame".into(),
-                    }));
-                }
-            }
-            if again.is_empty() {
-                break;
-            }
-            if busy {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(256));
-            }
-            todo = again;
-        }
-        Ok(out
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or(Err(TransferError::Refused {
-                    status: status::BUSY,
-                    message: "still busy".into(),
-                }))
-            })
-            .collect())
+        self.conn(addr).await?.get_all(ns, keys).await
     }
 
     /// Writes a copy back to a member (by CXP1 address) that should hold one, over HTTP.
