@@ -55,6 +55,15 @@ fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
     )
 }
 
+/// `len` bytes at `ptr`, kept valid by `keep`, as `Bytes` (no copy).
+fn lent(ptr: usize, len: usize, keep: Keep) -> Bytes {
+    Bytes::from_owner(Lent {
+        ptr,
+        len,
+        _keep: keep,
+    })
+}
+
 fn durability(durable: bool) -> Durability {
     if durable {
         Durability::Durable
@@ -193,18 +202,9 @@ impl Store {
         let mut blocks = Vec::with_capacity(keys.len());
         for (k, v) in keys.into_iter().zip(&values) {
             let (ptr, len, export) = buffers::readable(v)?;
-            let data = Bytes::from_owner(Lent {
-                ptr,
-                len,
-                _keep: Keep::Export(export),
-            });
-            blocks.push((Bytes::from(k), data));
+            blocks.push((Bytes::from(k), lent(ptr, len, Keep::Export(export))));
         }
-        let pod = self.pod.clone();
-        let r = block(py, async move {
-            pod.put(&ns, &blocks, durability(durable)).await
-        });
-        r.map_err(error)
+        self.store(py, ns, blocks, durable)
     }
 
     /// Stores `sizes[i]` bytes at `ptrs[i]` (inside registered buffers) under `keys[i]`.
@@ -223,18 +223,9 @@ impl Store {
         let mut blocks = Vec::with_capacity(keys.len());
         for ((k, ptr), len) in keys.into_iter().zip(ptrs).zip(sizes) {
             let (region, _) = self.buffers.find(ptr, len)?;
-            let data = Bytes::from_owner(Lent {
-                ptr,
-                len,
-                _keep: Keep::Region(region),
-            });
-            blocks.push((Bytes::from(k), data));
+            blocks.push((Bytes::from(k), lent(ptr, len, Keep::Region(region))));
         }
-        let pod = self.pod.clone();
-        let r = block(py, async move {
-            pod.put(&ns, &blocks, durability(durable)).await
-        });
-        r.map_err(error)
+        self.store(py, ns, blocks, durable)
     }
 
     /// Per key: (200, bytes), (404, None), or (status, None) for a refused entry.
@@ -465,6 +456,21 @@ impl Store {
 }
 
 impl Store {
+    /// Puts blocks whose bytes are lent in place, with the GIL released.
+    fn store(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        blocks: Vec<(Bytes, Bytes)>,
+        durable: bool,
+    ) -> PyResult<Vec<u16>> {
+        let pod = self.pod.clone();
+        block(py, async move {
+            pod.put(&ns, &blocks, durability(durable)).await
+        })
+        .map_err(error)
+    }
+
     /// Prefetch entries for (key, pointer, size) triples, each inside a registered buffer.
     fn entries(
         &self,
