@@ -9,7 +9,7 @@ use ctxpod_wire::proto::{
 };
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Bodies at least this large are taken into recycled buffers instead of the connection's
 /// buffer. glibc serves allocations of this size and up with fresh `mmap`s, so each large
@@ -241,6 +241,55 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
     }
 }
 
+/// The most slices one `writev` is given (Linux takes 1024).
+const WRITE_SLICES_MAX: usize = 64;
+
+/// Writes `parts` in order, gathered into vectored writes: a frame's header, its entries'
+/// framing and their blocks leave in as few system calls (and, with `TCP_NODELAY`, as few
+/// segments) as the socket takes, instead of one write each. A small frame written alone
+/// wakes the peer once per part: on loopback that was most of a one-block call's cost.
+/// A writer without vectored writes gets the parts one at a time, as before.
+pub async fn write_parts<W: AsyncWrite + Unpin + ?Sized>(
+    wr: &mut W,
+    parts: &[&[u8]],
+) -> std::io::Result<()> {
+    if !wr.is_write_vectored() {
+        for p in parts {
+            wr.write_all(p).await?;
+        }
+        return Ok(());
+    }
+    // The first part not yet wholly written, and how much of it is.
+    let (mut at, mut done) = (0, 0);
+    while at < parts.len() {
+        if parts[at].len() == done {
+            (at, done) = (at + 1, 0);
+            continue;
+        }
+        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&parts[at][done..])
+            .chain(parts[at + 1..].iter().copied())
+            .filter(|p| !p.is_empty())
+            .take(WRITE_SLICES_MAX)
+            .map(std::io::IoSlice::new)
+            .collect();
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let left = parts[at].len() - done;
+            if n < left {
+                done += n;
+                n = 0;
+            } else {
+                n -= left;
+                (at, done) = (at + 1, 0);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,5 +348,79 @@ mod tests {
         let mut input = FrameInput::new(&data[..], u32::MAX);
         let e = input.take(300 << 10).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    /// A writer that takes at most `cap` bytes per call, vectored, and counts its calls.
+    struct Trickle {
+        got: Vec<u8>,
+        cap: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.calls += 1;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(self.cap - n);
+                self.got.extend_from_slice(&b[..k]);
+                n += k;
+                if n == self.cap {
+                    break;
+                }
+            }
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn parts_are_written_whole_and_in_order_through_short_writes() {
+        let data = pattern(5000);
+        // Empty parts, parts cut by short writes, and more parts than one call takes.
+        let mut parts: Vec<&[u8]> = vec![&data[..0], &data[..7], &data[7..7], &data[7..3000]];
+        parts.extend(data[3000..].chunks(10));
+        for cap in [1, 3, 64, 1000, 1 << 20] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                cap,
+                calls: 0,
+            };
+            write_parts(&mut w, &parts).await.unwrap();
+            assert_eq!(w.got, data, "cap {cap}");
+            if cap == 1 << 20 {
+                // 203 non-empty parts, 64 slices a call.
+                assert_eq!(w.calls, 4);
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! [`Ticket`] to await whole, block by block, poll or cancel); KV event subscriptions.
 //! [`TransferPool`] spreads requests over several connections.
 
-use crate::proto_io::{FrameInput, InputError};
+use crate::proto_io::{write_parts, FrameInput, InputError};
 use crate::region::{Region, RegionError, RegionInner};
 use bytes::Bytes;
 use ctxpod_wire::proto::{
@@ -124,25 +124,24 @@ impl ClientInner {
             None => return Err(TransferError::Closed),
         };
         let mut wr = self.wr.lock().await;
-        // The flush matters over TLS: a write may leave records in the TLS session's buffer,
-        // and only a flush (or a later write) sends them.
-        for p in parts.iter().map(Some).chain([None]) {
-            let r = match p {
-                Some(p) => wr.write_all(p).await,
-                None => wr.flush().await,
-            };
-            if let Err(e) = r {
-                drop(wr);
-                self.shared
-                    .pending
-                    .lock()
-                    .expect("pending map")
-                    .as_mut()
-                    .map(|m| m.remove(&id));
-                return Err(e.into());
-            }
-        }
+        // One vectored write for the frame's parts. The flush matters over TLS: a write may
+        // leave records in the TLS session's buffer, and only a flush (or a later write)
+        // sends them.
+        let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        let written = match write_parts(&mut *wr, &slices).await {
+            Ok(()) => wr.flush().await,
+            Err(e) => Err(e),
+        };
         drop(wr);
+        if let Err(e) = written {
+            self.shared
+                .pending
+                .lock()
+                .expect("pending map")
+                .as_mut()
+                .map(|m| m.remove(&id));
+            return Err(e.into());
+        }
         let (st, resp) = rx.await.map_err(|_| TransferError::Closed)?;
         match resp {
             Response::Error(message) => Err(TransferError::Refused {

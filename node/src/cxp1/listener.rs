@@ -4,7 +4,8 @@
 use crate::auth::{Authenticator, Principal};
 use crate::budget::Budgets;
 use crate::conn::Gate;
-use ctxpod_client::proto_io::{FrameInput, InputError};
+use bytes::Bytes;
+use ctxpod_client::proto_io::{write_parts, FrameInput, InputError};
 use ctxpod_engine::Engine;
 use ctxpod_wire::proto::{
     status, Frame, Header, Hello, Op, Request, Response, HELLO_AUTHENTICATED, HELLO_AUTH_REQUIRED,
@@ -22,7 +23,7 @@ use super::handshake::{access_of_op, authenticate, refuse, scope_request};
 use super::ops::{error, get, handle, handle_put, read_put, Parsed};
 use super::{
     HELLO_TIMEOUT, INFLIGHT_PER_CONNECTION, MAX_FRAME_BYTES, OUT_BYTES_PER_CONNECTION,
-    STAGING_PER_CONNECTION,
+    STAGING_PER_CONNECTION, WRITE_BATCH_BYTES, WRITE_BATCH_FRAMES,
 };
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -113,21 +114,37 @@ pub(crate) async fn connection(
     let mut writer = {
         let (abandon, activity) = (abandon.clone(), activity.clone());
         tokio::spawn(async move {
+            let mut batch: Vec<Out> = Vec::new();
             while let Some(out) = tokio::select! {
                 o = rx.recv() => o,
                 _ = abandon.cancelled() => None,
             } {
-                for p in &out.parts {
-                    let written = tokio::select! {
-                        r = wr.write_all(p) => r.is_ok(),
-                        // A client that stopped reading is let go with its frames.
-                        _ = abandon.cancelled() => false,
-                    };
-                    if !written {
-                        return;
-                    }
-                    activity.touch();
+                // The frames queued now leave together, in as few writes as the socket
+                // takes: a prefetch's ticket, pushes and `PrefetchDone`, or the answers
+                // of pipelined requests, are one wake-up of the client, not one a part.
+                let mut bytes = out.parts.iter().map(Bytes::len).sum::<usize>();
+                batch.push(out);
+                while bytes < WRITE_BATCH_BYTES && batch.len() < WRITE_BATCH_FRAMES {
+                    let Ok(o) = rx.try_recv() else { break };
+                    bytes += o.parts.iter().map(Bytes::len).sum::<usize>();
+                    batch.push(o);
                 }
+                let parts: Vec<&[u8]> = batch
+                    .iter()
+                    .flat_map(|o| o.parts.iter().map(|p| &p[..]))
+                    .collect();
+                let written = tokio::select! {
+                    r = write_parts(&mut wr, &parts) => r.is_ok(),
+                    // A client that stopped reading is let go with its frames.
+                    _ = abandon.cancelled() => false,
+                };
+                drop(parts);
+                // Their shares of the output and egress budgets go back once written.
+                batch.clear();
+                if !written {
+                    return;
+                }
+                activity.touch();
                 // Over TLS a write may leave records in the session's buffer until a
                 // flush: flush whenever no further frame is queued (a no-op on plain TCP).
                 if rx.is_empty() && wr.flush().await.is_err() {

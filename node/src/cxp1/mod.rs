@@ -38,6 +38,10 @@ pub const STAGING_PER_CONNECTION: usize = 64 << 20;
 pub const STAGE_AHEAD: usize = 32;
 /// Events sent in one `Event` frame at most.
 pub(crate) const EVENTS_PER_FRAME: usize = 256;
+/// A connection's writer gathers the frames queued for its socket into one vectored write
+/// while they add up to less than this many bytes and frames.
+pub(crate) const WRITE_BATCH_BYTES: usize = 4 << 20;
+pub(crate) const WRITE_BATCH_FRAMES: usize = 64;
 /// Largest frame this node accepts and announces.
 pub const MAX_FRAME_BYTES: u32 = ctxpod_wire::proto::FRAME_BYTES_MAX;
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use ctxpod_wire::proto::{status, Op, Policy, PrefetchEntry, Response};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,46 @@ pub(crate) struct Prefetch {
     pub(crate) deadline: Option<Instant>,
     pub(crate) lease: Duration,
     pub(crate) entries: Vec<PrefetchEntry>,
+}
+
+/// A ticket's frames (its answer, pushes, `PrefetchDone`) are gathered while the blocks
+/// they carry are staged already, up to this many bytes, and queued for the socket together:
+/// a one-block prefetch of a hot block is one write and one wake-up of the client, not three.
+const GATHER_BYTES: usize = 2 << 20;
+
+/// Staging permits of a pushed block: its share of the connection's and the node's budget.
+type Staged = (tokio::sync::OwnedSemaphorePermit, crate::budget::Permit);
+
+/// The frames of one ticket gathered and not yet queued, with the staging permits of the
+/// blocks they carry (given back once the frames are queued, as they were when each frame
+/// was queued alone).
+struct Pending<'a> {
+    conn: &'a Conn,
+    parts: Vec<Bytes>,
+    bytes: usize,
+    staged: Vec<Staged>,
+}
+
+impl Pending<'_> {
+    /// Adds a frame; queues what is gathered once it reaches [`GATHER_BYTES`]. False once
+    /// the connection is closing.
+    async fn add(&mut self, frame: Vec<Bytes>, staged: Option<Staged>) -> bool {
+        self.bytes += frame.iter().map(Bytes::len).sum::<usize>();
+        self.parts.extend(frame);
+        self.staged.extend(staged);
+        self.bytes < GATHER_BYTES || self.flush().await
+    }
+
+    /// Queues the gathered frames as one. False once the connection is closing.
+    async fn flush(&mut self) -> bool {
+        if self.parts.is_empty() {
+            return true;
+        }
+        self.bytes = 0;
+        let sent = self.conn.send(std::mem::take(&mut self.parts)).await;
+        self.staged.clear();
+        sent
+    }
 }
 
 /// Status of an entry that a cancel stopped before it was pushed.
@@ -41,12 +81,19 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
         }
     };
     let m = &conn.metrics;
+    // The answer goes at once: the client's waiter wakes while the first blocks are staged.
     if !conn
         .send_one(Response::Ticket(id).encode(Op::Prefetch, status::OK, id))
         .await
     {
         return;
     }
+    let mut out = Pending {
+        conn,
+        parts: Vec::new(),
+        bytes: 0,
+        staged: Vec::new(),
+    };
     let push = |i: usize, st: u16, crc: u32, data: Bytes| {
         let outcome = match st {
             status::OK => "pushed",
@@ -72,7 +119,10 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
     // Keys the node does not hold are misses at once, whatever the policy.
     for i in (0..present.len()).filter(|&i| !present[i]) {
         missed += 1;
-        if !conn.send(push(i, status::NOT_FOUND, 0, Bytes::new())).await {
+        if !out
+            .add(push(i, status::NOT_FOUND, 0, Bytes::new()), None)
+            .await
+        {
             return;
         }
     }
@@ -133,13 +183,31 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
     // Why the rest of the entries will not be pushed, if they will not.
     let mut stop = None;
     while !left.is_empty() {
-        let next = tokio::select! {
-            biased;
-            _ = token.cancelled() => { stop = Some(CANCELLED); break; }
-            _ = &mut deadline => { stop = Some(status::DEADLINE); break; }
-            n = staged.next() => n,
+        if token.is_cancelled() {
+            stop = Some(CANCELLED);
+            break;
+        }
+        if p.deadline.is_some_and(|d| Instant::now() >= d) {
+            stop = Some(status::DEADLINE);
+            break;
+        }
+        // A block staged already joins the frames waiting to be queued; only when the next
+        // one is not ready are they queued, together, before waiting for it.
+        let next = match staged.next().now_or_never() {
+            Some(n) => n,
+            None => {
+                if !out.flush().await {
+                    return;
+                }
+                tokio::select! {
+                    biased;
+                    _ = token.cancelled() => { stop = Some(CANCELLED); break; }
+                    _ = &mut deadline => { stop = Some(status::DEADLINE); break; }
+                    n = staged.next() => n,
+                }
+            }
         };
-        let Some((i, r, _permit)) = next else { break };
+        let Some((i, r, permit)) = next else { break };
         left.pop();
         let frame = match r {
             Ok((data, crc)) => {
@@ -152,7 +220,7 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
                 push(i, st, 0, Bytes::new())
             }
         };
-        if !conn.send(frame).await {
+        if !out.add(frame, permit).await {
             return;
         }
     }
@@ -160,14 +228,14 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
     if let Some(st) = stop {
         for i in left.into_iter().rev() {
             missed += 1;
-            if !conn.send(push(i, st, 0, Bytes::new())).await {
+            if !out.add(push(i, st, 0, Bytes::new()), None).await {
                 return;
             }
         }
     }
     m.prefetch_tickets.inc();
     let done = Response::PrefetchDone { pushed, missed }.encode(Op::PrefetchDone, status::OK, id);
-    if !conn.send_one(done).await {
+    if !out.add(vec![done], None).await || !out.flush().await {
         return;
     }
     // The lease: the blocks stay on the node while decode may still ask for them again.
