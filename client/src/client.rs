@@ -357,16 +357,90 @@ impl Client {
     }
 
     /// Gets many blocks in one request, each checked against its CRC32C.
+    /// Every block of `keys`, in order (`None`: a miss). The node answers the entries it
+    /// cannot admit now 503 (the caller's egress share is spent) or 413 (past the answer's
+    /// limit); those are asked for again, at once while the last answer brought something,
+    /// else after a backoff of 1, 2, 4, … 256 ms, [`crate::BUSY_ATTEMPTS`] times.
     pub async fn batch_get(
         &self,
         ns: &str,
         keys: &[Vec<u8>],
     ) -> Result<Vec<BatchGetResult>, ClientError> {
+        let mut got: Vec<Option<Option<Bytes>>> = vec![None; keys.len()];
+        let mut todo: Vec<usize> = (0..keys.len()).collect();
+        let mut backoff = std::time::Duration::from_millis(1);
+        let mut waits = 0;
+        while !todo.is_empty() {
+            let asked: Vec<Vec<u8>> = todo.iter().map(|&i| keys[i].clone()).collect();
+            let answers = self.batch_get_once(ns, &asked).await?;
+            let (mut again, mut busy) = (Vec::new(), false);
+            for (&i, (status, data)) in todo.iter().zip(answers) {
+                match status {
+                    200 | 404 => got[i] = Some(data),
+                    503 => {
+                        busy = true;
+                        again.push(i);
+                    }
+                    413 => again.push(i),
+                    s => {
+                        return Err(ClientError::Status {
+                            status: s,
+                            body: None,
+                        })
+                    }
+                }
+            }
+            if again.len() == todo.len() {
+                // Nothing came back: a block alone over the limit, or the share still spent.
+                if !busy || waits + 1 >= crate::BUSY_ATTEMPTS {
+                    return Err(ClientError::Status {
+                        status: if busy { 503 } else { 413 },
+                        body: None,
+                    });
+                }
+                waits += 1;
+                self.busy_retries
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_millis(256));
+            } else if !again.is_empty() {
+                self.busy_retries
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            todo = again;
+        }
+        Ok(keys
+            .iter()
+            .cloned()
+            .zip(got.into_iter().map(|g| g.expect("every entry answered")))
+            .collect())
+    }
+
+    /// One `batch/get`: each entry's status and, for a 200, its bytes (checked).
+    async fn batch_get_once(
+        &self,
+        ns: &str,
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<(u16, Option<Bytes>)>, ClientError> {
         let resp = self.post_ns(ns, "batch/get", &keys_request(keys)).await?;
         let buf = resp.bytes().await?;
         let got = frame::decode(&buf).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        if got.len() != keys.len() {
+            return Err(ClientError::Malformed(format!(
+                "{} entries answered for {} keys",
+                got.len(),
+                keys.len()
+            )));
+        }
         let mut out = Vec::with_capacity(got.len());
-        for e in got {
+        for (e, k) in got.into_iter().zip(keys) {
+            if e.key != &k[..] {
+                return Err(ClientError::Malformed(format!(
+                    "answer for key {} where {} was asked",
+                    key_hex(e.key),
+                    key_hex(k)
+                )));
+            }
             let data = match (e.status, e.data) {
                 (200, Some(d)) => {
                     if Some(ctxpod_wire::crc32c(d)) != e.crc32c {
@@ -376,15 +450,15 @@ impl Client {
                     }
                     Some(buf.slice_ref(d))
                 }
-                (404, _) => None,
-                (s, _) => {
-                    return Err(ClientError::Status {
-                        status: s,
-                        body: None,
-                    })
+                (200, None) => {
+                    return Err(ClientError::Malformed(format!(
+                        "entry {} answered 200 with no data",
+                        key_hex(e.key)
+                    )))
                 }
+                _ => None,
             };
-            out.push((e.key.to_vec(), data));
+            out.push((e.status, data));
         }
         Ok(out)
     }
