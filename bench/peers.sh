@@ -30,6 +30,10 @@ BYTES=${BYTES:-1GiB}
 SDK_PYTHON=${SDK_PYTHON:-$HOME/.cache/ctxpod-venv/bin/python}
 SDK_BYTES=${SDK_BYTES:-1G}
 mkdir -p "$OUT" "$DIR"
+# Before each step: the previous step's dirty pages written back and the device quiet, so
+# one step's writeback does not land in the next one's timings (a run of 2026-12-02 measured
+# the SDK's first config at a third of its rate right after the Rust client's writes).
+settle() { sync; sleep "${SETTLE_S:-10}"; }
 [[ -d $PEERS ]] || { echo "peers.sh: no bench-peers at $PEERS (set PEERS)" >&2; exit 1; }
 for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
   echo "== round $r of $ROUNDS: bench-peers ($(date +%T))" >&2
@@ -44,6 +48,7 @@ for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
   [[ $r == "$FIRST_ROUND" ]] && limits=2GiB
   run() { # name, then ctxpod bench arguments
     local name=$1; shift
+    settle
     "$CTXPOD_BIN" bench --dir "$DIR" --bytes "$BYTES" --device-bytes 1GiB \
       --json "$OUT/ctxpod-$r-$name.jsonl" "$@" >"$OUT/ctxpod-$r-$name.log" 2>&1
   }
@@ -54,12 +59,14 @@ for r in $(seq "$FIRST_ROUND" "$ROUNDS"); do
   run http-b8 --protocol http --sizes 4MiB --batch 8 --limits-bytes 0
   echo "== round $r of $ROUNDS: ctxpod through its Python SDK ($(date +%T))" >&2
   for api in zerocopy bytes; do
+    settle
     PEERS=$PEERS timeout 900 "$SDK_PYTHON" "$here/sdk_bench.py" --ctxpod-bin "$CTXPOD_BIN" \
       --api "$api" --sizes 64K,1M,4M --batches 1,16,32 --bytes-per-config "$SDK_BYTES" \
       --data-root "$DIR" --jsonl "$OUT/sdk-$r.jsonl" --server-log "$OUT/sdk-$r-$api.server.log" \
       >"$OUT/sdk-$r-$api.log" 2>&1
   done
   echo "== round $r of $ROUNDS: time to first token, prefix from ctxpod vs recompute ($(date +%T))" >&2
+  settle
   CTXPOD_BIN=$CTXPOD_BIN timeout 900 "$SDK_PYTHON" "$here/ttft.py" --json "$OUT/ttft-$r.json" \
     >"$OUT/ttft-$r.log" 2>&1
 done
