@@ -19,6 +19,11 @@ venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 # the CPU here; about 2.5 minutes and 5.6 GB the first time, then cached in the venv) and
 # Hugging Face transformers.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.15.0 transformers==5.24.0
+# The real upstream engines the connectors (ctxpod.integrations) are tested against: LMCache,
+# SGLang and vLLM from PyPI, with a curated list of dependencies (--no-deps: their pins would
+# replace torch; see the file). About 600 MB the first time.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+  -r python/tests/connectors.txt
 "$venv/bin/python" -m openapi_spec_validator wire/openapi.json
 cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 # The Python SDK (python/): built from the workspace's Rust client with maturin into the
@@ -27,7 +32,9 @@ cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 # (transformers, on the CPU) restoring a prompt's prefix from ctxpod with identical tokens.
 PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-build-isolation --config-settings=build-args="--profile dev" ./python
-CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" -m pytest -q python/tests
+# CTXPOD_REQUIRE_ENGINES: a suite whose engine does not import fails instead of skipping.
+CTXPOD_REQUIRE_ENGINES=1 LMCACHE_TRACK_USAGE=false CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" \
+  "$venv/bin/python" -m pytest -q python/tests
 # The Helm chart: every values file renders, lints and validates (Helm v4's engine in
 # process, Kubernetes 1.31 schemas), and the real binary accepts each rendered config.
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/helm-check.py

@@ -591,12 +591,14 @@ class Store:
         buffer); 0, or a negative status."""
         return self.batch_put_from([key], [ptr], [size])[0]
 
-    def batch_put_from(self, keys: Sequence[Key], ptrs: Sequence[int], sizes: Sequence[int]) -> list[int]:
+    def batch_put_from(
+        self, keys: Sequence[Key], ptrs: Sequence[int], sizes: Sequence[int], *, durable: bool = True
+    ) -> list[int]:
         """Mooncake's ``batch_put_from``: per entry 0 (stored, or already stored), or a
-        negative status."""
+        negative status. ``durable=False``: acknowledged before the device flush."""
         keys = _keys(keys)
         ptrs, sizes = _ints(ptrs, "pointers"), _ints(sizes, "sizes")
-        sts = self._s.put_from(self.namespace, keys, ptrs, sizes, True)
+        sts = self._s.put_from(self.namespace, keys, ptrs, sizes, bool(durable))
         return [0 if _ok(s) else -s for s in sts]
 
     def is_exist(self, key: Key) -> int:

@@ -41,6 +41,31 @@ def wait_for(what: str, ok, timeout: float = WAIT_S) -> None:
     raise AssertionError(f"{what} not ready within {timeout} s (last: {last})")
 
 
+def engine(module: str):
+    """An upstream engine package for a connector suite: skipped where it is not installed,
+    except under the README's test command (CTXPOD_REQUIRE_ENGINES=1), which installs it and
+    where a suite that cannot import its engine fails."""
+    if os.environ.get("CTXPOD_REQUIRE_ENGINES") == "1":
+        import importlib
+
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"the connector suites need {module} (scripts/test.sh installs it)")
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def doc_snippet(name: str, doc: str = "INTEGRATIONS.md") -> str:
+    """The fenced block that follows ``<!-- snippet: name -->`` in docs/``doc``: a
+    connector's configuration as the docs give it, used as it is by its test."""
+    text = (DOCS / doc).read_text()
+    mark = f"<!-- snippet: {name} -->"
+    at = text.index(mark) + len(mark)
+    start = text.index("```", at)
+    start = text.index("\n", start) + 1
+    return text[start:text.index("```", start)]
+
+
 def token(tokens_dir: Path, tid: str, role: str, tenant: str | None = None) -> str:
     args = [BIN, "token", "create", "--id", tid, "--role", role, "--dir", str(tokens_dir)]
     if tenant:

@@ -1,0 +1,216 @@
+"""LMCache 0.5.x (the real package from PyPI, on the CPU) loading ctxpod as a remote storage
+plugin through its own loader, from the configuration in docs/INTEGRATIONS.md, and storing
+and loading KV chunks byte for byte through a real node."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+from conftest import doc_snippet, engine
+
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+lmcache = engine("lmcache")
+torch = engine("torch")
+
+import yaml  # noqa: E402 (lmcache's own dependency)
+from lmcache.utils import CacheEngineKey  # noqa: E402
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: E402
+from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: E402
+
+import ctxpod  # noqa: E402
+from ctxpod.integrations import lmcache as plugin  # noqa: E402
+
+
+# (layers, K|V, tokens of a chunk, KV heads, head dim): 64 KiB chunks of bf16.
+KV_SHAPE = (4, 2, 16, 4, 16)
+CHUNK = 16
+
+
+def config(url: str, **extra) -> LMCacheEngineConfig:
+    """The docs' configuration, with the test node's URL."""
+    d = yaml.safe_load(doc_snippet("lmcache-config").replace("http://10.0.0.5:7400", url))
+    d.update(chunk_size=CHUNK, max_local_cpu_size=0.05, lmcache_instance_id="t")
+    d["extra_config"].update(extra)
+    return LMCacheEngineConfig.from_dict(d)
+
+
+def metadata(model: str) -> LMCacheMetadata:
+    return LMCacheMetadata(
+        model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+        kv_dtype=torch.bfloat16, kv_shape=KV_SHAPE,
+    )
+
+
+class Backends:
+    """LMCache's LocalCPUBackend and RemoteBackend (plugin "ctxpod"), on a loop thread."""
+
+    def __init__(self, url: str, model: str = "acme/llama-tiny", **extra) -> None:
+        self.cfg, self.md = config(url, **extra), metadata(model)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.local = LocalCPUBackend(self.cfg, self.md, dst_device="cpu")
+        self.remote = RemoteBackend(self.cfg, self.md, self.loop, self.local, dst_device="cpu", plugin_name="ctxpod")
+        # LMCache logs a connector that failed to build and goes on without it.
+        assert self.remote.connection is not None, "LMCache did not build the ctxpod connector"
+
+    def key(self, h: int) -> CacheEngineKey:
+        return CacheEngineKey(self.md.model_name, 1, 0, h, torch.bfloat16)
+
+    def chunk(self, seed: int, tokens: int = CHUNK):
+        obj = self.local.allocate(self.md.get_shapes(tokens), self.md.get_dtypes())
+        assert obj is not None
+        g = torch.Generator().manual_seed(seed)
+        obj.raw_tensor.copy_(torch.randint(0, 256, (obj.get_size(),), dtype=torch.uint8, generator=g))
+        return obj, bytes(obj.byte_array)
+
+    def put(self, keys, objs) -> None:
+        """LMCache's batched put is fire-and-forget on its loop (its wrapper releases the
+        objects after the put): wait until it is held."""
+        self.remote.batched_submit_put_task(keys, objs)
+        deadline = time.monotonic() + 30
+        while self.remote.batched_contains(keys) < len(keys):
+            assert time.monotonic() < deadline, "the puts did not land within 30 s"
+            time.sleep(0.02)
+
+    def read(self, keys) -> list:
+        """LMCache's blocking batched get: each chunk's bytes and shape (None for a miss);
+        the buffers go back to LMCache."""
+        out = []
+        for o in self.remote.batched_get_blocking(keys):
+            if o is None:
+                out.append(None)
+            else:
+                out.append((bytes(o.byte_array), tuple(o.get_shapes()[0])))
+                o.ref_count_down()
+        return out
+
+    def close(self) -> None:
+        self.remote.close()
+        self.local.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture()
+def backends(node):
+    b = Backends(node.http)
+    yield b
+    b.close()
+
+
+def test_the_plugin_loads_from_lmcache_config_and_round_trips_chunks(backends, node):
+    b = backends
+    keys = [b.key(0x1000 + i) for i in range(6)]
+    objs, data = zip(*(b.chunk(i) for i in range(6)))
+    assert b.remote.batched_contains(keys) == 0
+    b.put(keys, list(objs))
+    shape = tuple(objs[0].get_shapes()[0])
+    assert b.read(keys) == [(d, shape) for d in data]
+    # The chunks are in the model's namespace, under <worker>/<hash>, with LMCache's header.
+    ns = plugin.namespace_of("lmcache", keys[0])
+    s = ctxpod.Store.connect(node.http, namespace=ns)
+    raw = s.get(plugin.key_of(keys[0]))
+    assert raw is not None and raw.endswith(data[0]) and len(raw) == len(data[0]) + 28
+    # The leading run held, as LMCache's lookup asks: a gap ends it.
+    gap = keys[:3] + [b.key(0xdead)] + keys[3:]
+    assert b.remote.batched_contains(gap) == 3
+    assert b.remote.contains(keys[5])
+    assert b.read([b.key(0xbeef)]) == [None]
+
+
+def test_partial_chunks_come_back_with_their_shape(backends):
+    b = backends
+    obj, data = b.chunk(7, tokens=5)
+    key = b.key(0x2000)
+    b.put([key], [obj])
+    ((got, shape),) = b.read([key])
+    assert got == data
+    assert shape[2] == 5
+
+
+def test_async_lookup_pins_the_prefix_and_the_async_get_stops_at_a_miss(backends, node):
+    b = backends
+    keys = [b.key(0x3000 + i) for i in range(4)]
+    objs, data = zip(*(b.chunk(100 + i) for i in range(4)))
+    b.put(keys, list(objs))
+    conn = b.remote.connection
+    asked = keys[:2] + [b.key(0x3fff)] + keys[2:]
+    n = asyncio.run_coroutine_threadsafe(conn.batched_async_contains("l1", asked, pin=True), b.loop).result(30)
+    assert n == 2
+    s = ctxpod.Store.connect(node.http, namespace=plugin.namespace_of("lmcache", keys[0]))
+    # Pinned by the lookup: unpin says so (and ends the pins).
+    assert s.unpin([plugin.key_of(k) for k in keys[:2]]) == 2
+    got = asyncio.run_coroutine_threadsafe(conn.batched_get_non_blocking("l1", asked), b.loop).result(30)
+    assert [bytes(o.byte_array) for o in got] == list(data[:2])
+    for o in got:
+        o.ref_count_down()
+
+
+def test_remove_and_exists(backends):
+    b = backends
+    obj, _ = b.chunk(9)
+    key = b.key(0x4000)
+    b.put([key], [obj])
+    assert b.remote.connection.exists_sync(key)
+    assert b.remote.remove(key, force=True)
+    assert not b.remote.contains(key)
+
+
+def test_two_models_never_see_each_others_chunks(node):
+    a = Backends(node.http, model="acme/model-a")
+    z = Backends(node.http, model="globex/model-b")
+    try:
+        obj, data = a.chunk(11)
+        ka = a.key(0x5000)
+        a.put([ka], [obj])
+        kz = z.key(0x5000)  # the same chunk hash, another model
+        assert z.remote.batched_contains([kz]) == 0
+        assert z.read([kz]) == [None]
+        assert a.read([ka])[0][0] == data
+        assert plugin.namespace_of("lmcache", ka) != plugin.namespace_of("lmcache", kz)
+    finally:
+        a.close()
+        z.close()
+
+
+def test_without_chunk_headers_chunks_are_read_into_lmcache_buffers(node):
+    b = Backends(node.http, model="acme/raw", save_chunk_meta=False)
+    try:
+        keys = [b.key(0x6000 + i) for i in range(3)]
+        objs, data = zip(*(b.chunk(200 + i) for i in range(3)))
+        b.put(keys, list(objs))
+        assert [g for g, _ in b.read(keys)] == list(data)
+        s = ctxpod.Store.connect(node.http, namespace=plugin.namespace_of("lmcache", keys[0]))
+        assert s.get(plugin.key_of(keys[0])) == data[0]
+    finally:
+        b.close()
+
+
+def test_bad_settings_are_refused_with_the_setting_named(node):
+    from lmcache.v1.storage_backend.connector import ConnectorContext
+
+    cfg, md = config(node.http, **{"remote_storage_plugin.ctxpod.pin_ttl": "5"}), metadata("m")
+    ctx = ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, md, "ctxpod")
+    with pytest.raises(ctxpod.InvalidRequest, match="unknown setting 'remote_storage_plugin.ctxpod.pin_ttl'"):
+        plugin.CtxpodConnectorAdapter().create_connector(ctx)
+    cfg = config(node.http, **{"remote_storage_plugin.ctxpod.url": ""})
+    ctx = ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, md, "ctxpod")
+    with pytest.raises(ctxpod.InvalidRequest, match="set `url`"):
+        plugin.CtxpodConnectorAdapter().create_connector(ctx)
+
+
+def test_a_wrong_token_is_refused(auth_node):
+    cfg = config(auth_node.http, **{"remote_storage_plugin.ctxpod.token": "not-a-token"})
+    from lmcache.v1.storage_backend.connector import ConnectorContext
+
+    ctx = ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, metadata("m"), "ctxpod")
+    with pytest.raises(ctxpod.Unauthorized):
+        conn = plugin.CtxpodConnectorAdapter().create_connector(ctx)
+        conn.exists_sync(CacheEngineKey("m", 1, 0, 1, torch.bfloat16))

@@ -1,0 +1,188 @@
+"""SGLang (the real package from PyPI, on the CPU) building ctxpod as its ``dynamic`` HiCache
+storage backend through its own ``StorageBackendFactory``, from the configuration in
+docs/INTEGRATIONS.md, driven with a real ``MHATokenToKVPoolHost``: pages stored from and
+loaded into the host pool byte for byte through a real node."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from conftest import doc_snippet, engine
+
+sglang = engine("sglang")
+torch = engine("torch")
+
+from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+
+import ctxpod  # noqa: E402
+from ctxpod.integrations.sglang import CtxpodHiCacheStorage  # noqa: E402
+
+
+LAYERS, HEADS, DIM, PAGE, TOKENS = 2, 2, 16, 16, 256
+DTYPE = torch.bfloat16
+
+
+def host_pool(layout: str = "page_first") -> MHATokenToKVPoolHost:
+    """A host pool on the CPU, as SGLang builds it from a device pool's buffer info."""
+    k = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
+
+    def table(ts):
+        return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=table(k), v_data_ptrs=table(v), layout=KVBufferLayout.NHD),
+        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=DTYPE, device=torch.device("cpu"),
+    )
+    with host_memory_budget_scope(1 << 40):
+        pool = MHATokenToKVPoolHost(
+            info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+            device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS - 1,
+        )
+    pool._keep = (k, v)
+    return pool
+
+
+def storage_config(url: str, *, tp_rank: int = 0, tp_size: int = 1, model: str = "acme/llama-tiny",
+                   **extra) -> HiCacheStorageConfig:
+    """SGLang's storage config with the docs' extra-config (the test node's URL)."""
+    cfg = json.loads(doc_snippet("sglang-extra-config").replace("http://10.0.0.5:7400", url))
+    cfg.update(extra)
+    return HiCacheStorageConfig(tp_rank, tp_size, 0, 1, 0, 1, False, False, True, model, extra_config=cfg)
+
+
+def backend(url: str, pool: MHATokenToKVPoolHost, **kw) -> CtxpodHiCacheStorage:
+    b = StorageBackendFactory.create_backend("dynamic", storage_config(url, **kw), pool)
+    assert isinstance(b, CtxpodHiCacheStorage)
+    b.register_mem_pool_host(pool)
+    return b
+
+
+def page_hashes(n: int, salt: str = "") -> list[str]:
+    """A chain of page hashes, as SGLang's are (hex SHA-256 over the previous one)."""
+    out, prev = [], salt
+    for i in range(n):
+        prev = hashlib.sha256(f"{prev}/{i}".encode()).hexdigest()
+        out.append(prev)
+    return out
+
+
+def fill(pool: MHATokenToKVPoolHost, idx: torch.Tensor, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in range(0, len(idx), PAGE):
+        page = pool.get_data_page(int(idx[p]), flat=False)
+        page.copy_(torch.randn(page.shape, generator=g).to(DTYPE))
+
+
+def pages(pool: MHATokenToKVPoolHost, idx: torch.Tensor) -> list[bytes]:
+    return [pool.get_data_page(int(idx[p])).view(torch.uint8).numpy().tobytes() for p in range(0, len(idx), PAGE)]
+
+
+@pytest.fixture()
+def pool():
+    return host_pool()
+
+
+def test_pages_go_from_the_host_pool_to_the_pod_and_back(node, pool):
+    b = backend(node.http, pool)
+    try:
+        keys = page_hashes(6)
+        src = pool.alloc(6 * PAGE)
+        fill(pool, src, 1)
+        want = pages(pool, src)
+        assert b.batch_exists(keys) == 0
+        assert b.batch_set_v1(keys, src) == [True] * 6
+        assert b.batch_exists(keys) == 6
+        # The leading run held, as SGLang's prefetch asks: a gap ends it.
+        assert b.batch_exists(keys[:2] + page_hashes(1, "other") + keys[2:]) == 2
+        dst = pool.alloc(6 * PAGE)
+        assert pages(pool, dst) != want
+        assert b.batch_get_v1(keys, dst) == [True] * 6
+        assert pages(pool, dst) == want
+        # Nothing outside the pages asked for was written.
+        assert pages(pool, src) == want
+        # Each page is two blocks, K and V, in the model's namespace.
+        s = ctxpod.Store.connect(node.http, namespace=b.space.namespace)
+        k = s.get(f"{keys[0]}/0.0/k".encode())
+        assert k is not None and len(k) * 2 == len(want[0])
+        # A miss among the pages: that page is False, the others land.
+        dst2 = pool.alloc(3 * PAGE)
+        assert b.batch_get_v1([keys[0], page_hashes(1, "nope")[0], keys[2]], dst2) == [True, False, True]
+    finally:
+        b.close()
+
+
+def test_the_copy_path_reads_the_same_blocks(node, pool):
+    b = backend(node.http, pool)
+    try:
+        keys = page_hashes(2, "copy")
+        src = pool.alloc(2 * PAGE)
+        fill(pool, src, 2)
+        want = pages(pool, src)
+        assert b.batch_set(keys, [pool.get_data_page(int(src[p])) for p in (0, PAGE)])
+        got = b.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in keys])
+        assert [t.view(torch.uint8).numpy().tobytes() for t in got] == want
+        # And the zero-copy path reads what the copy path stored.
+        dst = pool.alloc(2 * PAGE)
+        assert b.batch_get_v1(keys, dst) == [True, True]
+        assert pages(pool, dst) == want
+        assert b.get(page_hashes(1, "absent")[0], pool.get_dummy_flat_data_page()) is None
+    finally:
+        b.close()
+
+
+def test_tensor_parallel_ranks_and_models_never_share_pages(node, pool):
+    a = backend(node.http, pool, tp_rank=0, tp_size=2)
+    r1 = backend(node.http, host_pool(), tp_rank=1, tp_size=2)
+    other = backend(node.http, host_pool(), model="globex/other")
+    try:
+        keys = page_hashes(3, "tp")
+        src = pool.alloc(3 * PAGE)
+        fill(pool, src, 3)
+        assert a.batch_set_v1(keys, src) == [True] * 3
+        assert a.batch_exists(keys) == 3
+        assert r1.batch_exists(keys) == 0  # rank 1 holds other heads: its own blocks
+        assert other.batch_exists(keys) == 0  # another model: another namespace
+        assert other.space.namespace != a.space.namespace
+    finally:
+        for x in (a, r1, other):
+            x.close()
+
+
+def test_timeout_policy_and_bad_settings(node, pool):
+    b = backend(node.http, pool, prefetch_policy="timeout", prefetch_deadline_ms=5000)
+    try:
+        keys = page_hashes(2, "policy")
+        src = pool.alloc(2 * PAGE)
+        fill(pool, src, 4)
+        assert b.batch_set_v1(keys, src) == [True, True]
+        assert b.batch_get_v1(keys, pool.alloc(2 * PAGE)) == [True, True]
+    finally:
+        b.close()
+    with pytest.raises(ctxpod.InvalidRequest, match="prefetch_policy"):
+        backend(node.http, pool, prefetch_policy="eventually")
+    with pytest.raises(ctxpod.InvalidRequest, match="prefetch_deadline_ms"):
+        backend(node.http, pool, prefetch_policy="timeout")
+    with pytest.raises(ctxpod.InvalidRequest, match="layout 'layer_first' is not supported"):
+        backend(node.http, host_pool("layer_first"))
+
+
+def test_a_read_only_token_reads_but_cannot_store(auth_node, pool):
+    rw = backend(auth_node.http, pool, token=auth_node.tokens["rw"])
+    ro = backend(auth_node.http, host_pool(), token=auth_node.tokens["ro"])
+    try:
+        keys = page_hashes(1, "auth")
+        src = pool.alloc(PAGE)
+        fill(pool, src, 5)
+        assert ro.batch_set_v1(keys, src) == [False]
+        assert rw.batch_set_v1(keys, src) == [True]
+        assert ro.batch_exists(keys) == 1
+    finally:
+        rw.close()
+        ro.close()

@@ -1,0 +1,157 @@
+"""vLLM (the official wheel from PyPI, on the CPU) building its tiering offloading manager from
+configuration (``TieringOffloadingSpec`` with the ``secondary_tiers`` entry in
+docs/INTEGRATIONS.md), its CPU tier over a real shared-memory region, and ctxpod as the
+secondary tier loaded from ``module_path``: chunks cascade from the CPU tier to a real node
+and are promoted back into another engine's CPU tier byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import numpy as np
+import pytest
+from conftest import doc_snippet, engine
+
+vllm = engine("vllm")
+
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.config import (  # noqa: E402
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+
+from ctxpod.integrations.vllm import CtxpodSecondaryTier  # noqa: E402
+
+
+ROW = 16 << 10  # bytes of one chunk in the CPU tier (one worker, one block per chunk)
+CHUNKS = 8
+STEP = ScheduleEndContext(new_req_ids=[], preempted_req_ids=())
+
+
+def manager(url: str, model: str = "acme/llama-tiny"):
+    """vLLM's tiering manager, built from the docs' kv_connector_extra_config."""
+    kv = json.loads(doc_snippet("vllm-kv-transfer-config").replace("http://10.0.0.5:7400", url))
+    extra = dict(kv["kv_connector_extra_config"], cpu_bytes_to_use=CHUNKS * ROW)
+    cfg = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layers.0", "layers.1"), group_id=0),),
+        worker_kv_bytes_per_block=ROW,
+        enable_kv_cache_events=False,
+        extra_config=extra,
+        engine_id=f"ctxpod-test-{uuid.uuid4().hex[:8]}",
+        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=True,
+        ),
+    )
+    mgr = TieringOffloadingSpec(cfg).get_manager()
+    (tier,) = mgr.secondary_tiers
+    assert isinstance(tier, CtxpodSecondaryTier)
+    return mgr, tier
+
+
+def drive(mgr, until, what: str, limit_s: float = 30) -> None:
+    """Scheduler steps until ``until()`` (bounded)."""
+    deadline = time.monotonic() + limit_s
+    while not until():
+        assert time.monotonic() < deadline, f"{what} within {limit_s} s"
+        mgr.on_schedule_end(STEP)
+        time.sleep(0.005)
+
+
+def chunk_keys(n: int) -> list:
+    return [make_offload_key(os.urandom(32), 0) for _ in range(n)]
+
+
+def store(mgr, tier, keys, seed: int) -> list[bytes]:
+    """As the connector does after a GPU -> CPU store: rows written, the store completed."""
+    ctx = ReqContext(req_id=f"store-{seed}")
+    mgr.on_new_request(ctx)
+    out = mgr.prepare_store(keys, ctx)
+    rows = np.asarray(mgr.primary_tier.get_kv_memoryview())
+    data = []
+    for c in out.store_spec.chunk_ids:
+        row = os.urandom(ROW)
+        rows[int(c)] = np.frombuffer(row, dtype=np.int8)
+        data.append(row)
+    mgr.complete_store(keys, ctx, success=True)
+    drive(mgr, lambda: all(tier.space.batch_exists([bytes(k) for k in keys])) and not mgr.has_pending_work(),
+          "the cascade to ctxpod")
+    mgr.on_request_finished(ctx)
+    return data
+
+
+def test_chunks_cascade_to_ctxpod_and_are_promoted_into_another_engine(node):
+    a, ta = manager(node.http)
+    b, tb = manager(node.http)
+    try:
+        keys = chunk_keys(4)
+        data = store(a, ta, keys, 1)
+        assert ta.space.namespace == tb.space.namespace
+        # Engine b has an empty CPU tier: its lookups find the chunks in ctxpod.
+        ctx = ReqContext(req_id="load")
+        b.on_new_request(ctx)
+        drive(b, lambda: all(b.lookup(k, ctx) is LookupResult.HIT for k in keys), "the promotion from ctxpod")
+        spec = b.prepare_load(keys, ctx)
+        rows = np.asarray(b.primary_tier.get_kv_memoryview())
+        assert [rows[int(c)].tobytes() for c in spec.chunk_ids] == data
+        assert tb.stats["loaded_chunks"] == 4
+        b.complete_load(keys, ctx)
+        # Keys nobody stored end as a miss (after the batched async lookup answers).
+        absent = chunk_keys(2)
+        drive(b, lambda: all(b.lookup(k, ctx) is LookupResult.MISS for k in absent), "the misses")
+        b.on_request_finished(ctx)
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_two_models_never_see_each_others_chunks(node):
+    a, ta = manager(node.http, model="acme/model-a")
+    z, tz = manager(node.http, model="globex/model-b")
+    try:
+        keys = chunk_keys(2)
+        store(a, ta, keys, 2)
+        assert ta.space.namespace != tz.space.namespace
+        ctx = ReqContext(req_id="other")
+        z.on_new_request(ctx)
+        drive(z, lambda: all(z.lookup(k, ctx) is LookupResult.MISS for k in keys), "model b's misses")
+    finally:
+        a.shutdown()
+        z.shutdown()
+
+
+def test_a_chunk_held_already_is_not_sent_again(node):
+    a, ta = manager(node.http)
+    try:
+        keys = chunk_keys(2)
+        store(a, ta, keys, 3)
+        assert ta.stats["stored_chunks"] == 2
+        # The same keys from another engine: the store asks first and sends nothing.
+        b, tb = manager(node.http)
+        try:
+            store(b, tb, keys, 4)
+            assert (tb.stats["stored_chunks"], tb.stats["skipped_chunks"]) == (0, 2)
+        finally:
+            b.shutdown()
+    finally:
+        a.shutdown()
+
+
+def test_bad_settings_are_refused(node):
+    from ctxpod import InvalidRequest
+
+    kv = json.loads(doc_snippet("vllm-kv-transfer-config"))
+    (entry,) = kv["kv_connector_extra_config"]["secondary_tiers"]
+    with pytest.raises(InvalidRequest, match="unknown setting"):
+        CtxpodSecondaryTier(None, memoryview(bytearray(ROW)).cast("b", (1, ROW)), entry["type"],
+                            url=node.http, colour="blue")
