@@ -214,3 +214,66 @@ def test_a_wrong_token_is_refused(auth_node):
     with pytest.raises(ctxpod.Unauthorized):
         conn = plugin.CtxpodConnectorAdapter().create_connector(ctx)
         conn.exists_sync(CacheEngineKey("m", 1, 0, 1, torch.bfloat16))
+
+
+class CpuKV(__import__("lmcache.v1.gpu_connector.mock_gpu_connector", fromlist=["MockGPUConnector"]).MockGPUConnector):
+    """A stand-in for LMCache's GPU connector over one CPU tensor, (K|V, layers, tokens,
+    heads x head dim): LMCache's own ``MockGPUConnector`` copies nothing, and the engine's
+    real connectors need CUDA. Only the copies are ours; the engine around them is LMCache's."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(kv_shape=KV_SHAPE)
+        layers, kv, _, heads, dim = KV_SHAPE
+        self.kv = torch.zeros(kv, layers, tokens, heads * dim, dtype=torch.bfloat16)
+
+    def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
+        for o, s, e in zip(memory_objs, starts, ends):
+            o.tensor.copy_(self.kv[:, :, s:e, :])
+
+    def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
+        for o, s, e in zip(memory_objs, starts, ends):
+            if o is not None:
+                self.kv[:, :, s:e, :].copy_(o.tensor)
+
+
+def engine_for(url: str, name: str, tokens: int):
+    from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    gpu = CpuKV(tokens)
+    cfg = config(url)
+    e = LMCacheEngineBuilder.get_or_create(name, cfg, metadata("acme/engine-e2e"), gpu,
+                                           mock_up_broadcast_fn, mock_up_broadcast_object_fn)
+    e.post_init()
+    return e, gpu
+
+
+def test_the_whole_engine_stores_and_retrieves_kv_through_ctxpod(node):
+    """Engine A stores a prompt's KV; engine B, with an empty CPU cache of its own, retrieves
+    it from ctxpod through LMCache's storage manager and lands the same tensor."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    n = 4 * CHUNK
+    tokens = torch.arange(1000, 1000 + n)
+    a, ga = engine_for(node.http, "engine-a", n)
+    b, gb = engine_for(node.http, "engine-b", n)
+    try:
+        g = torch.Generator().manual_seed(42)
+        ga.kv.copy_(torch.randn(ga.kv.shape, generator=g).to(torch.bfloat16))
+        a.store(tokens)
+        deadline = time.monotonic() + 30
+        while b.lookup(tokens) < n:
+            assert time.monotonic() < deadline, "engine b did not find the prompt within 30 s"
+            time.sleep(0.05)
+        # What b found is in ctxpod: the model's namespace holds the prompt's 4 chunks.
+        key = CacheEngineKey("acme/engine-e2e", 1, 0, 1, torch.bfloat16)
+        s = ctxpod.Store.connect(node.http, namespace=plugin.namespace_of("lmcache", key))
+        assert s.namespace_info()["block_count"] == 4
+        got = b.retrieve(tokens)
+        assert int(got.sum()) == n
+        assert torch.equal(gb.kv, ga.kv)
+        # Another prompt is not there.
+        assert b.lookup(torch.arange(5000, 5000 + n)) == 0
+    finally:
+        LMCacheEngineBuilder.destroy("engine-a")
+        LMCacheEngineBuilder.destroy("engine-b")
