@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use std::sync::OnceLock;
 
 mod buffers;
+mod l2;
 mod store;
 mod ticket;
 
@@ -125,6 +126,7 @@ fn dynamo_block_hashes(
 #[pymodule]
 fn _ctxpod(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Store>()?;
+    m.add_class::<l2::L2>()?;
     m.add_class::<buffers::Buffer>()?;
     m.add_class::<ticket::Ticket>()?;
     m.add_class::<ticket::Events>()?;

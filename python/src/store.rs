@@ -56,7 +56,7 @@ fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
 }
 
 /// `len` bytes at `ptr`, kept valid by `keep`, as `Bytes` (no copy).
-fn lent(ptr: usize, len: usize, keep: Keep) -> Bytes {
+pub(crate) fn lent(ptr: usize, len: usize, keep: Keep) -> Bytes {
     Bytes::from_owner(Lent {
         ptr,
         len,
@@ -456,6 +456,11 @@ impl Store {
 }
 
 impl Store {
+    /// The pod client (shared with the L2 adapter's client).
+    pub(crate) fn pod(&self) -> Arc<TransferPod> {
+        self.pod.clone()
+    }
+
     /// Puts blocks whose bytes are lent in place, with the GIL released.
     fn store(
         &self,

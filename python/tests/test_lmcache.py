@@ -277,3 +277,76 @@ def test_the_whole_engine_stores_and_retrieves_kv_through_ctxpod(node):
     finally:
         LMCacheEngineBuilder.destroy("engine-a")
         LMCacheEngineBuilder.destroy("engine-b")
+
+
+def until(fn, what: str, limit_s: float = 30):
+    deadline = time.monotonic() + limit_s
+    while (r := fn()) is None:
+        assert time.monotonic() < deadline, f"{what} within {limit_s} s"
+        time.sleep(0.01)
+    return r
+
+
+def test_the_multiprocess_servers_l2_adapter_moves_objects_through_ctxpod(backends, node):
+    """LMCache's own native_plugin adapter, built by its factory from the docs' --l2-adapter
+    JSON, storing, finding and loading objects through ctxpod's Rust L2 client."""
+    import json
+
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.distributed.l2_adapters.factory import create_l2_adapter_from_registry
+    from lmcache.v1.distributed.l2_adapters.native_plugin_l2_adapter import NativePluginL2AdapterConfig
+
+    d = json.loads(doc_snippet("lmcache-l2-adapter").replace("http://10.0.0.5:7400", node.http))
+    d.pop("type")
+    adapter = create_l2_adapter_from_registry(NativePluginL2AdapterConfig.from_dict(d))
+    b = backends
+    try:
+        keys = [ObjectKey(chunk_hash=bytes([i]) * 16, model_name="acme/l2", kv_rank=0) for i in range(3)]
+        objs, data = zip(*(b.chunk(300 + i) for i in range(3)))
+        tid = adapter.submit_store_task(keys, list(objs))
+        stored = until(lambda: adapter.pop_completed_store_tasks().get(tid), "the store")
+        assert stored >= 0
+        absent = ObjectKey(chunk_hash=b"\xee" * 16, model_name="acme/l2", kv_rank=0)
+        tid = adapter.submit_lookup_and_lock_task(keys + [absent], {})
+        found = until(lambda: adapter.query_lookup_and_lock_result(tid), "the lookup")
+        assert [found.test(i) for i in range(4)] == [True, True, True, False]
+        dsts = [b.chunk(0)[0] for _ in keys]
+        for o in dsts:
+            o.raw_tensor.zero_()
+        tid = adapter.submit_load_task(keys, dsts)
+        loaded = until(lambda: adapter.query_load_result(tid), "the load")
+        assert [loaded.test(i) for i in range(3)] == [True] * 3
+        assert [bytes(o.byte_array) for o in dsts] == list(data)
+        # Another tenant's cache salt: another namespace, nothing found.
+        salted = [ObjectKey(chunk_hash=k.chunk_hash, model_name="acme/l2", kv_rank=0, cache_salt="globex") for k in keys]
+        tid = adapter.submit_lookup_and_lock_task(salted, {})
+        found = until(lambda: adapter.query_lookup_and_lock_result(tid), "the salted lookup")
+        assert found.popcount() == 0
+        for o in list(objs) + dsts:
+            o.ref_count_down()
+    finally:
+        adapter.close()
+
+
+def test_the_l2_client_refuses_bad_input_before_anything_is_sent(node):
+    from ctxpod.integrations.lmcache_l2 import CtxpodL2Client
+
+    with pytest.raises(ctxpod.InvalidRequest, match="unknown setting"):
+        CtxpodL2Client(url=node.http, colour="blue")
+    c = CtxpodL2Client(url=node.http)
+    try:
+        key = "acme/l2@00000000@0@" + "ab" * 16
+        with pytest.raises(ctxpod.InvalidRequest, match="not an LMCache object key"):
+            c.submit_batch_exists(["no-at-signs"])
+        with pytest.raises(ctxpod.InvalidRequest, match="one of each per entry"):
+            c.submit_batch_get([key, key], [memoryview(bytearray(8))])
+        with pytest.raises(ctxpod.InvalidRequest, match="read-only"):
+            c.submit_batch_get([key], [memoryview(b"12345678")])
+        assert c._io.in_flight() == 0
+        assert c.drain_completions() == []
+        # A miss is a completion with the key not found, and the signal is cleared by drain.
+        fid = c.submit_batch_get([key], [memoryview(bytearray(8))])
+        got = until(lambda: c.drain_completions() or None, "the completion")
+        assert got == [(fid, True, "", [False])]
+    finally:
+        c.close()
