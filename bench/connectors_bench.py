@@ -18,43 +18,17 @@ import argparse
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_node(binary: str, root: str) -> tuple[subprocess.Popen, str]:
-    port, tport = free_port(), free_port()
-    node = subprocess.Popen(
-        [binary, "serve", "--data-dir", f"{root}/node", "--listen", f"127.0.0.1:{port}",
-         "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", "4GiB", "--dram", "2GiB"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, CTXPOD_ZERO_FILL="false"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if urllib.request.urlopen(url + "/readyz", timeout=2).status == 200:
-                return node, url
-        except OSError:
-            pass
-        if time.monotonic() > deadline or node.poll() is not None:
-            raise SystemExit("the node did not start")
-        time.sleep(0.1)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchnode import start_node  # noqa: E402
 
 
 def sglang(url: str, pages: int, batch: int) -> dict:
@@ -183,7 +157,7 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=128)
     a = p.parse_args()
     root = tempfile.mkdtemp(prefix="ctxpod-connectors-bench-")
-    node, url = start_node(a.ctxpod_bin, root)
+    node, url = start_node(a.ctxpod_bin, f"{root}/node")
     try:
         rows = [sglang(url, a.pages, a.batch), vllm(url, a.chunks)]
     finally:

@@ -25,11 +25,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from benchnode import free_port, start_node  # noqa: E402
 from lmcache.utils import CacheEngineKey  # noqa: E402
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
@@ -38,12 +39,6 @@ from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: E40
 
 CHUNK_TOKENS = 256
 NO_CHUNK_META = False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
@@ -133,20 +128,12 @@ def main() -> None:
     try:
         for which in a.only.split(","):
             if which == "ctxpod":
-                port, tport = free_port(), free_port()
-                node = subprocess.Popen(
-                    [a.ctxpod_bin, "serve", "--data-dir", f"{tmp}/node", "--listen", f"127.0.0.1:{port}",
-                     "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", "4GiB", "--dram", "2GiB"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    env=dict(os.environ, CTXPOD_ZERO_FILL="false"))
+                node, url = start_node(a.ctxpod_bin, f"{tmp}/node")
                 procs.append(node)
-                wait_port(port, node, "ctxpod")
-                while urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status != 200:
-                    time.sleep(0.1)
                 cfg = {"remote_storage_plugins": ["ctxpod"], "extra_config": {
                     "remote_storage_plugin.ctxpod.module_path": "ctxpod.integrations.lmcache",
                     "remote_storage_plugin.ctxpod.class_name": "CtxpodConnectorAdapter",
-                    "remote_storage_plugin.ctxpod.url": f"http://127.0.0.1:{port}"}}
+                    "remote_storage_plugin.ctxpod.url": url}}
                 rows.append(run("ctxpod", cfg, kv_shape, a.chunks, a.batch, "ctxpod"))
             elif which == "lm":
                 port = free_port()

@@ -356,8 +356,8 @@ impl Client {
         Ok(got.iter().map(|e| e.status).collect())
     }
 
-    /// Gets many blocks in one request, each checked against its CRC32C.
-    /// Every block of `keys`, in order (`None`: a miss). The node answers the entries it
+    /// Every block of `keys`, in order (`None`: a miss), each checked against its CRC32C.
+    /// The node answers the entries it
     /// cannot admit now 503 (the caller's egress share is spent) or 413 (past the answer's
     /// limit); those are asked for again, at once while the last answer brought something,
     /// else after a backoff of 1, 2, 4, … 256 ms, [`crate::BUSY_ATTEMPTS`] times.

@@ -7,12 +7,11 @@
 //! Completions are LMCache's: `(future id, ok, error, per-key results or None)`.
 
 use crate::buffers::{self, Keep};
-use crate::store::{lent, Store};
+use crate::store::{durability, lent, Store};
 use crate::{invalid, rt};
 use bytes::Bytes;
 use ctxpod_client::transfer_client::TransferError;
 use ctxpod_client::transfer_pod::TransferPod;
-use ctxpod_wire::proto::Durability;
 use pyo3::prelude::*;
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -242,11 +241,7 @@ impl L2 {
             let (ptr, len, export) = buffers::readable(b)?;
             values.push(lent(ptr, len, Keep::Export(export)));
         }
-        let how = if durable {
-            Durability::Durable
-        } else {
-            Durability::Fast
-        };
+        let how = durability(durable);
         self.run(keys.len(), "set", move |sh| async move {
             let mut error = sh.ensure_all(&spaces).await;
             for (ns, idx) in by_namespace(&spaces) {

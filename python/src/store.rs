@@ -64,7 +64,7 @@ pub(crate) fn lent(ptr: usize, len: usize, keep: Keep) -> Bytes {
     })
 }
 
-fn durability(durable: bool) -> Durability {
+pub(crate) fn durability(durable: bool) -> Durability {
     if durable {
         Durability::Durable
     } else {

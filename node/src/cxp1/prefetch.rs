@@ -22,9 +22,10 @@ pub(crate) struct Prefetch {
     pub(crate) entries: Vec<PrefetchEntry>,
 }
 
-/// A ticket's frames (its answer, pushes, `PrefetchDone`) are gathered while the blocks
-/// they carry are staged already, up to this many bytes, and queued for the socket together:
-/// a one-block prefetch of a hot block is one write and one wake-up of the client, not three.
+/// A ticket's pushes and its `PrefetchDone` are gathered while the blocks they carry are
+/// staged already, up to this many bytes, and queued for the socket together: a one-block
+/// prefetch of a hot block sends its block and its end in one write (its answer goes first,
+/// alone, so the client's waiter wakes while the node stages).
 const GATHER_BYTES: usize = 2 << 20;
 
 /// Staging permits of a pushed block: its share of the connection's and the node's budget.

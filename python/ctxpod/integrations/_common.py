@@ -30,6 +30,13 @@ SETTINGS = {
 }
 
 
+def check_known(settings: Mapping[str, Any], known: Mapping[str, str], who: str) -> None:
+    """Refuses a setting the connector does not know (a typo would otherwise be ignored)."""
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise errors.InvalidRequest(f"{who}: unknown setting(s) {unknown} (known: {', '.join(sorted(known))})")
+
+
 def setting(settings: Mapping[str, Any], name: str, default: Any = None) -> Any:
     """A setting's value, ``default`` when absent or empty."""
     v = settings.get(name)

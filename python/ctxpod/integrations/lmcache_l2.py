@@ -35,9 +35,7 @@ class CtxpodL2Client:
 
     def __init__(self, **settings: Any) -> None:
         who = "LMCache native_plugin CtxpodL2Client"
-        unknown = sorted(set(settings) - set(SETTINGS))
-        if unknown:
-            raise errors.InvalidRequest(f"{who}: unknown setting(s) {unknown} (known: {', '.join(sorted(SETTINGS))})")
+        _common.check_known(settings, SETTINGS, who)
         self.prefix = str(_common.setting(settings, "namespace_prefix", "lmcache"))
         _common.namespace_name(self.prefix, "check")
         self.durable = _common.flag(_common.setting(settings, "durable", False), f"{who}: durable")

@@ -96,9 +96,7 @@ class CtxpodSecondaryTier(SecondaryTierManager):
                  backpressure_detector: Any = None, locality: str | None = None, **settings: Any) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         who = f"vLLM secondary tier {tier_type}"
-        unknown = sorted(set(settings) - set(SETTINGS))
-        if unknown:
-            raise errors.InvalidRequest(f"{who}: unknown setting(s) {unknown} (known: {', '.join(sorted(SETTINGS))})")
+        _common.check_known(settings, SETTINGS, who)
         self.locality = Locality(locality) if locality is not None else None
         self.durable = _common.flag(_common.setting(settings, "durable", False), f"{who}: durable")
         self.skip_held = _common.flag(_common.setting(settings, "skip_held", True), f"{who}: skip_held")

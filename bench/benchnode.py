@@ -1,0 +1,37 @@
+"""A `ctxpod serve` for the Python benchmarks: free loopback ports, a data dir of the
+caller's, ready when /readyz answers 200."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(binary: str, data_dir: str, capacity: str = "4GiB", dram: str = "2GiB") -> tuple[subprocess.Popen, str]:
+    """The node process and its HTTP URL; raises SystemExit if it is not ready within 60 s."""
+    port, tport = free_port(), free_port()
+    node = subprocess.Popen(
+        [binary, "serve", "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
+         "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", capacity, "--dram", dram],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, CTXPOD_ZERO_FILL="false"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if urllib.request.urlopen(url + "/readyz", timeout=2).status == 200:
+                return node, url
+        except OSError:
+            pass
+        if time.monotonic() > deadline or node.poll() is not None:
+            node.kill()
+            raise SystemExit(f"the node ({binary}) did not start within 60 s")
+        time.sleep(0.1)
