@@ -43,6 +43,48 @@ pub enum PutOutcome {
     Exists,
 }
 
+/// One page of a key listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPage {
+    /// The keys, in byte order.
+    pub keys: Vec<Vec<u8>>,
+    /// Set when the listing may go on: the `after` of the next page (the page's last key).
+    pub next: Option<Vec<u8>>,
+}
+
+impl KeyPage {
+    /// A page from its JSON answer, checked: hex keys, in order, at most `limit`.
+    pub fn from_wire(page: KeyList, limit: usize) -> Result<KeyPage, ClientError> {
+        let bad = |why: &str| ClientError::Malformed(format!("key listing: {why}"));
+        let keys = page
+            .keys
+            .iter()
+            .map(|k| ctxpod_wire::key::parse_key_hex(k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad("a key that is not hex"))?;
+        let next = page
+            .next
+            .as_deref()
+            .map(ctxpod_wire::key::parse_key_hex)
+            .transpose()
+            .map_err(|_| bad("a cursor that is not hex"))?;
+        if keys.len() > limit || !keys.windows(2).all(|w| w[0] < w[1]) {
+            return Err(bad("more keys than asked, or out of order"));
+        }
+        Ok(KeyPage { keys, next })
+    }
+}
+
+/// The query of one page of a key listing.
+pub(crate) fn list_query(prefix: &[u8], after: Option<&[u8]>, limit: usize) -> String {
+    let mut q = format!("prefix={}&limit={limit}", key_hex(prefix));
+    if let Some(a) = after {
+        q.push_str("&after=");
+        q.push_str(&key_hex(a));
+    }
+    q
+}
+
 /// One result of a batch get: the key and its bytes, or `None` for a miss.
 pub type BatchGetResult = (Vec<u8>, Option<Bytes>);
 
@@ -310,6 +352,23 @@ impl Client {
     pub async fn match_prefix(&self, ns: &str, chain: &[Vec<u8>]) -> Result<u64, ClientError> {
         let resp = self.post_ns(ns, "match", &keys_request(chain)).await?;
         Ok(resp.json::<MatchResponse>().await?.matched)
+    }
+
+    /// One page of namespace `ns`'s keys that start with `prefix`, after `after`, at most
+    /// `limit` (1..=[`ctxpod_wire::LIST_KEYS_MAX`]): the whole pod's when the node is in
+    /// one.
+    pub async fn list_keys(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<KeyPage, ClientError> {
+        let path = format!(
+            "/v1/namespaces/{ns}/blocks?{}",
+            list_query(prefix, after, limit)
+        );
+        KeyPage::from_wire(self.call(Method::GET, &path).await?, limit)
     }
 
     /// The node's miss-ratio curve (admin).

@@ -285,6 +285,48 @@ impl PodClient {
         Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
     }
 
+    /// One page of namespace `ns`'s keys across the pod (see [`Client::list_keys`]): each
+    /// member is asked for its own page, and the pages are merged
+    /// ([`ctxpod_wire::key::merge_pages`]). A member that cannot be reached fails the
+    /// listing (after a refresh of the view), since a page without its keys would look
+    /// complete.
+    pub async fn list_keys(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<crate::client::KeyPage, ClientError> {
+        let members = self.members();
+        let mut pages = Vec::with_capacity(members.len());
+        let asked = futures::future::join_all(members.iter().map(|m| async move {
+            self.client(&m.http)?
+                .list_keys(ns, prefix, after, limit)
+                .await
+        }))
+        .await;
+        let mut unknown = None;
+        for got in asked {
+            match got {
+                Ok(p) => pages.push((p.keys, p.next.is_some())),
+                // A member that does not know the namespace yet holds none of its keys.
+                Err(e) if e.status() == Some(404) => unknown = Some(e),
+                Err(e) => {
+                    if unreachable(&e) {
+                        let _ = self.refresh().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if let (true, Some(e)) = (pages.is_empty(), unknown) {
+            return Err(e);
+        }
+        let (keys, more) = ctxpod_wire::key::merge_pages(pages, limit);
+        let next = if more { keys.last().cloned() } else { None };
+        Ok(crate::client::KeyPage { keys, next })
+    }
+
     /// Writes a copy back to a member that should hold one. `fast`: a lost repair is
     /// repaired again by a later read.
     pub(crate) async fn repair(

@@ -535,6 +535,18 @@ impl TransferPod {
         Ok(self.pod.delete(ns, key).await?)
     }
 
+    /// One page of namespace `ns`'s keys across the pod, in byte order (over HTTP, see
+    /// [`PodClient::list_keys`]).
+    pub async fn list_keys(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<crate::client::KeyPage, TransferError> {
+        Ok(self.pod.list_keys(ns, prefix, after, limit).await?)
+    }
+
     /// Asks every member holding some of `entries` to push its blocks into the entries'
     /// regions (each entry: the region, and where in it): one ticket over all of them.
     /// A region is registered on each member's connection the first time it is used there.

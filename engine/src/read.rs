@@ -121,14 +121,29 @@ impl Engine {
 
     /// Up to `limit` keys of namespace `ns` held on flash, in key order, after `after`
     /// (from the first when `None`): a cursor over the namespace for the pod's backfill.
-    /// Blocks still only in DRAM (not yet committed) are not listed.
+    /// Every acknowledged put is listed (the index is written before a put is answered).
     pub fn keys_after(&self, ns: &str, after: Option<&[u8]>, limit: usize) -> Result<Vec<Vec<u8>>> {
+        self.list_keys(ns, &[], after, limit)
+    }
+
+    /// Up to `limit` keys of namespace `ns` that start with `prefix`, in byte order, after
+    /// `after` (from the first when `None`): one page of a key listing. A walk over
+    /// RocksDB's sorted index; it reads at most `limit + 1` entries.
+    pub fn list_keys(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>> {
         let ns = self.ns(ns)?;
-        let prefix = ns.id.to_be_bytes();
-        let mut from = block_key(ns.id, after.unwrap_or_default());
-        if after.is_some() {
+        let ns_prefix = ns.id.to_be_bytes();
+        let mut from = block_key(ns.id, prefix);
+        if let Some(after) = after {
             // The first key after `after`: `after` followed by a zero byte.
-            from.push(0);
+            let mut next = block_key(ns.id, after);
+            next.push(0);
+            from = from.max(next);
         }
         let idx = &self.core.index;
         let mut out = Vec::with_capacity(limit.min(4096));
@@ -137,10 +152,14 @@ impl Engine {
             rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
         ) {
             let (k, _) = item.map_err(anyhow::Error::from)?;
-            if out.len() == limit || !k.starts_with(&prefix) {
+            if out.len() == limit || !k.starts_with(&ns_prefix) {
                 break;
             }
-            out.push(k[prefix.len()..].to_vec());
+            let key = &k[ns_prefix.len()..];
+            if !key.starts_with(prefix) {
+                break;
+            }
+            out.push(key.to_vec());
         }
         Ok(out)
     }

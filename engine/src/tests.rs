@@ -501,3 +501,85 @@ async fn leases_cannot_starve_the_device() {
     assert!((6..=8).contains(&tenant_pinned), "{tenant_pinned} pinned");
     e.shutdown().await;
 }
+
+/// Key listings against a plain model: random keys in two namespaces, some deleted, listed
+/// page by page with random prefixes, cursors and page sizes; every page is the model's.
+#[tokio::test]
+async fn key_listings_page_through_the_index_like_a_sorted_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    e.create_namespace("other", None).await.expect("namespace");
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut model = std::collections::BTreeSet::new();
+    for _ in 0..300 {
+        // Short keys over a small alphabet, so prefixes share many keys (a key drawn again
+        // is put again with the same bytes).
+        let len = rng.gen_range(1..=4);
+        let key: Vec<u8> = (0..len).map(|_| rng.gen_range(0..4u8)).collect();
+        let seed = key
+            .iter()
+            .fold(len as u8, |a, b| a.wrapping_mul(5).wrapping_add(*b));
+        e.put("default", &key, data(seed, 64), None, Durability::Fast)
+            .await
+            .expect("put");
+        e.put("other", &key, data(seed, 64), None, Durability::Fast)
+            .await
+            .expect("put other");
+        model.insert(key);
+    }
+    for key in model.clone().iter().filter(|_| rng.gen_bool(0.2)) {
+        assert!(e.delete("default", key).await.expect("delete"));
+        model.remove(key);
+    }
+    assert_eq!(
+        e.list_keys("default", &[], None, usize::MAX).expect("all"),
+        model.iter().cloned().collect::<Vec<_>>()
+    );
+    for _ in 0..200 {
+        let plen = rng.gen_range(0..=2);
+        let prefix: Vec<u8> = (0..plen).map(|_| rng.gen_range(0..4u8)).collect();
+        let limit = rng.gen_range(1..=20);
+        let want: Vec<Vec<u8>> = model
+            .iter()
+            .filter(|k| k.starts_with(&prefix))
+            .cloned()
+            .collect();
+        // Page through with the last key of each page as the cursor.
+        let mut got = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = e
+                .list_keys("default", &prefix, after.as_deref(), limit)
+                .expect("page");
+            assert!(page.len() <= limit);
+            got.extend(page.iter().cloned());
+            if page.len() < limit {
+                break;
+            }
+            after = page.last().cloned();
+        }
+        assert_eq!(got, want, "prefix {prefix:?}, limit {limit}, seed {seed}");
+        // A cursor that is not a key, nor under the prefix, still starts after it.
+        let cursor: Vec<u8> = (0..3).map(|_| rng.gen_range(0..4u8)).collect();
+        let page = e
+            .list_keys("default", &prefix, Some(&cursor), usize::MAX)
+            .expect("from a cursor");
+        let want: Vec<Vec<u8>> = model
+            .iter()
+            .filter(|k| k.starts_with(&prefix) && k.as_slice() > cursor.as_slice())
+            .cloned()
+            .collect();
+        assert_eq!(
+            page, want,
+            "cursor {cursor:?}, prefix {prefix:?}, seed {seed}"
+        );
+    }
+    assert!(matches!(
+        e.list_keys("nope", &[], None, 10),
+        Err(EngineError::NotFound(_))
+    ));
+}

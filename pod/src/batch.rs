@@ -11,6 +11,8 @@
 //!   members reachable is 503.
 //! - `pin` / `unpin`: every candidate member of a key is asked (whichever holds a copy
 //!   keeps it); a key counts once, if any member pinned (unpinned) it.
+//! - a key listing: every member is asked for the same page; the pages are merged in key
+//!   order, each key once (`ctxpod_wire::key::merge_pages`).
 //!
 //! Sub-requests carry `x-ctxpod-forwarded-by` and the caller's credentials
 //! ([`super::Peers::for_caller`]). The answering node holds the members' answers until it
@@ -170,6 +172,51 @@ impl Asker<'_> {
                 },
             })
             .collect())
+    }
+
+    /// One page of member `m`'s own listing of the namespace: keys starting with `prefix`,
+    /// after `after`, at most `limit` (`GET /v1/namespaces/{ns}/blocks`). Keys are checked:
+    /// a member that answers more than asked, out of order, or outside the prefix or the
+    /// cursor broke the contract.
+    pub async fn list(
+        &self,
+        m: &MemberInfo,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<(Vec<Vec<u8>>, bool), PeerError> {
+        let mut query = vec![
+            ("prefix", hex::encode(prefix)),
+            ("limit", limit.to_string()),
+        ];
+        if let Some(a) = after {
+            query.push(("after", hex::encode(a)));
+        }
+        let req = self
+            .peers
+            .http
+            .get(format!("{}/v1/namespaces/{}/blocks", m.http, self.ns))
+            .query(&query)
+            .timeout(TIMEOUT)
+            .header(super::route::HEADER_FORWARDED, self.me);
+        let resp = Self::send(self.peers.for_caller(req, self.headers, self.caller_tenant)).await?;
+        let page = resp
+            .json::<ctxpod_wire::types::KeyList>()
+            .await
+            .ok()
+            .and_then(|p| ctxpod_client::client::KeyPage::from_wire(p, limit).ok());
+        let in_range = |p: &ctxpod_client::client::KeyPage| {
+            p.keys
+                .iter()
+                .all(|k| k.starts_with(prefix) && after.is_none_or(|a| k.as_slice() > a))
+        };
+        match page {
+            Some(p) if in_range(&p) => Ok((p.keys, p.next.is_some())),
+            _ => {
+                tracing::warn!(member = %m.id, "a member's key listing broke the contract");
+                Err(PeerError::Malformed)
+            }
+        }
     }
 
     /// Which of `keys` member `m` holds itself.

@@ -21,6 +21,7 @@ from ._ctxpod import (
     BLOCK_BYTES_MAX,
     KEY_BYTES_MAX,
     LEASE_MS_MAX,
+    LIST_KEYS_MAX,
     MATCH_KEYS_MAX,
     PREFETCH_LEASE_MS_MAX,
     VERSION,
@@ -56,6 +57,7 @@ __all__ = [
     "BLOCK_BYTES_MAX",
     "KEY_BYTES_MAX",
     "LEASE_MS_MAX",
+    "LIST_KEYS_MAX",
     "MATCH_KEYS_MAX",
     "PREFETCH_LEASE_MS_MAX",
 ]

@@ -44,6 +44,18 @@ def _key(k: Key) -> bytes:
     return b
 
 
+def _prefix(p: bytes | bytearray | memoryview | str) -> bytes:
+    """A listing's prefix: bytes (empty for all keys), or a str as UTF-8."""
+    if isinstance(p, str):
+        p = p.encode()
+    if not isinstance(p, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a prefix is bytes or str, not {type(p).__name__}")
+    p = bytes(p)
+    if len(p) > _ctxpod.KEY_BYTES_MAX:
+        raise InvalidRequest(f"a prefix is at most {_ctxpod.KEY_BYTES_MAX} bytes, not {len(p)}")
+    return p
+
+
 def _keys(keys: Sequence[Key]) -> list[bytes]:
     if isinstance(keys, (bytes, bytearray, memoryview, str, int)):
         raise TypeError("give a sequence of keys (a list), not one key")
@@ -331,6 +343,10 @@ class Store:
         raises ``NotFound`` if it does not exist."""
         return _ns(self._s.namespace_info(self.namespace))
 
+    def namespaces(self) -> list[dict[str, Any]]:
+        """Every namespace of the caller's tenant (as :meth:`namespace_info` gives each)."""
+        return [_ns(i) for i in self._s.namespaces()]
+
     def delete_namespace(self) -> None:
         """Deletes this namespace and every block in it, in the whole pod."""
         self._s.delete_namespace(self.namespace)
@@ -394,6 +410,34 @@ class Store:
     def exists(self, key: Key) -> bool:
         """Whether a member holds the block."""
         return self.batch_exists([key])[0]
+
+    # -- listing ------------------------------------------------------------------
+
+    def list_keys(
+        self, prefix: bytes | str = b"", *, after: Key | None = None, limit: int = _ctxpod.LIST_KEYS_MAX
+    ) -> tuple[list[bytes], bytes | None]:
+        """One page of this namespace's keys across the pod, in byte order: those that start
+        with ``prefix``, after ``after``, at most ``limit`` (1..=``LIST_KEYS_MAX``). Returns
+        the keys and the ``after`` of the next page, or ``None`` when the listing is done.
+        Every acknowledged put is listed. Raises ``Unavailable`` when a member cannot be
+        reached (a page without its keys would look complete)."""
+        prefix = _prefix(prefix)
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit is an int, not {type(limit).__name__}")
+        if not 1 <= limit <= _ctxpod.LIST_KEYS_MAX:
+            raise InvalidRequest(f"limit is 1..={_ctxpod.LIST_KEYS_MAX}, not {limit}")
+        return self._s.list_keys(self.namespace, prefix, None if after is None else _key(after), limit)
+
+    def keys(self, prefix: bytes | str = b"", *, page_size: int = _ctxpod.LIST_KEYS_MAX) -> Iterator[bytes]:
+        """Every key of this namespace that starts with ``prefix``, in byte order, read a
+        page (``page_size`` keys) at a time as the iterator is consumed. Keys stored while
+        it runs are listed if they sort after the page being read."""
+        after: bytes | None = None
+        while True:
+            page, after = self.list_keys(prefix, after=after, limit=page_size)
+            yield from page
+            if after is None:
+                return
 
     # -- batches ------------------------------------------------------------------
 

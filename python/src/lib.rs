@@ -134,6 +134,7 @@ fn _ctxpod(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KEY_BYTES_MAX", ctxpod_wire::KEY_BYTES_MAX)?;
     m.add("BLOCK_BYTES_MAX", ctxpod_wire::BLOCK_BYTES_MAX)?;
     m.add("MATCH_KEYS_MAX", ctxpod_wire::MATCH_KEYS_MAX)?;
+    m.add("LIST_KEYS_MAX", ctxpod_wire::LIST_KEYS_MAX)?;
     m.add("PREFETCH_LEASE_MS_MAX", ctxpod_wire::PREFETCH_LEASE_MS_MAX)?;
     m.add("LEASE_MS_MAX", ctxpod_wire::LEASE_MS_MAX)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;

@@ -166,6 +166,13 @@ impl Store {
         Ok(ns_info(i))
     }
 
+    /// The caller's namespaces (its tenant's), with their settings and usage.
+    fn namespaces(&self, py: Python<'_>) -> PyResult<Vec<NsInfo>> {
+        let c = self.pod.member_http().map_err(error)?;
+        let l = block(py, async move { c.namespaces().await }).map_err(|e| error(e.into()))?;
+        Ok(l.namespaces.into_iter().map(ns_info).collect())
+    }
+
     /// Deletes the namespace and every block in it.
     fn delete_namespace(&self, py: Python<'_>, ns: String) -> PyResult<()> {
         let c = self.pod.member_http().map_err(error)?;
@@ -344,6 +351,28 @@ impl Store {
             Ok(out)
         })
         .map_err(error)
+    }
+
+    /// One page of the namespace's keys across the pod: keys starting with `prefix`, after
+    /// `after`, at most `limit`; and the `after` of the next page, if there may be one.
+    #[allow(clippy::type_complexity)]
+    fn list_keys<'py>(
+        &self,
+        py: Python<'py>,
+        ns: String,
+        prefix: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: usize,
+    ) -> PyResult<(Vec<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>)> {
+        let pod = self.pod.clone();
+        let page = block(py, async move {
+            pod.list_keys(&ns, &prefix, after.as_deref(), limit).await
+        })
+        .map_err(error)?;
+        Ok((
+            page.keys.iter().map(|k| PyBytes::new(py, k)).collect(),
+            page.next.map(|n| PyBytes::new(py, &n)),
+        ))
     }
 
     /// Registers memory: a writable buffer-protocol object (`obj`, with `ptr` None), or

@@ -180,6 +180,35 @@ def test_two_models_never_see_each_others_chunks(node):
         z.close()
 
 
+def test_list_spells_every_stored_chunk_as_lmcache_does(node):
+    """``list()`` over two models, two workers and a tagged tenant: every chunk stored,
+    as ``CacheEngineKey.to_string`` spells it, and nothing else of theirs."""
+    a = Backends(node.http, model="acme/list-a")
+    z = Backends(node.http, model="globex/list-b")
+    try:
+        keys = [a.key(0x7000 + i) for i in range(3)]
+        keys.append(CacheEngineKey("acme/list-a", 2, 1, 0x7100, torch.bfloat16))
+        keys.append(CacheEngineKey("acme/list-a", 1, 0, 0x7200, torch.bfloat16, {"lmcache.tag.user": "alice"}))
+        keys.append(z.key(0x7000))
+        for k in keys:
+            obj, _ = a.chunk(k.chunk_hash)
+            a.put([k], [obj])
+        # 1100 chunks in one namespace: more than one page of the listing.
+        many = [z.key(0x10000 + i) for i in range(1100)]
+        for at in range(0, len(many), 100):
+            objs = [z.chunk(i)[0] for i in range(100)]
+            z.put(many[at:at + 100], objs)
+        keys += many
+        listed = asyncio.run_coroutine_threadsafe(a.remote.connection.list(), a.loop).result(60)
+        mine = [k for k in listed if k.split("@")[0] in ("acme/list-a", "globex/list-b")]
+        assert sorted(mine) == sorted(k.to_string() for k in keys)
+        assert len(mine) == len(set(mine))
+        assert {CacheEngineKey.from_string(k) for k in mine} == set(keys)
+    finally:
+        a.close()
+        z.close()
+
+
 def test_without_chunk_headers_chunks_are_read_into_lmcache_buffers(node):
     b = Backends(node.http, model="acme/raw", save_chunk_meta=False)
     try:
@@ -265,10 +294,12 @@ def test_the_whole_engine_stores_and_retrieves_kv_through_ctxpod(node):
         while b.lookup(tokens) < n:
             assert time.monotonic() < deadline, "engine b did not find the prompt within 30 s"
             time.sleep(0.05)
-        # What b found is in ctxpod: the model's namespace holds the prompt's 4 chunks.
+        # What b found is in ctxpod: the model's namespace holds the prompt's 4 chunks (and
+        # the block naming the namespace's identity).
         key = CacheEngineKey("acme/engine-e2e", 1, 0, 1, torch.bfloat16)
         s = ctxpod.Store.connect(node.http, namespace=plugin.namespace_of("lmcache", key))
-        assert s.namespace_info()["block_count"] == 4
+        assert s.namespace_info()["block_count"] == 4 + 1
+        assert len([k for k in s.keys() if k != plugin.IDENTITY_KEY]) == 4
         got = b.retrieve(tokens)
         assert int(got.sum()) == n
         assert torch.equal(gb.kv, ga.kv)

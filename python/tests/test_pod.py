@@ -112,6 +112,45 @@ def test_remove_deletes_every_copy(pod, store):
     assert store.batch_exists(keys) == [False] * 3 + [True] * 3
 
 
+def test_a_listing_is_the_whole_pods_each_key_once(pod, store):
+    keys, vals = blocks(40, size=512)
+    store.batch_put(keys, vals)
+    # Two copies of each block on three members; each key is listed once, in order, and the
+    # pages of the pod follow one another.
+    assert list(store.keys(page_size=7)) == sorted(keys)
+    # Any node answers for the pod, over plain HTTP.
+    import json
+
+    for n in pod:
+        with urllib.request.urlopen(f"{n.http}/v1/namespaces/{store.namespace}/blocks?limit=1000", timeout=10) as r:
+            assert json.load(r) == {"keys": sorted(k.hex() for k in keys)}
+    # A member's own page (routed to it) holds only what it holds.
+    local = urllib.request.Request(
+        f"{pod[0].http}/v1/namespaces/{store.namespace}/blocks", headers={"x-ctxpod-forwarded-by": "sdk-test"}
+    )
+    with urllib.request.urlopen(local, timeout=10) as r:
+        own = {bytes.fromhex(k) for k in json.load(r)["keys"]}
+    assert own == {k for k in keys if held_locally(pod[0].http, store.namespace, k)}
+    assert 0 < len(own) < len(keys)
+
+
+def test_a_listing_with_a_member_down_is_refused_not_short(pod, store):
+    keys, vals = blocks(12, size=512)
+    store.batch_put(keys, vals)
+    victim = pod[2]
+    victim.kill()
+    try:
+        with pytest.raises(ctxpod.errors.Unavailable):
+            store.list_keys()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{pod[0].http}/v1/namespaces/{store.namespace}/blocks", timeout=30)
+        assert e.value.code == 503
+    finally:
+        victim.start()
+    store.refresh()
+    assert list(store.keys()) == sorted(keys)
+
+
 def test_reads_fall_back_when_a_member_is_down(pod, store):
     keys, vals = blocks(18)
     store.batch_put(keys, vals)

@@ -70,6 +70,41 @@ def test_namespaces_are_created_described_and_deleted(node):
         s.namespace_info()
 
 
+def test_keys_are_listed_in_pages_by_prefix(store, node):
+    keys = [f"a/{i:04d}".encode() for i in range(25)] + [b"b/1", b"b/2", b"\x00", b"\xff\xff"]
+    store.batch_put(keys, [b"v%d" % i for i in range(len(keys))], durable=False)
+    # Every acknowledged put is listed, in byte order.
+    assert list(store.keys()) == sorted(keys)
+    page, after = store.list_keys("a/", limit=10)
+    assert page == sorted(keys)[1:11] and after == page[-1]
+    page, after = store.list_keys(b"a/", after=after, limit=10)
+    assert page == [f"a/{i:04d}".encode() for i in range(10, 20)]
+    page, after = store.list_keys("a/", after=after, limit=10)
+    assert page == [f"a/{i:04d}".encode() for i in range(20, 25)] and after is None
+    assert list(store.keys("b/", page_size=1)) == [b"b/1", b"b/2"]
+    assert store.list_keys("zz") == ([], None)
+    # A removed block is no longer listed; a cursor need not be a key.
+    store.remove(b"b/1")
+    assert store.list_keys("b/") == ([b"b/2"], None)
+    assert store.list_keys(after=b"a/0024x")[0] == [b"b/2", b"\xff\xff"]
+    # The namespace is the caller's: another namespace lists nothing of it.
+    other = store.with_namespace(f"t-{uuid.uuid4().hex[:12]}")
+    other.create_namespace()
+    assert other.list_keys() == ([], None)
+    assert other.namespace in [n["name"] for n in store.namespaces()]
+    other.delete_namespace()
+    # Bad arguments are refused before anything is sent.
+    for bad in (0, ctxpod.LIST_KEYS_MAX + 1):
+        with pytest.raises(errors.InvalidRequest):
+            store.list_keys(limit=bad)
+    with pytest.raises(TypeError):
+        store.list_keys(42)
+    with pytest.raises(errors.InvalidRequest):
+        store.list_keys(b"x" * (ctxpod.KEY_BYTES_MAX + 1))
+    with pytest.raises(errors.NotFound):
+        store.with_namespace("no-such-ns").list_keys()
+
+
 def test_keys_may_be_bytes_str_or_int(store):
     store.put("text-key", b"s")
     store.put(0xDEADBEEF, b"i")

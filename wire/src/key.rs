@@ -1,4 +1,5 @@
-//! Block keys: opaque bytes, 1..=[`KEY_BYTES_MAX`](crate::KEY_BYTES_MAX), written as lowercase hex.
+//! Block keys: opaque bytes, 1..=[`KEY_BYTES_MAX`](crate::KEY_BYTES_MAX), written as lowercase hex;
+//! and how pages of a key listing from several members merge into one.
 
 use std::fmt;
 
@@ -52,9 +53,41 @@ impl fmt::Display for KeyDisplay<'_> {
     }
 }
 
+/// Merges members' pages of one key listing (each sorted, each at most `limit` keys, `true`
+/// when that member has more) into the pod's page: the first `limit` distinct keys in byte
+/// order, and whether the listing goes on after them. Any key among the pod's first `limit`
+/// is among the first `limit` of every member that holds it, so the merge is exact.
+pub fn merge_pages(pages: Vec<(Vec<Vec<u8>>, bool)>, limit: usize) -> (Vec<Vec<u8>>, bool) {
+    let more = pages.iter().any(|(_, more)| *more);
+    let mut all: Vec<Vec<u8>> = pages.into_iter().flat_map(|(keys, _)| keys).collect();
+    all.sort_unstable();
+    all.dedup();
+    let truncated = all.len() > limit;
+    all.truncate(limit);
+    (all, truncated || more)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_merge_in_order_each_key_once() {
+        let k = |s: &str| s.as_bytes().to_vec();
+        let a = (vec![k("a"), k("c"), k("e")], true);
+        let b = (vec![k("b"), k("c"), k("d")], false);
+        assert_eq!(
+            merge_pages(vec![a.clone(), b.clone()], 3),
+            (vec![k("a"), k("b"), k("c")], true)
+        );
+        // Everything fits, but one member has more: the listing goes on.
+        assert_eq!(
+            merge_pages(vec![a, b.clone()], 10),
+            (vec![k("a"), k("b"), k("c"), k("d"), k("e")], true)
+        );
+        assert!(!merge_pages(vec![b.clone(), b], 3).1);
+        assert_eq!(merge_pages(Vec::new(), 3), (Vec::new(), false));
+    }
 
     #[test]
     fn parses_and_refuses() {

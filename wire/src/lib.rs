@@ -83,6 +83,9 @@ pub const KEY_BYTES_MAX: usize = 128;
 pub const BATCH_ENTRIES_MAX: usize = 1024;
 /// Most keys in one `match` request.
 pub const MATCH_KEYS_MAX: usize = 4096;
+/// Most keys in one page of a key listing (`GET /v1/namespaces/{ns}/blocks`), and the
+/// page size when the caller names none: S3's `max-keys` limit.
+pub const LIST_KEYS_MAX: usize = 1000;
 /// Largest `batch/put` body, in bytes (frame overhead included).
 pub const BATCH_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Longest lease a `pin` may ask for, in milliseconds (one hour).

@@ -55,6 +55,17 @@ pub struct MatchResponse {
     pub matched: u64,
 }
 
+/// A page of a key listing (`GET /v1/namespaces/{ns}/blocks`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyList {
+    /// Lowercase hex keys, in byte order.
+    pub keys: Vec<String>,
+    /// When the page is full: the last key of the page, to pass as `after` for the next
+    /// one (there may be none). Absent when the listing is complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
 /// `present` answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PresentResponse {

@@ -831,3 +831,113 @@ async fn a_batch_get_over_the_egress_share_gets_every_block() {
     // 32 MiB through an 8 MiB share: the node deferred entries and the client asked again.
     assert!(c.busy_retries() > before, "no entry was deferred");
 }
+
+/// `GET /v1/namespaces/{ns}/blocks`: pages in byte order under a prefix, each acknowledged
+/// put listed and each delete gone, the page limit, and bad queries refused with the JSON
+/// 400 (nothing else changes).
+#[tokio::test]
+async fn keys_are_listed_in_pages_by_prefix() {
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
+    let c = &node.client;
+    let mut keys: Vec<Vec<u8>> = (0..1500u32)
+        .map(|i| [&[0x0a], &i.to_be_bytes()[..]].concat())
+        .collect();
+    keys.extend([vec![0x00], vec![0x0b, 0x01], vec![0xff; 128]]);
+    for chunk in keys.chunks(500) {
+        let blocks: Vec<(Vec<u8>, bytes::Bytes)> = chunk
+            .iter()
+            .map(|k| (k.clone(), block(k.len() as u64, 100)))
+            .collect();
+        let st = c
+            .batch_put("default", &blocks, Durability::Fast)
+            .await
+            .expect("batch put");
+        assert!(st.iter().all(|s| *s == 201), "{st:?}");
+    }
+    let mut sorted = keys.clone();
+    sorted.sort();
+    // The whole namespace, a page of the largest size at a time.
+    let mut got = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    let mut pages = 0;
+    loop {
+        let page = c
+            .list_keys("default", &[], after.as_deref(), ctxpod_wire::LIST_KEYS_MAX)
+            .await
+            .expect("list");
+        pages += 1;
+        got.extend(page.keys.iter().cloned());
+        match page.next {
+            Some(n) => {
+                assert_eq!(Some(&n), page.keys.last());
+                after = Some(n);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(got, sorted);
+    assert_eq!(pages, 2);
+    // Under a prefix; a full last page says there is no more when there is none.
+    let page = c
+        .list_keys("default", &[0x0a, 0, 0, 0x05], None, 256)
+        .await
+        .expect("prefix");
+    assert_eq!(
+        page.keys.len(),
+        220,
+        "0x0a000005dc..0x0a0005ff: 1500 - 0x500 = 220"
+    );
+    assert_eq!(page.next, None);
+    let page = c.list_keys("default", &[0x0b], None, 1).await.expect("one");
+    assert_eq!(page.keys, vec![vec![0x0b, 0x01]]);
+    assert_eq!(
+        page.next, None,
+        "exactly one key under the prefix: no next page"
+    );
+    // A delete leaves the listing.
+    assert!(c.delete("default", &[0x0b, 0x01]).await.expect("delete"));
+    let page = c
+        .list_keys("default", &[0x0b], None, 10)
+        .await
+        .expect("after delete");
+    assert!(page.keys.is_empty() && page.next.is_none());
+    // Another namespace is empty; an unknown one is 404.
+    c.create_namespace("empty", None).await.expect("namespace");
+    assert_eq!(
+        c.list_keys("empty", &[], None, 10).await.expect("empty"),
+        Default::default()
+    );
+    assert_eq!(
+        status(c.list_keys("nope", &[], None, 10).await.unwrap_err()),
+        404
+    );
+    // Bad queries: the JSON 400, naming what is wrong.
+    let http = c.http().clone();
+    let long_after = format!("after={}", "ab".repeat(129));
+    for (query, says) in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=x", "bad query"),
+        ("prefix=0", "prefix"),
+        ("prefix=AB", "prefix"),
+        ("after=", "after"),
+        ("after=zz", "after"),
+        (long_after.as_str(), "after"),
+        ("max-keys=5", "bad query"),
+    ] {
+        let r = http
+            .get(format!("{}/v1/namespaces/default/blocks?{query}", node.url))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 400, "{query}");
+        let e: serde_json::Value = r.json().await.expect("a JSON error");
+        assert_eq!(e["error"], "invalid", "{query}: {e}");
+        assert!(
+            e["message"].as_str().unwrap_or_default().contains(says),
+            "{query}: {e}"
+        );
+    }
+    // Measured as an operation of its own.
+    metrics_contain(&node, "ctxpod_request_duration_seconds_count{op=\"list\"}").await;
+}

@@ -560,6 +560,15 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
     assert_eq!(a.match_prefix("data", &chain).await.expect("match"), 3);
     assert_eq!(b.match_prefix("data", &chain).await.expect("match"), 1);
     assert!(!b.head("data", K2).await.expect("head"));
+    // Each lists its own `data`: a's three keys, b's one.
+    let mut mine = chain.clone();
+    mine.sort();
+    assert_eq!(
+        a.list_keys("data", &[], None, 10).await.expect("list").keys,
+        mine
+    );
+    let theirs = b.list_keys("data", &[], None, 10).await.expect("list");
+    assert_eq!(theirs.keys, vec![K1.to_vec()]);
 
     // b cannot name a's `only-a`: every answer is the one for a name nobody has.
     for ns in ["only-a", "never-was"] {
@@ -590,6 +599,13 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
             Some(404)
         );
         assert_eq!(b.namespace(ns).await.expect_err("info").status(), Some(404));
+        assert_eq!(
+            b.list_keys(ns, &[], None, 10)
+                .await
+                .expect_err("list")
+                .status(),
+            Some(404)
+        );
         assert_eq!(
             b.delete_namespace(ns)
                 .await

@@ -1,4 +1,5 @@
-//! Single blocks: PUT, GET, HEAD, DELETE, and the key-list reads MATCH and `present`.
+//! Single blocks: PUT, GET, HEAD, DELETE, the key-list reads MATCH and `present`, and the
+//! key listing.
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -264,4 +265,113 @@ pub(crate) async fn present_keys(
         })
         .await;
     Ok(Json(PresentResponse { present }))
+}
+
+/// The query of a key listing: `prefix` and `after` as lowercase hex, `limit` keys a page.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/namespaces/{ns}/blocks?prefix=&after=&limit=`: one page of the namespace's
+/// keys in byte order, `next` set when there may be more. In a pod, every member is asked
+/// for the same page and the pages are merged (`ctxpod_wire::key::merge_pages`); a member
+/// that cannot answer fails the listing (503, or the status it refused with), since a page
+/// without its keys would look complete; one that does not know the namespace yet holds
+/// none of its keys.
+pub(crate) async fn list_blocks(
+    NsCall { st, p, ns, scoped }: NsCall,
+    h: HeaderMap,
+    uri: axum::http::Uri,
+) -> ApiResult<Json<KeyList>> {
+    let q = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
+        .map_err(|e| ApiError::invalid(format!("bad query: {}", e.body_text())))?
+        .0;
+    let prefix = if q.prefix.is_empty() {
+        Vec::new()
+    } else {
+        ctxpod_wire::key::parse_key_hex(&q.prefix)
+            .map_err(|e| ApiError::invalid(format!("prefix: {e}")))?
+    };
+    let after = match &q.after {
+        Some(a) => Some(
+            ctxpod_wire::key::parse_key_hex(a)
+                .map_err(|e| ApiError::invalid(format!("after: {e}")))?,
+        ),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(ctxpod_wire::LIST_KEYS_MAX);
+    if !(1..=ctxpod_wire::LIST_KEYS_MAX).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit is 1..={} keys a page",
+            ctxpod_wire::LIST_KEYS_MAX
+        )));
+    }
+    // One more than the page, to know whether the listing goes on.
+    let local = {
+        let (engine, scoped, prefix, after) = (
+            st.engine.clone(),
+            scoped.clone(),
+            prefix.clone(),
+            after.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            engine.list_keys(&scoped, &prefix, after.as_deref(), limit + 1)
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("listing: {e}"),
+            )
+        })??
+    };
+    let local_more = local.len() > limit;
+    let mut pages = vec![(
+        local.into_iter().take(limit).collect::<Vec<_>>(),
+        local_more,
+    )];
+    if st.answers_for_pod(&h) {
+        let view = st.pod.view();
+        let asker = st.asker(&ns, &h, &p);
+        let others = view.members.iter().filter(|m| m.id != *st.node_id);
+        let answers = futures::future::join_all(others.map(|m| {
+            let (asker, prefix, after) = (&asker, &prefix, &after);
+            async move { (m, asker.list(m, prefix, after.as_deref(), limit).await) }
+        }))
+        .await;
+        for (m, got) in answers {
+            match got {
+                Ok(page) => pages.push(page),
+                // A member that does not know the namespace yet holds none of its keys.
+                Err(ctxpod_pod::batch::PeerError::Refused(404)) => {}
+                Err(e) => {
+                    let status = e
+                        .status()
+                        .and_then(|s| StatusCode::from_u16(s).ok())
+                        .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                    return Err(ApiError::new(
+                        status,
+                        "pod_list",
+                        format!("member {} could not list its keys: {e}", m.id),
+                    ));
+                }
+            }
+        }
+    }
+    let (keys, more) = ctxpod_wire::key::merge_pages(pages, limit);
+    let next = if more {
+        keys.last().map(hex::encode)
+    } else {
+        None
+    };
+    Ok(Json(KeyList {
+        keys: keys.iter().map(hex::encode).collect(),
+        next,
+    }))
 }

@@ -28,6 +28,7 @@ pub(crate) fn op_name(method: &Method, path: &str) -> &'static str {
         (_, p) if p.ends_with("/batch/put") => "batch_put",
         (_, p) if p.ends_with("/unpin") => "unpin",
         (_, p) if p.ends_with("/pin") => "pin",
+        ("GET", p) if p.ends_with("/blocks") => "list",
         (_, p) if p.ends_with("/events") => "events",
         (_, p) if p.starts_with("/v1/namespaces") => "namespace",
         (_, p) if p.starts_with("/ui") => "ui",
@@ -57,6 +58,7 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
         ("GET" | "HEAD", "/v1/namespaces/{ns}") => Read,
         ("PUT" | "DELETE", "/v1/namespaces/{ns}") => Write,
         ("GET" | "HEAD", BLOCK) => Read,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}/blocks") => Read,
         ("PUT" | "DELETE", BLOCK) => Write,
         (
             "POST",

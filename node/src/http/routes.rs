@@ -14,7 +14,9 @@ use tokio::sync::Semaphore;
 
 use super::admin::{rotate_kek, rotate_key};
 use super::batch::{batch_get, batch_put, pin, unpin};
-use super::blocks::{delete_block, get_block, head_block, match_prefix, present_keys, put_block};
+use super::blocks::{
+    delete_block, get_block, head_block, list_blocks, match_prefix, present_keys, put_block,
+};
 use super::middleware::{admit_and_measure, authenticate, route_in_pod};
 use super::namespaces::{delete_namespace, get_namespace, list_namespaces, put_namespace};
 use super::observe::{
@@ -77,6 +79,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::PUT, "/v1/namespaces/{ns}", put_namespace)
         .add(M::GET, "/v1/namespaces/{ns}", get_namespace)
         .add(M::DELETE, "/v1/namespaces/{ns}", delete_namespace)
+        .add(M::GET, "/v1/namespaces/{ns}/blocks", list_blocks)
         .add(M::PUT, BLOCK, put_block)
         .add(M::GET, BLOCK, get_block)
         .add(M::HEAD, BLOCK, head_block)

@@ -23,6 +23,11 @@ dtypes; so partial chunks come back with their shape) followed by the chunk's by
 ``extra_config.save_chunk_meta: false`` it is the bytes alone, written from and read into
 LMCache's buffers with no copy in Python.
 
+Each namespace also holds one block under ``lmcache.identity`` (a key no chunk has): the
+parts of LMCache's key string that the namespace stands for, written with the first put into
+it, so that :meth:`CtxpodConnector.list` can spell every chunk's key as LMCache does
+(``CacheEngineKey.to_string``).
+
 Lookups are one MATCH per batch (the leading chunks held); the async lookup pins what it
 found. LMCache calls the async methods on its storage loop: each runs the SDK's blocking call
 in a worker thread (the SDK releases the GIL), so the loop never waits on the network.
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -93,6 +99,32 @@ def key_of(key: CacheEngineKey) -> bytes:
     return f"{key.worker_id:x}/{key.chunk_hash_hex}".encode()
 
 
+#: The key of the block, in each namespace the plugin writes, that names what the namespace
+#: stands for (no chunk key has a ``.``).
+IDENTITY_KEY = b"lmcache.identity"
+
+
+def identity_of(key: CacheEngineKey) -> bytes:
+    """What a chunk's namespace stands for, as LMCache spells it in a key string: the parts
+    before the worker id and the hash (model, world size) and those after (dtype, tags)."""
+    parts = key.to_string().split("@")
+    return json.dumps({"head": parts[:2], "tail": parts[4:]}, separators=(",", ":")).encode()
+
+
+def key_string(identity: bytes, key: bytes) -> str | None:
+    """LMCache's key string of the chunk stored under ``key`` in a namespace whose identity
+    block is ``identity`` (None for a key that is not a chunk's)."""
+    ident = json.loads(identity)
+    worker, sep, chunk_hash = key.decode("ascii", "replace").partition("/")
+    if not sep:
+        return None
+    try:
+        worker_id = int(worker, 16)
+    except ValueError:
+        return None
+    return "@".join([*ident["head"], str(worker_id), chunk_hash, *ident["tail"]])
+
+
 class CtxpodConnector(RemoteConnector):
     """LMCache's ``RemoteConnector`` over a ctxpod pod (see the module's documentation)."""
 
@@ -113,6 +145,8 @@ class CtxpodConnector(RemoteConnector):
         replication = _common.setting(settings, "replication")
         self.store = _common.connect(settings, who=who)
         self.spaces = _common.Namespaces(self.store, None if replication is None else int(replication))
+        # Namespaces whose identity block this process wrote (or found written).
+        self._named: set[str] = set()
 
     # -- where chunks go -------------------------------------------------------------
 
@@ -273,6 +307,7 @@ class CtxpodConnector(RemoteConnector):
     def _put(self, keys: list[CacheEngineKey], objs: list[MemoryObj]) -> None:
         refused = []
         for ns, idx in self._groups(keys):
+            ks = [key_of(keys[i]) for i in idx]
             values: list[Any] = []
             for i in idx:
                 view = objs[i].byte_array
@@ -282,7 +317,16 @@ class CtxpodConnector(RemoteConnector):
                     values.append(b"".join((hdr.serialize(), view)))
                 else:
                     values.append(view)
-            sts = self.spaces.get(ns).batch_put([key_of(keys[i]) for i in idx], values, durable=self.durable)
+            # The namespace's identity goes with its first put from this process (200 when
+            # another process wrote it already).
+            named = ns in self._named
+            if not named:
+                ks.append(IDENTITY_KEY)
+                values.append(identity_of(keys[idx[0]]))
+            sts = self.spaces.get(ns).batch_put(ks, values, durable=self.durable)
+            if not named:
+                if sts.pop() in (200, 201):
+                    self._named.add(ns)
             # 409: the key holds other bytes, from an earlier compute of the same chunk (KV
             # is not bit-identical across batch shapes); that chunk is as good, and kept.
             refused += [(keys[i].to_string(), st) for i, st in zip(idx, sts) if st not in (200, 201, 409)]
@@ -296,8 +340,28 @@ class CtxpodConnector(RemoteConnector):
     # -- the rest --------------------------------------------------------------------
 
     async def list(self) -> list[str]:
-        """Not supported: a node does not list its keys (LMCache asks only in tools)."""
-        raise NotImplementedError("ctxpod nodes do not list keys")
+        """Every chunk this plugin's namespaces hold in the pod, as LMCache's key strings
+        (``CacheEngineKey.from_string`` reads them back): the namespaces of the caller's
+        tenant under this plugin's ``namespace_prefix`` are listed a page at a time.
+        LMCache asks it in its tools (loading every stored chunk into the CPU tier)."""
+        return await asyncio.to_thread(self._list)
+
+    def _list(self) -> list[str]:
+        out: list[str] = []
+        head = f"{self.prefix}-"
+        for info in self.store.namespaces():
+            name = info["name"]
+            if not name.startswith(head):
+                continue
+            s = self.store.with_namespace(name)
+            identity = s.get(IDENTITY_KEY)
+            if identity is None:
+                # Not written by this plugin (or by a version before identity blocks).
+                continue
+            for k in s.keys():
+                if k != IDENTITY_KEY and (spelt := key_string(identity, k)) is not None:
+                    out.append(spelt)
+        return out
 
     def support_ping(self) -> bool:
         return True
