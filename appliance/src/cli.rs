@@ -236,6 +236,11 @@ enum TokenCmd {
         /// The tenant of a tenant role.
         #[arg(long)]
         tenant: Option<String>,
+        /// Also make an S3 secret access key (the access key id is the token id): the S3
+        /// door's credentials, printed after the token as `aws_access_key_id = …` and
+        /// `aws_secret_access_key = …` (an AWS credentials file's lines).
+        #[arg(long)]
+        s3: bool,
         /// Write the entry as `<dir>/<id>` (mode 0600) instead of printing it.
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -268,6 +273,9 @@ pub struct ServeArgs {
     /// CXP1 transfer protocol listener address [default: 127.0.0.1:7401].
     #[arg(long)]
     pub transfer_listen: Option<String>,
+    /// S3 listener address (the S3 door) [default: none, off].
+    #[arg(long)]
+    pub s3_listen: Option<String>,
     /// Flash capacity, e.g. 512MiB, 4GiB [default: 2GiB].
     #[arg(long)]
     pub capacity: Option<ByteSize>,
@@ -308,6 +316,9 @@ impl ServeArgs {
         }
         if let Some(l) = &self.transfer_listen {
             o.insert("transfer_listen".into(), serde_json::json!(l));
+        }
+        if let Some(l) = &self.s3_listen {
+            o.insert("s3_listen".into(), serde_json::json!(l));
         }
         if let Some(c) = self.capacity {
             o.insert("capacity".into(), serde_json::json!(c.0));
@@ -544,6 +555,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     id,
                     role,
                     tenant,
+                    s3,
                     dir,
                 },
         } => {
@@ -563,7 +575,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .as_ref()
                 .map(|t| format!("tenant = \"{t}\"\n"))
                 .unwrap_or_default();
-            let entry = format!("role = \"{role}\"\n{tenant_line}hash = \"{hash}\"\n");
+            let s3_secret = s3.then(ctxpod_node::auth::new_s3_secret);
+            let s3_line = s3_secret
+                .as_ref()
+                .map(|k| format!("s3_secret = \"{}\"\n", k.as_str()))
+                .unwrap_or_default();
+            let entry = format!("role = \"{role}\"\n{tenant_line}hash = \"{hash}\"\n{s3_line}");
             match dir {
                 Some(d) => {
                     use std::os::unix::fs::OpenOptionsExt;
@@ -581,6 +598,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => eprintln!("[[auth.tokens]]\nid = \"{id}\"\n{entry}"),
             }
             println!("{}", &*token);
+            if let Some(k) = &s3_secret {
+                println!("aws_access_key_id = {id}");
+                println!("aws_secret_access_key = {}", k.as_str());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Hash {

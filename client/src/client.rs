@@ -50,6 +50,8 @@ pub struct KeyPage {
     pub keys: Vec<Vec<u8>>,
     /// Set when the listing may go on: the `after` of the next page (the page's last key).
     pub next: Option<Vec<u8>>,
+    /// Asked with `meta`: what the index says of each key's block, in the order of `keys`.
+    pub blocks: Option<Vec<ListedBlock>>,
 }
 
 impl KeyPage {
@@ -71,12 +73,19 @@ impl KeyPage {
         if keys.len() > limit || !keys.windows(2).all(|w| w[0] < w[1]) {
             return Err(bad("more keys than asked, or out of order"));
         }
-        Ok(KeyPage { keys, next })
+        if page.blocks.as_ref().is_some_and(|b| b.len() != keys.len()) {
+            return Err(bad("not one block entry per key"));
+        }
+        Ok(KeyPage {
+            keys,
+            next,
+            blocks: page.blocks,
+        })
     }
 }
 
 /// The query of one page of a key listing.
-pub(crate) fn list_query(prefix: &[u8], after: Option<&[u8]>, limit: usize) -> String {
+pub fn list_query(prefix: &[u8], after: Option<&[u8]>, limit: usize) -> String {
     let mut q = format!("prefix={}&limit={limit}", key_hex(prefix));
     if let Some(a) = after {
         q.push_str("&after=");

@@ -308,7 +308,10 @@ impl PodClient {
         let mut unknown = None;
         for got in asked {
             match got {
-                Ok(p) => pages.push((p.keys, p.next.is_some())),
+                Ok(p) => pages.push((
+                    p.keys.into_iter().map(|k| (k, ())).collect(),
+                    p.next.is_some(),
+                )),
                 // A member that does not know the namespace yet holds none of its keys.
                 Err(e) if e.status() == Some(404) => unknown = Some(e),
                 Err(e) => {
@@ -322,9 +325,14 @@ impl PodClient {
         if let (true, Some(e)) = (pages.is_empty(), unknown) {
             return Err(e);
         }
-        let (keys, more) = ctxpod_wire::key::merge_pages(pages, limit);
+        let (entries, more) = ctxpod_wire::key::merge_pages(pages, limit);
+        let keys: Vec<Vec<u8>> = entries.into_iter().map(|(k, ())| k).collect();
         let next = if more { keys.last().cloned() } else { None };
-        Ok(crate::client::KeyPage { keys, next })
+        Ok(crate::client::KeyPage {
+            keys,
+            next,
+            blocks: None,
+        })
     }
 
     /// Writes a copy back to a member that should hold one. `fast`: a lost repair is

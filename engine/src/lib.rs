@@ -86,6 +86,17 @@ impl From<OffloadError> for EngineError {
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// What the index says of a block (HEAD, listings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockMeta {
+    /// Bytes of the block.
+    pub len: u32,
+    /// CRC32C of its bytes.
+    pub crc32c: u32,
+    /// When it was stored, in ms since the Unix epoch.
+    pub stored_ms: u64,
+}
+
 /// Outcome of a successful put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutStatus {

@@ -136,6 +136,21 @@ impl Engine {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>> {
+        Ok(self
+            .list_blocks(ns, prefix, after, limit)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// [`Self::list_keys`] with what the index says of each block.
+    pub fn list_blocks(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, BlockMeta)>> {
         let ns = self.ns(ns)?;
         let ns_prefix = ns.id.to_be_bytes();
         let mut from = block_key(ns.id, prefix);
@@ -151,7 +166,7 @@ impl Engine {
             idx.cf(index::CF_BLOCKS),
             rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
         ) {
-            let (k, _) = item.map_err(anyhow::Error::from)?;
+            let (k, v) = item.map_err(anyhow::Error::from)?;
             if out.len() == limit || !k.starts_with(&ns_prefix) {
                 break;
             }
@@ -159,7 +174,15 @@ impl Engine {
             if !key.starts_with(prefix) {
                 break;
             }
-            out.push(key.to_vec());
+            let l = index::BlockLoc::decode(&v)?;
+            out.push((
+                key.to_vec(),
+                BlockMeta {
+                    len: l.len,
+                    crc32c: l.crc32c,
+                    stored_ms: l.stored_ms,
+                },
+            ));
         }
         Ok(out)
     }
@@ -217,6 +240,19 @@ impl Engine {
             self.core.metrics.misses.inc();
         }
         Ok(loc.map(|l| l.len as usize))
+    }
+
+    /// What the index says of a block, without reading it: its length, CRC32C and when it
+    /// was stored (`None`: absent). HEAD answers it.
+    pub async fn block_meta(&self, ns: &str, key: &[u8]) -> Result<Option<BlockMeta>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let loc = self.core.index.get_block(&block_key(ns.id, key))?;
+        Ok(loc.map(|l| BlockMeta {
+            len: l.len,
+            crc32c: l.crc32c,
+            stored_ms: l.stored_ms,
+        }))
     }
 
     /// Whether the index holds the block (it is on flash), whatever the DRAM tier holds.

@@ -127,6 +127,9 @@ pub struct Config {
     /// Address of the CXP1 transfer protocol listener (`wire/PROTOCOL.md`); none to run
     /// without it. Port 0 picks a free port, written to `<data_dir>/ctxpod.transfer.addr`.
     pub transfer_listen: Option<SocketAddr>,
+    /// Address of the S3 listener (the S3 door, `docs/INTEGRATIONS.md`); none (the default)
+    /// to run without it. Port 0 picks a free port, written to `<data_dir>/ctxpod.s3.addr`.
+    pub s3_listen: Option<SocketAddr>,
     /// Bytes of flash the node may use: the size of the device file (or the part of the raw
     /// block device) that holds block records.
     pub capacity: ByteSize,
@@ -474,6 +477,10 @@ pub struct TokenConfig {
     pub tenant: Option<String>,
     /// `sha256:<salt hex>:<digest hex>`.
     pub hash: String,
+    /// The token's S3 secret access key, when it may use the S3 door (`s3_listen`); its
+    /// access key id is `id`.
+    #[serde(default)]
+    pub s3_secret: Option<String>,
 }
 
 /// A TLS client identity: the common name of a certificate the client CA signed.
@@ -539,6 +546,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./ctxpod-data"),
             listen: "127.0.0.1:7400".parse().expect("a valid literal address"),
             transfer_listen: Some("127.0.0.1:7401".parse().expect("a valid literal address")),
+            s3_listen: None,
             capacity: ByteSize(2 << 30),
             dram: ByteSize(256 << 20),
             device: None,
@@ -697,6 +705,7 @@ impl Config {
         self.pod.validate()?;
         let mut addrs = vec![self.listen];
         addrs.extend(self.transfer_listen);
+        addrs.extend(self.s3_listen);
         for a in addrs {
             if a.ip().is_loopback() {
                 continue;

@@ -120,6 +120,10 @@ pub struct TokenFile {
     #[serde(default)]
     pub tenant: Option<String>,
     pub hash: String,
+    /// The token's S3 secret access key (its access key id is the token id), when it may
+    /// use the S3 door. SigV4 needs the secret itself, so the file holds it (mode 0600).
+    #[serde(default)]
+    pub s3_secret: Option<String>,
 }
 
 /// Parses one token file.

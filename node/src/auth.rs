@@ -175,10 +175,14 @@ impl Grant {
 #[derive(Debug)]
 struct Tokens {
     by_id: HashMap<String, (TokenHash, Grant)>,
+    /// The S3 secret access keys of the tokens that have one (`s3_secret`), by token id
+    /// (the access key id).
+    s3: HashMap<String, Zeroizing<String>>,
 }
 
 fn load_tokens(cfg: &AuthConfig) -> Result<Tokens, String> {
     let mut by_id = HashMap::new();
+    let mut s3 = HashMap::new();
     for t in &cfg.tokens {
         check_token_id(&t.id)?;
         let what = format!("token {:?}", t.id);
@@ -186,6 +190,10 @@ fn load_tokens(cfg: &AuthConfig) -> Result<Tokens, String> {
         let hash = TokenHash::parse(&t.hash).map_err(|e| format!("{what}: {e}"))?;
         if by_id.insert(t.id.clone(), (hash, grant)).is_some() {
             return Err(format!("{what} is configured twice"));
+        }
+        if let Some(k) = &t.s3_secret {
+            check_s3_secret(k).map_err(|e| format!("{what}: {e}"))?;
+            s3.insert(t.id.clone(), Zeroizing::new(k.clone()));
         }
     }
     if let Some(dir) = &cfg.tokens_dir {
@@ -196,9 +204,39 @@ fn load_tokens(cfg: &AuthConfig) -> Result<Tokens, String> {
             if by_id.insert(id.clone(), (hash, grant)).is_some() {
                 return Err(format!("token {id:?} is configured twice"));
             }
+            if let Some(k) = &f.s3_secret {
+                check_s3_secret(k).map_err(|e| format!("{what}: {e}"))?;
+                s3.insert(id.clone(), Zeroizing::new(k.clone()));
+            }
         }
     }
-    Ok(Tokens { by_id })
+    Ok(Tokens { by_id, s3 })
+}
+
+/// An S3 secret access key as `ctxpod token create --s3` makes one: 40 characters of
+/// `[A-Za-z0-9+/]` (AWS's own shape; 240 bits).
+fn check_s3_secret(k: &str) -> Result<(), String> {
+    let ok = k.len() == S3_SECRET_CHARS
+        && k.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'+' || c == b'/');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "s3_secret must be {S3_SECRET_CHARS} characters of [A-Za-z0-9+/]"
+        ))
+    }
+}
+
+/// Characters of an S3 secret access key.
+pub const S3_SECRET_CHARS: usize = 40;
+
+/// A new S3 secret access key (30 random bytes in base64: 40 characters).
+pub fn new_s3_secret() -> Zeroizing<String> {
+    use base64::Engine as _;
+    let mut b = Zeroizing::new([0u8; 30]);
+    aws_lc_rs::rand::fill(&mut b[..]).expect("the system's random source");
+    Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&b[..]))
 }
 
 /// The token files of a directory the shape a Kubernetes Secret mounts: one file per token,
@@ -385,6 +423,31 @@ impl Authenticator {
                 Err(self.refuse(AuthError::Wrong))
             }
         }
+    }
+
+    /// The S3 secret access key of access key id `id` (a token id), if that token has one.
+    pub fn s3_secret(&self, id: &str) -> Option<Zeroizing<String>> {
+        let t = self.tokens.read();
+        let found = t.s3.get(id).cloned();
+        if found.is_none() {
+            drop(t);
+            let _ = self.refuse(AuthError::Wrong);
+        }
+        found
+    }
+
+    /// The caller an S3 access key id stands for, once S3 verified its signature: the
+    /// token's role and tenant.
+    pub fn s3_principal(&self, id: &str) -> Option<Principal> {
+        let t = self.tokens.read();
+        t.s3.get(id)?;
+        let (hash, grant) = t.by_id.get(id)?;
+        Some(Principal {
+            id: Arc::from(id),
+            role: grant.role,
+            tenant: grant.tenant.clone(),
+            credential: fingerprint(hash),
+        })
     }
 
     /// The caller a verified TLS client certificate's subject stands for.

@@ -30,6 +30,9 @@ pub struct NodeMetrics {
     pub auth_failures: IntCounterVec,
     /// Authenticated requests refused for their role (403).
     pub forbidden: IntCounter,
+    /// S3 door requests, by operation and outcome (`OK` or the S3 error code; a bounded
+    /// set, `other` for the rare ones).
+    pub s3_requests: IntCounterVec,
     /// Requests refused for a tenant's limits, by tenant and kind (`rate`: 429, `bytes`: 403 `quota`, `namespaces`: 403).
     pub quota_rejections: IntCounterVec,
     /// TLS handshakes that failed (bad or missing client certificate, protocol errors).
@@ -118,6 +121,13 @@ impl NodeMetrics {
                 "ctxpod_forbidden_total",
                 "Authenticated requests refused for their role (403)",
             ),
+            s3_requests: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_s3_requests_total",
+                    "S3 door requests by operation and outcome"
+                ),
+                &["op", "code"]
+            )),
             quota_rejections: register(r, IntCounterVec::new(
                 Opts::new(
                     "ctxpod_quota_rejections_total",

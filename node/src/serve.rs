@@ -93,7 +93,31 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         budgets,
         &pod,
     );
-    // The HTTP address is published last: once it is there, both listeners serve.
+    let s3 = match cfg.s3_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("S3 listener on {at}"))?;
+            let saddr = l.local_addr()?;
+            std::fs::write(&tmp, format!("{saddr}\n"))?;
+            std::fs::rename(&tmp, cfg.data_dir.join("ctxpod.s3.addr"))?;
+            tracing::info!(addr = %saddr, "ctxpod serving the S3 door");
+            let limits = crate::conn::Limits::from_config(&cfg);
+            let gate = crate::conn::Gate::new("s3", limits.clone(), node_metrics.clone());
+            let (conns, accepting) =
+                crate::tls::accept_loop(l, tls.clone(), gate, handshakes.clone());
+            let door = crate::s3::router(app.clone(), auth.clone(), node_metrics.clone());
+            let serving = tokio::spawn(crate::conn::serve_http(
+                conns,
+                door,
+                limits.header_read,
+                std::future::pending(),
+            ));
+            Some((accepting, serving))
+        }
+        None => None,
+    };
+    // The HTTP address is published last: once it is there, every listener serves.
     std::fs::write(&tmp, format!("{addr}\n"))?;
     std::fs::rename(&tmp, &addr_file)?;
     let limits = crate::conn::Limits::from_config(&cfg);
@@ -101,6 +125,10 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let (conns, accepting) = crate::tls::accept_loop(listener, tls, gate, handshakes);
     crate::conn::serve_http(conns, app, limits.header_read, shutdown_signal()).await;
     accepting.abort();
+    if let Some((accepting, serving)) = s3 {
+        accepting.abort();
+        serving.abort();
+    }
     if let Some(t) = transfer {
         t.abort();
     }

@@ -174,29 +174,27 @@ impl Asker<'_> {
             .collect())
     }
 
-    /// One page of member `m`'s own listing of the namespace: keys starting with `prefix`,
-    /// after `after`, at most `limit` (`GET /v1/namespaces/{ns}/blocks`). Keys are checked:
-    /// a member that answers more than asked, out of order, or outside the prefix or the
-    /// cursor broke the contract.
+    /// One page of member `m`'s own listing of the namespace, with each block's entry:
+    /// keys starting with `prefix`, after `after`, at most `limit` (`GET
+    /// /v1/namespaces/{ns}/blocks?meta=true`). Checked: a member that answers more than
+    /// asked, out of order, or outside the prefix or the cursor broke the contract.
+    #[allow(clippy::type_complexity)]
     pub async fn list(
         &self,
         m: &MemberInfo,
         prefix: &[u8],
         after: Option<&[u8]>,
         limit: usize,
-    ) -> Result<(Vec<Vec<u8>>, bool), PeerError> {
-        let mut query = vec![
-            ("prefix", hex::encode(prefix)),
-            ("limit", limit.to_string()),
-        ];
-        if let Some(a) = after {
-            query.push(("after", hex::encode(a)));
-        }
+    ) -> Result<(Vec<(Vec<u8>, ctxpod_wire::types::ListedBlock)>, bool), PeerError> {
         let req = self
             .peers
             .http
-            .get(format!("{}/v1/namespaces/{}/blocks", m.http, self.ns))
-            .query(&query)
+            .get(format!(
+                "{}/v1/namespaces/{}/blocks?{}&meta=true",
+                m.http,
+                self.ns,
+                ctxpod_client::client::list_query(prefix, after, limit)
+            ))
             .timeout(TIMEOUT)
             .header(super::route::HEADER_FORWARDED, self.me);
         let resp = Self::send(self.peers.for_caller(req, self.headers, self.caller_tenant)).await?;
@@ -211,7 +209,11 @@ impl Asker<'_> {
                 .all(|k| k.starts_with(prefix) && after.is_none_or(|a| k.as_slice() > a))
         };
         match page {
-            Some(p) if in_range(&p) => Ok((p.keys, p.next.is_some())),
+            Some(p) if in_range(&p) && p.blocks.is_some() => {
+                let more = p.next.is_some();
+                let blocks = p.blocks.unwrap_or_default();
+                Ok((p.keys.into_iter().zip(blocks).collect(), more))
+            }
             _ => {
                 tracing::warn!(member = %m.id, "a member's key listing broke the contract");
                 Err(PeerError::Malformed)

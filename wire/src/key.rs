@@ -53,15 +53,20 @@ impl fmt::Display for KeyDisplay<'_> {
     }
 }
 
-/// Merges members' pages of one key listing (each sorted, each at most `limit` keys, `true`
-/// when that member has more) into the pod's page: the first `limit` distinct keys in byte
-/// order, and whether the listing goes on after them. Any key among the pod's first `limit`
+/// Merges members' pages of one key listing (each sorted by key, each at most `limit`
+/// entries, `true` when that member has more; an entry is a key and what goes with it)
+/// into the pod's page: the first `limit` distinct keys in byte order (a key's first entry
+/// kept), and whether the listing goes on after them. Any key among the pod's first `limit`
 /// is among the first `limit` of every member that holds it, so the merge is exact.
-pub fn merge_pages(pages: Vec<(Vec<Vec<u8>>, bool)>, limit: usize) -> (Vec<Vec<u8>>, bool) {
+#[allow(clippy::type_complexity)]
+pub fn merge_pages<T>(
+    pages: Vec<(Vec<(Vec<u8>, T)>, bool)>,
+    limit: usize,
+) -> (Vec<(Vec<u8>, T)>, bool) {
     let more = pages.iter().any(|(_, more)| *more);
-    let mut all: Vec<Vec<u8>> = pages.into_iter().flat_map(|(keys, _)| keys).collect();
-    all.sort_unstable();
-    all.dedup();
+    let mut all: Vec<(Vec<u8>, T)> = pages.into_iter().flat_map(|(e, _)| e).collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all.dedup_by(|a, b| a.0 == b.0);
     let truncated = all.len() > limit;
     all.truncate(limit);
     (all, truncated || more)
@@ -73,7 +78,7 @@ mod tests {
 
     #[test]
     fn pages_merge_in_order_each_key_once() {
-        let k = |s: &str| s.as_bytes().to_vec();
+        let k = |s: &str| (s.as_bytes().to_vec(), ());
         let a = (vec![k("a"), k("c"), k("e")], true);
         let b = (vec![k("b"), k("c"), k("d")], false);
         assert_eq!(
@@ -86,7 +91,7 @@ mod tests {
             (vec![k("a"), k("b"), k("c"), k("d"), k("e")], true)
         );
         assert!(!merge_pages(vec![b.clone(), b], 3).1);
-        assert_eq!(merge_pages(Vec::new(), 3), (Vec::new(), false));
+        assert_eq!(merge_pages::<()>(Vec::new(), 3), (Vec::new(), false));
     }
 
     #[test]

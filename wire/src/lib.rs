@@ -100,6 +100,9 @@ pub const REPLICATION_MAX: u32 = 5;
 
 /// Request/response header carrying the CRC32C of a block body as 8 lowercase hex digits.
 pub const HEADER_CRC32C: &str = "x-ctxpod-crc32c";
+/// Response header of a HEAD (and of an S3 HEAD): when the block was stored, in ms since
+/// the Unix epoch.
+pub const HEADER_STORED_MS: &str = "x-ctxpod-stored-ms";
 /// Request header choosing durability: `durable` (default) or `fast`.
 pub const HEADER_DURABILITY: &str = "x-ctxpod-durability";
 /// Request header with which an admin acts in a tenant's namespaces.

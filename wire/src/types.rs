@@ -60,10 +60,24 @@ pub struct MatchResponse {
 pub struct KeyList {
     /// Lowercase hex keys, in byte order.
     pub keys: Vec<String>,
+    /// With `meta=true`: what the index says of each key's block, in the order of `keys`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<ListedBlock>>,
     /// When the page is full: the last key of the page, to pass as `after` for the next
     /// one (there may be none). Absent when the listing is complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+}
+
+/// One block of a key listing with `meta=true`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ListedBlock {
+    /// Bytes of the block.
+    pub len: u64,
+    /// CRC32C of its bytes, 8 lowercase hex digits.
+    pub crc32c: String,
+    /// When it was stored, in ms since the Unix epoch.
+    pub stored_ms: u64,
 }
 
 /// `present` answer.

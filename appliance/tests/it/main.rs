@@ -17,6 +17,7 @@ mod pod;
 mod power_loss;
 mod prefetch;
 mod replay;
+mod s3;
 mod sim_faults;
 mod tamper;
 mod tls;

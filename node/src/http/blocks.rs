@@ -133,12 +133,27 @@ pub(crate) fn body_holding(pieces: Vec<Bytes>, permits: Vec<crate::budget::Permi
     ))
 }
 
-pub(crate) async fn head_block(BlockCall { st, ns, key, .. }: BlockCall) -> ApiResult<StatusCode> {
-    let held = st.engine.contains(&ns, &key).await?;
-    Ok(if held {
-        StatusCode::OK
-    } else {
-        StatusCode::NOT_FOUND
+/// Whether the block is held, and if so its length (`Content-Length`, the length a GET
+/// would send), CRC32C and when it was stored (`x-ctxpod-stored-ms`); no body.
+pub(crate) async fn head_block(BlockCall { st, ns, key, .. }: BlockCall) -> ApiResult<Response> {
+    Ok(match st.engine.block_meta(&ns, &key).await? {
+        Some(m) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (
+                    header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
+                    ctxpod_wire::crc32c_hex(m.crc32c),
+                ),
+                (
+                    header::HeaderName::from_static(ctxpod_wire::HEADER_STORED_MS),
+                    m.stored_ms.to_string(),
+                ),
+                (header::CONTENT_LENGTH, m.len.to_string()),
+            ],
+            Body::empty(),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
     })
 }
 
@@ -275,6 +290,9 @@ struct ListQuery {
     prefix: String,
     after: Option<String>,
     limit: Option<usize>,
+    /// Whether the answer carries each block's length, CRC32C and time stored.
+    #[serde(default)]
+    meta: bool,
 }
 
 /// `GET /v1/namespaces/{ns}/blocks?prefix=&after=&limit=`: one page of the namespace's
@@ -320,7 +338,7 @@ pub(crate) async fn list_blocks(
             after.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            engine.list_keys(&scoped, &prefix, after.as_deref(), limit + 1)
+            engine.list_blocks(&scoped, &prefix, after.as_deref(), limit + 1)
         })
         .await
         .map_err(|e| {
@@ -332,10 +350,17 @@ pub(crate) async fn list_blocks(
         })??
     };
     let local_more = local.len() > limit;
-    let mut pages = vec![(
-        local.into_iter().take(limit).collect::<Vec<_>>(),
-        local_more,
-    )];
+    let listed = |m: ctxpod_engine::BlockMeta| ListedBlock {
+        len: m.len as u64,
+        crc32c: ctxpod_wire::crc32c_hex(m.crc32c),
+        stored_ms: m.stored_ms,
+    };
+    let mine = local
+        .into_iter()
+        .take(limit)
+        .map(|(k, m)| (k, listed(m)))
+        .collect::<Vec<_>>();
+    let mut pages = vec![(mine, local_more)];
     if st.answers_for_pod(&h) {
         let view = st.pod.view();
         let asker = st.asker(&ns, &h, &p);
@@ -364,14 +389,15 @@ pub(crate) async fn list_blocks(
             }
         }
     }
-    let (keys, more) = ctxpod_wire::key::merge_pages(pages, limit);
+    let (entries, more) = ctxpod_wire::key::merge_pages(pages, limit);
     let next = if more {
-        keys.last().map(hex::encode)
+        entries.last().map(|(k, _)| hex::encode(k))
     } else {
         None
     };
-    Ok(Json(KeyList {
-        keys: keys.iter().map(hex::encode).collect(),
-        next,
-    }))
+    let keys = entries.iter().map(|(k, _)| hex::encode(k)).collect();
+    let blocks = q
+        .meta
+        .then(|| entries.into_iter().map(|(_, b)| b).collect());
+    Ok(Json(KeyList { keys, blocks, next }))
 }

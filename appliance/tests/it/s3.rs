@@ -1,0 +1,574 @@
+//! The S3 door (`--s3-listen`) against the Rust `aws-sdk-s3` with its default settings
+//! (which send `aws-chunked` bodies with trailing checksums for streams, and CRC32
+//! checksums), path-style, with credentials made by `ctxpod token create --s3`.
+
+use crate::common::{self, Node};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+use std::path::Path;
+
+/// S3 credentials made by `ctxpod token create --s3 --dir <dir>`: (access key id, secret).
+fn s3_credentials(dir: &Path, id: &str, role: &str, tenant: Option<&str>) -> (String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"));
+    cmd.args([
+        "token", "create", "--s3", "--id", id, "--role", role, "--dir",
+    ])
+    .arg(dir);
+    if let Some(t) = tenant {
+        cmd.args(["--tenant", t]);
+    }
+    let out = cmd.output().expect("ctxpod token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .to_string()
+    };
+    (
+        field("aws_access_key_id = "),
+        field("aws_secret_access_key = "),
+    )
+}
+
+/// The node's S3 address.
+fn s3_url(node: &Node) -> String {
+    let a = std::fs::read_to_string(node.dir.join("ctxpod.s3.addr")).expect("the S3 address");
+    format!("http://{}", a.trim())
+}
+
+/// An `aws-sdk-s3` client of the node with its default settings, path-style.
+fn client(node: &Node, ak: &str, sk: &str) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(s3_url(node))
+        .force_path_style(true)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(ak, sk, None, None, "ctxpod"))
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+/// A node with auth on and the S3 door, and S3 credentials of tenants `a` and `b`.
+async fn node_with_s3_tokens(dir: &Path) -> (Node, [(String, String); 2]) {
+    let tokens = dir.join("tokens");
+    let a = s3_credentials(&tokens, "a-rw", "tenant-rw", Some("a"));
+    let b = s3_credentials(&tokens, "b-rw", "tenant-rw", Some("b"));
+    let (root, hash) = ctxpod_node::auth::new_token("root").expect("token");
+    let toml = format!(
+        "[auth]\ntokens_dir = \"{}\"\n[[auth.tokens]]\nid = \"root\"\nrole = \"admin\"\nhash = \"{hash}\"\n\
+         [[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"b\"\n",
+        tokens.display()
+    );
+    let how = ctxpod_client::connect::Connect {
+        token: Some(root.to_string()),
+        tls: None,
+    };
+    let n = Node::start_configured(
+        &dir.join("n"),
+        &["--capacity", "256MiB", "--s3-listen", "127.0.0.1:0"],
+        &toml,
+        how,
+        false,
+    )
+    .await;
+    (n, [a, b])
+}
+
+fn code<E: aws_sdk_s3::error::ProvideErrorMetadata>(e: &E) -> String {
+    e.code().unwrap_or("(none)").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_sdk_stores_and_reads_blocks_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
+    let s3 = client(&node, &ak, &sk);
+    s3.create_bucket()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect("create bucket");
+    s3.head_bucket()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect("head bucket");
+    // KVBM's layout: keys of 16 hex digits; in-memory bodies (one signed payload, a CRC32
+    // header) of 1 B to the 8 MiB block limit.
+    let sizes = [1usize, 65_536, 1 << 20, 8 << 20];
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = common::block(i as u64, n);
+        let key = format!("{:016x}", 0xa5a5_0000_u64 + i as u64);
+        let put = s3
+            .put_object()
+            .bucket("kvbm")
+            .key(&key)
+            .body(ByteStream::from(data.to_vec()))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("put {n}: {e:?}"));
+        let etag = put.e_tag().expect("an ETag").to_string();
+        let got = s3
+            .get_object()
+            .bucket("kvbm")
+            .key(&key)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(got.e_tag(), Some(etag.as_str()));
+        let body = got.body.collect().await.expect("body").into_bytes();
+        assert_eq!(body, data, "{n} bytes back");
+        let head = s3
+            .head_object()
+            .bucket("kvbm")
+            .key(&key)
+            .send()
+            .await
+            .expect("head");
+        assert_eq!(head.content_length(), Some(n as i64));
+        assert_eq!(head.e_tag(), Some(etag.as_str()));
+    }
+    // A streamed body of known size: aws-chunked, signed chunks, a trailing CRC32.
+    let file = dir.path().join("block.bin");
+    let data = common::block(77, 3 << 20);
+    std::fs::write(&file, &data).expect("write");
+    s3.put_object()
+        .bucket("kvbm")
+        .key("streamed")
+        .body(ByteStream::from_path(&file).await.expect("from path"))
+        .send()
+        .await
+        .expect("a chunked put");
+    let got = s3
+        .get_object()
+        .bucket("kvbm")
+        .key("streamed")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(got.body.collect().await.expect("body").into_bytes(), data);
+    // And with a CRC32C the node checks itself.
+    s3.put_object()
+        .bucket("kvbm")
+        .key("crc32c")
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32C)
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect("a put with a CRC32C");
+    // Ranged GETs, as KVBM reads a layer's part of a block.
+    let key = format!("{:016x}", 0xa5a5_0002_u64);
+    let whole = common::block(2, 1 << 20);
+    for (range, want) in [
+        ("bytes=0-0", &whole[..1]),
+        ("bytes=4096-8191", &whole[4096..8192]),
+        ("bytes=1048000-", &whole[1_048_000..]),
+        ("bytes=-100", &whole[whole.len() - 100..]),
+    ] {
+        let got = s3
+            .get_object()
+            .bucket("kvbm")
+            .key(&key)
+            .range(range)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{range}: {e:?}"));
+        assert_eq!(got.content_length(), Some(want.len() as i64), "{range}");
+        assert_eq!(
+            &got.body.collect().await.expect("body").into_bytes()[..],
+            want,
+            "{range}"
+        );
+    }
+    let e = s3
+        .get_object()
+        .bucket("kvbm")
+        .key(&key)
+        .range("bytes=2000000-2000001")
+        .send()
+        .await
+        .expect_err("past the end");
+    assert_eq!(code(&e), "InvalidRange");
+    // HEAD for existence; misses are NoSuchKey / NotFound, a bucket nobody has NoSuchBucket.
+    let e = s3
+        .head_object()
+        .bucket("kvbm")
+        .key("nope")
+        .send()
+        .await
+        .expect_err("miss");
+    assert!(
+        e.as_service_error().is_some_and(|e| e.is_not_found()),
+        "{e:?}"
+    );
+    let e = s3
+        .get_object()
+        .bucket("kvbm")
+        .key("nope")
+        .send()
+        .await
+        .expect_err("miss");
+    assert_eq!(code(&e), "NoSuchKey");
+    let e = s3
+        .get_object()
+        .bucket("none")
+        .key("k")
+        .send()
+        .await
+        .expect_err("no bucket");
+    assert_eq!(code(&e), "NoSuchBucket");
+    // Listing: by prefix, a page at a time, and folded by a delimiter.
+    for k in ["dir/a", "dir/b", "dir/sub/c", "dir/sub/d", "other"] {
+        s3.put_object()
+            .bucket("kvbm")
+            .key(k)
+            .body(ByteStream::from(k.as_bytes().to_vec()))
+            .send()
+            .await
+            .expect("put");
+    }
+    let mut keys = Vec::new();
+    let mut token = None;
+    loop {
+        let page = s3
+            .list_objects_v2()
+            .bucket("kvbm")
+            .prefix("dir/")
+            .max_keys(3)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .expect("list");
+        for o in page.contents() {
+            let k = o.key().unwrap_or_default();
+            assert_eq!(o.size(), Some(k.len() as i64), "{k} holds its own name");
+            keys.push(k.to_string());
+        }
+        token = page.next_continuation_token().map(str::to_string);
+        if !page.is_truncated().unwrap_or(false) {
+            break;
+        }
+    }
+    assert_eq!(keys, ["dir/a", "dir/b", "dir/sub/c", "dir/sub/d"]);
+    let folded = s3
+        .list_objects_v2()
+        .bucket("kvbm")
+        .prefix("dir/")
+        .delimiter("/")
+        .send()
+        .await
+        .expect("list with a delimiter");
+    let objects: Vec<_> = folded.contents().iter().filter_map(|o| o.key()).collect();
+    let prefixes: Vec<_> = folded
+        .common_prefixes()
+        .iter()
+        .filter_map(|p| p.prefix())
+        .collect();
+    assert_eq!(
+        (objects, prefixes),
+        (vec!["dir/a", "dir/b"], vec!["dir/sub/"])
+    );
+    // Deletes: one, many (absent keys are deleted too), then the empty bucket.
+    s3.delete_object()
+        .bucket("kvbm")
+        .key("other")
+        .send()
+        .await
+        .expect("delete");
+    s3.delete_object()
+        .bucket("kvbm")
+        .key("other")
+        .send()
+        .await
+        .expect("delete again");
+    let del = aws_sdk_s3::types::Delete::builder()
+        .set_objects(Some(
+            ["dir/a", "dir/b", "dir/sub/c", "dir/sub/d", "never"]
+                .iter()
+                .map(|k| {
+                    aws_sdk_s3::types::ObjectIdentifier::builder()
+                        .key(*k)
+                        .build()
+                        .expect("id")
+                })
+                .collect(),
+        ))
+        .build()
+        .expect("delete");
+    let out = s3
+        .delete_objects()
+        .bucket("kvbm")
+        .delete(del)
+        .send()
+        .await
+        .expect("delete objects");
+    assert_eq!(out.deleted().len(), 5);
+    assert!(out.errors().is_empty());
+    let e = s3
+        .delete_bucket()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect_err("not empty");
+    assert_eq!(code(&e), "BucketNotEmpty");
+}
+
+/// Bad input is refused with an S3 error and nothing is stored: a body over the block limit,
+/// a Content-MD5 or CRC32C that does not match, a key over the key limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_puts_are_refused_and_store_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
+    let s3 = client(&node, &ak, &sk);
+    s3.create_bucket()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect("create bucket");
+    let big = vec![7u8; (8 << 20) + 1];
+    let e = s3
+        .put_object()
+        .bucket("kvbm")
+        .key("big")
+        .body(ByteStream::from(big))
+        .send()
+        .await
+        .expect_err("over the limit");
+    assert_eq!(code(&e), "EntityTooLarge", "{e:?}");
+    let data = common::block(1, 100_000);
+    let e = s3
+        .put_object()
+        .bucket("kvbm")
+        .key("md5")
+        .content_md5("AAAAAAAAAAAAAAAAAAAAAA==")
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect_err("a wrong MD5");
+    assert_eq!(code(&e), "BadDigest", "{e:?}");
+    let e = s3
+        .put_object()
+        .bucket("kvbm")
+        .key("crc")
+        .checksum_crc32_c("AAAAAA==")
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect_err("a wrong CRC32C");
+    assert_eq!(code(&e), "BadDigest", "{e:?}");
+    let e = s3
+        .put_object()
+        .bucket("kvbm")
+        .key("k".repeat(129))
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect_err("a key over 128 bytes");
+    assert_eq!(code(&e), "KeyTooLongError", "{e:?}");
+    let listed = s3
+        .list_objects_v2()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(listed.key_count(), Some(0), "nothing was stored");
+    // The node serves on.
+    s3.put_object()
+        .bucket("kvbm")
+        .key("fine")
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect("a good put");
+}
+
+/// Credentials: a wrong secret, another tenant's bucket, a tampered or expired presigned
+/// URL are refused; a tenant's ListBuckets shows its own buckets only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signatures_and_tenants_are_enforced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, [(ak, sk), (bk, bs)]) = node_with_s3_tokens(dir.path()).await;
+    let a = client(&node, &ak, &sk);
+    let b = client(&node, &bk, &bs);
+    a.create_bucket()
+        .bucket("mine")
+        .send()
+        .await
+        .expect("a's bucket");
+    a.put_object()
+        .bucket("mine")
+        .key("k")
+        .body(ByteStream::from_static(b"a's bytes"))
+        .send()
+        .await
+        .expect("put");
+    let wrong = client(&node, &ak, &bs);
+    let e = wrong
+        .get_object()
+        .bucket("mine")
+        .key("k")
+        .send()
+        .await
+        .expect_err("wrong secret");
+    assert_eq!(code(&e), "SignatureDoesNotMatch");
+    let nobody = client(&node, "nobody", &sk);
+    let e = nobody
+        .get_object()
+        .bucket("mine")
+        .key("k")
+        .send()
+        .await
+        .expect_err("no such key id");
+    assert_eq!(code(&e), "InvalidAccessKeyId");
+    // b's "mine" is b's own namespace: a's is out of reach.
+    let e = b
+        .get_object()
+        .bucket("mine")
+        .key("k")
+        .send()
+        .await
+        .expect_err("a's bucket");
+    assert_eq!(code(&e), "NoSuchBucket");
+    b.create_bucket()
+        .bucket("theirs")
+        .send()
+        .await
+        .expect("b's bucket");
+    let names = |l: aws_sdk_s3::operation::list_buckets::ListBucketsOutput| {
+        l.buckets()
+            .iter()
+            .filter_map(|b| b.name().map(str::to_string))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(a.list_buckets().send().await.expect("list")),
+        ["mine"]
+    );
+    assert_eq!(
+        names(b.list_buckets().send().await.expect("list")),
+        ["theirs"]
+    );
+    // Presigned GETs: valid, then tampered, then expired.
+    let presign = |secs| {
+        aws_sdk_s3::presigning::PresigningConfig::expires_in(std::time::Duration::from_secs(secs))
+            .expect("presigning")
+    };
+    let url = a
+        .get_object()
+        .bucket("mine")
+        .key("k")
+        .presigned(presign(60))
+        .await
+        .expect("presign")
+        .uri()
+        .to_string();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let r = http.get(&url).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(&r.bytes().await.expect("body")[..], b"a's bytes");
+    let tampered = url.replace("/mine/k", "/mine/K");
+    assert_eq!(
+        http.get(&tampered)
+            .send()
+            .await
+            .expect("get")
+            .status()
+            .as_u16(),
+        403
+    );
+    let short = a
+        .get_object()
+        .bucket("mine")
+        .key("k")
+        .presigned(presign(1))
+        .await
+        .expect("presign")
+        .uri()
+        .to_string();
+    common::eventually(
+        std::time::Duration::from_secs(10),
+        "the presigned URL expires",
+        async || {
+            http.get(&short)
+                .send()
+                .await
+                .expect("get")
+                .status()
+                .as_u16()
+                == 403
+        },
+    )
+    .await;
+    let week = aws_sdk_s3::presigning::PresigningConfig::builder()
+        .expires_in(std::time::Duration::from_secs(7 * 24 * 3600))
+        .build()
+        .expect("presigning");
+    let ok = a
+        .get_object()
+        .bucket("mine")
+        .key("k")
+        .presigned(week)
+        .await
+        .expect("presign");
+    assert_eq!(
+        http.get(ok.uri())
+            .send()
+            .await
+            .expect("get")
+            .status()
+            .as_u16(),
+        200
+    );
+    // No signature at all.
+    let anon = http
+        .get(format!("{}/mine/k", s3_url(&node)))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(anon.status().as_u16(), 403);
+}
+
+/// With authentication off (the embedded loopback default) any credentials act as the
+/// admin; a body in signed aws-chunked framing is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_auth_any_credentials_are_the_admin() {
+    let node = Node::fresh(&["--capacity", "256MiB", "--s3-listen", "127.0.0.1:0"]).await;
+    let s3 = client(&node, "anyone", "anything");
+    let file = node.scratch().join("block.bin");
+    std::fs::write(&file, b"streamed").expect("write");
+    let e = s3
+        .put_object()
+        .bucket("default")
+        .key("streamed")
+        .body(ByteStream::from_path(&file).await.expect("from path"))
+        .send()
+        .await
+        .expect_err("signed chunks without auth");
+    assert_eq!(code(&e), "NotImplemented", "{e:?}");
+    s3.put_object()
+        .bucket("default")
+        .key("0123456789abcdef")
+        .body(ByteStream::from_static(b"kv"))
+        .send()
+        .await
+        .expect("put");
+    // The same block through HTTP API v1: the key is the object key's bytes.
+    let got = node
+        .client
+        .get("default", b"0123456789abcdef")
+        .await
+        .expect("get");
+    assert_eq!(got.as_deref(), Some(&b"kv"[..]));
+    common::metrics_contain(
+        &node,
+        "ctxpod_s3_requests_total{code=\"OK\",op=\"PutObject\"} 1",
+    )
+    .await;
+}

@@ -1,0 +1,199 @@
+//! The S3 door (issue #22): an S3-compatible listener on its own port, off by default
+//! (`s3_listen`). Buckets are the caller's namespaces, objects are blocks (an object key's
+//! UTF-8 bytes are the block's key).
+//!
+//! The S3 protocol (routing, XML, SigV4 in headers and presigned URLs, `aws-chunked`
+//! bodies) is the `s3s` crate's; what each operation does is [`door::Door`]'s, and it does it
+//! by sending the equivalent request of HTTP API v1 through the node's own router, in
+//! process, on behalf of the caller S3 authenticated ([`Vouched`]). So an S3 request gets
+//! everything an HTTP one gets — the tenant's scoping, roles, rates and quotas, the byte
+//! budgets, the pod's routing (any node answers for the pod), the metrics — with no second
+//! implementation of any of it.
+//!
+//! Credentials: with authentication on, an access key id is a token id and its secret
+//! access key is the token's `s3_secret` (`ctxpod token create --s3`); SigV4 only (SigV2 is
+//! refused), presigned URLs for at most 7 days, 15 minutes of clock skew. With
+//! authentication off (the embedded loopback default) any credentials act as the admin, as
+//! on the other listeners: the signature is dropped unchecked (a SigV4 signature cannot be
+//! checked without the secret it was made with). A body in signed `aws-chunked` framing
+//! needs its signatures checked to be read, so without authentication it is refused
+//! (`NotImplemented`, saying so); single-payload and unsigned bodies are taken.
+
+pub mod door;
+
+use crate::auth::{Authenticator, Principal};
+use s3s::{s3_error, S3Result};
+use std::sync::Arc;
+
+/// A caller the S3 door authenticated, set on the requests it sends through the HTTP
+/// router: the authentication middleware takes it as the caller (only code in this crate
+/// can make one; a client cannot send an extension).
+#[derive(Clone)]
+pub(crate) struct Vouched(pub Principal);
+
+/// Largest request body the S3 listener reads: a block, and room for `aws-chunked`
+/// framing (chunk headers, signatures and trailers), or an XML body.
+pub const S3_BODY_BYTES_MAX: usize = ctxpod_wire::BLOCK_BYTES_MAX + (1 << 20);
+/// Largest XML request body (DeleteObjects of 1000 keys of 128 bytes fits many times).
+pub const S3_XML_BYTES_MAX: usize = 1 << 20;
+/// Longest validity of a presigned URL (S3's own limit: 7 days).
+pub const PRESIGNED_EXPIRES_S_MAX: u64 = 7 * 24 * 3600;
+
+/// The secret access keys of the node's tokens (those with an `s3_secret`).
+struct Keys(Arc<Authenticator>);
+
+#[async_trait::async_trait]
+impl s3s::auth::S3Auth for Keys {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
+        match self.0.s3_secret(access_key) {
+            Some(secret) => Ok(s3s::auth::SecretKey::from(secret.as_str())),
+            None => Err(s3_error!(InvalidAccessKeyId)),
+        }
+    }
+}
+
+/// What the S3 door accepts of a signed request: SigV4 only, and presigned URLs of at most
+/// [`PRESIGNED_EXPIRES_S_MAX`].
+struct SigV4Only;
+
+#[async_trait::async_trait]
+impl s3s::access::S3Access for SigV4Only {
+    async fn check(&self, cx: &mut s3s::access::S3AccessContext<'_>) -> S3Result<()> {
+        if cx.credentials().is_none() {
+            return Err(s3_error!(AccessDenied, "a signature is required"));
+        }
+        if let Some(a) = cx.headers().get(http::header::AUTHORIZATION) {
+            if !a.as_bytes().starts_with(b"AWS4-HMAC-SHA256 ") {
+                return Err(s3_error!(AccessDenied, "only AWS4-HMAC-SHA256 is accepted"));
+            }
+        }
+        if let Some(q) = cx.uri().query() {
+            for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
+                match &*k {
+                    "Signature" | "AWSAccessKeyId" => {
+                        return Err(s3_error!(AccessDenied, "SigV2 presigned URLs are refused"))
+                    }
+                    "X-Amz-Expires" => {
+                        let secs: u64 = v
+                            .parse()
+                            .map_err(|_| s3_error!(AuthorizationQueryParametersError))?;
+                        if secs > PRESIGNED_EXPIRES_S_MAX {
+                            return Err(s3_error!(
+                                AuthorizationQueryParametersError,
+                                "X-Amz-Expires must be at most {PRESIGNED_EXPIRES_S_MAX}"
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The S3 door's router: the `s3s` service over [`door::Door`], behind a check of the
+/// request's announced length and a cap on what it may read.
+pub fn router(
+    api: axum::Router,
+    auth: Arc<Authenticator>,
+    metrics: Arc<crate::metrics::NodeMetrics>,
+) -> axum::Router {
+    let enabled = auth.enabled();
+    let mut b = s3s::service::S3ServiceBuilder::new(door::Door::new(api, auth.clone(), metrics));
+    if enabled {
+        b.set_auth(Keys(auth));
+        b.set_access(SigV4Only);
+    }
+    let mut cfg = s3s::config::S3Config::default();
+    cfg.xml_max_body_size = S3_XML_BYTES_MAX;
+    // No browser form uploads: s3s would read one into memory before any access check.
+    cfg.post_object_max_file_size = 0;
+    b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+        cfg,
+    ))));
+    let svc = b.build();
+    let svc = axum::error_handling::HandleError::new(svc, |e: s3s::HttpError| async move {
+        tracing::debug!("S3 request failed: {e:?}");
+        http::StatusCode::BAD_REQUEST
+    });
+    let r = axum::Router::new().fallback_service(svc);
+    let r = if enabled {
+        r
+    } else {
+        r.layer(axum::middleware::from_fn(drop_signature))
+    };
+    r.layer(axum::middleware::from_fn(limit_body))
+}
+
+/// Without authentication: the request's signature is dropped unchecked, so that any
+/// credentials act as the admin (see the module's documentation).
+async fn drop_signature(
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let streaming = req
+        .headers()
+        .get("x-amz-content-sha256")
+        .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
+    if streaming {
+        return door::error_response(s3_error!(
+            NotImplemented,
+            "this node runs without authentication, and a body in aws-chunked framing can \
+             only be read by checking its signatures: send it as one payload (the AWS SDKs: \
+             request_checksum_calculation = when_required) or turn authentication on"
+        ))
+        .into_response();
+    }
+    req.headers_mut().remove(http::header::AUTHORIZATION);
+    if let Some(q) = req.uri().query() {
+        // A presigned URL's signing parameters (X-Amz-*) go; the rest of the query stays.
+        let kept: Vec<(String, String)> = url::form_urlencoded::parse(q.as_bytes())
+            .filter(|(k, _)| !k.starts_with("X-Amz-"))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(kept)
+            .finish();
+        let pq = if query.is_empty() {
+            req.uri().path().to_string()
+        } else {
+            format!("{}?{query}", req.uri().path())
+        };
+        let mut parts = req.uri().clone().into_parts();
+        if let Ok(pq) = pq.parse() {
+            parts.path_and_query = Some(pq);
+            if let Ok(u) = http::Uri::from_parts(parts) {
+                *req.uri_mut() = u;
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Refuses a body announced over [`S3_BODY_BYTES_MAX`] at once, and cuts any body off
+/// there (a chunked one announces nothing): no request holds more than that.
+async fn limit_body(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let announced = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > S3_BODY_BYTES_MAX as u64) {
+        return door::error_response(s3_error!(
+            EntityTooLarge,
+            "a body of at most {S3_BODY_BYTES_MAX} bytes (an object is a block of at most {} bytes)",
+            ctxpod_wire::BLOCK_BYTES_MAX
+        ))
+        .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let body = axum::body::Body::new(http_body_util::Limited::new(body, S3_BODY_BYTES_MAX));
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
+}
