@@ -15,6 +15,8 @@ venv="${CTXPOD_VENV:-$HOME/.cache/ctxpod-venv}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator==0.9.0 \
   helm-python-sdk==0.2.2 kubernetes-validate==1.31.0 pyyaml==6.0.2 selenium==4.51.0 \
   maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 cbor2==6.3.0 xxhash==4.1.0
+# Real S3 clients for the S3 door's suite (python/tests/test_s3.py): boto3 and the AWS CLI.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check boto3==1.44.8 awscli==1.46.3
 # A real engine for the SDK's end-to-end test: torch from PyPI (the CUDA build; it runs on
 # the CPU here; about 2.5 minutes and 5.6 GB the first time, then cached in the venv) and
 # Hugging Face transformers.

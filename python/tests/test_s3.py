@@ -1,0 +1,193 @@
+"""The S3 door (`s3_listen`) against real S3 clients from PyPI: boto3 and the AWS CLI
+(`aws s3api`, `aws s3 cp`, `aws s3 ls`), path-style, with SigV4 credentials made by
+`ctxpod token create --s3`, storing and reading blocks byte for byte."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BIN, Node, engine, free_port
+
+boto3 = engine("boto3")
+from botocore.config import Config  # noqa: E402
+from botocore.exceptions import ClientError  # noqa: E402
+
+
+def s3_token(tokens: Path, tid: str, role: str, tenant: str | None) -> tuple[str, str]:
+    """(access key id, secret access key) of a token made with `--s3`."""
+    args = [BIN, "token", "create", "--s3", "--id", tid, "--role", role, "--dir", str(tokens)]
+    if tenant:
+        args += ["--tenant", tenant]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    kv = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
+    return kv["aws_access_key_id"], kv["aws_secret_access_key"]
+
+
+@pytest.fixture(scope="module")
+def door(root):
+    """A node with authentication on and the S3 door; S3 credentials of tenants acme and
+    globex."""
+    tokens = root / "s3-tokens"
+    creds = {
+        "acme": s3_token(tokens, "acme-s3", "tenant-rw", "acme"),
+        "globex": s3_token(tokens, "globex-s3", "tenant-rw", "globex"),
+    }
+    port = free_port()
+    n = Node(root, "s3", extra=f's3_listen = "127.0.0.1:{port}"\n[auth]\ntokens_dir = "{tokens}"\n')
+    n.s3 = f"http://127.0.0.1:{port}"
+    n.creds = creds
+    yield n
+    n.stop()
+
+
+def client(door, who: str = "acme", secret: str | None = None, **config):
+    ak, sk = door.creds[who]
+    return boto3.client(
+        "s3",
+        endpoint_url=door.s3,
+        aws_access_key_id=ak,
+        aws_secret_access_key=secret or sk,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **config),
+    )
+
+
+def blob(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def code(e: ClientError) -> str:
+    return e.response["Error"]["Code"]
+
+
+def test_boto3_stores_and_reads_blocks_byte_for_byte(door, tmp_path):
+    s3 = client(door)
+    bucket = f"kv-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    s3.head_bucket(Bucket=bucket)
+    # KVBM's layout: a block's sequence hash as 16 hex digits.
+    data = {f"{0xfeed0000 + i:016x}": blob(n, i) for i, n in enumerate([1, 65536, 1 << 20, 4 << 20])}
+    for k, v in data.items():
+        put = s3.put_object(Bucket=bucket, Key=k, Body=v)
+        got = s3.get_object(Bucket=bucket, Key=k)
+        assert got["Body"].read() == v
+        assert got["ETag"] == put["ETag"]
+        head = s3.head_object(Bucket=bucket, Key=k)
+        assert head["ContentLength"] == len(v)
+    big = data[f"{0xfeed0003:016x}"]
+    part = s3.get_object(Bucket=bucket, Key=f"{0xfeed0003:016x}", Range="bytes=1048576-2097151")
+    assert part["Body"].read() == big[1 << 20:2 << 20]
+    assert part["ContentRange"] == f"bytes 1048576-2097151/{len(big)}"
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="0000000000000000")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="0000000000000000")
+    assert code(e.value) == "NoSuchKey"
+    # s3transfer (upload_file / download_file), as tools use it.
+    src = tmp_path / "up.bin"
+    src.write_bytes(blob(3 << 20, 9))
+    s3.upload_file(str(src), bucket, "up.bin")
+    s3.download_file(bucket, "up.bin", str(tmp_path / "down.bin"))
+    assert (tmp_path / "down.bin").read_bytes() == src.read_bytes()
+    # Pages of a listing, each key once, sizes as stored.
+    keys, token = [], None
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        page = s3.list_objects_v2(Bucket=bucket, MaxKeys=2, **kw)
+        keys += [(o["Key"], o["Size"]) for o in page.get("Contents", [])]
+        if not page["IsTruncated"]:
+            break
+        token = page["NextContinuationToken"]
+    want = sorted([(k, len(v)) for k, v in data.items()] + [("up.bin", 3 << 20)])
+    assert keys == want
+    out = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k, _ in want]})
+    assert len(out["Deleted"]) == len(want) and not out.get("Errors")
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+    s3.delete_bucket(Bucket=bucket)
+    with pytest.raises(ClientError) as e:
+        s3.head_bucket(Bucket=bucket)
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_boto3_is_refused_with_bad_credentials_and_across_tenants(door):
+    s3, other = client(door), client(door, "globex")
+    bucket = f"own-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="k", Body=b"acme's bytes")
+    with pytest.raises(ClientError) as e:
+        client(door, secret="x" * 40).get_object(Bucket=bucket, Key="k")
+    assert code(e.value) == "SignatureDoesNotMatch"
+    with pytest.raises(ClientError) as e:
+        other.get_object(Bucket=bucket, Key="k")
+    assert code(e.value) == "NoSuchBucket"
+    assert bucket not in [b["Name"] for b in other.list_buckets()["Buckets"]]
+    assert bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    # A bad checksum stores nothing; the node serves on.
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=bucket, Key="bad", Body=b"x" * 1000, ChecksumCRC32C="AAAAAA==")
+    assert code(e.value) == "BadDigest"
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+    # Presigned URLs (SigV4): good until they expire. boto3 presigns with SigV2 unless told
+    # otherwise, and SigV2 is refused.
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}))
+    assert e.value.code == 403
+    s3 = client(door, signature_version="s3v4")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=60)
+    assert urllib.request.urlopen(url, timeout=10).read() == b"acme's bytes"
+    short = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=1)
+    time.sleep(2.5)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(short, timeout=10)
+    assert e.value.code == 403
+
+
+def aws(door, *args: str, cwd: Path) -> str:
+    """The AWS CLI (awscli from PyPI) against the door, path-style, with acme's keys."""
+    ak, sk = door.creds["acme"]
+    cfg = cwd / "aws-config"
+    cfg.write_text("[default]\nregion = us-east-1\ns3 =\n    addressing_style = path\n")
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=ak,
+        AWS_SECRET_ACCESS_KEY=sk,
+        AWS_CONFIG_FILE=str(cfg),
+        AWS_SHARED_CREDENTIALS_FILE=str(cwd / "none"),
+    )
+    exe = Path(sys.executable).parent / "aws"
+    r = subprocess.run([str(exe), "--endpoint-url", door.s3, *args], env=env, cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"aws {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
+def test_the_aws_cli_s3api_and_s3_cp(door, tmp_path):
+    bucket = f"cli-{uuid.uuid4().hex[:8]}"
+    aws(door, "s3api", "create-bucket", "--bucket", bucket, cwd=tmp_path)
+    src = tmp_path / "block.bin"
+    src.write_bytes(blob(1 << 20, 3))
+    aws(door, "s3api", "put-object", "--bucket", bucket, "--key", "00000000deadbeef", "--body", str(src),
+        cwd=tmp_path)
+    aws(door, "s3api", "get-object", "--bucket", bucket, "--key", "00000000deadbeef", "--range",
+        "bytes=0-4095", str(tmp_path / "part.bin"), cwd=tmp_path)
+    assert (tmp_path / "part.bin").read_bytes() == src.read_bytes()[:4096]
+    head = aws(door, "s3api", "head-object", "--bucket", bucket, "--key", "00000000deadbeef", cwd=tmp_path)
+    assert '"ContentLength": 1048576' in head
+    big = tmp_path / "big.bin"
+    big.write_bytes(blob(6 << 20, 4))
+    aws(door, "s3", "cp", str(big), f"s3://{bucket}/big.bin", cwd=tmp_path)
+    aws(door, "s3", "cp", f"s3://{bucket}/big.bin", str(tmp_path / "big.out"), cwd=tmp_path)
+    assert (tmp_path / "big.out").read_bytes() == big.read_bytes()
+    listing = aws(door, "s3", "ls", f"s3://{bucket}/", cwd=tmp_path)
+    assert "big.bin" in listing and "00000000deadbeef" in listing
