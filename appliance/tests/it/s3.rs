@@ -572,3 +572,157 @@ async fn without_auth_any_credentials_are_the_admin() {
     )
     .await;
 }
+
+/// A request signed 20 minutes ago (a replay, or a client's clock that far off) is refused
+/// with RequestTimeTooSkewed, and a PUT of it stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_outside_the_clock_skew_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
+    let now = client(&node, &ak, &sk);
+    now.create_bucket()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect("bucket");
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(20 * 60);
+    // A client whose clock is 20 minutes behind; the SDK learns the skew from a refusal
+    // and signs again with the server's clock, so each request gets a client of its own,
+    // and no retry.
+    let stale = || {
+        let conf = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(s3_url(&node))
+            .force_path_style(true)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new(&ak, &sk, None, None, "ctxpod"))
+            .time_source(aws_smithy_async::time::StaticTimeSource::new(then))
+            .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+            .build();
+        aws_sdk_s3::Client::from_conf(conf)
+    };
+    let e = stale()
+        .put_object()
+        .bucket("kvbm")
+        .key("k")
+        .body(ByteStream::from_static(b"replayed"))
+        .send()
+        .await
+        .expect_err("a stale signature");
+    assert_eq!(code(&e), "RequestTimeTooSkewed", "{e:?}");
+    let e = stale()
+        .list_buckets()
+        .send()
+        .await
+        .expect_err("a stale signature");
+    assert_eq!(code(&e), "RequestTimeTooSkewed", "{e:?}");
+    let listed = now
+        .list_objects_v2()
+        .bucket("kvbm")
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(listed.key_count(), Some(0), "nothing was stored");
+}
+
+/// Raw bytes a client may send (authentication off, so that no signature stands in the
+/// way): malformed XML, a header over hyper's limit, a body shorter than its
+/// Content-Length, one announced over the limit. Each is an S3 error or a closed
+/// connection, never a 5xx; nothing is stored; the node serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_get_s3_errors_and_store_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let node = Node::fresh(&["--capacity", "256MiB", "--s3-listen", "127.0.0.1:0"]).await;
+    let url = s3_url(&node);
+    let addr = url.trim_start_matches("http://").to_string();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let send = |method: reqwest::Method, path: &str| http.request(method, format!("{url}{path}"));
+    // Malformed XML in a DeleteObjects.
+    for body in [
+        "<Delete><Object><Key>k</Key>",
+        "not xml at all",
+        "<Delete></Nope>",
+    ] {
+        let r = send(reqwest::Method::POST, "/default?delete")
+            .header("x-amz-content-sha256", "UNSIGNED-PAYLOAD")
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 400, "{body}");
+        let text = r.text().await.expect("body");
+        assert!(text.contains("<Code>MalformedXML</Code>"), "{body}: {text}");
+    }
+    // A huge header: refused before any handler.
+    let r = send(reqwest::Method::GET, "/default/k")
+        .header("x-amz-meta-huge", "h".repeat(1 << 20))
+        .send()
+        .await;
+    assert!(
+        r.map_or(true, |r| r.status().is_client_error()),
+        "a 1 MiB header is refused"
+    );
+    // A body announced over the limit: EntityTooLarge at once.
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    s.write_all(
+        format!(
+            "PUT /default/big HTTP/1.1\r\nhost: {addr}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n\
+             content-length: {}\r\n\r\n",
+            64 << 20
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut answer = vec![0u8; 4096];
+    let n = s.read(&mut answer).await.expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("EntityTooLarge"), "{answer}");
+    // A body shorter than its Content-Length, then the client stops sending.
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    s.write_all(
+        format!(
+            "PUT /default/short HTTP/1.1\r\nhost: {addr}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n\
+             content-length: 100000\r\n\r\n{}",
+            "x".repeat(50_000)
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest).await;
+    let rest = String::from_utf8_lossy(&rest).to_string();
+    assert!(
+        !rest.starts_with("HTTP/1.1 2"),
+        "a short body is not stored: {rest}"
+    );
+    assert!(!rest.starts_with("HTTP/1.1 5"), "{rest}");
+    for key in [&b"big"[..], b"short", b"k"] {
+        assert_eq!(node.client.get("default", key).await.expect("get"), None);
+    }
+    // The node serves on.
+    let s3 = client(&node, "anyone", "anything");
+    s3.put_object()
+        .bucket("default")
+        .key("fine")
+        .body(ByteStream::from_static(b"fine"))
+        .send()
+        .await
+        .expect("a good put");
+    assert!(!metrics_have_5xx(&node).await, "no 5xx was answered");
+}
+
+/// Whether the node answered any S3 request with an internal error.
+async fn metrics_have_5xx(node: &Node) -> bool {
+    let m = node.client.metrics().await.expect("metrics");
+    m.lines()
+        .any(|l| l.starts_with("ctxpod_s3_requests_total") && l.contains("InternalError"))
+}

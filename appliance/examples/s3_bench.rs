@@ -1,0 +1,191 @@
+//! The S3 door beside HTTP API v1 and CXP1, in one run (issue #22): PUT then GET of the same
+//! number of blocks of each size through each, `--concurrency` requests in flight, the Rust
+//! `aws-sdk-s3` with its default settings on the S3 side. `bench/s3.sh` starts the node and
+//! runs it; docs/PERFORMANCE.md has a run.
+//!
+//! ```text
+//! s3_bench --s3 URL --http URL --transfer ADDR --token TOKEN --ak ID --sk SECRET
+//!          [--count N] [--concurrency C] [--sizes 65536,1048576,4194304]
+//! ```
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use ctxpod_client::client::Client;
+use ctxpod_client::connect::Connect;
+use ctxpod_client::transfer_client::TransferClient;
+use ctxpod_wire::Durability;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::time::Instant;
+
+struct Args {
+    s3: String,
+    http: String,
+    transfer: String,
+    token: String,
+    ak: String,
+    sk: String,
+    count: usize,
+    concurrency: usize,
+    sizes: Vec<usize>,
+}
+
+fn args() -> Args {
+    let mut m: HashMap<String, String> = HashMap::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        m.insert(k.trim_start_matches("--").to_string(), v);
+    }
+    let get = |k: &str| {
+        m.get(k)
+            .cloned()
+            .unwrap_or_else(|| panic!("--{k} is required"))
+    };
+    Args {
+        s3: get("s3"),
+        http: get("http"),
+        transfer: get("transfer"),
+        token: get("token"),
+        ak: get("ak"),
+        sk: get("sk"),
+        count: m.get("count").map_or(256, |v| v.parse().expect("--count")),
+        concurrency: m
+            .get("concurrency")
+            .map_or(8, |v| v.parse().expect("--concurrency")),
+        sizes: m
+            .get("sizes")
+            .map_or("65536,1048576,4194304", String::as_str)
+            .split(',')
+            .map(|s| s.parse().expect("--sizes"))
+            .collect(),
+    }
+}
+
+/// Runs `n` operations, `c` at a time: the seconds taken.
+async fn timed<F, Fut>(n: usize, c: usize, op: F) -> f64
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let t = Instant::now();
+    futures::stream::iter(0..n)
+        .map(&op)
+        .buffer_unordered(c)
+        .collect::<Vec<()>>()
+        .await;
+    t.elapsed().as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let a = args();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&a.s3)
+        .force_path_style(true)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(&a.ak, &a.sk, None, None, "bench"))
+        .build();
+    let s3 = aws_sdk_s3::Client::from_conf(conf);
+    let how = Connect {
+        token: Some(a.token.clone()),
+        tls: None,
+    };
+    let http = Client::connect(a.http.clone(), &how).expect("HTTP client");
+    let wire = TransferClient::connect_with(&a.transfer, &how)
+        .await
+        .expect("CXP1 client");
+    let ns = "bench";
+    let _ = s3.create_bucket().bucket(ns).send().await;
+    println!(
+        "size_bytes,path,put_gbps,get_gbps,get_ops_per_s ({} blocks, {} in flight)",
+        a.count, a.concurrency
+    );
+    for &size in &a.sizes {
+        let data: Vec<Bytes> = (0..a.count)
+            .map(|i| ctxpod_testkit::block((size + i) as u64, size))
+            .collect();
+        let gb = (size * a.count) as f64 / 1e9;
+        let key = |path: &str, i: usize| format!("{path}-{size}-{i:06}");
+        let mut get_gbps = HashMap::new();
+        for path in ["s3", "http", "cxp1"] {
+            let put = timed(a.count, a.concurrency, |i| {
+                let (k, d) = (key(path, i), data[i].clone());
+                let (s3, http, wire) = (&s3, &http, &wire);
+                async move {
+                    match path {
+                        "s3" => {
+                            s3.put_object()
+                                .bucket(ns)
+                                .key(&k)
+                                .body(ByteStream::from(d))
+                                .send()
+                                .await
+                                .expect("S3 put");
+                        }
+                        "http" => {
+                            http.put(ns, k.as_bytes(), d, Durability::Durable)
+                                .await
+                                .expect("HTTP put");
+                        }
+                        _ => {
+                            let st = wire
+                                .put(ns, &[(Bytes::from(k), d)], Durability::Durable)
+                                .await
+                                .expect("CXP1 put");
+                            assert!(st[0] == 201 || st[0] == 200, "CXP1 put: {st:?}");
+                        }
+                    }
+                }
+            })
+            .await;
+            let get = timed(a.count, a.concurrency, |i| {
+                let (k, want) = (key(path, i), data[i].len());
+                let (s3, http, wire) = (&s3, &http, &wire);
+                async move {
+                    let n = match path {
+                        "s3" => s3
+                            .get_object()
+                            .bucket(ns)
+                            .key(&k)
+                            .send()
+                            .await
+                            .expect("S3 get")
+                            .body
+                            .collect()
+                            .await
+                            .expect("S3 body")
+                            .into_bytes()
+                            .len(),
+                        "http" => http
+                            .get(ns, k.as_bytes())
+                            .await
+                            .expect("HTTP get")
+                            .expect("held")
+                            .len(),
+                        _ => wire.get(ns, &[Bytes::from(k)]).await.expect("CXP1 get")[0]
+                            .as_ref()
+                            .expect("held")
+                            .len(),
+                    };
+                    assert_eq!(n, want);
+                }
+            })
+            .await;
+            get_gbps.insert(path, gb / get);
+            println!(
+                "{size},{path},{:.3},{:.3},{:.0}",
+                gb / put,
+                gb / get,
+                a.count as f64 / get
+            );
+        }
+        println!(
+            "{size},s3_get/http_get,{:.2}",
+            get_gbps["s3"] / get_gbps["http"]
+        );
+    }
+}
