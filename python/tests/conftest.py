@@ -81,8 +81,10 @@ class Node:
                  ca: Path | None = None, client: tuple[Path, Path] | None = None) -> None:
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port, self.tport = free_port(), free_port()
+        self.port, self.tport, self.s3port = free_port(), free_port(), free_port()
         self.http = f"{scheme}://127.0.0.1:{self.port}"
+        #: The node's S3 door (every test node serves one).
+        self.s3 = f"{scheme}://127.0.0.1:{self.s3port}"
         self.ssl = None
         if ca is not None:
             import ssl
@@ -94,7 +96,8 @@ class Node:
         self.config = self.dir / "node.toml"
         self.config.write_text(
             f'data_dir = "{self.dir}/data"\nlisten = "127.0.0.1:{self.port}"\n'
-            f'transfer_listen = "127.0.0.1:{self.tport}"\ncapacity = "256MiB"\n'
+            f'transfer_listen = "127.0.0.1:{self.tport}"\ns3_listen = "127.0.0.1:{self.s3port}"\n'
+            f'capacity = "256MiB"\n'
             f'dram = "32MiB"\nlog = "warn"\n{extra}\n{pod}'
         )
         self.proc: subprocess.Popen | None = None

@@ -151,6 +151,34 @@ def test_a_listing_with_a_member_down_is_refused_not_short(pod, store):
     assert list(store.keys()) == sorted(keys)
 
 
+def test_any_nodes_s3_door_answers_for_the_pod(pod, store):
+    """The S3 door in a pod (auth off: any credentials): an object put through one node's
+    door is read, listed and deleted through every other's, and lands on its R members."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    def s3(node):
+        return boto3.client("s3", endpoint_url=node.s3, aws_access_key_id="any", aws_secret_access_key="any",
+                            region_name="us-east-1", config=Config(s3={"addressing_style": "path"}))
+
+    keys, vals = blocks(12, size=100_000)
+    names = [k.decode() for k in keys]
+    for name, v in zip(names, vals):
+        s3(pod[0]).put_object(Bucket=store.namespace, Key=name, Body=v)
+    for n in pod[1:]:
+        for name, v in zip(names, vals):
+            assert s3(n).get_object(Bucket=store.namespace, Key=name)["Body"].read() == v
+        listed = s3(n).list_objects_v2(Bucket=store.namespace)["Contents"]
+        assert [o["Key"] for o in listed] == sorted(names)
+    # Each object is a block of the pod, on its two ranked members (the SDK sees it too).
+    assert store.batch_get(keys) == vals
+    for k in keys:
+        holders = {n.transfer for n in pod if held_locally(n.http, store.namespace, k)}
+        assert holders == set(store._s.ranked(store.namespace, k)[:2])
+    s3(pod[2]).delete_objects(Bucket=store.namespace, Delete={"Objects": [{"Key": k} for k in names]})
+    assert store.batch_exists(keys) == [False] * 12
+
+
 def test_reads_fall_back_when_a_member_is_down(pod, store):
     keys, vals = blocks(18)
     store.batch_put(keys, vals)

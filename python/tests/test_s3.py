@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BIN, Node, engine, free_port
+from conftest import BIN, Node, engine
 
 boto3 = engine("boto3")
 from botocore.config import Config  # noqa: E402
@@ -39,9 +39,7 @@ def door(root):
         "acme": s3_token(tokens, "acme-s3", "tenant-rw", "acme"),
         "globex": s3_token(tokens, "globex-s3", "tenant-rw", "globex"),
     }
-    port = free_port()
-    n = Node(root, "s3", extra=f's3_listen = "127.0.0.1:{port}"\n[auth]\ntokens_dir = "{tokens}"\n')
-    n.s3 = f"http://127.0.0.1:{port}"
+    n = Node(root, "s3", extra=f'[auth]\ntokens_dir = "{tokens}"\n')
     n.creds = creds
     yield n
     n.stop()
