@@ -189,3 +189,46 @@ def test_the_aws_cli_s3api_and_s3_cp(door, tmp_path):
     assert (tmp_path / "big.out").read_bytes() == big.read_bytes()
     listing = aws(door, "s3", "ls", f"s3://{bucket}/", cwd=tmp_path)
     assert "big.bin" in listing and "00000000deadbeef" in listing
+
+
+def signed_post(door, path: str, body: dict, who: str = "acme"):
+    """A POST signed with SigV4 by botocore, as any S3 SDK can send one."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    ak, sk = door.creds[who]
+    req = AWSRequest(method="POST", url=door.s3 + path, data=json.dumps(body).encode(),
+                     headers={"content-type": "application/json"})
+    S3SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    p = req.prepare()
+    r = urllib.request.Request(p.url, data=p.body, headers=dict(p.headers), method="POST")
+    try:
+        with urllib.request.urlopen(r, timeout=10) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_kv_extras_match_and_pin_a_chain_with_s3_credentials(door):
+    """MATCH and PIN through the S3 door, signed with the S3 credentials."""
+    s3 = client(door)
+    bucket = f"chain-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    chain = [f"{0xc0de0000 + i:016x}" for i in range(6)]
+    for k in chain[:4]:
+        s3.put_object(Bucket=bucket, Key=k, Body=k.encode())
+    assert signed_post(door, f"/{bucket}?x-ctxpod-match", {"keys": chain}) == (200, {"matched": 4})
+    status, got = signed_post(door, f"/{bucket}?x-ctxpod-pin", {"keys": chain, "ttl_ms": 30000})
+    assert status == 200 and got["pinned"] == 4
+    # Another tenant's credentials see nothing of it; bad input is an S3 error.
+    status, text = signed_post(door, f"/{bucket}?x-ctxpod-match", {"keys": chain}, who="globex")
+    assert status == 404 and "NoSuchBucket" in text
+    status, text = signed_post(door, f"/{bucket}?x-ctxpod-match", {"chain": chain})
+    assert status == 400 and "InvalidArgument" in text
+    status, text = signed_post(door, f"/{bucket}?x-ctxpod-pin", {"keys": chain})
+    assert status == 400 and "ttl_ms" in text

@@ -29,6 +29,7 @@ use std::task::{Context, Poll};
 use tower::ServiceExt;
 
 /// The S3 operations over the node's HTTP router.
+#[derive(Clone)]
 pub struct Door {
     api: axum::Router,
     auth: Arc<Authenticator>,
@@ -61,7 +62,7 @@ impl Door {
 
     /// Sends `method path` with `headers` and `body` through the HTTP router as `req`'s
     /// caller, from `req`'s connection.
-    async fn send<T>(
+    pub(crate) async fn send<T>(
         &self,
         req: &S3Request<T>,
         method: Method,
@@ -89,7 +90,7 @@ impl Door {
         }
     }
 
-    fn count(&self, op: &'static str, r: &S3Result<impl Sized>) {
+    pub(crate) fn count(&self, op: &'static str, r: &S3Result<impl Sized>) {
         let code = match r {
             Ok(_) => "OK",
             Err(e) => code_name(e.code()),
@@ -135,14 +136,14 @@ pub(crate) fn error_response(e: S3Error) -> http::Response<Body> {
 }
 
 /// A bucket's namespace name, checked as the HTTP API checks it.
-fn namespace(bucket: &str) -> S3Result<&str> {
+pub(crate) fn namespace(bucket: &str) -> S3Result<&str> {
     ctxpod_wire::namespace::check_namespace_name(bucket)
         .map_err(|e| s3_error!(InvalidBucketName, "{e}"))?;
     Ok(bucket)
 }
 
 /// An object key's block key: its UTF-8 bytes, 1..=128 of them.
-fn block_key(key: &str) -> S3Result<String> {
+pub(crate) fn block_key(key: &str) -> S3Result<String> {
     match key.len() {
         0 => Err(s3_error!(InvalidArgument, "an empty key")),
         n if n > ctxpod_wire::KEY_BYTES_MAX => Err(s3_error!(
@@ -172,7 +173,7 @@ fn header_str<'h>(h: &'h HeaderMap, name: &str) -> Option<&'h str> {
 }
 
 /// The S3 error for a refusal of the HTTP API: by its status and its error kind.
-async fn refusal(resp: http::Response<Body>, on_key: bool) -> S3Error {
+pub(crate) async fn refusal(resp: http::Response<Body>, on_key: bool) -> S3Error {
     let status = resp.status();
     let retry = resp.headers().get(http::header::RETRY_AFTER).cloned();
     let body = axum::body::to_bytes(resp.into_body(), 64 << 10)

@@ -10,6 +10,9 @@
 //! budgets, the pod's routing (any node answers for the pod), the metrics — with no second
 //! implementation of any of it.
 //!
+//! KV extras ([`extras`]): MATCH and PIN as signed S3 requests with a query parameter of
+//! ctxpod's own, which S3 tools never send.
+//!
 //! Credentials: with authentication on, an access key id is a token id and its secret
 //! access key is the token's `s3_secret` (`ctxpod token create --s3`); SigV4 only (SigV2 is
 //! refused), presigned URLs for at most 7 days, 15 minutes of clock skew. With
@@ -20,6 +23,7 @@
 //! (`NotImplemented`, saying so); single-payload and unsigned bodies are taken.
 
 pub mod door;
+pub mod extras;
 
 use crate::auth::{Authenticator, Principal};
 use s3s::{s3_error, S3Result};
@@ -100,7 +104,12 @@ pub fn router(
     metrics: Arc<crate::metrics::NodeMetrics>,
 ) -> axum::Router {
     let enabled = auth.enabled();
-    let mut b = s3s::service::S3ServiceBuilder::new(door::Door::new(api, auth.clone(), metrics));
+    let door = door::Door::new(api, auth.clone(), metrics);
+    let mut b = s3s::service::S3ServiceBuilder::new(door.clone());
+    b.set_route(extras::Extras {
+        door,
+        auth_enabled: enabled,
+    });
     if enabled {
         b.set_auth(Keys(auth));
         b.set_access(SigV4Only);
