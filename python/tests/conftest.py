@@ -74,6 +74,16 @@ def token(tokens_dir: Path, tid: str, role: str, tenant: str | None = None) -> s
     return out.strip().splitlines()[-1].strip()
 
 
+def s3_token(tokens_dir: Path, tid: str, role: str, tenant: str | None = None) -> tuple[str, str]:
+    """(access key id, secret access key) of a token made with `ctxpod token create --s3`."""
+    args = [BIN, "token", "create", "--s3", "--id", tid, "--role", role, "--dir", str(tokens_dir)]
+    if tenant:
+        args += ["--tenant", tenant]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    kv = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
+    return kv["aws_access_key_id"], kv["aws_secret_access_key"]
+
+
 class Node:
     """One `ctxpod serve` process."""
 

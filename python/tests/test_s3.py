@@ -13,21 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BIN, Node, engine
+from conftest import Node, engine, s3_token
 
 boto3 = engine("boto3")
 from botocore.config import Config  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
-
-
-def s3_token(tokens: Path, tid: str, role: str, tenant: str | None) -> tuple[str, str]:
-    """(access key id, secret access key) of a token made with `--s3`."""
-    args = [BIN, "token", "create", "--s3", "--id", tid, "--role", role, "--dir", str(tokens)]
-    if tenant:
-        args += ["--tenant", tenant]
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    kv = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
-    return kv["aws_access_key_id"], kv["aws_secret_access_key"]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 import ctxpod
 from ctxpod import errors
-from conftest import Node, token
+from conftest import Node, s3_token, token
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -41,11 +41,13 @@ def pki(root):
 def tls_node(root, pki):
     tokens = root / "tls-tokens"
     tok = token(tokens, "tls-rw", "tenant-rw", "acme")
+    s3 = s3_token(tokens, "tls-s3", "tenant-rw", "acme")
     n = Node(root, "tls", extra=(
         f'[auth]\ntokens_dir = "{tokens}"\n'
         f'[tls]\ncert_file = "{pki}/node.pem"\nkey_file = "{pki}/node.key"\n'
     ), scheme="https", ca=pki / "ca.pem")
     n.token = tok
+    n.s3creds = s3
     yield n
     n.stop()
 
@@ -93,3 +95,27 @@ def test_mtls_needs_the_client_certificate(mtls_node, pki):
         ctxpod.Store.connect(mtls_node.http, "x", ca_file=ca)
     with pytest.raises(errors.InvalidRequest, match="go together"):
         ctxpod.Store.connect(mtls_node.http, "x", ca_file=ca, cert_file=pki / "client.pem")
+
+
+def test_the_s3_door_over_tls(tls_node, pki):
+    """boto3 over https (it sends UNSIGNED-PAYLOAD there) with the node's CA: a round trip;
+    a client that does not trust the CA is refused at the handshake."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+    from botocore.exceptions import SSLError
+
+    ak, sk = tls_node.s3creds
+
+    def s3(ca: Path):
+        return boto3.client("s3", endpoint_url=tls_node.s3, aws_access_key_id=ak, aws_secret_access_key=sk,
+                            region_name="us-east-1", verify=str(ca),
+                            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+    c = s3(pki / "ca.pem")
+    bucket = f"tls-{uuid.uuid4().hex[:8]}"
+    c.create_bucket(Bucket=bucket)
+    data = bytes(range(256)) * 4096
+    c.put_object(Bucket=bucket, Key="0123456789abcdef", Body=data)
+    assert c.get_object(Bucket=bucket, Key="0123456789abcdef")["Body"].read() == data
+    with pytest.raises(SSLError):
+        s3(pki / "other.pem").list_buckets()

@@ -220,7 +220,10 @@ pub(crate) async fn refusal(resp: http::Response<Body>, on_key: bool) -> S3Error
 /// ends the stream with an error, so the node stores nothing, and leaves the S3 error for
 /// the door to answer.
 struct Checked {
-    inner: StreamingBlob,
+    inner: Option<StreamingBlob>,
+    /// Where the body goes if it is dropped before its end (the node refused it early), to
+    /// be drained.
+    unread: Option<tokio::sync::oneshot::Sender<StreamingBlob>>,
     len: u64,
     seen: u64,
     md5: Option<(s3s::crypto::Md5, String)>,
@@ -297,6 +300,15 @@ impl Checked {
     }
 }
 
+impl Drop for Checked {
+    fn drop(&mut self) {
+        if let (false, Some(inner), Some(tx)) = (self.ended, self.inner.take(), self.unread.take())
+        {
+            let _ = tx.send(inner);
+        }
+    }
+}
+
 impl Stream for Checked {
     type Item = Result<Bytes, std::io::Error>;
 
@@ -304,7 +316,10 @@ impl Stream for Checked {
         if self.ended {
             return Poll::Ready(None);
         }
-        match self.inner.poll_next_unpin(cx) {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match inner.poll_next_unpin(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(b))) => {
                 self.seen += b.len() as u64;
@@ -547,54 +562,23 @@ impl Door {
         let inner = req.input.body.take().unwrap_or_else(|| {
             StreamingBlob::wrap(futures::stream::empty::<Result<Bytes, std::io::Error>>())
         });
-        let i = &req.input;
-        let path = block_path(&i.bucket, &i.key)?;
-        let len = i
-            .content_length
-            .ok_or_else(|| s3_error!(MissingContentLength))?;
-        let len =
-            u64::try_from(len).map_err(|_| s3_error!(InvalidArgument, "a negative length"))?;
-        if len > ctxpod_wire::BLOCK_BYTES_MAX as u64 {
-            return Err(s3_error!(
-                EntityTooLarge,
-                "an object is a block of at most {} bytes, not {len}",
-                ctxpod_wire::BLOCK_BYTES_MAX
-            ));
-        }
-        let mut h = HeaderMap::new();
-        h.insert(http::header::CONTENT_LENGTH, len.into());
-        // A CRC32C announced up front is checked by the node itself, end to end.
-        if let Some(c) = &i.checksum_crc32c {
-            let crc =
-                base64_u32(c).ok_or_else(|| s3_error!(InvalidDigest, "x-amz-checksum-crc32c"))?;
-            h.insert(
-                ctxpod_wire::HEADER_CRC32C,
-                ctxpod_wire::crc32c_hex(crc)
-                    .parse()
-                    .expect("hex is a header value"),
-            );
-        }
-        // KV extra: `x-ctxpod-durability: fast` acknowledges before the flush.
-        if let Some(d) = req.headers.get(ctxpod_wire::HEADER_DURABILITY) {
-            h.insert(ctxpod_wire::HEADER_DURABILITY, d.clone());
-        }
-        let md5 = match &i.content_md5 {
-            Some(m) => {
-                if base64_decode(m).is_none_or(|b| b.len() != 16) {
-                    return Err(s3_error!(
-                        InvalidDigest,
-                        "Content-MD5 is not 16 bytes in base64"
-                    ));
-                }
-                Some((s3s::crypto::Md5::new(), m.clone()))
+        let (path, len, h, md5) = match plan_put(&req) {
+            Ok(p) => p,
+            Err(e) => {
+                // Read what the client sends before answering, so that it reads the answer
+                // instead of a reset connection (bounded by the listener's body cap).
+                drain(inner).await;
+                return Err(e);
             }
-            None => None,
         };
+        let i = &req.input;
         let wants_crc32 = i.checksum_crc32.is_some()
             || matches!(&i.checksum_algorithm, Some(a) if a.as_str() == ChecksumAlgorithm::CRC32);
         let verdict = Arc::new(parking_lot::Mutex::new(Verdict::default()));
+        let (unread_tx, mut unread) = tokio::sync::oneshot::channel();
         let body = Checked {
-            inner,
+            inner: Some(inner),
+            unread: Some(unread_tx),
             len,
             seen: 0,
             md5,
@@ -607,7 +591,12 @@ impl Door {
         };
         let resp = self
             .send(&req, Method::PUT, path, h, Body::from_stream(body))
-            .await?;
+            .await;
+        // A body the node refused before reading it all comes back here to be drained.
+        if let Ok(rest) = unread.try_recv() {
+            drain(rest).await;
+        }
+        let resp = resp?;
         let v = std::mem::take(&mut *verdict.lock());
         if let Some(e) = v.error {
             return Err(e);
@@ -918,6 +907,65 @@ impl Door {
         ctxpod_client::client::KeyPage::from_wire(page, limit)
             .map_err(|e| s3_error!(InternalError, "{e}"))
     }
+}
+
+/// What a PutObject sends to the node, once its input is checked: the block's path, its
+/// length, the request's headers and the Content-MD5 to check.
+#[allow(clippy::type_complexity)]
+fn plan_put(
+    req: &S3Request<PutObjectInput>,
+) -> S3Result<(String, u64, HeaderMap, Option<(s3s::crypto::Md5, String)>)> {
+    let i = &req.input;
+    let path = block_path(&i.bucket, &i.key)?;
+    // An aws-chunked body sent with HTTP chunking (boto3 over https) has no Content-Length
+    // for s3s to rewrite: its decoded length is in its own header.
+    let decoded = header_str(&req.headers, "x-amz-decoded-content-length")
+        .and_then(|v| v.parse::<i64>().ok());
+    let len = i
+        .content_length
+        .or(decoded)
+        .ok_or_else(|| s3_error!(MissingContentLength))?;
+    let len = u64::try_from(len).map_err(|_| s3_error!(InvalidArgument, "a negative length"))?;
+    if len > ctxpod_wire::BLOCK_BYTES_MAX as u64 {
+        return Err(s3_error!(
+            EntityTooLarge,
+            "an object is a block of at most {} bytes, not {len}",
+            ctxpod_wire::BLOCK_BYTES_MAX
+        ));
+    }
+    let mut h = HeaderMap::new();
+    h.insert(http::header::CONTENT_LENGTH, len.into());
+    // A CRC32C announced up front is checked by the node itself, end to end.
+    if let Some(c) = &i.checksum_crc32c {
+        let crc = base64_u32(c).ok_or_else(|| s3_error!(InvalidDigest, "x-amz-checksum-crc32c"))?;
+        h.insert(
+            ctxpod_wire::HEADER_CRC32C,
+            ctxpod_wire::crc32c_hex(crc)
+                .parse()
+                .expect("hex is a header value"),
+        );
+    }
+    // KV extra: `x-ctxpod-durability: fast` acknowledges before the flush.
+    if let Some(d) = req.headers.get(ctxpod_wire::HEADER_DURABILITY) {
+        h.insert(ctxpod_wire::HEADER_DURABILITY, d.clone());
+    }
+    let md5 = match &i.content_md5 {
+        Some(m) if base64_decode(m).is_none_or(|b| b.len() != 16) => {
+            return Err(s3_error!(
+                InvalidDigest,
+                "Content-MD5 is not 16 bytes in base64"
+            ))
+        }
+        Some(m) => Some((s3s::crypto::Md5::new(), m.clone())),
+        None => None,
+    };
+    Ok((path, len, h, md5))
+}
+
+/// Reads and drops the rest of a request body (the listener caps it at
+/// [`super::S3_BODY_BYTES_MAX`]).
+async fn drain(mut body: StreamingBlob) {
+    while let Some(Ok(_)) = body.next().await {}
 }
 
 fn base64_decode(s: &str) -> Option<Vec<u8>> {
