@@ -80,6 +80,36 @@ async fn node_with_s3_tokens(dir: &Path) -> (Node, [(String, String); 2]) {
     (n, [a, b])
 }
 
+/// A PutObject of `body` under `key`, with the client's default settings.
+async fn put(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    body: impl Into<ByteStream>,
+) -> Result<
+    aws_sdk_s3::operation::put_object::PutObjectOutput,
+    aws_sdk_s3::error::SdkError<aws_sdk_s3::operation::put_object::PutObjectError>,
+> {
+    s3.put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(body.into())
+        .send()
+        .await
+}
+
+/// The error code of a GetObject that fails.
+async fn get_refused(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> String {
+    let e = s3
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .expect_err("refused");
+    code(&e)
+}
+
 fn code<E: aws_sdk_s3::error::ProvideErrorMetadata>(e: &E) -> String {
     e.code().unwrap_or("(none)").to_string()
 }
@@ -105,15 +135,10 @@ async fn the_aws_sdk_stores_and_reads_blocks_byte_for_byte() {
     for (i, &n) in sizes.iter().enumerate() {
         let data = common::block(i as u64, n);
         let key = format!("{:016x}", 0xa5a5_0000_u64 + i as u64);
-        let put = s3
-            .put_object()
-            .bucket("kvbm")
-            .key(&key)
-            .body(ByteStream::from(data.to_vec()))
-            .send()
+        let stored = put(&s3, "kvbm", &key, ByteStream::from(data.to_vec()))
             .await
             .unwrap_or_else(|e| panic!("put {n}: {e:?}"));
-        let etag = put.e_tag().expect("an ETag").to_string();
+        let etag = stored.e_tag().expect("an ETag").to_string();
         let got = s3
             .get_object()
             .bucket("kvbm")
@@ -207,29 +232,11 @@ async fn the_aws_sdk_stores_and_reads_blocks_byte_for_byte() {
         e.as_service_error().is_some_and(|e| e.is_not_found()),
         "{e:?}"
     );
-    let e = s3
-        .get_object()
-        .bucket("kvbm")
-        .key("nope")
-        .send()
-        .await
-        .expect_err("miss");
-    assert_eq!(code(&e), "NoSuchKey");
-    let e = s3
-        .get_object()
-        .bucket("none")
-        .key("k")
-        .send()
-        .await
-        .expect_err("no bucket");
-    assert_eq!(code(&e), "NoSuchBucket");
+    assert_eq!(get_refused(&s3, "kvbm", "nope").await, "NoSuchKey");
+    assert_eq!(get_refused(&s3, "none", "k").await, "NoSuchBucket");
     // Listing: by prefix, a page at a time, and folded by a delimiter.
     for k in ["dir/a", "dir/b", "dir/sub/c", "dir/sub/d", "other"] {
-        s3.put_object()
-            .bucket("kvbm")
-            .key(k)
-            .body(ByteStream::from(k.as_bytes().to_vec()))
-            .send()
+        put(&s3, "kvbm", k, ByteStream::from(k.as_bytes().to_vec()))
             .await
             .expect("put");
     }
@@ -332,12 +339,7 @@ async fn bad_puts_are_refused_and_store_nothing() {
         .await
         .expect("create bucket");
     let big = vec![7u8; (8 << 20) + 1];
-    let e = s3
-        .put_object()
-        .bucket("kvbm")
-        .key("big")
-        .body(ByteStream::from(big))
-        .send()
+    let e = put(&s3, "kvbm", "big", ByteStream::from(big))
         .await
         .expect_err("over the limit");
     assert_eq!(code(&e), "EntityTooLarge", "{e:?}");
@@ -362,14 +364,14 @@ async fn bad_puts_are_refused_and_store_nothing() {
         .await
         .expect_err("a wrong CRC32C");
     assert_eq!(code(&e), "BadDigest", "{e:?}");
-    let e = s3
-        .put_object()
-        .bucket("kvbm")
-        .key("k".repeat(129))
-        .body(ByteStream::from(data.to_vec()))
-        .send()
-        .await
-        .expect_err("a key over 128 bytes");
+    let e = put(
+        &s3,
+        "kvbm",
+        &"k".repeat(129),
+        ByteStream::from(data.to_vec()),
+    )
+    .await
+    .expect_err("a key over 128 bytes");
     assert_eq!(code(&e), "KeyTooLongError", "{e:?}");
     let listed = s3
         .list_objects_v2()
@@ -379,11 +381,7 @@ async fn bad_puts_are_refused_and_store_nothing() {
         .expect("list");
     assert_eq!(listed.key_count(), Some(0), "nothing was stored");
     // The node serves on.
-    s3.put_object()
-        .bucket("kvbm")
-        .key("fine")
-        .body(ByteStream::from(data.to_vec()))
-        .send()
+    put(&s3, "kvbm", "fine", ByteStream::from(data.to_vec()))
         .await
         .expect("a good put");
 }
@@ -401,40 +399,21 @@ async fn signatures_and_tenants_are_enforced() {
         .send()
         .await
         .expect("a's bucket");
-    a.put_object()
-        .bucket("mine")
-        .key("k")
-        .body(ByteStream::from_static(b"a's bytes"))
-        .send()
+    put(&a, "mine", "k", ByteStream::from_static(b"a's bytes"))
         .await
         .expect("put");
     let wrong = client(&node, &ak, &bs);
-    let e = wrong
-        .get_object()
-        .bucket("mine")
-        .key("k")
-        .send()
-        .await
-        .expect_err("wrong secret");
-    assert_eq!(code(&e), "SignatureDoesNotMatch");
+    assert_eq!(
+        get_refused(&wrong, "mine", "k").await,
+        "SignatureDoesNotMatch"
+    );
     let nobody = client(&node, "nobody", &sk);
-    let e = nobody
-        .get_object()
-        .bucket("mine")
-        .key("k")
-        .send()
-        .await
-        .expect_err("no such key id");
-    assert_eq!(code(&e), "InvalidAccessKeyId");
+    assert_eq!(
+        get_refused(&nobody, "mine", "k").await,
+        "InvalidAccessKeyId"
+    );
     // b's "mine" is b's own namespace: a's is out of reach.
-    let e = b
-        .get_object()
-        .bucket("mine")
-        .key("k")
-        .send()
-        .await
-        .expect_err("a's bucket");
-    assert_eq!(code(&e), "NoSuchBucket");
+    assert_eq!(get_refused(&b, "mine", "k").await, "NoSuchBucket");
     b.create_bucket()
         .bucket("theirs")
         .send()
@@ -552,13 +531,14 @@ async fn without_auth_any_credentials_are_the_admin() {
         .await
         .expect_err("signed chunks without auth");
     assert_eq!(code(&e), "NotImplemented", "{e:?}");
-    s3.put_object()
-        .bucket("default")
-        .key("0123456789abcdef")
-        .body(ByteStream::from_static(b"kv"))
-        .send()
-        .await
-        .expect("put");
+    put(
+        &s3,
+        "default",
+        "0123456789abcdef",
+        ByteStream::from_static(b"kv"),
+    )
+    .await
+    .expect("put");
     // The same block through HTTP API v1: the key is the object key's bytes.
     let got = node
         .client
@@ -710,11 +690,7 @@ async fn hostile_requests_get_s3_errors_and_store_nothing() {
     }
     // The node serves on.
     let s3 = client(&node, "anyone", "anything");
-    s3.put_object()
-        .bucket("default")
-        .key("fine")
-        .body(ByteStream::from_static(b"fine"))
-        .send()
+    put(&s3, "default", "fine", ByteStream::from_static(b"fine"))
         .await
         .expect("a good put");
     assert!(!metrics_have_5xx(&node).await, "no 5xx was answered");
