@@ -201,3 +201,90 @@ def test_reads_fall_back_when_a_member_is_down(pod, store):
         victim.start()
     store.refresh()
     assert store.batch_get(k2) == v2
+
+
+def pod_s3(node):
+    """boto3 on a member's S3 door (auth off: any credentials)."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=node.s3, aws_access_key_id="any", aws_secret_access_key="any",
+                        region_name="us-east-1",
+                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+
+@pytest.mark.parametrize("replication", [1, 2])
+def test_delete_bucket_is_refused_while_any_member_holds_an_object(pod, replication):
+    """30 objects put through one member's door, on keys that the third member holds none
+    of: DeleteBucket through that member (and the second) is refused BucketNotEmpty, and all
+    30 stay (before: it answered 204 and the bucket was gone on every node, 30/30 lost).
+    Emptied, the bucket is deleted through any member."""
+    from botocore.exceptions import ClientError
+
+    ns = f"db-{uuid.uuid4().hex[:10]}"
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=ns)
+    s.create_namespace(replication=replication)
+    bystander = pod[2].transfer
+    names: list[str] = []
+    i = 0
+    while len(names) < 30:
+        name = f"obj-{i:05d}"
+        i += 1
+        if bystander not in s._s.ranked(ns, name.encode())[:replication]:
+            names.append(name)
+    for name in names:
+        pod_s3(pod[0]).put_object(Bucket=ns, Key=name, Body=name.encode() * 100)
+    assert not any(held_locally(pod[2].http, ns, name.encode()) for name in names)
+    for member in (pod[2], pod[1]):
+        with pytest.raises(ClientError) as e:
+            pod_s3(member).delete_bucket(Bucket=ns)
+        assert e.value.response["Error"]["Code"] == "BucketNotEmpty", e.value
+    for member in pod:
+        for name in names:
+            assert pod_s3(member).get_object(Bucket=ns, Key=name)["Body"].read() == name.encode() * 100
+    pod_s3(pod[1]).delete_objects(Bucket=ns, Delete={"Objects": [{"Key": k} for k in names]})
+    pod_s3(pod[2]).delete_bucket(Bucket=ns)
+    for member in pod:
+        with pytest.raises(ClientError) as e:
+            pod_s3(member).head_bucket(Bucket=ns)
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    s.close()
+
+
+def test_delete_bucket_is_refused_while_a_member_cannot_say(pod):
+    """With a member down, the pod cannot know the bucket is empty: DeleteBucket is refused
+    (SlowDown, 503) and the bucket stays."""
+    from botocore.exceptions import ClientError
+
+    ns = f"dd-{uuid.uuid4().hex[:10]}"
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=ns)
+    s.create_namespace()
+    pod[1].kill()
+    try:
+        with pytest.raises(ClientError) as e:
+            pod_s3(pod[0]).delete_bucket(Bucket=ns)
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503, e.value
+    finally:
+        pod[1].start()
+    pod_s3(pod[0]).head_bucket(Bucket=ns)
+    s.close()
+
+
+def test_create_bucket_on_an_existing_bucket_keeps_its_pod_settings(pod):
+    """A namespace of quota 1 MiB and two copies: CreateBucket through another member
+    answers BucketAlreadyOwnedByYou and every member keeps both settings."""
+    from botocore.exceptions import ClientError
+
+    ns = f"cb-{uuid.uuid4().hex[:10]}"
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=ns)
+    s.create_namespace(quota_bytes=1 << 20, replication=2)
+    for member in pod:
+        with pytest.raises(ClientError) as e:
+            pod_s3(member).create_bucket(Bucket=ns)
+        assert e.value.response["Error"]["Code"] == "BucketAlreadyOwnedByYou"
+    import json
+
+    for member in pod:
+        info = json.load(urllib.request.urlopen(f"{member.http}/v1/namespaces/{ns}", timeout=5))
+        assert (info["quota_bytes"], info["replication"]) == (1 << 20, 2), member.http
+    s.close()

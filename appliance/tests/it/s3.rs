@@ -618,14 +618,20 @@ async fn hostile_requests_get_s3_errors_and_store_nothing() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let http = reqwest::Client::new();
     let send = |method: reqwest::Method, path: &str| http.request(method, format!("{url}{path}"));
-    // Malformed XML in a DeleteObjects.
+    // Malformed XML in a DeleteObjects (with the checksum S3 requires of its body).
     for body in [
         "<Delete><Object><Key>k</Key>",
         "not xml at all",
         "<Delete></Nope>",
     ] {
+        use base64::Engine as _;
+        let sha = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, body.as_bytes());
         let r = send(reqwest::Method::POST, "/default?delete")
             .header("x-amz-content-sha256", "UNSIGNED-PAYLOAD")
+            .header(
+                "x-amz-checksum-sha256",
+                base64::engine::general_purpose::STANDARD.encode(sha.as_ref()),
+            )
             .body(body)
             .send()
             .await

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use super::input::{content_length, durability, read_body, read_into};
 use super::input::{BlockCall, Keys, NsCall};
+use super::state::AppState;
+use crate::auth::Principal;
 use crate::errors::{ApiError, ApiResult};
 
 pub(crate) async fn put_block(
@@ -329,12 +331,41 @@ pub(crate) async fn list_blocks(
             ctxpod_wire::LIST_KEYS_MAX
         )));
     }
+    let (entries, more) = pod_page(&st, &p, &ns, &scoped, &h, &prefix, after, limit).await?;
+    let next = if more {
+        entries.last().map(|(k, _)| hex::encode(k))
+    } else {
+        None
+    };
+    let keys = entries.iter().map(|(k, _)| hex::encode(k)).collect();
+    let blocks = q
+        .meta
+        .then(|| entries.into_iter().map(|(_, b)| b).collect());
+    Ok(Json(KeyList { keys, blocks, next }))
+}
+
+/// One page of a namespace's keys (from `after`, under `prefix`, at most `limit`) and
+/// whether there may be more: this node's, merged with every other member's when it
+/// answers for the pod. A member that cannot answer fails the page (503, or the status it
+/// refused with), since a page without its keys would look complete; one that does not
+/// know the namespace yet holds none of its keys.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn pod_page(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    prefix: &[u8],
+    after: Option<Vec<u8>>,
+    limit: usize,
+) -> ApiResult<(Vec<(Vec<u8>, ListedBlock)>, bool)> {
     // One more than the page, to know whether the listing goes on.
     let local = {
         let (engine, scoped, prefix, after) = (
             st.engine.clone(),
-            scoped.clone(),
-            prefix.clone(),
+            scoped.to_string(),
+            prefix.to_vec(),
             after.clone(),
         );
         tokio::task::spawn_blocking(move || {
@@ -361,12 +392,12 @@ pub(crate) async fn list_blocks(
         .map(|(k, m)| (k, listed(m)))
         .collect::<Vec<_>>();
     let mut pages = vec![(mine, local_more)];
-    if st.answers_for_pod(&h) {
+    if st.answers_for_pod(h) {
         let view = st.pod.view();
-        let asker = st.asker(&ns, &h, &p);
+        let asker = st.asker(ns, h, p);
         let others = view.members.iter().filter(|m| m.id != *st.node_id);
         let answers = futures::future::join_all(others.map(|m| {
-            let (asker, prefix, after) = (&asker, &prefix, &after);
+            let (asker, after) = (&asker, &after);
             async move { (m, asker.list(m, prefix, after.as_deref(), limit).await) }
         }))
         .await;
@@ -389,15 +420,5 @@ pub(crate) async fn list_blocks(
             }
         }
     }
-    let (entries, more) = ctxpod_wire::key::merge_pages(pages, limit);
-    let next = if more {
-        entries.last().map(|(k, _)| hex::encode(k))
-    } else {
-        None
-    };
-    let keys = entries.iter().map(|(k, _)| hex::encode(k)).collect();
-    let blocks = q
-        .meta
-        .then(|| entries.into_iter().map(|(_, b)| b).collect());
-    Ok(Json(KeyList { keys, blocks, next }))
+    Ok(ctxpod_wire::key::merge_pages(pages, limit))
 }

@@ -43,6 +43,29 @@ pub(crate) async fn put_namespace(
 ) -> ApiResult<Response> {
     use ctxpod_pod::namespaces::{self as pns, NsRecord};
     let b = read_body(&h, body, JSON_BODY_BYTES_MAX).await?;
+    // `If-None-Match: *`: create only; an existing namespace keeps its settings (412).
+    let create_only = match h.get(axum::http::header::IF_NONE_MATCH) {
+        None => false,
+        Some(v) if v.as_bytes() == b"*" => true,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "If-None-Match takes only * (create the namespace only if it does not exist)",
+            ))
+        }
+    };
+    if create_only && routed_incarnation(&h)?.is_none() {
+        let exists = st.engine.namespace(&ns).is_ok() || st.live_record(&ns).await?.is_some();
+        if exists {
+            return Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "namespace_exists",
+                format!(
+                    "namespace {:?} exists; its settings are unchanged",
+                    p.unscope(&ns).unwrap_or(&ns)
+                ),
+            ));
+        }
+    }
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
         CreateNamespace::default()
     } else {
@@ -130,14 +153,42 @@ pub(crate) async fn get_namespace(
     Ok(Json(present(&p, st.engine.namespace(&scoped)?)))
 }
 
+/// The query of a namespace's DELETE.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteQuery {
+    /// Delete only a namespace that holds no block anywhere in the pod (409 otherwise).
+    #[serde(default)]
+    if_empty: bool,
+}
+
 pub(crate) async fn delete_namespace(
     NsCall {
-        st, p, scoped: ns, ..
+        st,
+        p,
+        ns: asked,
+        scoped: ns,
     }: NsCall,
     uri: axum::http::Uri,
     h: HeaderMap,
 ) -> ApiResult<StatusCode> {
     use ctxpod_pod::namespaces::{self as pns, NsRecord};
+    let q = axum::extract::Query::<DeleteQuery>::try_from_uri(&uri)
+        .map_err(|e| ApiError::invalid(format!("bad query: {}", e.body_text())))?
+        .0;
+    if q.if_empty && routed_incarnation(&h)?.is_none() {
+        // Empty in the whole pod: every member asked for one key (a member that cannot
+        // answer refuses the delete, rather than let it take blocks nobody counted).
+        st.engine.namespace(&ns)?;
+        let (keys, _) = super::blocks::pod_page(&st, &p, &asked, &ns, &h, &[], None, 1).await?;
+        if !keys.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "namespace_not_empty",
+                format!("namespace {asked:?} holds blocks in the pod; delete them first"),
+            ));
+        }
+    }
     let is_default = ns == "default";
     if let Some(inc) = routed_incarnation(&h)? {
         // `default` comes back under the incarnation sent; another namespace's

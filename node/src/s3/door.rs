@@ -20,7 +20,6 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use http::{HeaderMap, Method, StatusCode};
-use s3s::crypto::Checksum as _;
 use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 use std::pin::Pin;
@@ -176,6 +175,16 @@ fn header_str<'h>(h: &'h HeaderMap, name: &str) -> Option<&'h str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The message of a refusal of the HTTP API.
+async fn refusal_message(resp: http::Response<Body>) -> String {
+    let body = axum::body::to_bytes(resp.into_body(), 64 << 10)
+        .await
+        .unwrap_or_default();
+    serde_json::from_slice::<ctxpod_wire::types::ErrorBody>(&body)
+        .map(|e| e.message)
+        .unwrap_or_default()
+}
+
 /// The S3 error for a refusal of the HTTP API: by its status and its error kind.
 pub(crate) async fn refusal(resp: http::Response<Body>, on_key: bool) -> S3Error {
     let status = resp.status();
@@ -200,6 +209,7 @@ pub(crate) async fn refusal(resp: http::Response<Body>, on_key: bool) -> S3Error
             e.set_status_code(StatusCode::CONFLICT);
             e
         }
+        (412, "namespace_exists") => s3_error!(BucketAlreadyOwnedByYou, "{msg}"),
         (413, _) => s3_error!(EntityTooLarge, "{msg}"),
         (422, _) => s3_error!(BadDigest, "{msg}"),
         (429, _) | (503, _) => s3_error!(SlowDown, "{msg}"),
@@ -285,8 +295,14 @@ impl S3 for Door {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let r = async {
+            // An existing bucket keeps its settings (quota, replication): the node creates
+            // only (`If-None-Match: *`), and S3 answers BucketAlreadyOwnedByYou.
             let path = format!("/v1/namespaces/{}", namespace(&req.input.bucket)?);
             let mut h = HeaderMap::new();
+            h.insert(
+                http::header::IF_NONE_MATCH,
+                http::HeaderValue::from_static("*"),
+            );
             h.insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
@@ -324,18 +340,19 @@ impl S3 for Door {
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
         let r = async {
             // S3 deletes only an empty bucket; a namespace's delete takes its blocks too.
-            let info = self.namespace_info(&req, &req.input.bucket).await?;
-            if info.block_count > 0 {
-                return Err(s3_error!(
-                    BucketNotEmpty,
-                    "{} objects in the bucket",
-                    info.block_count
-                ));
-            }
-            let path = format!("/v1/namespaces/{}", namespace(&req.input.bucket)?);
+            // Empty means empty in the whole pod: the node asks every member (the key
+            // listing), and refuses while one cannot answer.
+            let path = format!(
+                "/v1/namespaces/{}?if_empty=true",
+                namespace(&req.input.bucket)?
+            );
             let resp = self
                 .send(&req, Method::DELETE, path, HeaderMap::new(), Body::empty())
                 .await?;
+            if resp.status() == StatusCode::CONFLICT {
+                let e = refusal_message(resp).await;
+                return Err(s3_error!(BucketNotEmpty, "{e}"));
+            }
             if !resp.status().is_success() {
                 return Err(refusal(resp, false).await);
             }

@@ -22,6 +22,7 @@
 //! needs its signatures checked to be read, so without authentication it is refused
 //! (`NotImplemented`, saying so); single-payload and unsigned bodies are taken.
 
+mod checksum;
 pub mod door;
 pub mod extras;
 
@@ -63,37 +64,44 @@ struct SigV4Only;
 #[async_trait::async_trait]
 impl s3s::access::S3Access for SigV4Only {
     async fn check(&self, cx: &mut s3s::access::S3AccessContext<'_>) -> S3Result<()> {
-        if cx.credentials().is_none() {
-            return Err(s3_error!(AccessDenied, "a signature is required"));
-        }
-        if let Some(a) = cx.headers().get(http::header::AUTHORIZATION) {
-            if !a.as_bytes().starts_with(b"AWS4-HMAC-SHA256 ") {
-                return Err(s3_error!(AccessDenied, "only AWS4-HMAC-SHA256 is accepted"));
-            }
-        }
-        if let Some(q) = cx.uri().query() {
-            for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
-                match &*k {
-                    "Signature" | "AWSAccessKeyId" => {
-                        return Err(s3_error!(AccessDenied, "SigV2 presigned URLs are refused"))
-                    }
-                    "X-Amz-Expires" => {
-                        let secs: u64 = v
-                            .parse()
-                            .map_err(|_| s3_error!(AuthorizationQueryParametersError))?;
-                        if secs > PRESIGNED_EXPIRES_S_MAX {
-                            return Err(s3_error!(
-                                AuthorizationQueryParametersError,
-                                "X-Amz-Expires must be at most {PRESIGNED_EXPIRES_S_MAX}"
-                            ));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(())
+        sigv4_only(cx.headers(), cx.uri(), cx.credentials().is_some())
     }
+}
+
+/// The door's rule for a signed request, for S3's operations and ctxpod's own routes
+/// alike: a signature there is, SigV4 (in the header, or a presigned URL of at most
+/// [`PRESIGNED_EXPIRES_S_MAX`]); SigV2 in either place is refused.
+pub(crate) fn sigv4_only(headers: &http::HeaderMap, uri: &http::Uri, signed: bool) -> S3Result<()> {
+    if !signed {
+        return Err(s3_error!(AccessDenied, "a signature is required"));
+    }
+    if let Some(a) = headers.get(http::header::AUTHORIZATION) {
+        if !a.as_bytes().starts_with(b"AWS4-HMAC-SHA256 ") {
+            return Err(s3_error!(AccessDenied, "only AWS4-HMAC-SHA256 is accepted"));
+        }
+    }
+    if let Some(q) = uri.query() {
+        for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
+            match &*k {
+                "Signature" | "AWSAccessKeyId" => {
+                    return Err(s3_error!(AccessDenied, "SigV2 presigned URLs are refused"))
+                }
+                "X-Amz-Expires" => {
+                    let secs: u64 = v
+                        .parse()
+                        .map_err(|_| s3_error!(AuthorizationQueryParametersError))?;
+                    if secs > PRESIGNED_EXPIRES_S_MAX {
+                        return Err(s3_error!(
+                            AuthorizationQueryParametersError,
+                            "X-Amz-Expires must be at most {PRESIGNED_EXPIRES_S_MAX}"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The S3 door's router: the `s3s` service over [`door::Door`], behind a check of the
@@ -132,7 +140,99 @@ pub fn router(
     } else {
         r.layer(axum::middleware::from_fn(drop_signature))
     };
-    r.layer(axum::middleware::from_fn(limit_body))
+    r.layer(axum::middleware::from_fn(move |req, next| {
+        delete_checksum(req, next, !enabled)
+    }))
+    .layer(axum::middleware::from_fn(screen))
+    .layer(axum::middleware::from_fn(limit_body))
+}
+
+/// Refused at the headers, before any body is read or any signature checked:
+/// - a browser form upload (`POST` of `multipart/form-data`): the door does not take form
+///   uploads (their policy would be checked only after the form is parsed);
+/// - a request that changes state from a web page (an `Origin` or `Sec-Fetch-*` header on
+///   anything but GET and HEAD): no browser is a client of the door, and without
+///   authentication a cross-site form could otherwise delete objects.
+async fn screen(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let h = req.headers();
+    let reads = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+    let from_a_page = h.contains_key(http::header::ORIGIN)
+        || h.contains_key("sec-fetch-site")
+        || h.contains_key("sec-fetch-mode");
+    if !reads && from_a_page {
+        return door::error_response(s3_error!(
+            AccessDenied,
+            "a request from a web page (Origin or Sec-Fetch-* header) cannot change state \
+             through the S3 door"
+        ))
+        .into_response();
+    }
+    let form = h
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/form-data")
+        });
+    if *req.method() == http::Method::POST && form {
+        return door::error_response(s3_error!(
+            NotImplemented,
+            "browser form uploads (POST Object) are not taken: use PutObject"
+        ))
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// DeleteObjects must carry `Content-MD5` or an `x-amz-checksum-*` header of its body, as
+/// S3 requires (so a request a web page could forge, which cannot compute one, is
+/// refused); the body is checked against it as `s3s` reads it, after the signature, and a
+/// mismatch is answered BadDigest with nothing deleted.
+async fn delete_checksum(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+    content_sha256: bool,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let deletes = *req.method() == http::Method::POST
+        && req
+            .uri()
+            .query()
+            .is_some_and(|q| url::form_urlencoded::parse(q.as_bytes()).any(|(k, _)| k == "delete"));
+    if !deletes {
+        return next.run(req).await;
+    }
+    let digests = match checksum::Digests::from_headers(req.headers(), content_sha256) {
+        Ok(d) if d.any() => d,
+        Ok(_) => {
+            return door::error_response(s3_error!(
+                InvalidRequest,
+                "Missing required header for this request: Content-MD5 (or an \
+                 x-amz-checksum-* header of the body)"
+            ))
+            .into_response()
+        }
+        Err(e) => return door::error_response(e).into_response(),
+    };
+    let verdict = Arc::new(parking_lot::Mutex::new(None));
+    let (parts, body) = req.into_parts();
+    let checked = checksum::CheckedBody::new(body.into_data_stream(), digests, verdict.clone());
+    let resp = next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from_stream(checked),
+        ))
+        .await;
+    let failed = verdict.lock().take();
+    match failed {
+        Some(e) => door::error_response(e).into_response(),
+        None => resp,
+    }
 }
 
 /// Without authentication: the request's signature is dropped unchecked, so that any

@@ -2,11 +2,12 @@
 //! checks every checksum the client announced (headers or trailers) before the block commits.
 
 use super::*;
+use crate::s3::checksum::Digests;
 
-/// The checksums a PUT's body must match, computed as it streams through to the node;
-/// the trailer's are read when the body ends. A mismatch (or a body of the wrong length)
-/// ends the stream with an error, so the node stores nothing, and leaves the S3 error for
-/// the door to answer.
+/// The checksums a PUT's body must match ([`Digests`]), computed as it streams through to
+/// the node; the trailer's are read when the body ends. A mismatch (or a body of the wrong
+/// length) ends the stream with an error, so the node stores nothing, and leaves the S3
+/// error for the door to answer.
 struct Checked {
     inner: Option<StreamingBlob>,
     /// Where the body goes if it is dropped before its end (the node refused it early), to
@@ -14,10 +15,7 @@ struct Checked {
     unread: Option<tokio::sync::oneshot::Sender<StreamingBlob>>,
     len: u64,
     seen: u64,
-    md5: Option<(s3s::crypto::Md5, String)>,
-    crc32: Option<(s3s::crypto::Crc32, Option<String>)>,
-    crc32c: s3s::crypto::Crc32c,
-    want_crc32c: Option<String>,
+    digests: Option<Digests>,
     trailers: Option<s3s::TrailingHeaders>,
     verdict: Arc<parking_lot::Mutex<Verdict>>,
     ended: bool,
@@ -37,8 +35,8 @@ impl Checked {
         Poll::Ready(Some(Err(std::io::Error::other(msg))))
     }
 
-    /// At the end of the body: the trailer's checksums join the header's, and all are
-    /// compared.
+    /// At the end of the body: its length, then every declared checksum (the trailer's
+    /// among them) compared.
     fn finish(&mut self) -> Option<S3Error> {
         if self.seen != self.len {
             return Some(s3_error!(
@@ -49,42 +47,14 @@ impl Checked {
             ));
         }
         let trailer = self.trailers.as_ref().and_then(|t| t.take());
-        let from_trailer = |name: &str| {
-            trailer
-                .as_ref()
-                .and_then(|t| header_str(t, name))
-                .map(str::to_string)
-        };
-        if let Some(v) = from_trailer("x-amz-checksum-crc32c") {
-            self.want_crc32c = Some(v);
-        }
-        let crc32c = std::mem::take(&mut self.crc32c).finalize();
-        self.verdict.lock().crc32c = Some(crc32c);
-        if self
-            .want_crc32c
-            .as_ref()
-            .is_some_and(|w| *w != b64(&crc32c))
-        {
-            return Some(s3_error!(
-                BadDigest,
-                "x-amz-checksum-crc32c does not match the body"
-            ));
-        }
-        if let Some((h, want)) = self.crc32.take() {
-            let want = from_trailer("x-amz-checksum-crc32").or(want);
-            if want.is_some_and(|w| w != b64(&h.finalize())) {
-                return Some(s3_error!(
-                    BadDigest,
-                    "x-amz-checksum-crc32 does not match the body"
-                ));
+        let digests = self.digests.take()?;
+        match digests.finish(trailer.as_ref()) {
+            Ok(v) => {
+                self.verdict.lock().crc32c = Some(v.crc32c);
+                None
             }
+            Err(e) => Some(e),
         }
-        if let Some((h, want)) = self.md5.take() {
-            if want != b64(&h.finalize()) {
-                return Some(s3_error!(BadDigest, "Content-MD5 does not match the body"));
-            }
-        }
-        None
     }
 }
 
@@ -115,12 +85,8 @@ impl Stream for Checked {
                     let e = s3_error!(IncompleteBody, "a body longer than announced");
                     return self.fail(e);
                 }
-                self.crc32c.update(&b);
-                if let Some((h, _)) = &mut self.md5 {
-                    h.update(&b);
-                }
-                if let Some((h, _)) = &mut self.crc32 {
-                    h.update(&b);
+                if let Some(d) = &mut self.digests {
+                    d.update(&b);
                 }
                 Poll::Ready(Some(Ok(b)))
             }
@@ -147,7 +113,7 @@ impl Door {
         let inner = req.input.body.take().unwrap_or_else(|| {
             StreamingBlob::wrap(futures::stream::empty::<Result<Bytes, std::io::Error>>())
         });
-        let (path, len, h, md5) = match plan_put(&req) {
+        let (path, len, h, digests) = match plan_put(&req, !self.auth.enabled()) {
             Ok(p) => p,
             Err(e) => {
                 // Read what the client sends before answering, so that it reads the answer
@@ -156,9 +122,6 @@ impl Door {
                 return Err(e);
             }
         };
-        let i = &req.input;
-        let wants_crc32 = i.checksum_crc32.is_some()
-            || matches!(&i.checksum_algorithm, Some(a) if a.as_str() == ChecksumAlgorithm::CRC32);
         let verdict = Arc::new(parking_lot::Mutex::new(Verdict::default()));
         let (unread_tx, mut unread) = tokio::sync::oneshot::channel();
         let body = Checked {
@@ -166,10 +129,7 @@ impl Door {
             unread: Some(unread_tx),
             len,
             seen: 0,
-            md5,
-            crc32: wants_crc32.then(|| (s3s::crypto::Crc32::new(), i.checksum_crc32.clone())),
-            crc32c: s3s::crypto::Crc32c::new(),
-            want_crc32c: i.checksum_crc32c.clone(),
+            digests: Some(digests),
             trailers: req.trailing_headers.clone(),
             verdict: verdict.clone(),
             ended: false,
@@ -199,12 +159,14 @@ impl Door {
 }
 
 /// What a PutObject sends to the node, once its input is checked: the block's path, its
-/// length, the request's headers and the Content-MD5 to check.
-#[allow(clippy::type_complexity)]
+/// length, the request's headers and the checksums to check (a hex `x-amz-content-sha256`
+/// too, with `content_sha256`: no signature check does it).
 fn plan_put(
     req: &S3Request<PutObjectInput>,
-) -> S3Result<(String, u64, HeaderMap, Option<(s3s::crypto::Md5, String)>)> {
+    content_sha256: bool,
+) -> S3Result<(String, u64, HeaderMap, Digests)> {
     let i = &req.input;
+    let digests = Digests::from_headers(&req.headers, content_sha256)?;
     let path = block_path(&i.bucket, &i.key)?;
     // An aws-chunked body sent with HTTP chunking (boto3 over https) has no Content-Length
     // for s3s to rewrite: its decoded length is in its own header.
@@ -238,17 +200,7 @@ fn plan_put(
     if let Some(d) = req.headers.get(ctxpod_wire::HEADER_DURABILITY) {
         h.insert(ctxpod_wire::HEADER_DURABILITY, d.clone());
     }
-    let md5 = match &i.content_md5 {
-        Some(m) if base64_decode(m).is_none_or(|b| b.len() != 16) => {
-            return Err(s3_error!(
-                InvalidDigest,
-                "Content-MD5 is not 16 bytes in base64"
-            ))
-        }
-        Some(m) => Some((s3s::crypto::Md5::new(), m.clone())),
-        None => None,
-    };
-    Ok((path, len, h, md5))
+    Ok((path, len, h, digests))
 }
 
 /// Reads and drops the rest of a request body (the listener caps it at
