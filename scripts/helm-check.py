@@ -10,7 +10,11 @@ file in helm/ctxpod/ci/:
    host paths);
 4. with CTXPOD_BIN set, the ctxpod.toml each values file renders is accepted by the real
    binary (`ctxpod config`, with the StatefulSet's own flags);
-5. bad input is refused: values outside the schema, replication above the node count, and
+5. no open door: the default render has no S3 listener anywhere (ctxpod.toml, Services,
+   container ports); an S3 door asked for without auth.tokensSecret is refused; one with
+   tokens is on every one of them; NOTES.txt says of each listener (HTTP, CXP1, S3) its
+   port, whether TLS is on and whether it is open (no authentication);
+6. bad input is refused: values outside the schema, replication above the node count, and
    a template broken on purpose (so a broken template cannot pass this check).
 
 Exits non-zero on the first failure. Run by scripts/test.sh with its venv.
@@ -165,6 +169,92 @@ def check_notes(label, values, out):
         fail(f"{label}: NOTES send CXP1 clients to the load-balanced Service")
 
 
+def node_objects(docs):
+    """The node StatefulSet and the nodes' Services (not etcd's)."""
+    sts = [d for d in find(docs, "StatefulSet") if "etcd" not in d["metadata"]["name"]]
+    svcs = [d for d in find(docs, "Service") if "etcd" not in d["metadata"]["name"]]
+    return sts, svcs
+
+
+def s3_openings(docs, merged):
+    """Every place the rendered manifests open a port other than HTTP's and CXP1's on the
+    nodes (the S3 door): ctxpod.toml's s3_listen, each node Service's ports, the
+    container's ports."""
+    known = {merged["node"]["httpPort"], merged["node"]["transferPort"]}
+    found = []
+    if re.search(r"^\s*s3_listen\s*=", config_of(docs), re.M):
+        found.append("ctxpod.toml s3_listen")
+    sts, svcs = node_objects(docs)
+    for svc in svcs:
+        for p in svc["spec"]["ports"]:
+            if p["name"] == "s3" or p["port"] not in known:
+                found.append(f"Service {svc['metadata']['name']} port {p['name']}:{p['port']}")
+    for c in sts[0]["spec"]["template"]["spec"]["containers"]:
+        for p in c.get("ports", []):
+            if p["name"] == "s3" or p["containerPort"] not in known:
+                found.append(f"container {c['name']} port {p['name']}:{p['containerPort']}")
+    return found
+
+
+def check_doors(label, values, docs):
+    """No open door: the S3 door is on only when asked for, and then only with tokens, on
+    every place a client reaches it."""
+    merged = helm.Chart.load(CHART).merge_values(values)
+    s3 = merged["node"].get("s3Port", 0)
+    found = s3_openings(docs, merged)
+    if not s3:
+        if found:
+            fail(f"{label}: the S3 door is off but the render opens it: {found}")
+        return
+    if not merged["auth"]["tokensSecret"]:
+        fail(f"{label}: an S3 door without authentication (no auth.tokensSecret) was rendered")
+    want = {"ctxpod.toml s3_listen", f"Service ctxpod-peers port s3:{s3}", f"Service ctxpod port s3:{s3}",
+            f"container ctxpod port s3:{s3}"}
+    if set(found) != want:
+        fail(f"{label}: the S3 door on port {s3} is not exactly on {sorted(want)}: {found}")
+    if f's3_listen = "0.0.0.0:{s3}"' not in config_of(docs):
+        fail(f"{label}: ctxpod.toml does not listen for S3 on port {s3}")
+
+
+def listener_lines(notes):
+    """NOTES.txt's line for each listener, by name (HTTP API, CXP1, S3 door)."""
+    out = {}
+    for line in notes.splitlines():
+        m = re.match(r"^  (HTTP API|CXP1|S3 door) +((?::\d+|off)\b.*)$", line)
+        if m:
+            if m.group(1) in out:
+                fail(f"NOTES say twice what {m.group(1)} is: {line!r}")
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def check_notes_doors(label, values, out):
+    """NOTES.txt says, for each listener, its port, whether TLS is on, and whether it is
+    open (every caller an admin) or authenticated."""
+    merged = helm.Chart.load(CHART).merge_values(values)
+    notes = next(t for p, t in out.items() if p.endswith("NOTES.txt"))
+    lines = listener_lines(notes)
+    tls = "TLS on" if merged["tls"]["enabled"] else "TLS off"
+    authed = bool(merged["auth"]["tokensSecret"])
+    s3 = merged["node"].get("s3Port", 0)
+    ports = {"HTTP API": merged["node"]["httpPort"], "CXP1": merged["node"]["transferPort"]}
+    if s3:
+        ports["S3 door"] = s3
+    for name in ("HTTP API", "CXP1", "S3 door"):
+        line = lines.get(name)
+        if line is None:
+            fail(f"{label}: NOTES do not say what {name} is")
+        if name not in ports:
+            if "off" not in line or "OPEN" in line or re.search(r":\d", line):
+                fail(f"{label}: NOTES do not say {name} is off: {line!r}")
+            continue
+        if f":{ports[name]}" not in line or tls not in line:
+            fail(f"{label}: NOTES' {name} line lacks its port {ports[name]} or {tls!r}: {line!r}")
+        if authed != ("authenticated" in line) or authed == ("OPEN" in line):
+            fail(f"{label}: NOTES' {name} line does not say it is "
+                 f"{'authenticated' if authed else 'OPEN'}: {line!r}")
+
+
 def check_with_binary(label, docs):
     """The rendered ctxpod.toml and the StatefulSet's flags, through `ctxpod config`."""
     binary = os.environ.get("CTXPOD_BIN")
@@ -220,6 +310,39 @@ def check_dashboard():
     print(f"helm-check: dashboards/ctxpod.json: {len(d['panels'])} panels, {len(exprs)} queries, every metric exported")
 
 
+def check_s3_door():
+    """The S3 door: off by default; asked for without tokens, refused with a message that
+    says why; with tokens, on (and a secure setup, with TLS, says so)."""
+    merged = helm.Chart.load(CHART).merge_values({})
+    if merged["node"].get("s3Port", 0) != 0:
+        fail(f"values.yaml: the S3 door is on by default (node.s3Port: {merged['node']['s3Port']})")
+    for label, values in [
+        ("node.s3Port without tokens", {"node": {"s3Port": 7480}}),
+        ("node.s3Port without tokens, allowUnauthenticated", {"node": {"s3Port": 7480},
+                                                             "auth": {"allowUnauthenticated": True}}),
+        ("node.s3Port without tokens, TLS on", {"node": {"s3Port": 7480}, "tls": {
+            "enabled": True, "secret": "ctxpod-tls", "allowPlaintext": False}}),
+    ]:
+        try:
+            render(CHART, values)
+        except helm.HelmError as e:
+            if "auth.tokensSecret" not in str(e) or "S3" not in str(e):
+                fail(f"{label}: refused, but the message does not say why: {e}")
+        else:
+            fail(f"{label}: an unauthenticated S3 door rendered, but must be refused")
+    for label, values in [
+        ("node.s3Port with tokens", {"node": {"s3Port": 7480}, "auth": {"tokensSecret": "ctxpod-tokens"}}),
+        ("node.s3Port 9000 with tokens and TLS", {"node": {"s3Port": 9000}, "auth": {"tokensSecret": "t"},
+                                                  "tls": {"enabled": True, "secret": "ctxpod-tls"}}),
+    ]:
+        lint(CHART, values, label)
+        docs, out = render(CHART, values)
+        validate(docs, label)
+        check_doors(label, values, docs)
+        check_notes_doors(label, values, out)
+    print("helm-check: the S3 door is off by default, refused without tokens, on with them")
+
+
 def main():
     cases = [("values.yaml (defaults)", {})]
     ci = os.path.join(CHART, "ci")
@@ -232,6 +355,8 @@ def main():
         kinds = validate(docs, label)
         check_semantics(label, values, docs)
         check_notes(label, values, out)
+        check_doors(label, values, docs)
+        check_notes_doors(label, values, out)
         by_binary = check_with_binary(label, docs)
         print(f"helm-check: {label}: lint clean, {len(docs)} manifests valid for Kubernetes "
               f"{KUBE} ({', '.join(sorted(set(kinds)))})"
@@ -242,6 +367,7 @@ def main():
     must_fail("replication above nodes", lambda: render(CHART, {"nodes": 1, "pod": {"replication": 2}}))
     must_fail("external etcd without endpoints", lambda: render(CHART, {"etcd": {"bundled": False}}))
     must_fail("TLS without its Secret", lambda: render(CHART, {"tls": {"enabled": True}}))
+    check_s3_door()
     # A template broken on purpose must fail this check.
     with tempfile.TemporaryDirectory() as tmp:
         broken = os.path.join(tmp, "ctxpod")

@@ -49,6 +49,25 @@ fn placement_of(members: &[ClusterMember]) -> Placement {
     )
 }
 
+/// A URL's answer to `GET /v1/cluster` that no ctxpod node gives: a refusal (4xx) without
+/// ctxpod's JSON error body, or a success whose body is not a pod view. Another HTTP
+/// service answers there (a wrong port, the S3 door, a web server), and the error says so,
+/// naming the URL, instead of a bare `HTTP 404: None`. 5xx answers (a proxy in front of a
+/// node that is down) and the rest are left as they are.
+fn not_a_node(url: &str, e: ClientError) -> ClientError {
+    let what = match &e {
+        ClientError::Status { status, body: None } if (400..500).contains(status) => {
+            format!("HTTP {status} without a ctxpod error body")
+        }
+        ClientError::Transport(t) if t.is_decode() => "a body that is not a pod view".to_string(),
+        _ => return e,
+    };
+    ClientError::Malformed(format!(
+        "{url} is not a ctxpod node: GET /v1/cluster answered {what} (expected a ctxpod \
+         node's HTTP API URL, e.g. http://host:7400)"
+    ))
+}
+
 impl PodClient {
     /// Connects to a pod through any of `seeds` (node base URLs): the first that answers
     /// `/v1/cluster` gives the members.
@@ -98,7 +117,7 @@ impl PodClient {
                     return Ok(());
                 }
                 Ok(_) => last = Some(ClientError::Malformed("a pod with no members".into())),
-                Err(e) => last = Some(e),
+                Err(e) => last = Some(not_a_node(&u, e)),
             }
         }
         Err(last.unwrap_or_else(|| ClientError::Invalid("no seed nodes".into())))
@@ -365,4 +384,50 @@ impl PodClient {
 /// safe to send again (a put of the same bytes answers 200).
 fn unreachable(e: &ClientError) -> bool {
     matches!(e, ClientError::Transport(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An HTTP service that is not a ctxpod node: every request answers `status` with an
+    /// HTML page.
+    async fn other_service(status: &'static str) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let body = "<html><body>not here</body></html>";
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_seed_that_is_not_a_ctxpod_node_is_named() {
+        for status in ["404 Not Found", "200 OK"] {
+            let url = other_service(status).await;
+            let e = match PodClient::connect(std::slice::from_ref(&url), &Connect::default()).await
+            {
+                Ok(_) => panic!("{status}: connected to a service that is not a ctxpod node"),
+                Err(e) => e,
+            };
+            let msg = e.to_string();
+            assert!(matches!(e, ClientError::Malformed(_)), "{status}: {msg}");
+            assert!(
+                msg.contains(&url) && msg.contains("not a ctxpod node"),
+                "{status}: {msg}"
+            );
+        }
+    }
 }

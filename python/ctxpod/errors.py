@@ -86,7 +86,8 @@ class Unavailable(CtxpodError, ConnectionError):
 
 
 class ProtocolError(CtxpodError):
-    """A node answered something the SDK does not understand (a version mismatch)."""
+    """A node answered something the SDK does not understand (a version mismatch), or
+    something that is not a ctxpod node answered at a seed URL (the message names it)."""
 
 
 class Ended(CtxpodError):

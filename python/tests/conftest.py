@@ -144,6 +144,46 @@ class Node:
             self.log.close()
 
 
+class OtherHttpService:
+    """A plain HTTP service on loopback that is not a ctxpod node (Python's own
+    ``http.server``): every GET answers ``status`` with an HTML page, as a web server, a
+    proxy's error page or another service's 404 would."""
+
+    def __init__(self, status: int = 404) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = f"<html><body><h1>{status}</h1>not here</body></html>".encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(params=[404, 200], ids=["answers-404", "answers-200-html"])
+def other_http_service(request):
+    """An HTTP service that is not a ctxpod node, answering 404 (or 200 with HTML) to
+    everything."""
+    s = OtherHttpService(request.param)
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="session")
 def root():
     d = Path(tempfile.mkdtemp(prefix="ctxpod-sdk-"))

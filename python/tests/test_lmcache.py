@@ -381,3 +381,19 @@ def test_the_l2_client_refuses_bad_input_before_anything_is_sent(node):
         assert got == [(fid, True, "", [False])]
     finally:
         c.close()
+
+
+def test_a_url_of_another_http_service_is_refused_naming_it(other_http_service):
+    """A ``url`` where an HTTP service that is not a ctxpod node answers is refused, naming
+    the URL and what was expected, by the remote plugin and by the L2 client."""
+    from lmcache.v1.storage_backend.connector import ConnectorContext
+
+    from ctxpod.integrations.lmcache_l2 import CtxpodL2Client
+
+    url = other_http_service.url
+    ctx = ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, config(url), metadata("m"), "ctxpod")
+    for build in (lambda: plugin.CtxpodConnectorAdapter().create_connector(ctx), lambda: CtxpodL2Client(url=url)):
+        with pytest.raises(ctxpod.InvalidRequest) as e:
+            build()
+        msg = str(e.value)
+        assert "url" in msg and url in msg and "not a ctxpod node" in msg, msg

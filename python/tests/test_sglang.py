@@ -26,23 +26,26 @@ from ctxpod.integrations.sglang import CtxpodHiCacheStorage  # noqa: E402
 
 LAYERS, HEADS, DIM, PAGE, TOKENS = 2, 2, 16, 16, 256
 DTYPE = torch.bfloat16
+#: The page size of a HiCache deployment with a storage backend (commonly run with
+#: --page-size 64), for the settings tests.
+ENGINE_PAGE = 64
 
 
-def host_pool(layout: str = "page_first") -> MHATokenToKVPoolHost:
+def host_pool(layout: str = "page_first", page: int = PAGE) -> MHATokenToKVPoolHost:
     """A host pool on the CPU, as SGLang builds it from a device pool's buffer info."""
-    k = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
-    v = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
+    k = tuple(torch.zeros(TOKENS + page, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS + page, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
 
     def table(ts):
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
 
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=table(k), v_data_ptrs=table(v), layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=DTYPE, device=torch.device("cpu"),
+        page_size=page, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=DTYPE, device=torch.device("cpu"),
     )
     with host_memory_budget_scope(1 << 40):
         pool = MHATokenToKVPoolHost(
-            info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+            info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
             device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS - 1,
         )
     pool._keep = (k, v)
@@ -73,11 +76,11 @@ def page_hashes(n: int, salt: str = "") -> list[str]:
     return out
 
 
-def fill(pool: MHATokenToKVPoolHost, idx: torch.Tensor, seed: int) -> None:
+def fill(pool: MHATokenToKVPoolHost, idx: torch.Tensor, seed: int, page: int = PAGE) -> None:
     g = torch.Generator().manual_seed(seed)
-    for p in range(0, len(idx), PAGE):
-        page = pool.get_data_page(int(idx[p]), flat=False)
-        page.copy_(torch.randn(page.shape, generator=g).to(DTYPE))
+    for p in range(0, len(idx), page):
+        data = pool.get_data_page(int(idx[p]), flat=False)
+        data.copy_(torch.randn(data.shape, generator=g).to(DTYPE))
 
 
 def pages(pool: MHATokenToKVPoolHost, idx: torch.Tensor) -> list[bytes]:
@@ -186,3 +189,57 @@ def test_a_read_only_token_reads_but_cannot_store(auth_node, pool):
     finally:
         rw.close()
         ro.close()
+
+
+def sglang_extra_config(url: str, **extra) -> dict:
+    """The docs' extra-config JSON with ``extra`` added, through SGLang's own parser of
+    --hicache-storage-backend-extra-config (which takes its prefetch knobs out): the dict
+    SGLang hands the backend."""
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    cfg = json.loads(doc_snippet("sglang-extra-config").replace("http://10.0.0.5:7400", url))
+    cfg.update(extra)
+    parsed, *_ = HybridCacheController.parse_storage_backend_extra_config(json.dumps(cfg))
+    return parsed
+
+
+def test_unknown_settings_are_refused_naming_them(node):
+    """A setting the backend does not know is refused when SGLang builds it, named (a typo
+    such as prefetch_polcy would otherwise leave the default in force unnoticed); SGLang's
+    own keys of the same JSON are not settings of the backend, and are accepted."""
+    pool = host_pool(page=ENGINE_PAGE)
+    for typo in ({"prefetch_polcy": "best_effort"}, {"tokn_file": "/etc/ctxpod/token"}, {"URL": node.http}):
+        (name,) = typo
+        cfg = sglang_extra_config(node.http, **typo)
+        assert name in cfg  # SGLang passes it on
+        with pytest.raises(ctxpod.InvalidRequest, match=rf"unknown setting.*'{name}'"):
+            StorageBackendFactory.create_backend(
+                "dynamic", HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, True, "m", extra_config=cfg), pool)
+    # SGLang's own: the dynamic loader's keys, interface_v1, and the prefetch knobs (taken
+    # out by its parser, but passed on as they are by the decode-side offload manager).
+    own = {"prefetch_threshold": 256, "prefetch_timeout_base": 1, "prefetch_timeout_per_ki_token": 0.25,
+           "hicache_storage_pass_prefix_keys": False}
+    b = backend(node.http, pool, prefetch_policy="best_effort", **own)
+    try:
+        assert b.policy == "best_effort"
+        keys = page_hashes(2, "settings")
+        src = pool.alloc(2 * ENGINE_PAGE)
+        fill(pool, src, 6, ENGINE_PAGE)
+        assert b.batch_set_v1(keys, src) == [True, True]
+        assert b.batch_get_v1(keys, pool.alloc(2 * ENGINE_PAGE)) == [True, True]
+    finally:
+        b.close()
+
+
+def test_a_url_of_another_http_service_is_refused_naming_it(other_http_service):
+    """A ``url`` that reaches an HTTP service which is not a ctxpod node is an
+    ``InvalidRequest`` naming the setting, the URL and what was expected, raised when SGLang
+    builds the backend."""
+    url = other_http_service.url
+    cfg = sglang_extra_config(url)
+    with pytest.raises(ctxpod.InvalidRequest) as e:
+        StorageBackendFactory.create_backend(
+            "dynamic", HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, True, "m", extra_config=cfg),
+            host_pool(page=ENGINE_PAGE))
+    msg = str(e.value)
+    assert "url" in msg and url in msg and "not a ctxpod node" in msg, msg

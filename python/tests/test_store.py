@@ -464,6 +464,18 @@ def test_bad_connect_arguments():
         ctxpod.Store.connect(f"http://127.0.0.1:{_closed_port()}")
 
 
+def test_connect_to_another_http_service_names_the_url(other_http_service):
+    """A seed URL of an HTTP service that is not a ctxpod node (a wrong port, another
+    service) is refused naming that URL and what was expected, not as a bare
+    ``NotFound: HTTP 404: None``."""
+    url = other_http_service.url
+    with pytest.raises(errors.ProtocolError) as e:
+        ctxpod.Store.connect(url)
+    msg = str(e.value)
+    assert url in msg and "not a ctxpod node" in msg and "GET /v1/cluster" in msg, msg
+    assert not isinstance(e.value, errors.NotFound)
+
+
 def _closed_port() -> int:
     import socket
 

@@ -155,3 +155,15 @@ def test_bad_settings_are_refused(node):
     with pytest.raises(InvalidRequest, match="unknown setting"):
         CtxpodSecondaryTier(None, memoryview(bytearray(ROW)).cast("b", (1, ROW)), entry["type"],
                             url=node.http, colour="blue")
+
+
+def test_a_url_of_another_http_service_is_refused_naming_it(other_http_service):
+    """A ``url`` where an HTTP service that is not a ctxpod node answers is refused when vLLM
+    builds the tier, naming the URL and what was expected."""
+    from ctxpod import InvalidRequest
+
+    url = other_http_service.url
+    with pytest.raises(InvalidRequest) as e:
+        manager(url)
+    msg = str(e.value)
+    assert "url" in msg and url in msg and "not a ctxpod node" in msg, msg

@@ -30,9 +30,12 @@ SETTINGS = {
 }
 
 
-def check_known(settings: Mapping[str, Any], known: Mapping[str, str], who: str) -> None:
-    """Refuses a setting the connector does not know (a typo would otherwise be ignored)."""
-    unknown = sorted(set(settings) - set(known))
+def check_known(settings: Mapping[str, Any], known: Mapping[str, str], who: str,
+                engine_keys: frozenset[str] = frozenset()) -> None:
+    """Refuses a setting the connector does not know (a typo would otherwise be ignored).
+    ``engine_keys``: the engine's own keys in the same mapping, which are not the
+    connector's settings but are not errors either."""
+    unknown = sorted(set(settings) - set(known) - engine_keys)
     if unknown:
         raise errors.InvalidRequest(f"{who}: unknown setting(s) {unknown} (known: {', '.join(sorted(known))})")
 
@@ -74,13 +77,18 @@ def connect(settings: Mapping[str, Any], *, who: str) -> Store:
             raise errors.InvalidRequest(f"{who}: token_file {token_file!r} is empty")
     if token is not None and not isinstance(token, str):
         raise errors.InvalidRequest(f"{who}: `token` is a string")
-    return Store.connect(
-        seeds,
-        token=token,
-        ca_file=setting(settings, "ca_file"),
-        cert_file=setting(settings, "cert_file"),
-        key_file=setting(settings, "key_file"),
-    )
+    try:
+        return Store.connect(
+            seeds,
+            token=token,
+            ca_file=setting(settings, "ca_file"),
+            cert_file=setting(settings, "cert_file"),
+            key_file=setting(settings, "key_file"),
+        )
+    except errors.ProtocolError as e:
+        # Something answered at `url`, but not as a ctxpod node (another HTTP service, the
+        # S3 door's port): a bad setting, named.
+        raise errors.InvalidRequest(f"{who}: url {url!r}: {e}") from e
 
 
 _SLUG = re.compile(r"[^a-z0-9]+")

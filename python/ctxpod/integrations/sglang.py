@@ -11,7 +11,9 @@ SGLang builds it from its own flags, with no patch to SGLang::
 Settings (in the same JSON): those of :data:`ctxpod.integrations._common.SETTINGS`, plus
 ``prefetch_policy`` / ``prefetch_deadline_ms`` (how the node pushes the pages of one
 ``batch_get_v1``: ``wait_complete``, the default; ``best_effort``; ``timeout`` with a deadline)
-and ``durable`` (flush each page before it is acknowledged; default false).
+and ``durable`` (flush each page before it is acknowledged; default false). Any other key but
+SGLang's own (:data:`SGLANG_KEYS`) is refused, named, as is a ``url`` where something other
+than a ctxpod node answers.
 
 With ``interface_v1`` (SGLang's zero-copy path), the host pool's KV buffer is registered
 with the pod once, pages are put straight from it, and a ``batch_get_v1`` is one prefetch:
@@ -54,6 +56,15 @@ SETTINGS = {
     "prefetch_deadline_ms": "with prefetch_policy timeout: pages not pushed by then miss",
     "durable": "flush each page before it is acknowledged (default false)",
 }
+#: SGLang's own keys of the same JSON, which reach the backend with its settings: the
+#: ``dynamic`` loader's (``backend_name``, ``module_path``, ``class_name``), the zero-copy
+#: switch (``interface_v1``), and the prefetch knobs (SGLang's parser takes these out, but
+#: the decode-side offload manager passes the JSON on as it is).
+SGLANG_KEYS = frozenset({
+    "backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+    "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+    "hicache_storage_pass_prefix_keys",
+})
 #: Host pool layouts whose pages are whole spans of the KV buffer (K then V for MHA).
 LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
@@ -75,6 +86,9 @@ class CtxpodHiCacheStorage(HiCacheStorage):
         self.config = storage_config
         extra = dict(storage_config.extra_config or {})
         who = "SGLang HiCache backend ctxpod"
+        # A key that is neither a setting nor SGLang's own is a mistake (a typo such as
+        # prefetch_polcy would otherwise leave the default in force): refused, named.
+        _common.check_known(extra, SETTINGS, who, SGLANG_KEYS)
         settings = {k: v for k, v in extra.items() if k in SETTINGS}
         self.prefix = str(_common.setting(settings, "namespace_prefix", "sglang"))
         _common.namespace_name(self.prefix, "check")
