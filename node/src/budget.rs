@@ -97,6 +97,14 @@ impl PeerShares {
         }
     }
 
+    /// Bytes of `peer`'s share it holds now.
+    pub fn held(&self, peer: IpAddr) -> usize {
+        self.peers
+            .lock()
+            .get(&peer)
+            .map_or(0, |s| self.share - s.available_permits())
+    }
+
     /// `bytes` of `peer`'s share now, or `None` when it does not have them.
     pub fn try_take(&self, peer: IpAddr, bytes: usize) -> Option<Permit> {
         if bytes > self.share {
@@ -118,6 +126,10 @@ impl PeerShares {
     }
 }
 
+/// The part of the egress budget (1/this) that only peers holding no egress bytes may
+/// take: the room a newcomer's first answer always finds, whoever holds the rest.
+pub const EGRESS_RESERVE_DIVISOR: usize = 8;
+
 /// The node's budgets, shared by the HTTP and CXP1 listeners.
 #[derive(Clone)]
 pub struct Budgets {
@@ -130,10 +142,19 @@ pub struct Budgets {
 
 impl Budgets {
     /// `bytes` of the egress budget for an answer to `peer` (when known): its address's
-    /// share and the node's, or `None` (busy).
+    /// share and the node's, or `None` (busy). A peer that already holds egress bytes
+    /// leaves the node's last [`EGRESS_RESERVE_DIVISOR`]th to peers that hold none, so
+    /// that clients which stall from several addresses (each within its share) still
+    /// leave room for a newcomer's first answer.
     pub fn take_egress(&self, peer: Option<IpAddr>, bytes: usize) -> Option<Vec<Permit>> {
         let mut permits = Vec::with_capacity(2);
         if let Some(peer) = peer {
+            let holds = self.egress_per_peer.held(peer) > 0;
+            let reserve = self.egress.total() / EGRESS_RESERVE_DIVISOR;
+            let free = self.egress.total() - self.egress.used();
+            if holds && free < bytes.saturating_add(reserve) {
+                return None;
+            }
             permits.push(self.egress_per_peer.try_take(peer, bytes)?);
         }
         permits.push(self.egress.try_take(bytes)?);
@@ -175,6 +196,37 @@ mod tests {
             b.try_take(0).is_some(),
             "an empty take still takes one byte"
         );
+    }
+
+    #[test]
+    fn peers_that_hold_bytes_leave_the_reserve_to_newcomers() {
+        let b = Budgets {
+            ingest: ByteBudget::new("ingest", 100),
+            egress: ByteBudget::new("egress", 800),
+            egress_per_peer: Arc::new(PeerShares::new(400)),
+            staging: ByteBudget::new("staging", 100),
+        };
+        let ip = |i: u8| IpAddr::from([10, 0, 0, i]);
+        // Two stalling peers, each within its share: the first takes its whole share, the
+        // second stops where only the reserve (100 of 800) is left.
+        let mut held = vec![b.take_egress(Some(ip(1)), 400).expect("a's first take")];
+        held.push(b.take_egress(Some(ip(2)), 200).expect("b's first take"));
+        held.push(b.take_egress(Some(ip(2)), 100).expect("b within the room"));
+        assert!(
+            b.take_egress(Some(ip(2)), 1).is_none(),
+            "b holds bytes: not the reserve"
+        );
+        assert!(b.take_egress(Some(ip(1)), 1).is_none(), "a neither");
+        // A newcomer's first answer finds the reserve; its second does not.
+        let c = b
+            .take_egress(Some(ip(3)), 60)
+            .expect("the newcomer is served");
+        assert!(b.take_egress(Some(ip(3)), 10).is_none());
+        let d = b.take_egress(Some(ip(4)), 40).expect("so is another");
+        drop((c, d));
+        held.clear();
+        assert_eq!(b.egress.used(), 0);
+        assert!(b.take_egress(Some(ip(1)), 400).is_some(), "all given back");
     }
 
     #[test]

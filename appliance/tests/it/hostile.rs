@@ -184,6 +184,49 @@ async fn http_batch_gets_that_are_never_read_hold_only_their_budget() {
     drop(held);
 }
 
+/// HTTP from two addresses (127.0.0.3 and .4), 64 connections each asking `batch/get` for
+/// 8 × 8 MiB and never reading: each address within its 128 MiB share, together the whole
+/// 256 MiB egress budget. A newcomer (127.0.0.2) is still served: a peer that holds bytes
+/// leaves the budget's last eighth to peers that hold none (issue #32: before, the
+/// newcomer was answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalling_clients_from_several_addresses_leave_room_for_a_newcomer() {
+    let mut node = start().await;
+    let base = rss_bytes(node.pid());
+    let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
+    let req = format!(
+        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\ncontent-type: \
+         application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let addr: std::net::SocketAddr = node
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    let mut held = Vec::new();
+    let conns = 64u64;
+    for from in ["127.0.0.3:0", "127.0.0.4:0"] {
+        for _ in 0..conns {
+            let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+            sock.bind(from.parse().expect("addr")).expect("bind");
+            let mut s = sock.connect(addr).await.expect("connect");
+            s.write_all(req.as_bytes()).await.expect("write");
+            s.flush().await.expect("flush");
+            held.push(s);
+        }
+    }
+    let asked = 2 * conns * 8 * BIG as u64;
+    judge(
+        &mut node,
+        "HTTP batch/get from 2 addresses, unread",
+        asked,
+        base,
+    )
+    .await;
+    drop(held);
+}
+
 /// Reads `s` until the node closes it (EOF or an error); how long that took, or `None` if
 /// it was still open after `within`.
 async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
