@@ -17,11 +17,16 @@ def dynamo_block_hashes(
     """Dynamo's chained sequence hashes of every complete block (XXH3-64, seed 1337)."""
 
 class Buffer:
-    """Registered memory: a CXP1 region over the caller's bytes."""
+    """Registered memory: a CXP1 region over the caller's bytes. Who keeps the memory
+    alive: the SDK, for an object (it holds the object and its buffer export, or a
+    tensor's storage, until unregistered and every ticket into it is done); the caller,
+    for a raw ``(ptr, size)``. ``guarded``: blocks land in the SDK's memory and are copied
+    in, after a check, by the calls that report them landed (a torch tensor)."""
 
     ptr: int
     size: int
     id: int
+    guarded: bool
 
 class _Ticket:
     def __len__(self) -> int: ...
@@ -69,7 +74,18 @@ class _Store:
     def list_keys(
         self, ns: str, prefix: bytes, after: bytes | None, limit: int
     ) -> tuple[list[bytes], bytes | None]: ...
-    def register(self, obj: Any, ptr: int | None = None, size: int | None = None) -> Buffer: ...
+    def register(
+        self,
+        obj: Any,
+        ptr: int | None = None,
+        size: int | None = None,
+        guard: tuple[str, Callable[[], str | None]] | None = None,
+    ) -> Buffer:
+        """A writable buffer-protocol ``obj`` (ptr None: its export is held), or ``size``
+        bytes at ``ptr`` kept alive by a reference to ``obj`` (a tensor and its storage;
+        None for a bare pointer: the caller keeps the memory valid until it is unregistered
+        and every ticket into it is done). ``guard``: (kind, check) for memory its owner
+        can move (check() is None while it is where it was registered, else what changed)."""
     def unregister(self, buffer: Buffer) -> bool: ...
     def buffers(self) -> int: ...
     def prefetch(

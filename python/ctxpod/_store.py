@@ -73,9 +73,43 @@ def _ints(xs: Sequence[int], what: str) -> list[int]:
     return out
 
 
-def _torch_span(obj: Any) -> tuple[int, int] | None:
-    """(address, bytes) of a CPU torch tensor (duck-typed: no import of torch)."""
-    if not (hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and hasattr(obj, "device")):
+def _is_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (duck-typed: no import of torch)."""
+    return hasattr(obj, "data_ptr") and hasattr(obj, "untyped_storage") and hasattr(obj, "device")
+
+
+def _tensor_check(t: Any, whole: tuple[int, int] | None) -> Any:
+    """The check of memory a torch tensor's storage owns: ``check()`` is ``None`` while it
+    is where it was registered, else what changed. torch can move a tensor's bytes under
+    any reference to it (``resize_`` reallocates the storage in place and frees the old
+    bytes, ``set_`` swaps the storage, ``share_memory_`` moves it), so every use checks.
+    The check holds the storage, so that the old bytes of a tensor ``set_`` elsewhere stay
+    allocated while the SDK may still name them. ``whole``: (address, bytes) of the tensor
+    itself, when the tensor is what was registered."""
+    storage = t.untyped_storage()
+    sptr, sbytes, sid = int(storage.data_ptr()), int(storage.nbytes()), getattr(storage, "_cdata", None)
+
+    def check() -> str | None:
+        p, n = int(storage.data_ptr()), int(storage.nbytes())
+        if (p, n) != (sptr, sbytes):
+            return (
+                f"its storage was moved or resized ({sbytes} bytes at {sptr:#x}, now {n} bytes at "
+                f"{p:#x}: resize_ past its size, or share_memory_)"
+            )
+        if whole is not None:
+            if getattr(t.untyped_storage(), "_cdata", None) != sid:
+                return "its storage was replaced (set_)"
+            p, n = int(t.data_ptr()), int(t.numel() * t.element_size())
+            if (p, n) != whole or not t.is_contiguous():
+                return f"it is now {n} bytes at {p:#x}{'' if t.is_contiguous() else ', not contiguous'} (resize_ or set_)"
+        return None
+
+    return check
+
+
+def _tensor_span(obj: Any) -> tuple[int, int, Any] | None:
+    """(address, bytes, check) of a CPU torch tensor."""
+    if not _is_tensor(obj):
         return None
     if getattr(obj.device, "type", None) != "cpu":
         raise InvalidRequest(
@@ -84,14 +118,37 @@ def _torch_span(obj: Any) -> tuple[int, int] | None:
         )
     if not obj.is_contiguous():
         raise InvalidRequest("the tensor is not contiguous: register tensor.contiguous()")
-    return int(obj.data_ptr()), int(obj.numel() * obj.element_size())
+    span = int(obj.data_ptr()), int(obj.numel() * obj.element_size())
+    return span[0], span[1], _tensor_check(obj, span)
+
+
+def _tensor_beneath(obj: Any) -> Any:
+    """The torch tensor whose memory a numpy array views (``tensor.numpy()``, and views of
+    it), found through ``.base``; ``None`` if there is none."""
+    seen = 0
+    if isinstance(obj, memoryview):
+        obj = obj.obj
+        if _is_tensor(obj):
+            return obj
+    base = getattr(obj, "base", None)
+    while base is not None and seen < 64:
+        if _is_tensor(base):
+            return base
+        base = getattr(base, "base", None)
+        seen += 1
+    return None
 
 
 class Buffer:
     """Memory registered with a :class:`Store`: prefetches push straight into it.
 
-    ``ptr`` and ``size`` say where it is. The memory stays in use (the object it came
-    from is kept alive) until the buffer is unregistered and every ticket into it is done.
+    ``ptr`` and ``size`` say where it is. Who keeps the memory alive: for an object (a
+    bytearray, a numpy array, a torch tensor) the SDK does, holding the object (and its
+    buffer export, or the tensor's storage) until the buffer is unregistered and every
+    ticket into it is done; for a raw ``(ptr, size)`` (``obj`` is ``None``) the caller keeps
+    the memory valid, unmoved, for as long. ``guarded``: the memory's owner can move it
+    anyway (a torch tensor), so blocks land in the SDK's memory first and are copied in by
+    the call that reports them landed, after checking the tensor is where it was.
     """
 
     __slots__ = ("_b", "obj")
@@ -113,6 +170,10 @@ class Buffer:
     def id(self) -> int:
         return self._b.id
 
+    @property
+    def guarded(self) -> bool:
+        return self._b.guarded
+
     def __repr__(self) -> str:
         return f"<ctxpod.Buffer {self.id}: {self.size} bytes at {self.ptr:#x}>"
 
@@ -120,7 +181,10 @@ class Buffer:
 class Ticket:
     """A prefetch in flight. Blocks land in the caller's registered memory; per entry the
     code says how it went (see ``LOST`` for the codes). Dropping the ticket cancels what
-    the nodes have not pushed yet and ends its lease.
+    the nodes have not pushed yet and ends its lease. Into a guarded buffer (a torch
+    tensor) the calls that report entries landed (``wait``, ``wait_for``, ``poll``,
+    ``ready``, ``progress``, ``await``) copy them in, after checking the tensor is where it
+    was registered; if it moved they raise ``InvalidRequest`` and write nothing into it.
 
     ``await ticket`` waits from asyncio without blocking the event loop, and gives
     :meth:`poll`'s codes.
@@ -163,7 +227,9 @@ class Ticket:
 
     def add_done_callback(self, fn: Any) -> None:
         """Calls ``fn()`` once the ticket is done, from the SDK's I/O thread (keep it short;
-        with asyncio use ``await ticket``)."""
+        with asyncio use ``await ticket``). Into a guarded buffer (a torch tensor), the
+        blocks are copied in by the call that reports them landed: call :meth:`poll` (or
+        :meth:`wait`) before reading them."""
         self._t.on_done(fn)
 
     def __await__(self):
@@ -468,8 +534,12 @@ class Store:
     ) -> list[int]:
         """Reads each block into its buffer. ``buffers`` are writable buffers, or, with
         ``sizes``, addresses (ints) inside registered buffers (Mooncake's
-        ``batch_get_into(keys, ptrs, sizes)``). Per entry: the bytes written, or a negative
-        status (-404 a miss, -413 the block is larger than its buffer: nothing written)."""
+        ``batch_get_into(keys, ptrs, sizes)``): each ``(ptr, size)`` must lie inside one
+        registered buffer (else ``InvalidRequest``, nothing sent); a registered torch
+        tensor is checked first and raises ``InvalidRequest`` if it moved since (see
+        :meth:`register_buffer`); memory registered as a raw ``(ptr, size)`` is the
+        caller's to keep valid. Per entry: the bytes written, or a negative status (-404 a
+        miss, -413 the block is larger than its buffer: nothing written)."""
         keys = _keys(keys)
         if sizes is None:
             bufs = list(buffers)
@@ -509,15 +579,26 @@ class Store:
     # -- caller memory --------------------------------------------------------------
 
     def register_buffer(self, obj: Any, size: int | None = None) -> Buffer:
-        """Makes caller memory a region that prefetches push into with no copy:
+        """Makes caller memory a region that prefetches push into. Who keeps it alive:
 
         - a writable buffer-protocol object (``bytearray``, a numpy array, ``memoryview``),
-          C-contiguous: kept alive, and (for a bytearray) kept from resizing, while
-          registered;
-        - a CPU torch tensor (contiguous; pinned or not): kept alive while registered;
+          C-contiguous: the SDK holds it and its buffer export until the buffer is
+          unregistered and every ticket into it is done, so it cannot be resized or freed
+          meanwhile (a bytearray's resize raises ``BufferError``). Blocks are pushed
+          straight into it, no copy;
+        - a CPU torch tensor (contiguous; pinned or not), or a numpy view of one
+          (``tensor.numpy()``): the SDK holds the tensor and its storage, but torch can
+          move a tensor's bytes under any reference (``resize_``, ``set_``,
+          ``share_memory_``), so the buffer is *guarded*: blocks land in the SDK's memory
+          and are copied into the tensor by the call that reports them landed (``wait``,
+          ``wait_for``, ``poll``, ``ready``, ``progress``, ``await``, ``batch_get_into``),
+          each use first checking that the tensor is where it was registered. A moved
+          tensor raises ``InvalidRequest`` (naming the buffer and what changed), with
+          nothing sent or written;
         - ``register_buffer(ptr, size)`` or ``register_buffer((ptr, size))``: raw memory
-          the caller keeps valid until :meth:`unregister_buffer` and every ticket into it
-          is done (Mooncake's ``register_buffer``).
+          the SDK cannot check; the caller keeps it valid and unmoved until
+          :meth:`unregister_buffer` and the end of every ticket into it (Mooncake's
+          ``register_buffer``). Blocks are pushed straight into it.
 
         Buffers may not overlap. Returns the :class:`Buffer`.
         """
@@ -534,11 +615,14 @@ class Store:
         else:
             if size is not None:
                 raise InvalidRequest("size goes with a pointer, not with an object")
-            span = _torch_span(obj)
-            if span is None:
-                native = self._s.register(obj)
+            span = _tensor_span(obj)
+            if span is not None:
+                ptr, size, check = span
+                native = self._s.register((obj, obj.untyped_storage()), ptr, size, ("a torch tensor", check))
             else:
-                native = self._s.register(obj, span[0], span[1])
+                beneath = _tensor_beneath(obj)
+                guard = None if beneath is None else ("a view of a torch tensor", _tensor_check(beneath, None))
+                native = self._s.register(obj, None, None, guard)
             b = Buffer(native, obj)
         self._objs[b.id] = b
         return b

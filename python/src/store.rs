@@ -3,8 +3,8 @@
 //! buffer-protocol objects, pointers as `int`s. Per-entry outcomes come back as HTTP-like
 //! statuses; whole-call failures as `ctxpod.errors` exceptions.
 
-use crate::buffers::{self, Buffer, Keep, Registry};
-use crate::ticket::{Events, Held, Ticket};
+use crate::buffers::{self, Buffer, Held as Registered, Keep, Registry};
+use crate::ticket::{Events, Held, Landing, Landings, Ticket};
 use crate::{block, error, invalid};
 use bytes::Bytes;
 use ctxpod_client::connect::Connect;
@@ -36,9 +36,10 @@ impl AsRef<[u8]> for Lent {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: `_keep` holds the export or the region (a registered range, checked by
-        // `Registry::find`) that keeps these bytes valid; the caller does not write them
-        // during the call (docs/PYTHON.md, "Buffers").
+        // SAFETY: `_keep` holds the export or the registered buffer (a range checked by
+        // `Registry::find`, and for a guarded buffer by its check, in this call) that keeps
+        // these bytes valid; the caller does not write them during the call
+        // (docs/PYTHON.md, "Buffer lifetime rules").
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 }
@@ -228,9 +229,14 @@ impl Store {
             return Err(invalid("keys, ptrs and sizes must have the same length"));
         }
         let mut blocks = Vec::with_capacity(keys.len());
+        let mut checked: Vec<u32> = Vec::new();
         for ((k, ptr), len) in keys.into_iter().zip(ptrs).zip(sizes) {
-            let (region, _) = self.buffers.find(ptr, len)?;
-            blocks.push((Bytes::from(k), lent(ptr, len, Keep::Region(region))));
+            let (held, _) = self.buffers.find(ptr, len)?;
+            if !checked.contains(&held.id) {
+                held.check(py)?;
+                checked.push(held.id);
+            }
+            blocks.push((Bytes::from(k), lent(ptr, len, Keep::Held(held))));
         }
         self.store(py, ns, blocks, durable)
     }
@@ -297,19 +303,23 @@ impl Store {
         if keys.len() != ptrs.len() || keys.len() != sizes.len() {
             return Err(invalid("keys, ptrs and sizes must have the same length"));
         }
-        let entries = self.entries(keys, ptrs, sizes)?;
+        let (entries, landings) = self.entries(py, keys, ptrs, sizes)?;
         let opts = PrefetchOptions {
             policy: Policy::WaitComplete,
             deadline: None,
             lease: Duration::ZERO,
         };
         let pod = self.pod.clone();
-        let codes = block(py, async move {
+        let t = block(py, async move {
             let t = pod.prefetch(&ns, entries, opts).await?;
-            let p = t.wait().await;
-            Ok::<_, TransferError>(crate::ticket::codes(&p))
+            t.wait().await;
+            Ok::<_, TransferError>(t)
         })
         .map_err(error)?;
+        let t = Held::new(t);
+        // Blocks for a guarded buffer (a torch tensor) are copied in here, after its check.
+        landings.land(py, t.get())?;
+        let codes = crate::ticket::codes(&t.get().poll());
         Ok(codes.into_iter().map(|c| c.unwrap_or(-1)).collect())
     }
 
@@ -375,14 +385,21 @@ impl Store {
         ))
     }
 
-    /// Registers memory: a writable buffer-protocol object (`obj`, with `ptr` None), or
-    /// `size` bytes at `ptr` kept alive by a reference to `obj` (a torch tensor).
-    #[pyo3(signature = (obj, ptr=None, size=None))]
+    /// Registers memory: a writable buffer-protocol object (`obj`, with `ptr` None: its
+    /// buffer export is held, so it cannot be resized while registered), or `size` bytes at
+    /// `ptr` kept alive by a reference to `obj` (a torch tensor and its storage; for a bare
+    /// pointer `obj` is None and the caller keeps the memory valid until it is unregistered
+    /// and every ticket into it is done). `guard` is `(kind, check)` for memory its owner
+    /// can move anyway (a torch tensor): `check()` answers None while the memory is where
+    /// it was registered, else what changed; the pod then pushes into the SDK's memory and
+    /// the calls that report entries landed copy them in, after the check.
+    #[pyo3(signature = (obj, ptr=None, size=None, guard=None))]
     fn register(
         &self,
         obj: &Bound<'_, PyAny>,
         ptr: Option<usize>,
         size: Option<usize>,
+        guard: Option<(String, Py<PyAny>)>,
     ) -> PyResult<Buffer> {
         let (ptr, size, keep) = match (ptr, size) {
             (None, None) => {
@@ -392,38 +409,40 @@ impl Store {
             (Some(p), Some(s)) => (p, s, Keep::Object(obj.clone().unbind())),
             _ => return Err(invalid("give both ptr and size, or neither")),
         };
-        let region = buffers::region(ptr, size, keep)?;
-        let b = Buffer {
-            id: region.id(),
-            region: std::sync::Mutex::new(Some(region.clone())),
+        let held = Arc::new(Registered::new(ptr, size, keep, guard)?);
+        self.buffers.add(&held)?;
+        Ok(Buffer {
+            id: held.id,
             ptr,
             size,
-        };
-        self.buffers.add(&b, &region)?;
-        Ok(b)
+            held: std::sync::Mutex::new(Some(held)),
+        })
     }
 
     /// Stops using a buffer: no new call may name it; prefetches in flight still land.
     fn unregister(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<bool> {
-        let held = self.buffers.remove(buffer.id);
-        let Some(region) = buffer.region.lock().expect("buffer").take() else {
-            return Ok(held);
+        let was = self.buffers.remove(buffer.id);
+        let Some(held) = buffer.held.lock().expect("buffer").take() else {
+            return Ok(was);
         };
         let pod = self.pod.clone();
-        // The region is dropped on the runtime: the last reference may be this one, and
+        // The buffer is dropped on the runtime: the last reference may be this one, and
         // its keep-alive (the buffer export) is released there with the GIL taken.
         block(py, async move {
-            let r = pod.unregister_region(&region).await;
-            drop(region);
+            let mut r = Ok(false);
+            for region in held.regions() {
+                r = r.and(pod.unregister_region(&region).await);
+            }
+            drop(held);
             r
         })
         .map_err(error)?;
-        Ok(held)
+        Ok(was)
     }
 
     /// Registered buffers now.
     fn buffers(&self) -> usize {
-        self.buffers.all().len()
+        self.buffers.len()
     }
 
     /// Pushes each (key, ptr, size) entry into registered memory; a ticket at once.
@@ -457,7 +476,7 @@ impl Store {
                 ctxpod_wire::PREFETCH_LEASE_MS_MAX
             )));
         }
-        let entries = self.entries(keys, ptrs, sizes)?;
+        let (entries, landings) = self.entries(py, keys, ptrs, sizes)?;
         let opts = PrefetchOptions {
             policy,
             deadline: deadline_ms.map(Duration::from_millis),
@@ -467,6 +486,7 @@ impl Store {
         let t = block(py, async move { pod.prefetch(&ns, entries, opts).await }).map_err(error)?;
         Ok(Ticket {
             inner: Held::new(t),
+            landings,
         })
     }
 
@@ -505,28 +525,48 @@ impl Store {
         .map_err(error)
     }
 
-    /// Prefetch entries for (key, pointer, size) triples, each inside a registered buffer.
+    /// Prefetch entries for (key, pointer, size) triples, each inside a registered buffer,
+    /// and the entries into guarded buffers (each checked once here: a moved one is refused
+    /// with nothing sent), which land in the buffer's shadow and are copied in later.
+    #[allow(clippy::type_complexity)]
     fn entries(
         &self,
+        py: Python<'_>,
         keys: Vec<Vec<u8>>,
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
-    ) -> PyResult<Vec<(ctxpod_client::region::Region, PrefetchEntry)>> {
+    ) -> PyResult<(
+        Vec<(ctxpod_client::region::Region, PrefetchEntry)>,
+        Landings,
+    )> {
         let mut entries = Vec::with_capacity(keys.len());
-        for ((k, p), s) in keys.into_iter().zip(ptrs).zip(sizes) {
+        let mut landings = Vec::new();
+        let mut checked: Vec<u32> = Vec::new();
+        for (i, ((k, p), s)) in keys.into_iter().zip(ptrs).zip(sizes).enumerate() {
             let max_len = u32::try_from(s)
                 .map_err(|_| invalid(format!("an entry of {s} bytes is over 4 GiB")))?;
-            let (region, offset) = self.buffers.find(p, s)?;
+            let (held, offset) = self.buffers.find(p, s)?;
+            if held.guarded() && !checked.contains(&held.id) {
+                held.check(py)?;
+                checked.push(held.id);
+            }
             entries.push((
-                region,
+                held.target().clone(),
                 PrefetchEntry {
                     key: Bytes::from(k),
-                    offset,
+                    offset: offset as u64,
                     max_len,
                 },
             ));
+            if held.guarded() {
+                landings.push(Landing {
+                    entry: i,
+                    offset,
+                    held,
+                });
+            }
         }
-        Ok(entries)
+        Ok((entries, Landings::new(landings)))
     }
 
     /// GETs `keys` and copies each block into its (address, length) span.

@@ -1,12 +1,15 @@
 //! Prefetch tickets and KV event streams as Python objects. Waiting releases the GIL; a
 //! done callback (for asyncio) is called from the SDK's I/O thread with the GIL taken.
+//! Entries into a guarded buffer (a torch tensor, see `buffers`) land in the buffer's
+//! shadow and are copied into the buffer by the call that reports them landed.
 
+use crate::buffers::Held as Registered;
 use crate::{block, error, rt};
 use ctxpod_client::transfer_client::{BlockState, Progress};
 use ctxpod_client::transfer_pod::{PodSubscription, PodTicket};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// An entry's state as an int: bytes landed (≥ 0), a negative status for a miss (-404 not
@@ -36,14 +39,111 @@ fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+/// An entry of a ticket into a guarded buffer: it lands in the buffer's shadow at
+/// `offset` and is copied to the same offset of the buffer.
+pub(crate) struct Landing {
+    pub(crate) entry: usize,
+    pub(crate) offset: usize,
+    pub(crate) held: Arc<Registered>,
+}
+
+/// A ticket's entries into guarded buffers not copied into them yet.
+#[derive(Default)]
+pub(crate) struct Landings {
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    left: Vec<Landing>,
+    /// Why the copy was refused (a buffer moved): every later call raises it again.
+    refused: Option<String>,
+}
+
+impl Landings {
+    pub(crate) fn new(left: Vec<Landing>) -> Landings {
+        Landings {
+            pending: Mutex::new(Pending {
+                left,
+                refused: None,
+            }),
+        }
+    }
+
+    /// The lock, taken without holding the GIL while waiting for it (a holder may run the
+    /// guard's Python check, which lets other threads take the GIL).
+    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, Pending> {
+        loop {
+            if let Ok(g) = self.pending.try_lock() {
+                return g;
+            }
+            py.detach(std::thread::yield_now);
+        }
+    }
+
+    /// Copies every landed entry not copied yet from its shadow into its buffer, each
+    /// buffer checked first (once per call): `InvalidRequest` if one moved, with nothing
+    /// written into it. Called before the ticket's ranges are given back.
+    pub(crate) fn land(&self, py: Python<'_>, t: &PodTicket) -> PyResult<()> {
+        let mut p = self.lock(py);
+        if let Some(why) = &p.refused {
+            return Err(crate::invalid(why));
+        }
+        if p.left.is_empty() {
+            return Ok(());
+        }
+        let now = t.poll();
+        let mut checked: Vec<u32> = Vec::new();
+        let mut i = 0;
+        while i < p.left.len() {
+            let l = &p.left[i];
+            match now.blocks.get(l.entry) {
+                Some(BlockState::Landed { .. }) => {}
+                Some(BlockState::Pending) => {
+                    i += 1;
+                    continue;
+                }
+                // Missed, lost or corrupt: nothing to copy, ever.
+                _ => {
+                    p.left.swap_remove(i);
+                    continue;
+                }
+            }
+            let Some(bytes) = t.data(l.entry) else {
+                i += 1;
+                continue;
+            };
+            if !checked.contains(&l.held.id) {
+                if let Err(e) = l.held.check(py) {
+                    p.refused = Some(e.value(py).str()?.to_string());
+                    return Err(e);
+                }
+                checked.push(l.held.id);
+            }
+            // SAFETY: checked above in this call, with the GIL held; the block fits its
+            // entry (the node refuses one larger than its room).
+            unsafe { l.held.place(l.offset, bytes) };
+            p.left.swap_remove(i);
+        }
+        Ok(())
+    }
+
+    /// Whether every entry into a guarded buffer was copied.
+    fn done(&self, py: Python<'_>) -> bool {
+        self.lock(py).left.is_empty()
+    }
+}
+
 /// Once a ticket is done its ranges are given back ([`PodTicket::release`]): in Python a
 /// landing buffer is reused by the next prefetch while the finished ticket object may
-/// still be alive (`t = store.prefetch(...)` in a loop).
-fn settled(t: &PodTicket, p: Progress) -> Progress {
-    if p.done {
+/// still be alive (`t = store.prefetch(...)` in a loop). Entries into guarded buffers are
+/// copied first (the shadow's bytes are the ticket's until then).
+fn settled(py: Python<'_>, t: &PodTicket, l: &Landings, p: Progress) -> PyResult<Progress> {
+    l.land(py, t)?;
+    if p.done && l.done(py) {
         t.release();
     }
-    p
+    Ok(p)
 }
 
 /// A ticket that is dropped inside the runtime, so that its cancel reaches the nodes.
@@ -54,7 +154,7 @@ impl Held {
         Held(Some(Arc::new(t)))
     }
 
-    fn get(&self) -> &Arc<PodTicket> {
+    pub(crate) fn get(&self) -> &Arc<PodTicket> {
         self.0.as_ref().expect("a live ticket")
     }
 }
@@ -69,6 +169,7 @@ impl Drop for Held {
 #[pyclass(frozen, name = "_Ticket", module = "ctxpod._ctxpod")]
 pub struct Ticket {
     pub(crate) inner: Held,
+    pub(crate) landings: Landings,
 }
 
 #[pymethods]
@@ -89,7 +190,7 @@ impl Ticket {
                 None => t2.wait().await,
             }
         });
-        Ok(codes(&settled(&t, p)))
+        Ok(codes(&settled(py, &t, &self.landings, p)?))
     }
 
     /// Waits for entry `i` (or `timeout` seconds); its code.
@@ -103,34 +204,36 @@ impl Ticket {
             )));
         }
         let limit = timeout(timeout_s)?;
+        let t2 = t.clone();
         let s = block(py, async move {
             match limit {
-                Some(d) => tokio::time::timeout(d, t.block(i))
+                Some(d) => tokio::time::timeout(d, t2.block(i))
                     .await
                     .unwrap_or(BlockState::Pending),
-                None => t.block(i).await,
+                None => t2.block(i).await,
             }
         });
+        self.landings.land(py, &t)?;
         Ok(code(s))
     }
 
     /// The codes now, without waiting.
-    fn poll(&self) -> Vec<Option<i64>> {
+    fn poll(&self, py: Python<'_>) -> PyResult<Vec<Option<i64>>> {
         let t = self.inner.get();
-        codes(&settled(t, t.poll()))
+        Ok(codes(&settled(py, t, &self.landings, t.poll())?))
     }
 
     /// Whether every member has finished (no more pushes).
-    fn ready(&self) -> bool {
+    fn ready(&self, py: Python<'_>) -> PyResult<bool> {
         let t = self.inner.get();
-        settled(t, t.poll()).done
+        Ok(settled(py, t, &self.landings, t.poll())?.done)
     }
 
     /// (landed, missed, done).
-    fn progress(&self) -> (u32, u32, bool) {
+    fn progress(&self, py: Python<'_>) -> PyResult<(u32, u32, bool)> {
         let t = self.inner.get();
-        let p = settled(t, t.poll());
-        (p.landed, p.missed, p.done)
+        let p = settled(py, t, &self.landings, t.poll())?;
+        Ok((p.landed, p.missed, p.done))
     }
 
     /// Asks the nodes to stop: entries not pushed yet miss (-499).
