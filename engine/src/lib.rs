@@ -116,11 +116,33 @@ pub struct Namespace {
     created_ms: u64,
     keys: parking_lot::RwLock<NsKeys>,
     used_bytes: AtomicU64,
+    /// Bytes of new blocks on their way to the writer (admitted by the pod's ledger, not
+    /// yet counted in `used_bytes`).
+    pending_bytes: AtomicU64,
+    /// What the pod's quota ledger lets this node hold of the namespace ([`PodQuota`]);
+    /// [`NO_QUOTA`] until the ledger was asked (or without one).
+    grant: AtomicU64,
     blocks: AtomicU64,
     deleted: AtomicBool,
 }
 
 const NO_QUOTA: u64 = u64::MAX;
+
+/// The boxed future a [`PodQuota`] answers with.
+pub type QuotaFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
+
+/// A pod-wide quota (`ctxpod_pod::quota`): how much of a namespace with a quota this node
+/// may hold. Without one (a node alone, a static pod) the quota applies to the node.
+pub trait PodQuota: Send + Sync {
+    /// Before a new block of `len` bytes goes into `ns` (which has a quota): returns once
+    /// the namespace's [`Namespace::grant`] covers its used and pending bytes and `len`, or
+    /// the refusal (`Quota`, or `Busy` when the pod cannot be asked).
+    fn reserve<'a>(&'a self, ns: &'a Namespace, len: u64) -> QuotaFuture<'a>;
+    /// After blocks of `ns` left this node (a delete): the grant above what it holds goes
+    /// back to the pod.
+    fn released<'a>(&'a self, ns: &'a Namespace) -> QuotaFuture<'a>;
+}
 
 /// What `PUT /v1/namespaces/{ns}` sets: every setting, each absent one back to its default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -147,6 +169,33 @@ pub use ctxpod_format::config::DEK_ROTATE_AFTER_WRITES;
 impl Namespace {
     pub fn quota_bytes(&self) -> Option<u64> {
         Some(self.quota.load(Ordering::Relaxed)).filter(|&q| q != NO_QUOTA)
+    }
+
+    /// Bytes of the namespace's live blocks on this node.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of new blocks admitted and not yet written.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes.load(Ordering::Relaxed)
+    }
+
+    /// What the pod's ledger lets this node hold (`None`: not asked, or no ledger).
+    pub fn grant(&self) -> Option<u64> {
+        Some(self.grant.load(Ordering::SeqCst)).filter(|&g| g != NO_QUOTA)
+    }
+
+    /// Set by the [`PodQuota`] only: never above what the pod's ledger records.
+    pub fn set_grant(&self, bytes: u64) {
+        self.grant.store(bytes.min(NO_QUOTA - 1), Ordering::SeqCst);
+    }
+
+    /// The bytes this node may hold of the namespace: its quota, and the pod's grant when
+    /// a ledger gave one.
+    fn limit(&self) -> Option<u64> {
+        self.quota_bytes()
+            .map(|q| q.min(self.grant.load(Ordering::SeqCst)))
     }
 
     /// Copies of each block in the pod, when the namespace sets its own.
@@ -178,6 +227,8 @@ impl Namespace {
                 deks,
             }),
             used_bytes: AtomicU64::new(0),
+            pending_bytes: AtomicU64::new(0),
+            grant: AtomicU64::new(NO_QUOTA),
             blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
         }
@@ -297,6 +348,8 @@ pub(crate) struct Core {
     /// the first failed batch began.
     no_space: Mutex<Option<(u32, u32)>>,
     failed: AtomicBool,
+    /// The pod's quota ledger, once the node joined a pod that keeps one.
+    pod_quota: std::sync::OnceLock<Arc<dyn PodQuota>>,
     /// Set by the writer after a commit that skipped the flush and sync (`fast` puts only),
     /// cleared by the next synced commit.
     unsynced: AtomicBool,

@@ -142,6 +142,16 @@ impl Engine {
         self.core.namespaces.read().get(name)?.replication()
     }
 
+    /// Hands the namespaces' quotas to the pod's ledger (once; later calls are ignored).
+    pub fn set_pod_quota(&self, q: Arc<dyn PodQuota>) {
+        let _ = self.core.pod_quota.set(q);
+    }
+
+    /// A namespace, for the pod's quota ledger.
+    pub fn namespace_handle(&self, name: &str) -> Result<Arc<Namespace>> {
+        self.ns(name)
+    }
+
     pub fn namespace(&self, name: &str) -> Result<NamespaceInfo> {
         Ok(self.ns(name)?.info())
     }

@@ -44,6 +44,10 @@ impl Engine {
         let bkey = block_key(ns.id, key);
         self.reference(&bkey, len);
         let existing = self.core.index.get_block(&bkey)?;
+        // Counted from here until the writer answered, so the pod's ledger is asked for
+        // every byte on its way.
+        let _pending = (existing.is_none() && ns.quota_bytes().is_some())
+            .then(|| Pending::new(&ns, len as u64));
         if existing.is_none() {
             if let Some(q) = ns.quota_bytes() {
                 if ns.used_bytes.load(Ordering::Relaxed) + len as u64 > q {
@@ -51,6 +55,9 @@ impl Engine {
                         "namespace {} is at its quota",
                         ns.name
                     )));
+                }
+                if let Some(pod) = self.core.pod_quota.get() {
+                    pod.reserve(&ns, len as u64).await?;
                 }
             }
         }
@@ -152,7 +159,29 @@ impl Engine {
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
         if existed {
             self.core.events.block(&bkey, events::KvEventKind::Deleted);
+            if let (Some(pod), Some(_)) = (self.core.pod_quota.get(), ns.quota_bytes()) {
+                // The delete stands; a grant not given back now goes at the next one.
+                if let Err(e) = pod.released(&ns).await {
+                    tracing::debug!(namespace = %ns.name, "quota grant not given back: {e}");
+                }
+            }
         }
         Ok(existed)
+    }
+}
+
+/// A new block's bytes counted in [`Namespace::pending_bytes`] while it is on its way.
+struct Pending<'a>(&'a Namespace, u64);
+
+impl<'a> Pending<'a> {
+    fn new(ns: &'a Namespace, len: u64) -> Pending<'a> {
+        ns.pending_bytes.fetch_add(len, Ordering::SeqCst);
+        Pending(ns, len)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.pending_bytes.fetch_sub(self.1, Ordering::SeqCst);
     }
 }

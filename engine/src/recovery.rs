@@ -251,6 +251,7 @@ pub(super) async fn open(
         metrics,
         counters,
         failed: AtomicBool::new(false),
+        pod_quota: std::sync::OnceLock::new(),
         no_space: Mutex::new(None),
         unsynced: AtomicBool::new(false),
         cfg,

@@ -517,7 +517,7 @@ impl Writer {
                         replies.push(Reply::Put(p.reply, r));
                         continue;
                     }
-                    if let Some(q) = p.ns.quota_bytes() {
+                    if let Some(q) = p.ns.limit() {
                         if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
                             let _ = p.reply.send(Err(EngineError::Quota(format!(
                                 "namespace {} is at its quota",

@@ -1,6 +1,7 @@
 //! A small etcd v3 client over etcd's JSON gateway: the `/v3/...` routes every etcd server
 //! (3.4 and later) serves on its client URL, the gRPC API mapped to HTTP/JSON. Pod membership
-//! needs only leases, puts, prefix ranges, deletes and watches, so this avoids a gRPC stack.
+//! needs only leases, puts, prefix ranges, deletes, watches and a compare-and-swap
+//! transaction ([`Etcd::cas_put`], the quota ledger's), so this avoids a gRPC stack.
 //!
 //! Keys and values travel base64-encoded; 64-bit integers travel as JSON strings (the
 //! gateway's proto3 JSON mapping); both forms are accepted when reading. Each call tries the
@@ -287,6 +288,30 @@ impl Etcd {
             Some(kv) => Ok(Some(kv_of(kv)?)),
             None => Ok(None),
         }
+    }
+
+    /// Puts `key = value` only if the key is unchanged since it was read: its
+    /// `mod_revision` is still `expected` (0: the key must not exist). One etcd v3
+    /// transaction; false when another writer came first (read again and retry).
+    pub async fn cas_put(&self, key: &str, value: &[u8], expected: i64) -> anyhow::Result<bool> {
+        let k = b64(key.as_bytes());
+        let compare = if expected == 0 {
+            json!({ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0" })
+        } else {
+            json!({ "key": k, "target": "MOD", "result": "EQUAL",
+                    "mod_revision": expected.to_string() })
+        };
+        let v = self
+            .call(
+                "/v3/kv/txn",
+                json!({
+                    "compare": [compare],
+                    "success": [{ "request_put": { "key": k, "value": b64(value) } }],
+                }),
+            )
+            .await?;
+        // proto3 JSON leaves out a false `succeeded`.
+        Ok(v["succeeded"].as_bool() == Some(true))
     }
 
     /// Every lease etcd holds.

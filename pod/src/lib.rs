@@ -14,6 +14,8 @@
 //!   first.
 //! - [`tombstones`]: block deletes recorded in etcd, so a member that was away deletes its
 //!   copy on return, and no copy of a deleted block is written back.
+//! - [`quota`]: a namespace's quota held for the whole pod, through a ledger of grants in
+//!   etcd (compare-and-swap), never the sum of per-member quotas.
 //!
 //! [`Pod::join`] is what `ctxpod serve` calls once its listeners are bound.
 
@@ -24,6 +26,7 @@ pub mod etcd;
 pub mod membership;
 pub mod metrics;
 pub mod namespaces;
+pub mod quota;
 pub mod route;
 pub mod tombstones;
 
@@ -168,6 +171,16 @@ impl Pod {
             )
             .await
             .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
+            // A namespace's quota holds for the pod: each new block within this member's
+            // grant in the ledger.
+            engine.set_pod_quota(Arc::new(quota::Ledgers::new(
+                etcd.clone(),
+                &p.name,
+                &id,
+                membership.clone(),
+                p.replication,
+                p.tombstone_retention_s,
+            )));
             tracing::info!(
                 node = %id,
                 pod = %p.name,

@@ -288,3 +288,78 @@ def test_create_bucket_on_an_existing_bucket_keeps_its_pod_settings(pod):
         info = json.load(urllib.request.urlopen(f"{member.http}/v1/namespaces/{ns}", timeout=5))
         assert (info["quota_bytes"], info["replication"]) == (1 << 20, 2), member.http
     s.close()
+
+
+HALF_MIB = 512 << 10
+
+
+def _put_half(pod, s, ns: str, i: int, name: str) -> bool:
+    """One 512 KiB object: even i through the SDK, odd i through member i % 3's S3 door.
+    True if stored; a refusal must be the quota's (403), nothing else."""
+    from botocore.exceptions import ClientError
+
+    body = np.random.default_rng(1000 + i).integers(0, 256, HALF_MIB, dtype=np.uint8).tobytes()
+    if i % 2 == 0:
+        try:
+            s.put(name.encode(), body)
+            return True
+        except ctxpod.errors.CtxpodError as e:
+            assert isinstance(e, ctxpod.errors.Forbidden) and e.status == 403, e
+            return False
+    try:
+        pod_s3(pod[i % 3]).put_object(Bucket=ns, Key=name, Body=body)
+        return True
+    except ClientError as e:
+        assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 403, e.response
+        return False
+
+
+@pytest.mark.parametrize("replication", [1, 2])
+def test_a_namespace_quota_holds_for_the_whole_pod(pod, replication):
+    """A 1 MiB namespace over 3 members: of 8 x 512 KiB objects put through the SDK and
+    through every member's S3 door, 2 are stored and 6 refused with the quota's 403 (before:
+    each member applied the quota to itself alone, 5 of 8 went in). A deleted object makes
+    room for one more, and no more."""
+    ns = f"qp-{uuid.uuid4().hex[:10]}"
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=ns)
+    s.create_namespace(quota_bytes=1 << 20, replication=replication)
+    stored = [f"half-{i}" for i in range(8) if _put_half(pod, s, ns, i, f"half-{i}")]
+    assert len(stored) == 2, stored
+    s.remove(stored[0].encode())
+    assert _put_half(pod, s, ns, 8, "again-8")
+    assert not _put_half(pod, s, ns, 9, "again-9")
+    s.close()
+
+
+def _pod_used(pod, ns: str) -> int:
+    """Bytes of the namespace the members hold, every copy (each member's own count)."""
+    import json
+
+    total = 0
+    for member in pod:
+        req = urllib.request.Request(f"{member.http}/v1/namespaces/{ns}", headers={"x-ctxpod-forwarded-by": "sdk-test"})
+        total += json.load(urllib.request.urlopen(req, timeout=5))["used_bytes"]
+    return total
+
+
+@pytest.mark.parametrize("replication", [1, 2])
+def test_concurrent_puts_through_three_members_never_take_the_pod_over_its_quota(pod, replication):
+    """3 clients, each on its own member's S3 door, 12 x 512 KiB each at once into a 1 MiB
+    namespace: the members hold at most quota x R bytes (0 bytes over), and at most 2
+    objects are stored."""
+    import concurrent.futures
+
+    ns = f"qc-{uuid.uuid4().hex[:10]}"
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=ns)
+    s.create_namespace(quota_bytes=1 << 20, replication=replication)
+
+    def client(c: int) -> int:
+        return sum(_put_half(pod, s, ns, 2 * (c + 3 * j) + 1, f"c{c}-{j}") for j in range(12))
+
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        stored = sum(ex.map(client, range(3)))
+    used = _pod_used(pod, ns)
+    print(f"R={replication}: stored {stored} objects, members hold {used} bytes, over by {used - (1 << 20) * replication}")
+    assert used <= (1 << 20) * replication, used
+    assert stored <= 2
+    s.close()
