@@ -160,17 +160,23 @@ async fn cxp1_gets_that_are_never_read_hold_only_their_budget() {
     drop(held);
 }
 
+/// The raw request of an HTTP `batch/get` for 8 × block `big` (8 × 8 MiB), to send and
+/// never read the answer of.
+fn unread_batch_get() -> String {
+    let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
+    format!(
+        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\ncontent-type: \
+         application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// HTTP: 64 connections each ask `batch/get` for 8 × 8 MiB and never read the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_batch_gets_that_are_never_read_hold_only_their_budget() {
     let mut node = start().await;
     let base = rss_bytes(node.pid());
-    let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
-    let req = format!(
-        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\ncontent-type: \
-         application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = unread_batch_get();
     let mut held = Vec::new();
     let conns = 64u64;
     for _ in 0..conns {
@@ -193,12 +199,7 @@ async fn http_batch_gets_that_are_never_read_hold_only_their_budget() {
 async fn stalling_clients_from_several_addresses_leave_room_for_a_newcomer() {
     let mut node = start().await;
     let base = rss_bytes(node.pid());
-    let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
-    let req = format!(
-        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\ncontent-type: \
-         application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = unread_batch_get();
     let addr: std::net::SocketAddr = node
         .url
         .trim_start_matches("http://")
