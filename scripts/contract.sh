@@ -8,15 +8,17 @@
 #   CTXPOD_BIN                the node binary (default $CARGO_TARGET_DIR/debug/ctxpod)
 #   CTXPOD_VENV               the Python venv (default ~/.cache/ctxpod-venv; schemathesis is
 #                             installed into it at the pinned version)
-#   CTXPOD_CONTRACT_EXAMPLES  cases per operation and phase (default 100: ~3,500 cases, under
-#                             a minute on 2 cores; 300: ~8,700 cases, ~100 s)
+#   CTXPOD_CONTRACT_EXAMPLES  cases per operation and phase (default 100: ~4,100 cases, about
+#                             a minute on 2 cores; 300: ~9,700 cases, 3 to 6 minutes)
 #   CTXPOD_CONTRACT_SEED      the generator's seed (default 1; any other value explores anew)
 #   CTXPOD_CONTRACT_REPORT    where the JUnit report goes (default $CARGO_TARGET_DIR/contract)
 #   CTXPOD_CONTRACT_ARGS      extra schemathesis arguments (e.g. --include-path-regex blocks)
 #
-# What JSON Schema cannot say (a CXB1 batch body, a CRC header matching its body, an event
-# stream that ends when its namespace goes) is said by scripts/contract_hooks.py; 413 counts
-# as a refusal of a schema-invalid request (scripts/contract.toml).
+# No hooks: schemathesis sends only what it generates from the document. scripts/contract.toml
+# gives the event stream a 0.5 s read. It also allows one refusal on each of three operations
+# whose rule JSON Schema cannot state and the document does: a CRC header that must match
+# the body (422), a body that must be a CXB1 frame (400), and If-None-Match: * on a namespace
+# that exists (412). Nothing else is relaxed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
@@ -125,9 +127,8 @@ mkdir -p "$report"
 # constructor recursion depth mismatch" (a tool error, not a finding); one is fast enough.
 (
   cd "$tmp"
-  SCHEMATHESIS_HOOKS="$repo/scripts/contract_hooks.py" \
-  CTXPOD_CONTRACT_URL="$base" CTXPOD_CONTRACT_TOKEN="$token" \
-    exec "$venv/bin/schemathesis" --config-file "$repo/scripts/contract.toml" \
+  unset SCHEMATHESIS_HOOKS
+  exec "$venv/bin/schemathesis" --config-file "$repo/scripts/contract.toml" \
       run "$repo/wire/openapi.json" \
       --url "$base" \
       --header "Authorization: Bearer $token" \

@@ -82,6 +82,116 @@ impl Default for PlanArgs {
     }
 }
 
+/// The range of a numeric argument, the same for `ctxpod plan` and `POST /v1/plan`:
+/// `wire/openapi.json`'s `PlanRequest` states these (`minimum`, `exclusiveMinimum`,
+/// `maximum`), and a unit test holds the two together. The maxima are generous for real
+/// hardware and keep the plan's arithmetic finite.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bound {
+    /// The argument's API name (snake case; on the command line `--kebab-case`).
+    pub name: &'static str,
+    pub min: f64,
+    /// The value must be above `min` (`min` itself is refused).
+    pub above_min: bool,
+    pub max: f64,
+    /// A whole number (the spec's `integer`).
+    pub integer: bool,
+}
+
+impl Bound {
+    const fn real(name: &'static str, min: f64, above_min: bool, max: f64) -> Self {
+        Bound {
+            name,
+            min,
+            above_min,
+            max,
+            integer: false,
+        }
+    }
+
+    const fn whole(name: &'static str, min: u32, max: u32) -> Self {
+        Bound {
+            name,
+            min: min as f64,
+            above_min: false,
+            max: max as f64,
+            integer: true,
+        }
+    }
+
+    /// Whether `v` is within the range (a finite number).
+    pub fn admits(&self, v: f64) -> bool {
+        let low = if self.above_min {
+            v > self.min
+        } else {
+            v >= self.min
+        };
+        v.is_finite() && low && v <= self.max
+    }
+
+    /// The range in words, for the refusal.
+    fn describe(&self) -> String {
+        let low = if self.above_min { "above" } else { "at least" };
+        let kind = if self.integer {
+            "a whole number"
+        } else {
+            "a number"
+        };
+        format!("{kind} {low} {} and at most {}", self.min, self.max)
+    }
+}
+
+/// Every numeric argument's range (see [`Bound`]).
+pub const BOUNDS: [Bound; 15] = [
+    Bound::real("params_b", 0.0, true, 1e6),
+    Bound::whole("tokens_per_block", 1, 1 << 20),
+    Bound::real("rate", 0.0, true, 1e9),
+    Bound::real("input_tokens", 0.0, true, 1e9),
+    Bound::real("sharing", 0.0, false, 1.0),
+    Bound::real("target_hit_ratio", 0.0, false, 1.0),
+    Bound::real("retention_s", 0.0, false, 1e9),
+    Bound::whole("drives", 1, 4096),
+    Bound::whole("nics", 1, 4096),
+    Bound::real("nic_gbps", 0.0, true, 1e6),
+    Bound::real("usable", 0.0, true, 1.0),
+    Bound::real("write_amplification", 0.0, true, 100.0),
+    Bound::whole("replication", 1, ctxpod_wire::REPLICATION_MAX),
+    Bound::real("gpu_tflops", 0.0, true, 1e6),
+    Bound::real("gpu_mfu", 0.0, true, 1.0),
+];
+
+/// The numeric arguments of `a` by name (`None`: not given).
+fn numbers(a: &PlanArgs) -> [(&'static str, Option<f64>); 15] {
+    [
+        ("params_b", a.params_b),
+        ("tokens_per_block", Some(a.tokens_per_block as f64)),
+        ("rate", a.rate),
+        ("input_tokens", a.input_tokens),
+        ("sharing", a.sharing),
+        ("target_hit_ratio", Some(a.target_hit_ratio)),
+        ("retention_s", Some(a.retention_s)),
+        ("drives", Some(a.drives as f64)),
+        ("nics", Some(a.nics as f64)),
+        ("nic_gbps", Some(a.nic_gbps)),
+        ("usable", Some(a.usable)),
+        ("write_amplification", Some(a.write_amplification)),
+        ("replication", Some(a.replication as f64)),
+        ("gpu_tflops", Some(a.gpu_tflops)),
+        ("gpu_mfu", Some(a.gpu_mfu)),
+    ]
+}
+
+/// Every numeric argument within its [`Bound`]; the first that is not, named.
+pub fn check_ranges(a: &PlanArgs) -> anyhow::Result<()> {
+    for (name, v) in numbers(a) {
+        let (Some(v), Some(b)) = (v, BOUNDS.iter().find(|b| b.name == name)) else {
+            continue;
+        };
+        anyhow::ensure!(b.admits(v), "{name} must be {}; got {v}", b.describe());
+    }
+    Ok(())
+}
+
 /// The drive profiles the API accepts by name (a profile file is for the CLI only).
 pub const API_DRIVES: [&str; 4] = ["tlc", "qlc", "tlc-noplp", "qlc-noplp"];
 
@@ -119,6 +229,7 @@ pub fn drive_of(spec: &str) -> anyhow::Result<Drive> {
 
 /// The planner's input from the arguments, and the pod's live curve when `a.live`.
 pub fn input_of(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<PlanInput> {
+    check_ranges(a)?;
     let model = ctxpod_plan::model::shape(&a.model).map_err(|e| anyhow::anyhow!(e))?;
     let params = a
         .params_b
@@ -287,4 +398,134 @@ pub fn run(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<planner::
         }
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `PlanRequest` in wire/openapi.json.
+    fn spec_plan_request() -> serde_json::Value {
+        let doc: serde_json::Value =
+            serde_json::from_str(ctxpod_wire::OPENAPI_JSON).expect("openapi.json parses");
+        doc["components"]["schemas"]["PlanRequest"].clone()
+    }
+
+    /// The spec states exactly these ranges: every numeric property has its bound, with
+    /// the same minimum (exclusive or not), maximum and type.
+    #[test]
+    fn bounds_are_the_specs() {
+        let spec = spec_plan_request();
+        let props = spec["properties"].as_object().expect("properties");
+        let numeric: Vec<&str> = props
+            .iter()
+            .filter(|(_, p)| matches!(p["type"].as_str(), Some("number" | "integer")))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let mut names: Vec<&str> = BOUNDS.iter().map(|b| b.name).collect();
+        let mut want = numeric.clone();
+        names.sort();
+        want.sort();
+        assert_eq!(names, want, "BOUNDS names the spec's numeric properties");
+        for b in BOUNDS {
+            let p = &props[b.name];
+            let ty = if b.integer { "integer" } else { "number" };
+            assert_eq!(p["type"], ty, "{}: type", b.name);
+            assert_eq!(p["minimum"].as_f64(), Some(b.min), "{}: minimum", b.name);
+            assert_eq!(
+                p["exclusiveMinimum"].as_bool().unwrap_or(false),
+                b.above_min,
+                "{}: exclusiveMinimum",
+                b.name
+            );
+            assert_eq!(p["maximum"].as_f64(), Some(b.max), "{}: maximum", b.name);
+            assert!(
+                p.get("exclusiveMaximum").is_none(),
+                "{}: maxima are inclusive",
+                b.name
+            );
+            // A default the spec states is within the range.
+            if let Some(d) = p.get("default") {
+                assert!(b.admits(d.as_f64().expect("number")), "{}: default", b.name);
+            }
+        }
+    }
+
+    /// Every bound is checked, and the CLI's defaults are within them.
+    #[test]
+    fn every_number_is_checked() {
+        let a = PlanArgs::default();
+        let mut checked: Vec<&str> = numbers(&a).iter().map(|(n, _)| *n).collect();
+        let mut names: Vec<&str> = BOUNDS.iter().map(|b| b.name).collect();
+        checked.sort();
+        names.sort();
+        assert_eq!(checked, names);
+        check_ranges(&a).expect("the defaults are within range");
+    }
+
+    /// One argument of `a` set to `v` through the API's JSON (the same path as a request).
+    fn with(name: &str, v: serde_json::Value) -> PlanArgs {
+        serde_json::from_value(serde_json::json!({ name: v })).expect(name)
+    }
+
+    /// Past either end (and at an exclusive minimum) a value is refused, naming the
+    /// argument; at an inclusive end it is taken.
+    #[test]
+    fn out_of_range_is_refused_by_name() {
+        for b in BOUNDS {
+            // Integers as JSON integers (a u64 field takes no 1.0).
+            let json = |x: f64| {
+                if b.integer {
+                    serde_json::json!(x as u64)
+                } else {
+                    serde_json::json!(x)
+                }
+            };
+            let (above, below) = if b.integer {
+                (b.max + 1.0, b.min - 1.0)
+            } else {
+                (b.max * 1.5, b.min - 0.5)
+            };
+            let mut bad = vec![above, below];
+            if b.above_min {
+                bad.push(b.min);
+            }
+            for v in bad {
+                let a = with(b.name, json(v));
+                let e = check_ranges(&a).expect_err(b.name).to_string();
+                assert!(e.starts_with(&format!("{} must be", b.name)), "{e}");
+                let e = input_of(&a, None).expect_err(b.name).to_string();
+                assert!(e.starts_with(&format!("{} must be", b.name)), "{e}");
+            }
+            check_ranges(&with(b.name, json(b.max))).expect("the maximum is taken");
+            if !b.above_min {
+                check_ranges(&with(b.name, json(b.min))).expect("the minimum is taken");
+            }
+        }
+    }
+
+    /// What issue #32 found answered 200: a GPU's MFU of 1.4e308 and 1e296 TFLOP/s.
+    #[test]
+    fn absurd_gpus_are_refused() {
+        for (name, v) in [
+            ("gpu_mfu", 1.4e308),
+            ("gpu_tflops", 1e296),
+            ("nic_gbps", -1.0),
+        ] {
+            let e = check_ranges(&with(name, serde_json::json!(v))).expect_err(name);
+            assert!(e.to_string().contains(name), "{e}");
+        }
+        // Not a number at all (the CLI parses "NaN" and "inf").
+        for v in [f64::NAN, f64::INFINITY] {
+            let a = PlanArgs {
+                gpu_mfu: v,
+                ..Default::default()
+            };
+            assert!(check_ranges(&a).is_err());
+        }
+        // The u64 extreme of tokens_per_block.
+        let e = check_ranges(&with("tokens_per_block", serde_json::json!(u64::MAX)))
+            .expect_err("u64::MAX");
+        assert!(e.to_string().contains("tokens_per_block"), "{e}");
+    }
 }

@@ -916,6 +916,15 @@ async fn a_viewer_sees_the_pod_and_no_block() {
             br#"{"live":true,"sharing":0.5,"input_tokens":512}"#,
             "give one reuse",
         ),
+        // Numbers past the spec's maxima (issue #32 found these answered 200), named.
+        (
+            br#"{"sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1,"gpu_mfu":1.4e308}"#,
+            "gpu_mfu must be",
+        ),
+        (
+            br#"{"sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1,"gpu_tflops":1e296}"#,
+            "gpu_tflops must be",
+        ),
     ] {
         let (st, out) = raw(&node, "POST", "/v1/plan", &auth, bad).await;
         let text = String::from_utf8_lossy(body_of(&out)).to_string();

@@ -180,6 +180,8 @@ pub async fn plan(
     } else {
         super::input::json_object(&b)?
     };
+    // Every number within the range wire/openapi.json states (`plan_args::BOUNDS`), named.
+    plan_args::check_ranges(&args).map_err(|e| ApiError::invalid(e.to_string()))?;
     if !plan_args::API_DRIVES.contains(&args.drive.as_str()) {
         return Err(ApiError::invalid(format!(
             "drive {:?}: one of {}",

@@ -17,9 +17,11 @@ pub(crate) fn parse_key(s: &str) -> ApiResult<Vec<u8>> {
     ctxpod_wire::key::parse_key_hex(s).map_err(|e| ApiError::invalid(e.to_string()))
 }
 
+/// A key list of at most `max` keys (the spec's `maxItems`: more is a malformed request, 400;
+/// 413 is for bodies over their byte limit).
 pub(crate) fn parse_keys(keys: &[String], max: usize) -> ApiResult<Vec<Vec<u8>>> {
     if keys.len() > max {
-        return Err(ApiError::too_large(format!(
+        return Err(ApiError::invalid(format!(
             "{} keys in one request; the limit is {max}",
             keys.len()
         )));

@@ -53,19 +53,6 @@ pub(crate) async fn put_namespace(
             ))
         }
     };
-    if create_only && routed_incarnation(&h)?.is_none() {
-        let exists = st.engine.namespace(&ns).is_ok() || st.live_record(&ns).await?.is_some();
-        if exists {
-            return Err(ApiError::new(
-                StatusCode::PRECONDITION_FAILED,
-                "namespace_exists",
-                format!(
-                    "namespace {:?} exists; its settings are unchanged",
-                    p.unscope(&ns).unwrap_or(&ns)
-                ),
-            ));
-        }
-    }
     let req: CreateNamespace = if b.iter().all(u8::is_ascii_whitespace) {
         CreateNamespace::default()
     } else {
@@ -77,6 +64,21 @@ pub(crate) async fn put_namespace(
                 "replication must be within 1..={}",
                 ctxpod_wire::REPLICATION_MAX
             )));
+        }
+    }
+    // The precondition is evaluated after the request's own checks (RFC 9110 13.2.1): a
+    // malformed body is 400 whether or not the namespace exists.
+    if create_only && routed_incarnation(&h)?.is_none() {
+        let exists = st.engine.namespace(&ns).is_ok() || st.live_record(&ns).await?.is_some();
+        if exists {
+            return Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "namespace_exists",
+                format!(
+                    "namespace {:?} exists; its settings are unchanged",
+                    p.unscope(&ns).unwrap_or(&ns)
+                ),
+            ));
         }
     }
     // A tenant's namespaces are bounded in number (a new one, asked by a client: a change
