@@ -288,10 +288,12 @@ def check_dashboard():
     """Every metric the Grafana dashboard queries is one the node exports, with the labels
     the queries group by."""
     d = json.loads(open(DASHBOARD).read())
-    # The node's series are defined in three places: the engine's, the pod's and the node's.
+    # The node's series are defined in four places: the engine's, the pod's, the node's and
+    # the node's byte budgets'.
     src = "".join(
-        open(os.path.join(ROOT, crate, "src", "metrics.rs")).read()
-        for crate in ("engine", "pod", "node")
+        open(os.path.join(ROOT, crate, "src", f)).read()
+        for crate, f in (("engine", "metrics.rs"), ("pod", "metrics.rs"),
+                         ("node", "metrics.rs"), ("node", "budget.rs"))
     )
     exported = set(re.findall(r'"(ctxpod_[a-z0-9_]+)"', src))
     exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]

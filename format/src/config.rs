@@ -113,6 +113,9 @@ impl std::str::FromStr for IoEngine {
 /// unique per node, so this is margin, not necessity).
 pub const DEK_ROTATE_AFTER_WRITES: u64 = 1 << 31;
 
+/// The longest `egress_wait_ms`: a request waits a minute at most for its client's share.
+pub const EGRESS_WAIT_MS_MAX: u64 = 60_000;
+
 /// Node configuration. Every field can be set in the TOML file, as `CTXPOD_<FIELD>` in the
 /// environment (e.g. `CTXPOD_CAPACITY=4GiB`), and the main ones as `ctxpod serve` flags.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -177,9 +180,14 @@ pub struct Config {
     /// written out. A block that finds it spent answers 503 (CXP1: `BUSY` for that entry).
     /// Bounds the memory clients that ask and never read can make the node hold.
     pub egress_bytes_max: ByteSize,
-    /// The share of `egress_bytes_max` the clients of one address may hold together, so
-    /// that clients stalling from one place leave the rest to everyone else.
+    /// The share of `egress_bytes_max` one client may hold: a client is one credential (a
+    /// token or a certificate) on one address, and with authentication off every caller of
+    /// an address is one client. A client that stalls leaves the rest to everyone else.
     pub egress_bytes_per_peer_max: ByteSize,
+    /// Milliseconds a request over its client's egress share may wait for the share to
+    /// come back (its client's earlier answers being read) before it is answered busy;
+    /// 0: answered busy at once. Only a request that holds none of the share waits.
+    pub egress_wait_ms: u64,
     /// Connections each listener (HTTP, CXP1) holds at once; more are closed at once and
     /// counted (`ctxpod_connections_refused_total{why="listener"}`).
     pub connections_max: usize,
@@ -561,6 +569,7 @@ impl Default for Config {
             ingest_bytes_max: ByteSize(1 << 30),
             egress_bytes_max: ByteSize(1 << 30),
             egress_bytes_per_peer_max: ByteSize(256 << 20),
+            egress_wait_ms: 5_000,
             connections_max: 8192,
             connections_per_peer_max: 1024,
             idle_timeout_s: 300,
@@ -661,6 +670,10 @@ impl Config {
                 && self.header_read_timeout_s > 0,
             "connections_max, connections_per_peer_max, tls_handshakes_max, idle_timeout_s \
              and header_read_timeout_s must be positive"
+        );
+        anyhow::ensure!(
+            self.egress_wait_ms <= EGRESS_WAIT_MS_MAX,
+            "egress_wait_ms must be at most {EGRESS_WAIT_MS_MAX} (a minute)"
         );
         for (name, b) in [
             ("ingest_bytes_max", self.ingest_bytes_max),
@@ -791,6 +804,21 @@ mod tests {
             .extract()
             .expect("example parses");
         assert_eq!(c, Config::default());
+    }
+
+    /// A wait for an egress share is bounded (a minute); zero turns waits off.
+    #[test]
+    fn egress_waits_are_bounded() {
+        let with = |ms| Config {
+            egress_wait_ms: ms,
+            ..Config::default()
+        };
+        assert!(with(0).validate().is_ok());
+        assert!(with(EGRESS_WAIT_MS_MAX).validate().is_ok());
+        let e = with(EGRESS_WAIT_MS_MAX + 1)
+            .validate()
+            .expect_err("over a minute");
+        assert!(e.to_string().contains("egress_wait_ms"), "{e}");
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(%addr, engine = engine.io_engine(), "ctxpod serving HTTP API v1");
     let scheme = if cfg.tls.enabled() { "https" } else { "http" };
     println!("ctxpod listening on {scheme}://{addr}");
-    let budgets = crate::budget::Budgets::from_config(&cfg);
+    let budgets = crate::budget::Budgets::from_config(&cfg, &engine.metrics().registry);
     let handshakes = crate::conn::Handshakes::new(cfg.tls_handshakes_max);
     let transfer = match cfg.transfer_listen {
         Some(at) => {

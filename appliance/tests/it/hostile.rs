@@ -163,12 +163,188 @@ async fn cxp1_gets_that_are_never_read_hold_only_their_budget() {
 /// The raw request of an HTTP `batch/get` for 8 × block `big` (8 × 8 MiB), to send and
 /// never read the answer of.
 fn unread_batch_get() -> String {
+    unread_batch_get_as(None)
+}
+
+/// The `Authorization` header line for `token` (nothing without one).
+fn bearer(token: Option<&str>) -> String {
+    token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"))
+}
+
+/// [`unread_batch_get`] with `token`'s credentials.
+fn unread_batch_get_as(token: Option<&str>) -> String {
     let body = serde_json::json!({ "keys": vec![hex::encode(b"big"); 8] }).to_string();
     format!(
-        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\ncontent-type: \
+        "POST /v1/namespaces/default/batch/get HTTP/1.1\r\nhost: x\r\n{}content-type: \
          application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        bearer(token),
         body.len()
     )
+}
+
+/// The raw request of a GET of block `big` with `token`'s credentials (raw, because the
+/// harness's client retries a 503).
+fn get_big_as(token: Option<&str>) -> String {
+    format!(
+        "GET /v1/namespaces/default/blocks/{} HTTP/1.1\r\nhost: x\r\n{}\r\n",
+        hex::encode(b"big"),
+        bearer(token)
+    )
+}
+
+/// Reads one HTTP answer (with its `content-length` body) from `s`: its status and body.
+async fn read_answer<S: tokio::io::AsyncRead + Unpin>(mut s: S) -> (u16, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = s.read(&mut chunk).await.expect("read the answer's head");
+        assert!(n > 0, "closed before the answer's head");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let status: u16 = head[9..12].parse().expect("status");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().expect("content-length"));
+    while buf.len() < head_end + len {
+        let n = s.read(&mut chunk).await.expect("read the answer's body");
+        assert!(n > 0, "closed within the answer's body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    (status, buf[head_end..head_end + len].to_vec())
+}
+
+/// The value of the series `name_and_labels` in `node`'s metrics, once it is at least
+/// `at_least` (30 s at most); `None` if it never was.
+async fn metric_reaches(node: &Node, name_and_labels: &str, at_least: u64) -> Option<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let m = node.client.metrics().await.expect("metrics");
+        let v = counter(&m, &format!("{name_and_labels} "));
+        if v >= at_least {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// A 64 MiB egress share (one unread 8 × 8 MiB `batch/get` holds all of it) in a 256 MiB
+/// budget, and waits of `wait_ms` for a client over its share.
+fn share_of_64mib(wait_ms: &str) -> [(&'static str, &str); 3] {
+    [
+        ("CTXPOD_EGRESS_BYTES_MAX", "256MiB"),
+        ("CTXPOD_EGRESS_BYTES_PER_PEER_MAX", "64MiB"),
+        ("CTXPOD_EGRESS_WAIT_MS", wait_ms),
+    ]
+}
+
+const EGRESS_USED: &str = "ctxpod_budget_used_bytes{budget=\"egress\"}";
+
+/// A client whose share is spent by an answer it has not read yet asks again: its GET
+/// waits for its share (`ctxpod_budget_waiting`) and is served once the first answer is
+/// read (issue #32, point 9: before, it was answered 503 at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_share_waits_for_it() {
+    let node = start_with(&share_of_64mib("60000")).await;
+    let mut stalled = node.raw_http().await;
+    stalled
+        .write_all(unread_batch_get().as_bytes())
+        .await
+        .expect("write");
+    assert!(
+        metric_reaches(&node, EGRESS_USED, 64 * MIB).await.is_some(),
+        "the unread answer never held the client's share"
+    );
+    let mut again = node.raw_http().await;
+    again
+        .write_all(get_big_as(None).as_bytes())
+        .await
+        .expect("write");
+    let answer = tokio::spawn(read_answer(again));
+    let waiting = metric_reaches(&node, "ctxpod_budget_waiting{queue=\"egress\"}", 1).await;
+    if answer.is_finished() {
+        let (status, _) = answer.await.expect("answer");
+        panic!("the GET over the client's share was answered {status} instead of waiting");
+    }
+    assert_eq!(waiting, Some(1), "the GET over its share is not waiting");
+    // The client reads its first answer: its share comes back to it, and the GET is served.
+    let (status, body) = read_answer(stalled).await;
+    assert_eq!(status, 200, "the batch's answer");
+    let entries = ctxpod_wire::frame::decode(&body).expect("a CXB1 frame");
+    let statuses: Vec<u16> = entries.iter().map(|e| e.status).collect();
+    assert_eq!(statuses, vec![200; 8], "the batch's blocks");
+    let (status, body) = answer.await.expect("answer");
+    assert_eq!(status, 200);
+    assert!(body == content(b"big", BIG)[..], "the waiting GET's bytes");
+    let m = node.client.metrics().await.expect("metrics");
+    assert_eq!(
+        counter(
+            &m,
+            "ctxpod_budget_waits_total{outcome=\"served\",queue=\"egress\"} "
+        ),
+        1,
+        "{m}"
+    );
+    assert_eq!(counter(&m, "ctxpod_budget_waiting{queue=\"egress\"} "), 0);
+}
+
+/// Two credentials on one address are two clients, each with its share: while `a` holds
+/// its whole share with an answer it does not read, `b` (same address) is served at once,
+/// and `a`'s own next GET waits its 0.5 s and is answered 503 (issue #32, point 9: before,
+/// the share was the address's, and `b` was answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_share_by_credential_not_by_address() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, tokens) = common::node_with_tokens_env(
+        &dir.path().join("n"),
+        &["--capacity", "256MiB"],
+        &share_of_64mib("500"),
+        &[("a", "admin", None), ("b", "admin", None)],
+        "",
+    )
+    .await;
+    node.client
+        .put("default", b"big", content(b"big", BIG), Durability::Durable)
+        .await
+        .expect("put big");
+    let (a, b) = (tokens["a"].as_str(), tokens["b"].as_str());
+    let mut stalled = node.raw_http().await;
+    stalled
+        .write_all(unread_batch_get_as(Some(a)).as_bytes())
+        .await
+        .expect("write");
+    assert!(
+        metric_reaches(&node, EGRESS_USED, 64 * MIB).await.is_some(),
+        "the unread answer never held a's share"
+    );
+    let mut s = node.raw_http().await;
+    s.write_all(get_big_as(Some(b)).as_bytes())
+        .await
+        .expect("write");
+    let (status, body) = read_answer(s).await;
+    assert_eq!(status, 200, "b, from a's address, while a stalls");
+    assert!(body == content(b"big", BIG)[..], "b's bytes");
+    let mut s = node.raw_http().await;
+    s.write_all(get_big_as(Some(a)).as_bytes())
+        .await
+        .expect("write");
+    let (status, _) = read_answer(s).await;
+    assert_eq!(status, 503, "a's GET over its share, once its wait is over");
+    let m = node.client.metrics().await.expect("metrics");
+    assert_eq!(
+        counter(
+            &m,
+            "ctxpod_budget_waits_total{outcome=\"timed_out\",queue=\"egress\"} "
+        ),
+        1,
+        "{m}"
+    );
+    drop(stalled);
 }
 
 /// HTTP: 64 connections each ask `batch/get` for 8 × 8 MiB and never read the answer.

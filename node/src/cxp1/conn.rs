@@ -52,7 +52,7 @@ pub(crate) struct Conn {
     /// Cancelled when the connection ends: every ticket and subscription stops.
     pub(crate) closed: CancellationToken,
     pub(crate) peer_max: usize,
-    /// The client's address: its share of the node's egress budget.
+    /// The client's address (with its credential, its share of the node's egress budget).
     pub(crate) peer: std::net::IpAddr,
 }
 

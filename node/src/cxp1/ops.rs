@@ -183,10 +183,17 @@ pub(crate) async fn get(
     let mut room = conn.peer_max.saturating_sub(64 + keys.len() * 10);
     let (mut reserved, mut permits) = (0usize, Vec::new());
     let mut busy = 0u64;
+    // The connection's credential on its address (a Get comes only after authentication).
+    let client = {
+        let who = conn.who.lock();
+        let anonymous = crate::auth::Principal::anonymous_admin();
+        crate::budget::Client::new(conn.peer, who.as_ref().unwrap_or(&anonymous))
+    };
+    let mut egress = conn.budgets.egress_for(Some(client));
     // Per key: the bytes admitted for it, or the status it answers without a read.
-    let plan: Vec<Result<usize, u16>> = keys
-        .iter()
-        .map(|k| match engine.block_len(ns, k) {
+    let mut plan: Vec<Result<usize, u16>> = Vec::with_capacity(keys.len());
+    for k in keys {
+        plan.push(match engine.block_len(ns, k) {
             Err(e) => Err(code(&e)),
             Ok(None) => Err(status::NOT_FOUND),
             Ok(Some(len)) if len > room => Err(status::TOO_LARGE),
@@ -196,7 +203,15 @@ pub(crate) async fn get(
                     .clone()
                     .try_acquire_many_owned(len.max(1) as u32)
                     .ok();
-                match (mine, conn.budgets.take_egress(Some(conn.peer), len)) {
+                // The client's share may be waited for (not past the connection's end).
+                let node = match mine {
+                    None => None,
+                    Some(_) => tokio::select! {
+                        got = egress.take(len) => got,
+                        _ = conn.closed.cancelled() => None,
+                    },
+                };
+                match (mine, node) {
                     (Some(a), Some(b)) => {
                         room -= len;
                         reserved += len.max(1);
@@ -210,8 +225,8 @@ pub(crate) async fn get(
                     }
                 }
             }
-        })
-        .collect();
+        });
+    }
     if busy > 0 {
         engine
             .metrics()

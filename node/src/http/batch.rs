@@ -36,10 +36,11 @@ pub(crate) async fn batch_get(
             .ok_or_else(|| ApiError::invalid("x-ctxpod-answer-bytes-max must be a number"))?
             .min(BATCH_GET_BYTES_MAX as u64) as usize,
     };
+    let client = crate::budget::Client::at(peer, &p);
     let (results, permits) = if st.answers_for_pod(&h) {
-        pod_batch_get(&st, peer, &p, &ns, &scoped, &h, &keys, room).await
+        pod_batch_get(&st, client, &p, &ns, &scoped, &h, &keys, room).await
     } else {
-        admitted_batch_get(&st, Some(peer), &scoped, &keys, room).await
+        admitted_batch_get(&st, Some(client), &scoped, &keys, room).await
     };
     let mut budget = BATCH_GET_BYTES_MAX;
     let mut out = Vec::new();
@@ -81,41 +82,44 @@ pub(crate) async fn batch_get(
 /// admitted blocks are read, the others answer 413 (the answer is full: ask again for
 /// them) or 503 (busy) without costing anything.
 ///
-/// `charge`: `Some(peer)` takes each block from the egress budget (the caller's address's
-/// share and the node's); `None` when the caller reserved the room already (a pod batch's
-/// own part).
+/// `charge`: `Some(client)` takes each block from the egress budget (the client's share,
+/// waiting for it before the first block if need be, and the node's); `None` when the
+/// caller reserved the room already (a pod batch's own part).
 pub(crate) async fn admitted_batch_get(
     st: &AppState,
-    charge: Option<Option<std::net::IpAddr>>,
+    charge: Option<Option<crate::budget::Client>>,
     scoped: &str,
     keys: &[Vec<u8>],
     mut room: usize,
 ) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
     let mut permits = Vec::new();
     let mut busy = 0u64;
-    let plan: Vec<Result<usize, u16>> = keys
-        .iter()
-        .map(|k| match st.engine.block_len(scoped, k) {
+    let mut egress = charge.map(|client| st.budgets.egress_for(client));
+    let mut plan: Vec<Result<usize, u16>> = Vec::with_capacity(keys.len());
+    for k in keys {
+        plan.push(match st.engine.block_len(scoped, k) {
             Err(e) => Err(status_of(&e).0.as_u16()),
             Ok(None) => Err(404),
             Ok(Some(len)) if len > room => Err(413),
-            Ok(Some(len)) => match charge.map(|peer| st.budgets.take_egress(peer, len)) {
+            Ok(Some(len)) => match &mut egress {
                 None => {
                     room -= len;
                     Ok(len)
                 }
-                Some(Some(p)) => {
-                    room -= len;
-                    permits.extend(p);
-                    Ok(len)
-                }
-                Some(None) => {
-                    busy += 1;
-                    Err(503)
-                }
+                Some(e) => match e.take(len).await {
+                    Some(p) => {
+                        room -= len;
+                        permits.extend(p);
+                        Ok(len)
+                    }
+                    None => {
+                        busy += 1;
+                        Err(503)
+                    }
+                },
             },
-        })
-        .collect();
+        });
+    }
     if busy > 0 {
         st.engine
             .metrics()
@@ -203,7 +207,7 @@ pub(crate) async fn local_batch_get(
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn pod_batch_get(
     st: &AppState,
-    peer: Option<std::net::IpAddr>,
+    client: Option<crate::budget::Client>,
     p: &Principal,
     ns: &str,
     scoped: &str,
@@ -218,6 +222,7 @@ pub(crate) async fn pod_batch_get(
         data: None,
     };
     let mut held: Vec<crate::budget::Permit> = Vec::new();
+    let mut egress = st.budgets.egress_for(client);
     let view = st.pod.view();
     let n = ctxpod_pod::route::read_candidates(st.replication_of(scoped));
     let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> = keys
@@ -248,7 +253,7 @@ pub(crate) async fn pod_batch_get(
                 }
                 continue;
             }
-            match st.budgets.take_egress(peer, share.max(1)) {
+            match egress.take(share.max(1)).await {
                 Some(permits) => asks.push((m, idx, permits)),
                 None => {
                     st.engine

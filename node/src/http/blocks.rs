@@ -56,7 +56,7 @@ pub(crate) async fn put_block(
 }
 
 pub(crate) async fn get_block(
-    BlockCall { st, ns, key, .. }: BlockCall,
+    BlockCall { st, p, ns, key }: BlockCall,
     Peer(peer): Peer,
 ) -> ApiResult<Response> {
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block");
@@ -65,7 +65,9 @@ pub(crate) async fn get_block(
     let Some(len) = st.engine.block_len(&ns, &key)? else {
         return Err(not_found());
     };
-    let permits = st.admit_egress(peer, len)?;
+    let permits = st
+        .admit_egress(crate::budget::Client::at(peer, &p), len)
+        .await?;
     match st.engine.get(&ns, &key).await? {
         Some((data, _)) if data.len() > len => Err(ApiError::busy(
             "the block was replaced while it was read; retry",

@@ -40,6 +40,7 @@ pub(crate) async fn metrics(State(st): State<AppState>) -> Response {
 }
 
 pub(crate) fn pod_gauges(st: &AppState) {
+    st.budgets.publish();
     let m = &st.metrics;
     m.pod_members.set(st.pod.view().members.len() as i64);
     m.pod_etcd_up.set(st.pod.etcd_up() as i64);

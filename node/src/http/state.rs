@@ -101,14 +101,15 @@ impl AppState {
             .map_err(|m| ApiError::new(StatusCode::FORBIDDEN, "quota", m))
     }
 
-    /// Takes `bytes` of the egress budget for an answer to `peer` (its address's share and
-    /// the node's), or answers 503 when it is spent.
-    pub(crate) fn admit_egress(
+    /// Takes `bytes` of the egress budget for a one-block answer to `client` (its share,
+    /// waiting for it if need be, and the node's), or answers 503 when it is spent.
+    pub(crate) async fn admit_egress(
         &self,
-        peer: Option<std::net::IpAddr>,
+        client: Option<crate::budget::Client>,
         bytes: usize,
     ) -> ApiResult<Vec<crate::budget::Permit>> {
-        self.budgets.take_egress(peer, bytes).ok_or_else(|| {
+        let taken = self.budgets.egress_for(client).take(bytes).await;
+        taken.ok_or_else(|| {
             self.engine
                 .metrics()
                 .busy_rejections

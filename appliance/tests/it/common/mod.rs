@@ -516,6 +516,17 @@ pub async fn node_with_tokens(
     creds: &[(&str, &str, Option<&str>)],
     tenants_toml: &str,
 ) -> (Node, HashMap<String, String>) {
+    node_with_tokens_env(dir, args, &[], creds, tenants_toml).await
+}
+
+/// [`node_with_tokens`] with extra environment (`CTXPOD_*` settings).
+pub async fn node_with_tokens_env(
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    creds: &[(&str, &str, Option<&str>)],
+    tenants_toml: &str,
+) -> (Node, HashMap<String, String>) {
     let mut toml = String::new();
     let mut tokens = HashMap::new();
     for (id, role, tenant) in creds {
@@ -531,7 +542,7 @@ pub async fn node_with_tokens(
         token: Some(tokens[creds[0].0].clone()),
         tls: None,
     };
-    let n = Node::start_configured(dir, args, &toml, how, false).await;
+    let n = Node::start_configured_with(dir, args, &toml, envs, how, false).await;
     (n, tokens)
 }
 
