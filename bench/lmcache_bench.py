@@ -6,7 +6,7 @@
 - fs: LMCache's file-system connector, `remote_url: fs://.../<dir>` (the page cache holds
   it: the machine's RAM is larger than the data).
 
-Each: LMCache's RemoteBackend over a LocalCPUBackend (as in python/tests/test_lmcache.py);
+Each: LMCache's RemoteBackend over a LocalCPUBackend (as in api/python/tests/test_lmcache.py);
 `batched_submit_put_task` of BATCH chunks at a time until all are held, then
 `batched_get_blocking` of BATCH chunks at a time, twice, every byte compared. GB/s of chunk bytes.
 

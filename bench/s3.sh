@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The S3 door beside HTTP API v1 and CXP1 (issue #22): starts a node with authentication on
 # and the S3 door on loopback, makes a token with S3 credentials, and runs
-# appliance/examples/s3_bench.rs (PUT then GET of COUNT blocks of 64 KiB, 1 MiB and 4 MiB
+# appliance/cli/examples/s3_bench.rs (PUT then GET of COUNT blocks of 64 KiB, 1 MiB and 4 MiB
 # through each, CONCURRENCY in flight). docs/PERFORMANCE.md has a run.
 #   COUNT=256 CONCURRENCY=8 bash bench/s3.sh
 set -euo pipefail

@@ -3,7 +3,7 @@
 
 A small seeded random Llama (transformers, float32, CPU) serves request A, a prefix of
 the longest size plus a tail of its own, and stores A's KV cache in ctxpod per (block,
-layer, K|V) under the chained block hashes (python/tests/kvcache_util.py). Then for each
+layer, K|V) under the chained block hashes (api/python/tests/kvcache_util.py). Then for each
 prefix size P, request B = A's first P tokens + a suffix of its own is answered two ways:
 
   recompute  prefill all of B on a fresh DynamicCache, argmax of the last logits;
@@ -44,7 +44,7 @@ import torch
 import transformers
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "python" / "tests"))
+sys.path.insert(0, str(HERE.parent / "api" / "python" / "tests"))
 import ctxpod  # noqa: E402
 from kvcache_util import (  # noqa: E402
     Layout, block_hashes, build_cache, entries, match, prefetch, prefill, store_kv, tiny_llama,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The HTTP contract: an independent API fuzzer (schemathesis, from PyPI) runs every operation
-# of wire/openapi.json against a real node with authentication on, with all its checks
+# of api/openapi.json against a real node with authentication on, with all its checks
 # (server errors, status codes, content types, headers and bodies against the document,
 # schema-invalid requests refused, schema-valid ones accepted, 401 without credentials,
 # methods, …) and fails on any failure: the document must be exactly as strict as the node.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes the parsers of untrusted input (wire/fuzz, libFuzzer through libfuzzer-sys): the
+# Fuzzes the parsers of untrusted input (api/wire/fuzz, libFuzzer through libfuzzer-sys): the
 # CXP1 frame and body decoders (`frame_decoder`: the length and header checks the node's
 # socket reader runs too), the node's PUT-body parser fed in arbitrary pieces (`put_body`),
 # the HTTP API's CXB1 batch frames (`batch_frame`), record headers read back from the device
@@ -22,7 +22,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
  -Cdebug-assertions -Coverflow-checks"
 # An explicit --target keeps RUSTFLAGS off build scripts and proc macros.
 host="$(rustc -vV | sed -n 's/^host: //p')"
-cargo build --quiet --release --manifest-path wire/fuzz/Cargo.toml --target-dir "$target" \
+cargo build --quiet --release --manifest-path api/wire/fuzz/Cargo.toml --target-dir "$target" \
   --target "$host"
 for t in frame_decoder put_body batch_frame record_header token config; do
   corpus="$target/corpus/$t"

@@ -292,8 +292,8 @@ def check_dashboard():
     # the node's byte budgets'.
     src = "".join(
         open(os.path.join(ROOT, crate, "src", f)).read()
-        for crate, f in (("engine", "metrics.rs"), ("pod", "metrics.rs"),
-                         ("node", "metrics.rs"), ("node", "budget.rs"))
+        for crate, f in (("appliance/engine", "metrics.rs"), ("appliance/pod", "metrics.rs"),
+                         ("appliance/node", "metrics.rs"), ("appliance/node", "budget.rs"))
     )
     exported = set(re.findall(r'"(ctxpod_[a-z0-9_]+)"', src))
     exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]

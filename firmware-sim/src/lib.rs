@@ -10,10 +10,10 @@
 //!   power cuts that tear in-flight writes and lose (or persist, out of order) unflushed ones.
 //! - [`Profile`] holds the numbers of a device class (`tlc`, `qlc`, or a TOML file).
 //! - The CRC32C / AES-GCM offload engines (the "DPU") are production code and live in
-//!   `ctxpod-engine` (`engine/src/offload.rs`); they draw their injected faults from [`rng`].
+//!   `ctxpod-engine` (`appliance/engine/src/offload.rs`); they draw their injected faults from [`rng`].
 //!
 //! The crate knows nothing of ctxpod: the appliance adapts [`SimDevice`] to its `Device`
-//! trait (`engine/src/device/sim.rs`). Docs: `docs/FIRMWARE-SIM.md`.
+//! trait (`appliance/engine/src/device/sim.rs`). Docs: `docs/FIRMWARE-SIM.md`.
 
 pub mod device;
 pub mod faults;

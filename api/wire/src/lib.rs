@@ -1,0 +1,173 @@
+//! ctxpod API v1, sans-IO: the contract between a ctxpod node and its clients.
+//!
+//! - `openapi.json` (beside this crate's `Cargo.toml`) is the HTTP contract, OpenAPI 3.0.3.
+//! - [`frame`] is the binary framing of `batch/get` and `batch/put` bodies (sans-IO codec).
+//! - [`proto`] is the transfer protocol (CXP1) codec, sans-IO; `PROTOCOL.md` specifies it.
+//! - [`key`] and [`namespace`] validate the identifiers that appear in URLs.
+//! - [`types`] are the JSON bodies.
+//! - [`placement`] and [`block_hash`]: where a block lives in a pod, and the engines' chained
+//!   block hashes.
+//!
+//! The clients that speak this contract are in `ctxpod-client`.
+//!
+//! Architecture invariants: this crate does no I/O and has no runtime (no tokio: checked by
+//! the layering test); it knows nothing of the engine, RocksDB or devices; every other crate
+//! depends on it, it on none of them.
+
+/// Fieldless enums that travel on the wire as their `u8` discriminants, each variant listed
+/// once: every one is `Debug, Clone, Copy, PartialEq, Eq` (more derives may be given), with
+/// `from_u8`, the variant of a byte (`None` for a byte that names none). Variants given a
+/// name (`Fast = 1 => "fast"`: all of an enum's or none) also get `name` and `parse`.
+macro_rules! wire_enum {
+    ($(
+        $(#[$meta:meta])*
+        pub enum $t:ident {
+            $($(#[$vmeta:meta])* $v:ident = $n:literal $(=> $name:literal)?,)+
+        }
+    )+) => {$(
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $t {
+            $($(#[$vmeta])* $v = $n,)+
+        }
+
+        impl $t {
+            /// The variant whose discriminant is `v`, if any.
+            pub fn from_u8(v: u8) -> Option<$t> {
+                match v {
+                    $($n => Some($t::$v),)+
+                    _ => None,
+                }
+            }
+        }
+
+        wire_enum!(@names $t { $($v $(=> $name)?,)+ });
+    )+};
+    (@names $t:ident { $($v:ident => $name:literal,)+ }) => {
+        impl $t {
+            /// The variant's name, as JSON, headers and configuration spell it.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($t::$v => $name,)+
+                }
+            }
+
+            /// The variant of a name, if any.
+            pub fn parse(s: &str) -> Option<$t> {
+                match s {
+                    $($name => Some($t::$v),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+    (@names $t:ident { $($v:ident,)+ }) => {};
+}
+
+pub mod block_hash;
+pub mod frame;
+pub mod key;
+pub mod namespace;
+pub mod placement;
+pub mod proto;
+pub mod types;
+
+/// The OpenAPI 3.0.3 document of HTTP API v1.
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
+
+/// Largest block body a node accepts, in bytes (8 MiB). Larger bodies answer 413.
+pub const BLOCK_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Longest key, in bytes (keys travel as lowercase hex, so twice this in characters).
+pub const KEY_BYTES_MAX: usize = 128;
+/// Most entries in one batch request (get, put, match, pin).
+pub const BATCH_ENTRIES_MAX: usize = 1024;
+/// Most keys in one `match` request.
+pub const MATCH_KEYS_MAX: usize = 4096;
+/// Most keys in one page of a key listing (`GET /v1/namespaces/{ns}/blocks`), and the
+/// page size when the caller names none: S3's `max-keys` limit.
+pub const LIST_KEYS_MAX: usize = 1000;
+/// Largest `batch/put` body, in bytes (frame overhead included).
+pub const BATCH_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Longest lease a `pin` may ask for, in milliseconds (one hour).
+pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Longest lease a prefetch ticket keeps after its pushes, in milliseconds (one minute): a
+/// prefetch stages blocks that decode reads within seconds, and needs only read access,
+/// so it may not hold the device for long (a longer promise is a `pin`, which needs write
+/// access).
+pub const PREFETCH_LEASE_MS_MAX: u64 = 60_000;
+/// Most copies of a block in a pod (`pod.replication`, a namespace's `replication`).
+pub const REPLICATION_MAX: u32 = 5;
+
+/// Request/response header carrying the CRC32C of a block body as 8 lowercase hex digits.
+pub const HEADER_CRC32C: &str = "x-ctxpod-crc32c";
+/// Response header of a HEAD (and of an S3 HEAD): when the block was stored, in ms since
+/// the Unix epoch.
+pub const HEADER_STORED_MS: &str = "x-ctxpod-stored-ms";
+/// Request header choosing durability: `durable` (default) or `fast`.
+pub const HEADER_DURABILITY: &str = "x-ctxpod-durability";
+/// Request header with which an admin acts in a tenant's namespaces.
+pub const HEADER_TENANT: &str = "x-ctxpod-tenant";
+/// On a single-block request: already routed (by a node that forwarded it, or by a client
+/// that computes the placement itself), so the node that receives it serves it. Its value
+/// names who routed it.
+pub const HEADER_ROUTED: &str = "x-ctxpod-forwarded-by";
+/// On a put (or `batch/put`): the bytes are a copy of a block another member holds (read
+/// repair, backfill), not a new write. A node refuses a copy of a block the pod deleted
+/// (410, code `deleted`), so a member that missed a delete cannot write the block back.
+pub const HEADER_COPY: &str = "x-ctxpod-copy";
+/// On a `batch/get`: the most block bytes the answer may carry (at most 64 MiB); blocks
+/// beyond answer 413. A node answering a batch for the pod gives each member its share of
+/// the answer this way, having taken it from its egress budget before asking.
+pub const HEADER_ANSWER_BYTES_MAX: &str = "x-ctxpod-answer-bytes-max";
+
+/// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// Formats a CRC32C the way [`HEADER_CRC32C`] carries it.
+pub fn crc32c_hex(crc: u32) -> String {
+    format!("{crc:08x}")
+}
+
+/// Parses an [`HEADER_CRC32C`] value: exactly 8 hex digits.
+pub fn parse_crc32c_hex(s: &str) -> Option<u32> {
+    if s.len() != 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
+}
+
+wire_enum! {
+    /// Durability of a put, chosen per request: a header or JSON string on HTTP, its `u8`
+    /// discriminant in CXP1.
+    #[derive(Default, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Durability {
+        /// Acknowledged after the data is flushed to the device and the index batch is synced.
+        #[default]
+        Durable = 0 => "durable",
+        /// Acknowledged once written, before the flush: may vanish on a crash, never corrupt.
+        Fast = 1 => "fast",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_hex_round_trip() {
+        let c = crc32c(b"123456789");
+        assert_eq!(c, 0xe306_9283, "CRC32C check value");
+        assert_eq!(parse_crc32c_hex(&crc32c_hex(c)), Some(c));
+        assert_eq!(parse_crc32c_hex("e30692"), None);
+        assert_eq!(parse_crc32c_hex("e306928g"), None);
+    }
+
+    #[test]
+    fn openapi_is_json_3_0_3() {
+        let v: serde_json::Value = serde_json::from_str(OPENAPI_JSON).expect("openapi.json parses");
+        assert_eq!(v["openapi"], "3.0.3");
+    }
+}

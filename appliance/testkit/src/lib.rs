@@ -1,0 +1,25 @@
+//! ctxpod-testkit: what the integration tests (`appliance/cli/tests/it`) and the benchmark
+//! (`ctxpod bench`, in ctxpod-tools) share to run nodes and pods as processes:
+//! - [`process`]: a node's published addresses, waiting for them and for a condition,
+//!   free ports, disk and memory use of a process or a folder, a seccomp filter that
+//!   refuses io_uring;
+//! - [`pki`]: certificates made on the spot (a CA, server, node and client certificates)
+//!   and a client TLS configuration that trusts them;
+//! - [`etcd`]: a real, secured etcd server on loopback for pod runs;
+//! - [`data`]: deterministic block contents, a replayable seed, and the entries of a batch
+//!   to send again when the node answered busy.
+//!
+//! For tests and benchmarks only: nothing here is meant for a production path, errors that
+//! a test cannot recover from panic with a message, and the crate is not published. It
+//! reaches a node only as a client does (processes, files, HTTP and CXP1), so it depends on
+//! the wire contract and the clients, never on the engine, the pod or the node.
+
+#![warn(missing_docs)]
+
+pub mod data;
+pub mod etcd;
+pub mod pki;
+pub mod process;
+
+pub use data::{answered_busy, block, content, env_or, seed_from_env};
+pub use process::{du, free_port, poll_until, rss_bytes};
