@@ -129,7 +129,7 @@ mkdir -p "$report"
   cd "$tmp"
   unset SCHEMATHESIS_HOOKS
   exec "$venv/bin/schemathesis" --config-file "$repo/scripts/contract.toml" \
-      run "$repo/wire/openapi.json" \
+      run "$repo/api/openapi.json" \
       --url "$base" \
       --header "Authorization: Bearer $token" \
       --checks all \
