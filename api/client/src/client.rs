@@ -125,7 +125,11 @@ impl Client {
         how: &crate::connect::Connect,
         mut h: reqwest::header::HeaderMap,
     ) -> Result<Self, ClientError> {
-        let mut b = reqwest::Client::builder().pool_max_idle_per_host(256);
+        how.deadlines.check().map_err(ClientError::Invalid)?;
+        let mut b = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .connect_timeout(how.deadlines.connect)
+            .timeout(how.deadlines.request);
         if let Some(t) = &how.token {
             let mut v =
                 reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {

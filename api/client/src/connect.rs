@@ -6,7 +6,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::sync::Arc;
 
-/// Credentials and transport security of a connection. `Default`: plain TCP, no token.
+/// Credentials, transport security and deadlines of a connection. `Default`: plain TCP, no
+/// token, [`Deadlines::default`].
 #[derive(Clone, Default)]
 pub struct Connect {
     /// Bearer token (`<id>.<secret>`), sent as `Authorization: Bearer` over HTTP and in an
@@ -15,6 +16,59 @@ pub struct Connect {
     /// TLS client configuration (trusted roots, and a client certificate for mTLS); `None`
     /// for plain TCP.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub deadlines: Deadlines,
+}
+
+/// How long a client waits on a node before it counts as unreachable for that call: a
+/// node that accepts connections and never answers (frozen, overloaded, a black-holed
+/// route) costs a caller one deadline, never a hang. A pod client then skips the member for
+/// `down_for` (it is asked last, not first) and asks it again afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Opening a connection: TCP, TLS and, on CXP1, the hello and `Auth`.
+    pub connect: std::time::Duration,
+    /// One request's whole answer (over HTTP its body included; over CXP1 one frame).
+    pub request: std::time::Duration,
+    /// How long a member that missed a deadline (or refused a connection) is asked last.
+    pub down_for: std::time::Duration,
+}
+
+/// The default connect deadline: a node on the pod network answers a TCP and TLS handshake
+/// in milliseconds.
+pub const CONNECT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+/// The default request deadline: a largest answer (a 64 MiB frame) takes well under a
+/// second at the network speeds a pod runs on.
+pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// The default time a member that missed a deadline is asked last.
+pub const DOWN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: CONNECT_DEADLINE,
+            request: REQUEST_DEADLINE,
+            down_for: DOWN_FOR,
+        }
+    }
+}
+
+impl Deadlines {
+    /// Refuses a zero deadline (it would fail every call) and one over an hour.
+    pub fn check(&self) -> Result<(), String> {
+        let hour = std::time::Duration::from_secs(3600);
+        for (name, d) in [
+            ("connect", self.connect),
+            ("request", self.request),
+            ("down_for", self.down_for),
+        ] {
+            if d.is_zero() || d > hour {
+                return Err(format!(
+                    "the {name} deadline must be above 0 and at most an hour; got {d:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Connect {
@@ -22,6 +76,7 @@ impl std::fmt::Debug for Connect {
         f.debug_struct("Connect")
             .field("token", &self.token.as_ref().map(|_| "…"))
             .field("tls", &self.tls.is_some())
+            .field("deadlines", &self.deadlines)
             .finish()
     }
 }
@@ -101,6 +156,10 @@ impl Connect {
             }
             None => None,
         };
-        Ok(Connect { token, tls })
+        Ok(Connect {
+            token,
+            tls,
+            deadlines: Deadlines::default(),
+        })
     }
 }

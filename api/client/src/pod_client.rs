@@ -13,7 +13,15 @@
 //!   this way. A copy missing from one of the R members is written back (read repair).
 //! - Requests carry [`ctxpod_wire::HEADER_ROUTED`], so a node serves them itself.
 //! - The view is refreshed by [`PodClient::refresh`] (call it periodically, or after a
-//!   failure; the client does so itself when a member cannot be reached).
+//!   failure; the client does so itself when a member cannot be reached). A refresh asks
+//!   every member known and every seed at once, and the first pod view wins.
+//! - Every call has its deadlines ([`Deadlines`](crate::connect::Deadlines)). A member that
+//!   misses one (or refuses connections) is *down* for `down_for`: calls ask it last rather
+//!   than first, so a frozen member costs one deadline, not one per call. Any answer from
+//!   it makes it up again.
+//! - Calls any member may answer (namespaces, the operator's) go through
+//!   [`PodClient::on_any_member`]: the members in order, down ones last, the next after a
+//!   member that cannot be reached.
 
 use crate::client::{Client, ClientError, PutOutcome};
 use crate::connect::Connect;
@@ -23,6 +31,7 @@ use ctxpod_wire::types::ClusterMember;
 use ctxpod_wire::Durability;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 struct View {
     members: Vec<ClusterMember>,
@@ -39,6 +48,11 @@ pub struct PodClient {
     /// Namespaces' own replication (`None`: the pod's), as learnt; cleared by `refresh`.
     ns_replication: RwLock<HashMap<String, Option<usize>>>,
     repairs: std::sync::atomic::AtomicU64,
+    /// Members that missed a deadline or could not be reached, by id: until when they are
+    /// asked last.
+    down: RwLock<HashMap<String, Instant>>,
+    /// Clients for calls a member answers for the pod (not marked as routed), by base URL.
+    pod_clients: RwLock<HashMap<String, Client>>,
 }
 
 fn placement_of(members: &[ClusterMember]) -> Placement {
@@ -83,19 +97,37 @@ impl PodClient {
             clients: RwLock::new(HashMap::new()),
             ns_replication: RwLock::new(HashMap::new()),
             repairs: Default::default(),
+            down: RwLock::new(HashMap::new()),
+            pod_clients: RwLock::new(HashMap::new()),
         };
         c.refresh().await?;
         Ok(c)
     }
 
-    /// Asks the members known (then the seeds) for the pod's members, and takes the first
-    /// answer.
+    /// Asks the members known and the seeds, all at once, for the pod's members, and takes
+    /// the first pod view that comes back: a seed that is frozen or gone costs nothing while
+    /// another answers (each is bounded by the request deadline).
     pub async fn refresh(&self) -> Result<(), ClientError> {
+        use futures::StreamExt;
         let mut urls: Vec<String> = self.view().members.iter().map(|m| m.http.clone()).collect();
-        urls.extend(self.seeds.iter().cloned());
+        for s in &self.seeds {
+            if !urls.contains(s) {
+                urls.push(s.clone());
+            }
+        }
+        let mut asked: futures::stream::FuturesUnordered<_> = urls
+            .into_iter()
+            .map(|u| async move {
+                let got = match self.client(&u) {
+                    Ok(c) => c.cluster().await,
+                    Err(e) => Err(e),
+                };
+                (u, got)
+            })
+            .collect();
         let mut last = None;
-        for u in urls {
-            match self.client(&u)?.cluster().await {
+        while let Some((u, got)) = asked.next().await {
+            match got {
                 Ok(c) if !c.members.is_empty() => {
                     // A member whose URL has another scheme than the node that named it is
                     // left out: a client of a TLS pod never sends its token over plain
@@ -117,10 +149,104 @@ impl PodClient {
                     return Ok(());
                 }
                 Ok(_) => last = Some(ClientError::Malformed("a pod with no members".into())),
-                Err(e) => last = Some(not_a_node(&u, e)),
+                // A seed that is not a node is worth naming over one that did not answer.
+                Err(e) => {
+                    let e = not_a_node(&u, e);
+                    if last.is_none() || matches!(e, ClientError::Malformed(_)) {
+                        last = Some(e);
+                    }
+                }
             }
         }
         Err(last.unwrap_or_else(|| ClientError::Invalid("no seed nodes".into())))
+    }
+
+    /// Counts `m` down for the deadlines' `down_for`: asked last until then.
+    pub fn mark_down(&self, id: &str) {
+        let until = Instant::now() + self.how.deadlines.down_for;
+        self.down
+            .write()
+            .expect("down")
+            .insert(id.to_string(), until);
+    }
+
+    /// `m` answered: up again.
+    fn mark_up(&self, id: &str) {
+        if self.down.read().expect("down").contains_key(id) {
+            self.down.write().expect("down").remove(id);
+        }
+    }
+
+    /// The members counted down now (ids, sorted).
+    pub fn down_members(&self) -> Vec<String> {
+        let now = Instant::now();
+        let mut ids: Vec<String> = self
+            .down
+            .read()
+            .expect("down")
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// `members` in the order to ask them: those up first, then those down, each in the
+    /// order given; with each one's place in `members`.
+    pub fn ask_order(&self, members: Vec<ClusterMember>) -> Vec<(usize, ClusterMember)> {
+        let down = self.down_members();
+        let (mut up, later): (Vec<_>, Vec<_>) = members
+            .into_iter()
+            .enumerate()
+            .partition(|(_, m)| !down.contains(&m.id));
+        up.extend(later);
+        up
+    }
+
+    /// Notes how a call to member `id` ended: down when it could not be reached, up when it
+    /// answered (a refusal is an answer).
+    fn note<T>(&self, id: &str, r: &Result<T, ClientError>) {
+        match r {
+            Err(e) if unreachable(e) => self.mark_down(id),
+            _ => self.mark_up(id),
+        }
+    }
+
+    /// A client of member `base` for a call it answers for the whole pod (not marked as
+    /// routed: a namespace change is sent on to the pod).
+    fn pod_client(&self, base: &str) -> Result<Client, ClientError> {
+        if let Some(c) = self.pod_clients.read().expect("clients").get(base) {
+            return Ok(c.clone());
+        }
+        let c = Client::connect(base, &self.how)?;
+        self.pod_clients
+            .write()
+            .expect("clients")
+            .insert(base.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Runs `call` on a member that answers for the pod (namespaces, the operator's calls):
+    /// the members in order, those down last; a member that cannot be reached (or misses a
+    /// deadline) is counted down and the next is asked. When none can be reached the view
+    /// is read again (best effort) and the last failure returned.
+    pub async fn on_any_member<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let mut last = None;
+        for (_, m) in self.ask_order(self.members()) {
+            let r = call(self.pod_client(&m.http)?).await;
+            self.note(&m.id, &r);
+            match r {
+                Err(e) if unreachable(&e) => last = Some(e),
+                r => return r,
+            }
+        }
+        let _ = self.refresh().await;
+        Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
     }
 
     fn view(&self) -> Arc<View> {
@@ -185,14 +311,10 @@ impl PodClient {
         let own = match known {
             Some(r) => r,
             None => {
-                let first = self.view().members.first().map(|m| m.http.clone());
-                let asked = match first {
-                    Some(u) => match self.client(&u) {
-                        Ok(c) => c.namespace(ns).await.ok(),
-                        Err(_) => None,
-                    },
-                    None => None,
-                };
+                let asked = self
+                    .on_any_member(|c| async move { c.namespace(ns).await })
+                    .await
+                    .ok();
                 let r = asked
                     .as_ref()
                     .and_then(|i| i.replication)
@@ -224,15 +346,16 @@ impl PodClient {
         let mut first = None;
         let mut stored = 0;
         let mut last = None;
-        for m in self.ranked_members(ns, key) {
+        for (_, m) in self.ask_order(self.ranked_members(ns, key)) {
             if stored == copies {
                 break;
             }
-            match self
+            let r = self
                 .client(&m.http)?
                 .put_with_crc(ns, key, data.clone(), crc, durability)
-                .await
-            {
+                .await;
+            self.note(&m.id, &r);
+            match r {
                 Ok(o) => {
                     stored += 1;
                     first.get_or_insert(o);
@@ -262,13 +385,16 @@ impl PodClient {
         let copies = self.replication_of(ns).await;
         let mut unreachable_seen = false;
         let mut missing = Vec::new();
-        for (i, m) in self
+        let candidates: Vec<ClusterMember> = self
             .ranked_members(ns, key)
             .into_iter()
             .take(ctxpod_wire::placement::read_candidates(copies))
-            .enumerate()
-        {
-            match self.client(&m.http)?.get(ns, key).await {
+            .collect();
+        // `i`: the member's rank (the first R should hold a copy), whatever the order asked.
+        for (i, m) in self.ask_order(candidates) {
+            let r = self.client(&m.http)?.get(ns, key).await;
+            self.note(&m.id, &r);
+            match r {
                 Ok(Some(b)) => {
                     for m in missing {
                         let _ = self.repair(&m, ns, key, &b).await;
@@ -292,8 +418,10 @@ impl PodClient {
     /// to every member a read would try. True if a member held it.
     pub async fn delete(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {
         let mut last = None;
-        for m in self.ranked_members(ns, key) {
-            match Client::connect(&m.http, &self.how)?.delete(ns, key).await {
+        for (_, m) in self.ask_order(self.ranked_members(ns, key)) {
+            let r = self.pod_client(&m.http)?.delete(ns, key).await;
+            self.note(&m.id, &r);
+            match r {
                 Err(e) if unreachable(&e) => {
                     last = Some(e);
                     let _ = self.refresh().await;

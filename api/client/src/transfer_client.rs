@@ -58,6 +58,14 @@ pub enum TransferError {
     Http(#[from] crate::client::ClientError),
     #[error("the request's frame is {bytes} bytes, over the node's limit of {max}: send fewer or smaller blocks per request")]
     TooLarge { bytes: usize, max: usize },
+    /// A deadline of [`Deadlines`](crate::connect::Deadlines) passed: the node counts as
+    /// unreachable for this call (and the connection is closed).
+    #[error("{what} got no answer within {after:?} (the {which} deadline): the node counts as unreachable")]
+    TimedOut {
+        what: String,
+        which: &'static str,
+        after: Duration,
+    },
 }
 
 pub use crate::BUSY_ATTEMPTS;
@@ -87,6 +95,8 @@ pub(crate) struct ClientInner {
     shared: Arc<Shared>,
     next_id: AtomicU64,
     busy_retries: AtomicU64,
+    /// One request's deadline ([`Deadlines::request`](crate::connect::Deadlines)).
+    request_deadline: Duration,
 }
 
 pub struct TransferClient {
@@ -105,8 +115,25 @@ impl ClientInner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Sends `req` under `id` and waits for its response.
+    /// Sends `req` under `id` and waits for its response, within the request deadline. A
+    /// request past it closes the connection (a frame may be half written, and a node that
+    /// does not answer one request will not answer the next): every request on it fails,
+    /// and a pod client opens a new one, or asks another member.
     async fn call_as(&self, id: u64, req: &Request) -> Result<Response, TransferError> {
+        match tokio::time::timeout(self.request_deadline, self.call_as_now(id, req)).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.shared.pending.lock().expect("pending map").take();
+                Err(TransferError::TimedOut {
+                    what: format!("a CXP1 {:?} request", req.op()),
+                    which: "request",
+                    after: self.request_deadline,
+                })
+            }
+        }
+    }
+
+    async fn call_as_now(&self, id: u64, req: &Request) -> Result<Response, TransferError> {
         // Block data is written from the caller's buffers, not copied into a frame.
         let parts = req.encode_parts(id);
         // A frame over the node's limit would make it drop the connection, failing every
@@ -213,7 +240,26 @@ impl TransferClient {
 
     /// A connection with a bearer token and/or TLS (`addr` is `host:port`; the host is the
     /// name the node's certificate must carry).
+    ///
+    /// The whole of it (TCP, TLS, the hello and `Auth`) within the connect deadline.
     pub async fn connect_with(
+        addr: &str,
+        how: &crate::connect::Connect,
+    ) -> Result<TransferClient, TransferError> {
+        how.deadlines
+            .check()
+            .map_err(|e| TransferError::Http(crate::client::ClientError::Invalid(e)))?;
+        let after = how.deadlines.connect;
+        tokio::time::timeout(after, Self::connect_now(addr, how))
+            .await
+            .map_err(|_| TransferError::TimedOut {
+                what: format!("connecting to {addr}"),
+                which: "connect",
+                after,
+            })?
+    }
+
+    async fn connect_now(
         addr: &str,
         how: &crate::connect::Connect,
     ) -> Result<TransferClient, TransferError> {
@@ -268,6 +314,7 @@ impl TransferClient {
                 shared,
                 next_id: AtomicU64::new(1),
                 busy_retries: AtomicU64::new(0),
+                request_deadline: how.deadlines.request,
             }),
             reader,
         };

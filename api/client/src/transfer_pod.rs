@@ -38,10 +38,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// How long a member's CXP1 connection may take to open before the member counts as
-/// unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Keys in one request's list (GET, MATCH, PIN, PREFETCH): the protocol's limit.
 const LIST_MAX: usize = ctxpod_wire::MATCH_KEYS_MAX;
 
@@ -60,7 +56,10 @@ pub struct TransferPod {
 /// A failure of a whole request to a member: the member cannot be reached (try the next),
 /// or something else (give up).
 fn unreachable(e: &TransferError) -> bool {
-    matches!(e, TransferError::Io(_) | TransferError::Closed)
+    matches!(
+        e,
+        TransferError::Io(_) | TransferError::Closed | TransferError::TimedOut { .. }
+    )
 }
 
 impl TransferPod {
@@ -86,13 +85,14 @@ impl TransferPod {
         &self.pod
     }
 
-    /// An HTTP client of one member (the first), answering for the pod: namespaces and
-    /// the operator's calls.
-    pub fn member_http(&self) -> Result<crate::client::Client, TransferError> {
-        let m = self.pod.members().into_iter().next().ok_or_else(|| {
-            TransferError::Http(ClientError::Invalid("the pod has no members".into()))
-        })?;
-        Ok(crate::client::Client::connect(&m.http, &self.how)?)
+    /// Runs `call` on a member that answers for the pod (namespaces, the operator's calls),
+    /// failing over to the next member ([`PodClient::on_any_member`]).
+    pub async fn on_any_member<T, F, Fut>(&self, call: F) -> Result<T, TransferError>
+    where
+        F: Fn(crate::client::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        Ok(self.pod.on_any_member(call).await?)
     }
 
     /// Reads the pod's membership again.
@@ -100,41 +100,48 @@ impl TransferPod {
         Ok(self.pod.refresh().await?)
     }
 
-    /// The CXP1 addresses of the members a block lives on, best first.
+    /// The CXP1 addresses of the members a block lives on, best first, those counted down
+    /// (a missed deadline, a refused connection) last.
     pub fn ranked(&self, ns: &str, key: &[u8]) -> Vec<String> {
         self.pod
-            .ranked_members(ns, key)
+            .ask_order(self.pod.ranked_members(ns, key))
             .into_iter()
-            .filter_map(|m| m.transfer)
+            .filter_map(|(_, m)| m.transfer)
             .collect()
     }
 
-    /// The connection to the member at `addr` (opened once, again after it closed).
+    /// The connection to the member at `addr` (opened once, again after it closed), within
+    /// the connect deadline. Opened without holding the others: a member that does not
+    /// answer delays only the calls to it.
     pub async fn conn(&self, addr: &str) -> Result<Arc<TransferClient>, TransferError> {
-        let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(addr).filter(|c| !c.is_closed()) {
+        if let Some(c) = self.conns.lock().await.get(addr).filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
-        let c = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            TransferClient::connect_with(addr, &self.how),
-        )
-        .await
-        .map_err(|_| {
-            TransferError::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("connecting to {addr}"),
-            ))
-        })??;
-        let c = Arc::new(c);
-        conns.insert(addr.to_string(), c.clone());
-        Ok(c)
+        let c = Arc::new(TransferClient::connect_with(addr, &self.how).await?);
+        let mut conns = self.conns.lock().await;
+        // Another call may have opened one meanwhile: one connection per member.
+        match conns.get(addr).filter(|c| !c.is_closed()) {
+            Some(theirs) => Ok(theirs.clone()),
+            None => {
+                conns.insert(addr.to_string(), c.clone());
+                Ok(c)
+            }
+        }
     }
 
-    /// Forgets a member's connection after a transport failure, and reads the membership
-    /// again (best effort).
+    /// After a transport failure or a missed deadline: forgets the member's connection,
+    /// counts it down (asked last for a while), and reads the membership again (best
+    /// effort).
     async fn lost(&self, addr: &str) {
         self.conns.lock().await.remove(addr);
+        if let Some(m) = self
+            .pod
+            .members()
+            .into_iter()
+            .find(|m| m.transfer.as_deref() == Some(addr))
+        {
+            self.pod.mark_down(&m.id);
+        }
         let _ = self.pod.refresh().await;
     }
 
@@ -411,9 +418,14 @@ impl TransferPod {
             let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
             // A key no member serving CXP1 could hold ends the chain there.
             let mut stop = rest.len();
+            // Whom this pass asks about each key.
+            let mut asked_by = Vec::with_capacity(rest.len());
             for (i, k) in rest.iter().enumerate() {
                 match self.ranked(ns, k).into_iter().next() {
-                    Some(a) => groups.entry(a).or_default().push(i),
+                    Some(a) => {
+                        asked_by.push(a.clone());
+                        groups.entry(a).or_default().push(i)
+                    }
                     None => {
                         stop = i;
                         break;
@@ -447,22 +459,30 @@ impl TransferPod {
             if start == chain.len() {
                 break;
             }
-            // Before cutting the chain at a key its first member lacks, look further down
-            // its ranking (a block not moved yet after a join, a member that was away).
+            // Before cutting the chain at a key its member lacks (or that could not be
+            // asked), look further down its ranking (a block not moved yet after a join, a
+            // member that was away, one that missed its deadline just now). The member
+            // asked about it is passed over by address: a member lost in this pass moved
+            // to the end of the ranking, so the one first now was not asked yet.
             let k = &chain[start];
             let mut found = false;
             let tries = ctxpod_wire::placement::read_candidates(self.pod.replication_of(ns).await);
-            for addr in self.ranked(ns, k).into_iter().skip(1).take(tries - 1) {
-                let Ok(c) = self.conn(&addr).await else {
-                    continue;
+            let others: Vec<String> = match asked_by.get(stop) {
+                Some(a) => self.ranked(ns, k).into_iter().filter(|x| x != a).collect(),
+                None => self.ranked(ns, k).into_iter().skip(1).collect(),
+            };
+            for addr in others.into_iter().take(tries - 1) {
+                let asked = match self.conn(&addr).await {
+                    Ok(c) => c.match_prefix(ns, std::slice::from_ref(k)).await,
+                    Err(e) => Err(e),
                 };
-                if c.match_prefix(ns, std::slice::from_ref(k))
-                    .await
-                    .unwrap_or(0)
-                    == 1
-                {
-                    found = true;
-                    break;
+                match asked {
+                    Ok(1) => {
+                        found = true;
+                        break;
+                    }
+                    Err(e) if unreachable(&e) => self.lost(&addr).await,
+                    _ => {}
                 }
             }
             if !found {

@@ -19,11 +19,14 @@ Mooncake Store's calls.
 from . import errors, hashing
 from ._ctxpod import (
     BLOCK_BYTES_MAX,
+    CONNECT_TIMEOUT_S,
+    DOWN_FOR_S,
     KEY_BYTES_MAX,
     LEASE_MS_MAX,
     LIST_KEYS_MAX,
     MATCH_KEYS_MAX,
     PREFETCH_LEASE_MS_MAX,
+    REQUEST_TIMEOUT_S,
     VERSION,
     dynamo_block_hashes,
 )
@@ -55,10 +58,13 @@ __all__ = [
     "dynamo_block_hashes",
     "dynamo_key",
     "BLOCK_BYTES_MAX",
+    "CONNECT_TIMEOUT_S",
+    "DOWN_FOR_S",
     "KEY_BYTES_MAX",
     "LEASE_MS_MAX",
     "LIST_KEYS_MAX",
     "MATCH_KEYS_MAX",
     "PREFETCH_LEASE_MS_MAX",
+    "REQUEST_TIMEOUT_S",
 ]
 __all__ += [e for e in errors.__all__ if e != "from_status"]

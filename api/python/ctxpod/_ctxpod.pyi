@@ -4,6 +4,9 @@ these are the shapes that layer relies on."""
 from typing import Any, Callable, Sequence
 
 KEY_BYTES_MAX: int
+CONNECT_TIMEOUT_S: float
+REQUEST_TIMEOUT_S: float
+DOWN_FOR_S: float
 BLOCK_BYTES_MAX: int
 MATCH_KEYS_MAX: int
 LIST_KEYS_MAX: int
@@ -50,6 +53,9 @@ class _Store:
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
+        connect_timeout: float | None = None,
+        request_timeout: float | None = None,
+        down_for: float | None = None,
     ) -> _Store: ...
     def members(self) -> list[tuple[str, str, str | None, str]]: ...
     def replication(self, ns: str) -> int: ...

@@ -350,15 +350,25 @@ class Store:
         ca_file: str | PathLike | None = None,
         cert_file: str | PathLike | None = None,
         key_file: str | PathLike | None = None,
+        connect_timeout: float | None = None,
+        request_timeout: float | None = None,
+        down_for: float | None = None,
     ) -> Store:
         """Connects to a pod through any of ``seeds`` (node URLs such as
-        ``"http://10.0.0.5:7400"``, or one URL; ``https://`` with ``ca_file``). The members
-        are learnt from the first seed that answers; their CXP1 connections open on first
-        use.
+        ``"http://10.0.0.5:7400"``, or one URL; ``https://`` with ``ca_file``). Every seed
+        is asked at once and the first pod view that comes back wins; the members' CXP1
+        connections open on first use.
 
         ``token``: a bearer token (``ctxpod token create``). ``ca_file``: the CA bundle
         that signed the nodes' certificates (TLS). ``cert_file`` / ``key_file``: a client
         certificate (mTLS).
+
+        Deadlines, in seconds (above 0, at most 3600): ``connect_timeout`` (default
+        :data:`ctxpod.CONNECT_TIMEOUT_S`) to open a connection to a member, ``request_timeout``
+        (default :data:`ctxpod.REQUEST_TIMEOUT_S`) for one request's whole answer. A member that
+        misses one (frozen, overloaded, unreachable) costs that call one deadline and is
+        asked last for ``down_for`` seconds (default :data:`ctxpod.DOWN_FOR_S`): later calls go to
+        the other copies at once.
         """
         if isinstance(seeds, str):
             seeds = [seeds]
@@ -372,12 +382,23 @@ class Store:
             raise InvalidRequest("https seeds need ca_file (the CA that signed the nodes' certificates)")
         if token is not None and not isinstance(token, str):
             raise TypeError("token is a str")
+        deadlines = {"connect_timeout": connect_timeout, "request_timeout": request_timeout, "down_for": down_for}
+        for name, v in deadlines.items():
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise InvalidRequest(f"{name}: a number of seconds, not {v!r}")
+            if not 0 < v <= 3600:
+                raise InvalidRequest(f"{name}: above 0 and at most 3600 seconds; got {v}")
         native = _ctxpod._Store.connect(
             seeds,
             token,
             None if ca_file is None else str(ca_file),
             None if cert_file is None else str(cert_file),
             None if key_file is None else str(key_file),
+            None if connect_timeout is None else float(connect_timeout),
+            None if request_timeout is None else float(request_timeout),
+            None if down_for is None else float(down_for),
         )
         return cls(native, namespace)
 

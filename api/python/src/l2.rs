@@ -49,16 +49,23 @@ impl Shared {
         if self.ready.lock().expect("namespaces").contains(ns) {
             return Ok(());
         }
-        let c = self.pod.member_http()?;
-        if let Err(e) = c.namespace(ns).await {
-            if e.status() != Some(404) {
-                return Err(e.into());
+        let settings = ctxpod_wire::types::CreateNamespace {
+            quota_bytes: None,
+            replication: self.replication,
+        };
+        let known = self
+            .pod
+            .on_any_member(|c| async move { c.namespace(ns).await })
+            .await;
+        match known {
+            Ok(_) => {}
+            Err(TransferError::Http(e)) if e.status() == Some(404) => {
+                let settings = &settings;
+                self.pod
+                    .on_any_member(|c| async move { c.create_namespace_with(ns, settings).await })
+                    .await?;
             }
-            let settings = ctxpod_wire::types::CreateNamespace {
-                quota_bytes: None,
-                replication: self.replication,
-            };
-            c.create_namespace_with(ns, &settings).await?;
+            Err(e) => return Err(e),
         }
         self.ready
             .lock()

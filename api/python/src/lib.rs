@@ -69,6 +69,7 @@ pub(crate) fn error(e: TransferError) -> PyErr {
         }
         TransferError::Io(_)
         | TransferError::Closed
+        | TransferError::TimedOut { .. }
         | TransferError::Tls(_)
         | TransferError::Http(ClientError::Transport(_)) => ("Unavailable", None),
         TransferError::AuthRequired => ("Unauthorized", Some(401)),
@@ -132,6 +133,10 @@ fn _ctxpod(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ticket::Events>()?;
     m.add_function(wrap_pyfunction!(dynamo_block_hashes, m)?)?;
     m.add("KEY_BYTES_MAX", ctxpod_wire::KEY_BYTES_MAX)?;
+    use ctxpod_client::connect::{CONNECT_DEADLINE, DOWN_FOR, REQUEST_DEADLINE};
+    m.add("CONNECT_TIMEOUT_S", CONNECT_DEADLINE.as_secs_f64())?;
+    m.add("REQUEST_TIMEOUT_S", REQUEST_DEADLINE.as_secs_f64())?;
+    m.add("DOWN_FOR_S", DOWN_FOR.as_secs_f64())?;
     m.add("BLOCK_BYTES_MAX", ctxpod_wire::BLOCK_BYTES_MAX)?;
     m.add("MATCH_KEYS_MAX", ctxpod_wire::MATCH_KEYS_MAX)?;
     m.add("LIST_KEYS_MAX", ctxpod_wire::LIST_KEYS_MAX)?;

@@ -93,9 +93,12 @@ fn status_of(e: &TransferError) -> u16 {
 
 #[pymethods]
 impl Store {
-    /// Connects through any of `seeds` (node URLs); TLS when a CA file is given.
+    /// Connects through any of `seeds` (node URLs); TLS when a CA file is given. Deadlines
+    /// in seconds (`None`: the client's defaults, `ctxpod_client::connect::Deadlines`).
     #[staticmethod]
-    #[pyo3(signature = (seeds, token=None, ca_file=None, cert_file=None, key_file=None))]
+    #[pyo3(signature = (seeds, token=None, ca_file=None, cert_file=None, key_file=None,
+        connect_timeout=None, request_timeout=None, down_for=None))]
+    #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
         seeds: Vec<String>,
@@ -103,6 +106,9 @@ impl Store {
         ca_file: Option<std::path::PathBuf>,
         cert_file: Option<std::path::PathBuf>,
         key_file: Option<std::path::PathBuf>,
+        connect_timeout: Option<f64>,
+        request_timeout: Option<f64>,
+        down_for: Option<f64>,
     ) -> PyResult<Store> {
         let identity = match (&cert_file, &key_file) {
             (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
@@ -112,8 +118,25 @@ impl Store {
         if identity.is_some() && ca_file.is_none() {
             return Err(invalid("a client certificate needs ca_file (TLS) too"));
         }
-        let how = Connect::from_files(token, ca_file.as_deref(), identity)
+        let mut how = Connect::from_files(token, ca_file.as_deref(), identity)
             .map_err(|e| invalid(e.to_string()))?;
+        let d = &mut how.deadlines;
+        for (name, given, slot) in [
+            ("connect_timeout", connect_timeout, &mut d.connect),
+            ("request_timeout", request_timeout, &mut d.request),
+            ("down_for", down_for, &mut d.down_for),
+        ] {
+            if let Some(secs) = given {
+                *slot = std::time::Duration::try_from_secs_f64(secs)
+                    .ok()
+                    .filter(|t| !t.is_zero() && t.as_secs() <= 3600)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "{name} must be a number of seconds above 0 and at most 3600; got {secs}"
+                        ))
+                    })?;
+            }
+        }
         let pod = block(py, TransferPod::connect(&seeds, &how)).map_err(error)?;
         Ok(Store {
             pod: Arc::new(pod),
@@ -147,37 +170,58 @@ impl Store {
         quota_bytes: Option<u64>,
         replication: Option<u32>,
     ) -> PyResult<NsInfo> {
-        let c = self.pod.member_http().map_err(error)?;
+        let pod = self.pod.clone();
         let settings = ctxpod_wire::types::CreateNamespace {
             quota_bytes,
             replication,
         };
-        let i = block(
-            py,
-            async move { c.create_namespace_with(&ns, &settings).await },
-        )
-        .map_err(|e| error(e.into()))?;
+        let i = block(py, async move {
+            pod.on_any_member(|c| {
+                let (ns, settings) = (ns.clone(), settings.clone());
+                async move { c.create_namespace_with(&ns, &settings).await }
+            })
+            .await
+        })
+        .map_err(error)?;
         Ok(ns_info(i))
     }
 
     /// The namespace's settings and usage.
     fn namespace_info(&self, py: Python<'_>, ns: String) -> PyResult<NsInfo> {
-        let c = self.pod.member_http().map_err(error)?;
-        let i = block(py, async move { c.namespace(&ns).await }).map_err(|e| error(e.into()))?;
+        let pod = self.pod.clone();
+        let i = block(py, async move {
+            pod.on_any_member(|c| {
+                let ns = ns.clone();
+                async move { c.namespace(&ns).await }
+            })
+            .await
+        })
+        .map_err(error)?;
         Ok(ns_info(i))
     }
 
     /// The caller's namespaces (its tenant's), with their settings and usage.
     fn namespaces(&self, py: Python<'_>) -> PyResult<Vec<NsInfo>> {
-        let c = self.pod.member_http().map_err(error)?;
-        let l = block(py, async move { c.namespaces().await }).map_err(|e| error(e.into()))?;
+        let pod = self.pod.clone();
+        let l = block(py, async move {
+            pod.on_any_member(|c| async move { c.namespaces().await })
+                .await
+        })
+        .map_err(error)?;
         Ok(l.namespaces.into_iter().map(ns_info).collect())
     }
 
     /// Deletes the namespace and every block in it.
     fn delete_namespace(&self, py: Python<'_>, ns: String) -> PyResult<()> {
-        let c = self.pod.member_http().map_err(error)?;
-        block(py, async move { c.delete_namespace(&ns).await }).map_err(|e| error(e.into()))
+        let pod = self.pod.clone();
+        block(py, async move {
+            pod.on_any_member(|c| {
+                let ns = ns.clone();
+                async move { c.delete_namespace(&ns).await }
+            })
+            .await
+        })
+        .map_err(error)
     }
 
     /// Reads the membership again.

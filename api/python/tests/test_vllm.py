@@ -35,9 +35,11 @@ CHUNKS = 8
 STEP = ScheduleEndContext(new_req_ids=[], preempted_req_ids=())
 
 
-def manager(url: str, model: str = "acme/llama-tiny"):
-    """vLLM's tiering manager, built from the docs' kv_connector_extra_config."""
+def manager(url: str, model: str = "acme/llama-tiny", extra: dict | None = None):
+    """vLLM's tiering manager, built from the docs' kv_connector_extra_config (``extra``:
+    more settings of the ctxpod tier's entry)."""
     kv = json.loads(doc_snippet("vllm-kv-transfer-config").replace("http://10.0.0.5:7400", url))
+    kv["kv_connector_extra_config"]["secondary_tiers"][0].update(extra or {})
     extra = dict(kv["kv_connector_extra_config"], cpu_bytes_to_use=CHUNKS * ROW)
     cfg = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layers.0", "layers.1"), group_id=0),),

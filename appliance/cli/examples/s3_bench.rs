@@ -93,6 +93,7 @@ async fn main() {
     let how = Connect {
         token: Some(a.token.clone()),
         tls: None,
+        ..Default::default()
     };
     let http = Client::connect(a.http.clone(), &how).expect("HTTP client");
     let wire = TransferClient::connect_with(&a.transfer, &how)

@@ -27,7 +27,25 @@ SETTINGS = {
     "key_file": "the client certificate's key (mTLS)",
     "namespace_prefix": "the first part of every namespace the connector uses",
     "replication": "copies of each block in namespaces the connector creates (default: the pod's)",
+    "connect_timeout": "seconds to open a connection to a member (default 2)",
+    "request_timeout": "seconds one request may take before its member counts as unreachable (default 10)",
+    "down_for": "seconds a member that missed a deadline is asked last (default 10)",
 }
+
+#: The settings that are deadlines, in seconds (:meth:`ctxpod.Store.connect`).
+DEADLINES = ("connect_timeout", "request_timeout", "down_for")
+
+
+def seconds(v: Any, name: str, who: str) -> float:
+    """A deadline setting: a number of seconds above 0, at most an hour (engines pass
+    numbers or strings)."""
+    try:
+        s = float(v)
+    except (TypeError, ValueError):
+        raise errors.InvalidRequest(f"{who}: `{name}` is a number of seconds, not {v!r}") from None
+    if isinstance(v, bool) or not 0 < s <= 3600:
+        raise errors.InvalidRequest(f"{who}: `{name}` must be above 0 and at most 3600 seconds; got {v!r}")
+    return s
 
 
 def check_known(settings: Mapping[str, Any], known: Mapping[str, str], who: str,
@@ -77,6 +95,7 @@ def connect(settings: Mapping[str, Any], *, who: str) -> Store:
             raise errors.InvalidRequest(f"{who}: token_file {token_file!r} is empty")
     if token is not None and not isinstance(token, str):
         raise errors.InvalidRequest(f"{who}: `token` is a string")
+    deadlines = {n: seconds(setting(settings, n), n, who) for n in DEADLINES if setting(settings, n) is not None}
     try:
         return Store.connect(
             seeds,
@@ -84,6 +103,7 @@ def connect(settings: Mapping[str, Any], *, who: str) -> Store:
             ca_file=setting(settings, "ca_file"),
             cert_file=setting(settings, "cert_file"),
             key_file=setting(settings, "key_file"),
+            **deadlines,
         )
     except errors.ProtocolError as e:
         # Something answered at `url`, but not as a ctxpod node (another HTTP service, the

@@ -62,6 +62,7 @@ async fn wire(node: &Node, token: &str) -> TransferClient {
         &Connect {
             token: Some(token.to_string()),
             tls: node.how.tls.clone(),
+            ..Default::default()
         },
     )
     .await

@@ -877,17 +877,21 @@ async fn r2_check_all(pc: &PodClient, plain: &ctxpod_client::client::Client, upt
     }
 }
 
-/// The configuration of node `id` in pod `name` through `etcd` (3 s leases), plus `extra`
-/// lines of `[pod]`.
+/// The configuration of node `id` in pod `name` through `etcd` (3 s leases unless `extra`
+/// sets `lease_ttl_s`), plus `extra` lines of `[pod]`.
 fn pod_config<'a>(
     name: &'a str,
     etcd: &'a EtcdServer,
     extra: &'a str,
 ) -> impl Fn(&str) -> String + 'a {
     move |id: &str| {
+        let lease = if extra.contains("lease_ttl_s") {
+            ""
+        } else {
+            "lease_ttl_s = 3\n"
+        };
         format!(
-            "[pod]\nname = \"{name}\"\nnode_id = \"{id}\"\n{}\
-             lease_ttl_s = 3\n{extra}",
+            "[pod]\nname = \"{name}\"\nnode_id = \"{id}\"\n{}{lease}{extra}",
             etcd.pod_lines()
         )
     }
@@ -1511,6 +1515,7 @@ impl TlsPod {
         Connect {
             token: Some(token.to_string()),
             tls: Some(common::pki::client_tls(&self.ca, Some(&self.client_cert))),
+            ..Default::default()
         }
     }
 
@@ -2013,4 +2018,136 @@ async fn tombstones_expire_and_a_node_away_longer_comes_back_empty() {
             );
         }
     }
+}
+
+/// Runs `call`, which must end within `bound` (its deadlines plus slack for this machine):
+/// a liveness bound, so a hang fails the test instead of stalling it. How long it took.
+async fn within<T>(
+    bound: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = T>,
+) -> (T, Duration) {
+    let t0 = Instant::now();
+    match tokio::time::timeout(bound, call).await {
+        Ok(v) => (v, t0.elapsed()),
+        Err(_) => panic!("{what}: still waiting after {bound:?}, past its deadlines"),
+    }
+}
+
+/// A member frozen (SIGSTOP: it accepts connections and never answers), then killed for
+/// good, under clients that were up before: every call ends within its deadlines; the
+/// frozen member is counted down at its first missed deadline and asked last afterwards;
+/// every R=2 block still reads, over HTTP and CXP1; namespace calls fail over past it; and
+/// a client started with the frozen (then the dead) member as its first seed is up within
+/// one deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_or_killed_member_costs_one_deadline_not_a_hang() {
+    use ctxpod_client::connect::Deadlines;
+    use ctxpod_client::transfer_pod::TransferPod;
+    // Leases long enough that the frozen member stays in every view meanwhile: what the
+    // clients must get past is a member the pod still names.
+    let (_ground, mut nodes, _) = pod_of_three("fz", "lease_ttl_s = 60\n").await;
+    wait_views(&nodes, 3).await;
+    create_replicated(&nodes[1], "r2", 2).await;
+    let d = Deadlines {
+        connect: Duration::from_secs(1),
+        request: Duration::from_secs(2),
+        down_for: Duration::from_secs(60),
+    };
+    let how = Connect {
+        deadlines: d,
+        ..Default::default()
+    };
+    // One call's bound: a connect and a request deadline, and slack for a loaded machine.
+    let one = d.connect + d.request + Duration::from_secs(3);
+    let seeds: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let pc = PodClient::connect(&seeds, &how).await.unwrap();
+    let tp = TransferPod::connect(&seeds, &how).await.unwrap();
+    let n = 60u64;
+    pod_put_each(&pc, "r2", 0..n).await;
+    let keys: Vec<bytes::Bytes> = (0..n).map(|i| r2_key(i).into()).collect();
+    // Both clients have used the namespace and every member before the failure.
+    assert_eq!(
+        tp.exists("r2", &keys).await.unwrap(),
+        vec![true; n as usize]
+    );
+
+    nodes[0].freeze();
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let (got, took) = within(one, "an HTTP read", pc.get("r2", &r2_key(i))).await;
+        assert_eq!(got.unwrap(), Some(r2_data(i)), "block {i}");
+        slowest = slowest.max(took);
+    }
+    assert_eq!(pc.down_members(), vec!["a".to_string()]);
+    eprintln!("HTTP reads with a frozen: the slowest took {slowest:?}");
+    let (info, _) = within(
+        one,
+        "a namespace call",
+        pc.on_any_member(|c| async move { c.namespace("r2").await }),
+    )
+    .await;
+    assert_eq!(info.unwrap().replication, Some(2));
+    // Writes go to the members that answer.
+    for i in n..n + 20 {
+        let (r, _) = within(one, "an HTTP put", r2_put(&pc, "r2", i)).await;
+        r.unwrap();
+    }
+    let (got, took) = within(2 * one, "a CXP1 batch read", tp.get("r2", &keys)).await;
+    eprintln!("a CXP1 batch read of {n} blocks with a frozen: {took:?}");
+    for (i, g) in got.unwrap().into_iter().enumerate() {
+        assert_eq!(g.unwrap(), Some(r2_data(i as u64)), "block {i} over CXP1");
+    }
+    let (held, _) = within(one, "a CXP1 prefix match", tp.match_prefix("r2", &keys)).await;
+    assert_eq!(held.unwrap(), n as u32, "the whole chain still hits");
+    let (info, _) = within(
+        one,
+        "a namespace call over the CXP1 pod",
+        tp.on_any_member(|c| async move { c.namespace("r2").await }),
+    )
+    .await;
+    assert_eq!(info.unwrap().replication, Some(2));
+    // Started with the frozen member as its first seed: up within one deadline.
+    let first_frozen = [nodes[0].url.clone(), nodes[1].url.clone()];
+    let (fresh, took) = within(
+        one,
+        "connecting with a frozen first seed",
+        PodClient::connect(&first_frozen, &how),
+    )
+    .await;
+    eprintln!("a pod client up with a frozen first seed in {took:?}");
+    assert_eq!(fresh.unwrap().members().len(), 3);
+    let (fresh, _) = within(
+        one,
+        "a CXP1 pod with a frozen first seed",
+        TransferPod::connect(&first_frozen, &how),
+    )
+    .await;
+    let fresh = fresh.unwrap();
+    // Its first call a prefix match, which meets the frozen member unwarned.
+    let (held, _) = within(
+        2 * one,
+        "its first prefix match",
+        fresh.match_prefix("r2", &keys),
+    )
+    .await;
+    assert_eq!(held.unwrap(), n as u32, "a new client's chain hits too");
+    let (got, _) = within(2 * one, "its first batch read", fresh.get("r2", &keys)).await;
+    assert!(got.unwrap().into_iter().all(|g| g.unwrap().is_some()));
+
+    // Killed for good (still named by the pod for its lease): refused at once.
+    nodes[0].kill9();
+    for i in 0..n + 20 {
+        let (got, _) = within(one, "an HTTP read, a dead", pc.get("r2", &r2_key(i))).await;
+        assert_eq!(got.unwrap(), Some(r2_data(i)), "block {i}");
+    }
+    let (got, _) = within(2 * one, "a CXP1 read, a dead", tp.get("r2", &keys)).await;
+    assert!(got.unwrap().into_iter().all(|g| g.unwrap().is_some()));
+    let (fresh, _) = within(
+        one,
+        "connecting with a dead first seed",
+        PodClient::connect(&first_frozen, &how),
+    )
+    .await;
+    fresh.unwrap();
 }

@@ -68,6 +68,7 @@ async fn node_with_s3_tokens(dir: &Path) -> (Node, [(String, String); 2]) {
     let how = ctxpod_client::connect::Connect {
         token: Some(root.to_string()),
         tls: None,
+        ..Default::default()
     };
     let n = Node::start_configured(
         &dir.join("n"),

@@ -28,6 +28,7 @@ fn how(tls: std::sync::Arc<rustls::ClientConfig>) -> Connect {
     Connect {
         token: None,
         tls: Some(tls),
+        ..Default::default()
     }
 }
 
@@ -288,6 +289,7 @@ async fn token_files_reload_on_sighup() {
         Connect {
             token: Some(root.clone()),
             tls: None,
+            ..Default::default()
         },
         false,
     )
@@ -310,6 +312,7 @@ async fn token_files_reload_on_sighup() {
     let how = Connect {
         token: Some(later.clone()),
         tls: None,
+        ..Default::default()
     };
     let w = TransferClient::connect_with(&node.transfer_addr(), &how)
         .await

@@ -97,6 +97,7 @@ impl Node {
         self.how = Connect {
             token: None,
             tls: Some(pki::client_tls(&ca, identity.as_ref())),
+            ..Default::default()
         };
         self.https = true;
     }
@@ -284,6 +285,18 @@ impl Node {
             async || client.ready().await,
         );
         assert!(ready.await, "ctxpod not ready within 30 s");
+    }
+
+    /// SIGSTOP: the node's sockets still accept connections (the kernel's backlog), and
+    /// nothing answers: a frozen, overloaded or black-holed node as a client sees it.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.pid() as libc::pid_t;
+        // SAFETY: kill(2) with the pid of a child this Node still owns (not yet waited).
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to {pid}");
     }
 
     /// `kill -9`, no warning.
@@ -541,6 +554,7 @@ pub async fn node_with_tokens_env(
     let how = Connect {
         token: Some(tokens[creds[0].0].clone()),
         tls: None,
+        ..Default::default()
     };
     let n = Node::start_configured_with(dir, args, &toml, envs, how, false).await;
     (n, tokens)
@@ -553,6 +567,7 @@ pub fn client_with(node: &Node, token: &str) -> Client {
         &Connect {
             token: Some(token.to_string()),
             tls: node.how.tls.clone(),
+            ..Default::default()
         },
     )
     .expect("client")

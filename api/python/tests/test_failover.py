@@ -1,0 +1,287 @@
+"""A member of a real 3-node pod (R = 2, real etcd) frozen with SIGSTOP (it accepts
+connections and never answers: frozen, overloaded, black-holed) and then killed for good,
+under the SDK and under every engine connector built before the failure: no call waits past
+its deadlines, the lookups of an engine started before the failure still hit (byte-exact),
+and an engine started with the frozen member as its first seed is up within one deadline.
+
+The member frozen is the pod's lowest id: the one every namespace call went to before calls
+failed over. The pods here have 60 s leases, so the frozen member stays in every view while
+the clients must get past it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import time
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+from conftest import Etcd, Node, wait_for
+
+import ctxpod
+
+#: The deadlines every client here runs with (seconds), as an engine's settings give them.
+CONNECT_S, REQUEST_S, DOWN_FOR_S = 1.0, 2.0, 60.0
+DEADLINES = {"connect_timeout": CONNECT_S, "request_timeout": REQUEST_S, "down_for": DOWN_FOR_S}
+#: One call's bound: a connect and a request deadline, plus slack for a loaded 2-core
+#: machine. A liveness bound: a call past it is a hang, not a slow call.
+ONE = CONNECT_S + REQUEST_S + 3.0
+
+_calls = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="bounded")
+
+
+def within(bound: float, what: str, fn, *args, **kw):
+    """``fn(*args, **kw)``, which must return within ``bound`` seconds (else the test fails
+    instead of hanging on it); its result."""
+    fut = _calls.submit(fn, *args, **kw)
+    try:
+        return fut.result(timeout=bound)
+    except concurrent.futures.TimeoutError:
+        raise AssertionError(f"{what}: still waiting after {bound} s, past its deadlines") from None
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    e = Etcd(tmp_path_factory.mktemp("failover-etcd"))
+    yield e
+    e.stop()
+
+
+class Pod:
+    """Three nodes of a pod of their own (R = 2, 60 s leases), and which is frozen."""
+
+    def __init__(self, root, etcd: Etcd) -> None:
+        name = f"fo{uuid.uuid4().hex[:8]}"
+        lines = (
+            f'[pod]\nname = "{name}"\netcd_endpoints = ["{etcd.url}"]\nreplication = 2\nlease_ttl_s = 60\n'
+        )
+        self.nodes = [Node(root, f"{name}-{i}", pod=lines) for i in range(3)]
+
+        def three() -> bool:
+            for n in self.nodes:
+                c = json.load(urllib.request.urlopen(n.http + "/v1/cluster", timeout=2))
+                if len(c["members"]) != 3:
+                    return False
+            return True
+
+        wait_for("a pod of three", three)
+        s = ctxpod.Store.connect([n.http for n in self.nodes])
+        by_http = {n.http: n for n in self.nodes}
+        #: The member with the lowest id (the pod's first).
+        self.first = by_http[sorted(s.members(), key=lambda m: m["id"])[0]["http"]]
+        s.close()
+        self.frozen = False
+
+    def urls(self, first_frozen: bool = False) -> list[str]:
+        """Every member's URL; with the first member's first when asked."""
+        rest = [n.http for n in self.nodes if n is not self.first]
+        return [self.first.http, *rest] if first_frozen else [*rest, self.first.http]
+
+    def url(self, first_frozen: bool = False) -> str:
+        """The same, as a connector's comma-separated ``url`` setting."""
+        return ",".join(self.urls(first_frozen))
+
+    def freeze(self) -> None:
+        self.first.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def kill(self) -> None:
+        self.first.kill()  # SIGKILL ends a stopped process too
+        self.frozen = False
+
+    def stop(self) -> None:
+        if self.frozen:
+            self.first.proc.send_signal(signal.SIGCONT)
+        for n in self.nodes:
+            n.stop()
+
+
+@pytest.fixture()
+def fragile(tmp_path, etcd):
+    p = Pod(tmp_path, etcd)
+    yield p
+    p.stop()
+
+
+def startup_with_the_frozen_seed_first(what: str, build):
+    """``build()`` (an engine's connector, a store) with the frozen member as its first
+    seed: up within one deadline. The time it took."""
+    t0 = time.monotonic()
+    out = within(ONE, f"{what} with a frozen first seed", build)
+    return out, time.monotonic() - t0
+
+
+# -- the SDK ---------------------------------------------------------------------------
+
+
+def test_the_sdk_gets_past_a_frozen_then_dead_member(fragile):
+    ns = f"fo-{uuid.uuid4().hex[:8]}"
+    s = ctxpod.Store.connect(fragile.urls(), namespace=ns, **DEADLINES)
+    s.create_namespace(replication=2)
+    rng = np.random.default_rng(7)
+    keys = [f"blk-{i:04d}".encode() for i in range(48)]
+    vals = [rng.integers(0, 256, 16 << 10, dtype=np.uint8).tobytes() for _ in keys]
+    assert s.batch_put(keys, vals) == [201] * len(keys)
+    assert s.match_prefix(keys) == len(keys)
+
+    fragile.freeze()
+    assert within(ONE, "a batch read", s.batch_get, keys) == vals
+    assert within(ONE, "a prefix match", s.match_prefix, keys) == len(keys)
+    assert within(ONE, "exists", s.batch_exists, keys) == [True] * len(keys)
+    for i, k in enumerate(keys[:12]):
+        assert within(ONE, "a read", s.get, k) == vals[i]
+    assert within(ONE, "namespace_info", s.namespace_info)["replication"] == 2
+    more = [f"new-{i}".encode() for i in range(8)]
+    assert within(ONE, "a batch put", s.batch_put, more, vals[:8]) == [201] * 8
+    # Prefetch into registered memory: every block from the members that answer.
+    buf = np.zeros(len(keys) * (16 << 10), dtype=np.uint8)
+    b = s.register_buffer(buf)
+    t = within(ONE, "a prefetch", s.prefetch, keys, into=(b, [i * (16 << 10) for i in range(len(keys))]))
+    assert within(2 * ONE, "the prefetch's ticket", t.wait) == [16 << 10] * len(keys)
+    assert buf.tobytes() == b"".join(vals)
+    fresh, took = startup_with_the_frozen_seed_first(
+        "Store.connect", lambda: ctxpod.Store.connect(fragile.urls(first_frozen=True), namespace=ns, **DEADLINES)
+    )
+    print(f"Store.connect with a frozen first seed: {took:.2f} s")
+    assert within(2 * ONE, "a new store's first read", fresh.batch_get, keys) == vals
+    assert within(ONE, "a new store's namespace_info", fresh.namespace_info)["replication"] == 2
+
+    fragile.kill()
+    assert within(ONE, "a batch read, a dead", s.batch_get, keys + more) == vals + vals[:8]
+    assert within(ONE, "a batch read, a dead (new store)", fresh.batch_get, keys) == vals
+    dead_first = within(ONE, "Store.connect, a dead first seed", ctxpod.Store.connect,
+                        fragile.urls(first_frozen=True), namespace=ns, **DEADLINES)
+    assert within(2 * ONE, "its read", dead_first.batch_get, keys) == vals
+    for x in (s, fresh, dead_first):
+        x.close()
+
+
+def test_deadlines_out_of_range_are_refused_before_anything_is_sent(fragile):
+    for bad in ({"request_timeout": 0}, {"connect_timeout": -1}, {"down_for": 4000}, {"request_timeout": "2"}):
+        with pytest.raises(ctxpod.InvalidRequest, match=next(iter(bad))):
+            ctxpod.Store.connect(fragile.urls(), **bad)
+    assert ctxpod.CONNECT_TIMEOUT_S == 2.0 and ctxpod.REQUEST_TIMEOUT_S == 10.0 and ctxpod.DOWN_FOR_S == 10.0
+
+
+# -- LMCache ---------------------------------------------------------------------------
+
+
+def lmcache_settings() -> dict:
+    return {f"remote_storage_plugin.ctxpod.{k}": str(v) for k, v in DEADLINES.items()}
+
+
+def test_lmcache_gets_past_a_frozen_then_dead_member(fragile):
+    from test_lmcache import Backends
+
+    a = Backends(fragile.url(), **lmcache_settings())
+    b = Backends(fragile.url(), **lmcache_settings())  # up before the failure, unused so far
+    try:
+        keys = [a.key(0x5000 + i) for i in range(12)]
+        chunks = [a.chunk(i) for i in range(12)]
+        a.put(keys, [o for o, _ in chunks])
+        want = [(raw, tuple(o.get_shapes()[0])) for o, raw in chunks]
+
+        fragile.freeze()
+        assert within(ONE, "LMCache contains", b.remote.batched_contains, keys) == len(keys)
+        assert within(2 * ONE, "LMCache get", b.read, keys) == want
+        c, took = startup_with_the_frozen_seed_first(
+            "LMCache's RemoteBackend", lambda: Backends(fragile.url(first_frozen=True), **lmcache_settings())
+        )
+        print(f"LMCache up with a frozen first seed: {took:.2f} s")
+        try:
+            assert within(2 * ONE, "a new engine's contains", c.remote.batched_contains, keys) == len(keys)
+            assert within(2 * ONE, "a new engine's get", c.read, keys) == want
+
+            fragile.kill()
+            assert within(ONE, "LMCache contains, a dead", b.remote.batched_contains, keys) == len(keys)
+            assert within(2 * ONE, "LMCache get, a dead", c.read, keys) == want
+        finally:
+            c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+# -- SGLang ----------------------------------------------------------------------------
+
+
+def test_sglang_gets_past_a_frozen_then_dead_member(fragile):
+    from test_sglang import PAGE, backend, fill, host_pool, page_hashes, pages
+
+    settings = {k: v for k, v in DEADLINES.items()}
+    pa, pb = host_pool(), host_pool()
+    a = backend(fragile.url(), pa, **settings)
+    b = backend(fragile.url(), pb, **settings)
+    try:
+        keys = page_hashes(8, "failover")
+        src = pa.alloc(8 * PAGE)
+        fill(pa, src, 3)
+        want = pages(pa, src)
+        assert a.batch_set_v1(keys, src) == [True] * 8
+
+        fragile.freeze()
+        assert within(ONE, "SGLang batch_exists", b.batch_exists, keys) == 8
+        dst = pb.alloc(8 * PAGE)
+        assert within(2 * ONE, "SGLang batch_get_v1", b.batch_get_v1, keys, dst) == [True] * 8
+        assert pages(pb, dst) == want
+        pc = host_pool()
+        c, took = startup_with_the_frozen_seed_first(
+            "SGLang's storage backend", lambda: backend(fragile.url(first_frozen=True), pc, **settings)
+        )
+        print(f"SGLang up with a frozen first seed: {took:.2f} s")
+        assert within(2 * ONE, "a new engine's batch_exists", c.batch_exists, keys) == 8
+
+        fragile.kill()
+        dst = pc.alloc(8 * PAGE)
+        assert within(2 * ONE, "SGLang batch_get_v1, a dead", c.batch_get_v1, keys, dst) == [True] * 8
+        assert pages(pc, dst) == want
+        assert within(ONE, "SGLang batch_exists, a dead", b.batch_exists, keys) == 8
+        c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+# -- vLLM ------------------------------------------------------------------------------
+
+
+def test_vllm_gets_past_a_frozen_then_dead_member(fragile):
+    import test_vllm as v
+
+    def manager(url: str):
+        return v.manager(url, extra=DEADLINES)
+
+    a, ta = manager(fragile.url())
+    b, tb = manager(fragile.url())  # up before the failure, unused so far
+    try:
+        keys = v.chunk_keys(4)
+        data = v.store(a, ta, keys, 11)
+
+        fragile.freeze()
+
+        def promoted(mgr, tier, what: str) -> None:
+            ctx = v.ReqContext(req_id=f"load-{uuid.uuid4().hex[:6]}")
+            mgr.on_new_request(ctx)
+            v.drive(mgr, lambda: all(mgr.lookup(k, ctx) is v.LookupResult.HIT for k in keys), what, limit_s=4 * ONE)
+            spec = mgr.prepare_load(keys, ctx)
+            rows = np.asarray(mgr.primary_tier.get_kv_memoryview())
+            assert [rows[int(c)].tobytes() for c in spec.chunk_ids] == data
+            mgr.complete_load(keys, ctx)
+            mgr.on_request_finished(ctx)
+
+        promoted(b, tb, "vLLM's promotion with a member frozen")
+        (c, tc), took = startup_with_the_frozen_seed_first(
+            "vLLM's tiering manager", lambda: manager(fragile.url(first_frozen=True))
+        )
+        print(f"vLLM up with a frozen first seed: {took:.2f} s")
+        try:
+            fragile.kill()
+            promoted(c, tc, "vLLM's promotion with a member dead")
+        finally:
+            c.shutdown()
+    finally:
+        a.shutdown()
+        b.shutdown()
