@@ -3,6 +3,24 @@
 
 use super::*;
 
+/// A record's check on the read path.
+enum Checked {
+    Good(Bytes),
+    Corrupt,
+    Moved,
+}
+
+/// What scrubbing one block found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scrubbed {
+    /// Its record read back whole: tag and CRC32C good.
+    Good { record_bytes: u64 },
+    /// Its record failed a check: quarantined (no longer served, announced as evicted).
+    Bad { record_bytes: u64 },
+    /// Not on flash any more (evicted, deleted, or rewritten while it was read).
+    Gone,
+}
+
 impl Engine {
     /// The block's bytes, verified, and their CRC32C, or `None`.
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
@@ -50,6 +68,22 @@ impl Engine {
         bkey: &[u8],
         loc: BlockLoc,
     ) -> Result<Option<Bytes>> {
+        Ok(match self.read_checked(ns, key, bkey, loc).await? {
+            Checked::Good(b) => Some(b),
+            Checked::Corrupt | Checked::Moved => None,
+        })
+    }
+
+    /// A record read from flash and checked (header identity against the index, AES-GCM
+    /// tag, CRC32C): its plaintext, or corrupt (quarantined: out of the index, announced as
+    /// evicted, counted), or moved while it was read (no verdict).
+    async fn read_checked(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        bkey: &[u8],
+        loc: BlockLoc,
+    ) -> Result<Checked> {
         let c = &self.core;
         let Some(dek) = ns.opening_key(loc.key_id, c.geometry.plaintext_at_rest) else {
             return Err(
@@ -86,11 +120,14 @@ impl Engine {
             Err(why) => Verified::Bad(why),
         };
         match verdict {
-            Verified::Ok(b) => Ok(Some(b)),
+            Verified::Ok(b) => Ok(Checked::Good(b)),
             Verified::Bad(why) => {
                 // The record may have been moved or its region reclaimed while we read it:
                 // only a record the index still points at is corrupt.
-                if c.index.get_block(bkey)? == Some(loc) {
+                if c.index.get_block(bkey)? != Some(loc) {
+                    return Ok(Checked::Moved);
+                }
+                {
                     c.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
                     c.metrics.integrity_errors.inc();
                     tracing::warn!(
@@ -100,14 +137,43 @@ impl Engine {
                         offset = loc.offset,
                         "integrity check failed ({why}); block quarantined and answered as a miss"
                     );
-                    let _ = self.send(WriteCmd::Quarantine {
+                    // Answered once the quarantine is in the index: a put of the block
+                    // made after this miss (read repair, scrub's repair) must not find
+                    // the bad entry still there and take it for its own copy (an
+                    // `Exists` that the quarantine then removes).
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let quarantine = WriteCmd::Quarantine {
                         bkey: bkey.to_vec(),
                         loc,
-                    });
+                    };
+                    if self.send(quarantine).is_ok() && self.send(WriteCmd::Barrier(tx)).is_ok() {
+                        let _ = rx.await;
+                    }
                 }
-                Ok(None)
+                Ok(Checked::Corrupt)
             }
         }
+    }
+
+    /// Scrub: re-reads the block's record from flash (never from DRAM, not counted as a
+    /// read) and checks it as a GET would. A corrupt record is quarantined (out of the
+    /// index, announced as evicted); the caller may then store a good copy again.
+    pub async fn scrub_block(&self, ns: &str, key: &[u8]) -> Result<Scrubbed> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        let Some(loc) = self.core.index.get_block(&bkey)? else {
+            return Ok(Scrubbed::Gone);
+        };
+        Ok(match self.read_checked(&ns, key, &bkey, loc).await? {
+            Checked::Good(_) => Scrubbed::Good {
+                record_bytes: loc.record_len as u64,
+            },
+            Checked::Corrupt => Scrubbed::Bad {
+                record_bytes: loc.record_len as u64,
+            },
+            Checked::Moved => Scrubbed::Gone,
+        })
     }
 
     /// Whether the block is present, without reading it: what a GET would find (the DRAM

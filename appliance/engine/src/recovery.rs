@@ -197,6 +197,10 @@ pub(super) async fn open(
         .media_errors
         .with_label_values(&["tail_scan"])
         .inc_by(scan.media_errors);
+    counters
+        .integrity_errors
+        .fetch_add(scan.bad_records, Ordering::Relaxed);
+    metrics.integrity_errors.inc_by(scan.bad_records);
     if recovered > 0 {
         tracing::info!(
             records = recovered,
@@ -708,11 +712,22 @@ async fn recover_open_tail(
             Some(&h),
             "a record's header, read again with its body, decodes as its first read did"
         );
-        if !matches!(
-            super::verify_record(buf, dek.as_deref(), h.ns_id, &h.key, &loc),
-            super::Verified::Ok(_)
-        ) {
-            break;
+        if let super::Verified::Bad(why) =
+            super::verify_record(buf, dek.as_deref(), h.ns_id, &h.key, &loc)
+        {
+            // A sound header of this tail with a body that fails its checks: bit rot, or a
+            // write torn by the crash (then nothing after it was acknowledged, and what
+            // follows is another epoch's or nothing, which ends the scan). Either way it
+            // costs that record only: ending the scan here would drop every acknowledged
+            // record after it.
+            tracing::warn!(
+                region = r,
+                offset = pos,
+                "a record of the open region's tail fails its checks ({why}); it is skipped"
+            );
+            scan.bad_records += 1;
+            pos += record_len;
+            continue;
         }
         let bkey = index::block_key(h.ns_id, &h.key);
         wb.put_cf(cf_blocks, &bkey, loc.encode());
@@ -746,6 +761,8 @@ pub(super) struct TailScan {
     pub records: u64,
     /// Reads that failed every try.
     pub media_errors: u64,
+    /// Records with a sound header whose body failed its checks (skipped).
+    pub bad_records: u64,
 }
 
 /// Reads at start-up (the superblock, the open region's tail) are tried this many times

@@ -583,3 +583,45 @@ async fn key_listings_page_through_the_index_like_a_sorted_set() {
         Err(EngineError::NotFound(_))
     ));
 }
+
+/// A block found corrupt and put again at once (read repair, scrub's repair) is stored
+/// anew: the miss is answered only once the quarantine is in the index, so the put cannot
+/// find the bad entry and take it for its own copy (`Exists`, after which the quarantine
+/// would remove the block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_put_again_right_after_its_copy_failed_a_check_is_stored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    for round in 0..20u8 {
+        let key = format!("again-{round}").into_bytes();
+        let d = data(round, 9000);
+        e.put("default", &key, d.clone(), None, Durability::Durable)
+            .await
+            .expect("put");
+        let ns = e.ns("default").expect("ns");
+        let bkey = block_key(ns.id, &key);
+        let (loc, stored) = stored_record(&e, &bkey).await;
+        let mut bad = AlignedBuf::zeroed(stored.len());
+        bad.copy_from_slice(&stored);
+        bad[HEADER_BYTES + 10] ^= 0x40;
+        let (_, r) = e
+            .core
+            .device
+            .write_at(bad, e.core.dev_offset(loc.region, loc.offset))
+            .await;
+        r.expect("write");
+        assert_eq!(e.read_for_copy("default", &key).await.expect("read"), None);
+        let again = e
+            .put("default", &key, d.clone(), None, Durability::Durable)
+            .await
+            .expect("put again");
+        assert_eq!(again, PutStatus::Created, "round {round}");
+        assert_eq!(
+            e.get("default", &key).await.expect("get").map(|b| b.0),
+            Some(d)
+        );
+    }
+    e.shutdown().await;
+}

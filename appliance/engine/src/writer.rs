@@ -596,6 +596,9 @@ impl Writer {
                             wb.put_cf(cfs.2, &bkey, loc.encode());
                             needs_checkpoint = true;
                             self.account_bkey(&bkey, loc.len);
+                            // Gone from this node as surely as an evicted block: KV
+                            // block managers drop it from their view.
+                            self.core.events.block(&bkey, KvEventKind::Evicted);
                             forget.push(bkey.clone());
                             pending.insert(bkey, None);
                         }

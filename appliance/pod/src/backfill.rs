@@ -341,14 +341,14 @@ impl Backfill {
 }
 
 /// Keeps a pass within its byte rate: waits before sending what would take it over.
-struct Throttle {
+pub(crate) struct Throttle {
     started: Instant,
     bytes_per_s: u64,
     sent: u64,
 }
 
 impl Throttle {
-    fn new(bytes_per_s: u64) -> Throttle {
+    pub(crate) fn new(bytes_per_s: u64) -> Throttle {
         Throttle {
             started: Instant::now(),
             bytes_per_s: bytes_per_s.max(1),
@@ -364,7 +364,7 @@ impl Throttle {
     }
 
     /// Counts `bytes` about to be sent, after waiting for what was sent before them.
-    async fn take(&mut self, bytes: usize) {
+    pub(crate) async fn take(&mut self, bytes: usize) {
         let wait = self.delay_for(self.started.elapsed());
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod namespaces;
 pub mod quota;
 pub mod route;
+pub mod scrub;
 pub mod tombstones;
 
 use anyhow::Context;
@@ -231,8 +232,9 @@ impl Pod {
         })
     }
 
-    /// Starts the pod's background work: applying the pod's namespace records (with etcd)
-    /// and the backfill (`pod.backfill_interval_s`, 0: off). The backfill needs the peer
+    /// Starts the pod's background work: applying the pod's namespace records (with etcd),
+    /// scrub (`scrub.interval_s`, 0: off; on a node alone too) and the backfill
+    /// (`pod.backfill_interval_s`, 0: off). The backfill needs the peer
     /// token when authentication is on; without one it stays off, and says so.
     pub fn start_background(
         &self,
@@ -249,6 +251,31 @@ impl Pod {
                 engine.clone(),
                 etcd.clone(),
                 pod.clone(),
+                self.stop.child_token(),
+            );
+        }
+        if cfg.scrub.interval_s > 0 {
+            let repair = !auth_enabled || self.peers.has_token();
+            if !repair {
+                tracing::warn!(
+                    "scrub repairs nothing from other members: authentication is on and \
+                     pod.peer_token_file is not set (a bad copy is quarantined; read repair \
+                     brings it back when it is read)"
+                );
+            }
+            scrub::Scrub {
+                engine: engine.clone(),
+                membership: self.membership.clone(),
+                peers: self.peers.clone(),
+                me: self.me.id.clone(),
+                replication: self.replication,
+                bytes_per_s: cfg.scrub.bytes_per_s.0,
+                tombstones: self.tombstones.as_ref().map(|(t, _)| t.clone()),
+                metrics: self.metrics.clone(),
+                repair,
+            }
+            .spawn(
+                Duration::from_secs(cfg.scrub.interval_s),
                 self.stop.child_token(),
             );
         }

@@ -1,4 +1,4 @@
-//! The pod's Prometheus series: backfill passes and tombstones. They are registered in the
+//! The pod's Prometheus series: backfill passes, tombstones and scrub. They are registered in the
 //! engine's registry (`ctxpod_engine::metrics`), so the node's `/metrics` shows them.
 
 use ctxpod_engine::metrics::{counter, gauge, register};
@@ -27,6 +27,22 @@ pub struct PodMetrics {
     /// Times this node emptied itself on return, having been away longer than
     /// `pod.tombstone_retention_s`.
     pub pod_emptied_on_return: IntCounter,
+    /// Records scrub read back, by outcome (`good`, `bad`: failed a check and quarantined).
+    pub scrub_records: IntCounterVec,
+    /// Record bytes scrub read from the device.
+    pub scrub_bytes: IntCounter,
+    /// Bad copies stored again from a good copy on another member.
+    pub scrub_repaired: IntCounter,
+    /// Bad copies with no good copy on any member that should hold one: the block is lost
+    /// here (its KV event said evicted).
+    pub scrub_lost: IntCounter,
+    /// Scrub passes, by outcome (`done`, `failed`).
+    pub scrub_passes: IntCounterVec,
+    /// The running pass: records scrubbed so far, and the records on flash when it began.
+    pub scrub_pass_records: IntGauge,
+    pub scrub_pass_total: IntGauge,
+    /// Unix time the last scrub pass ended (0: none yet).
+    pub scrub_last_pass: IntGauge,
 }
 
 impl PodMetrics {
@@ -88,6 +104,47 @@ impl PodMetrics {
                 r,
                 "ctxpod_pod_emptied_on_return_total",
                 "Times this node emptied itself on return after longer away than the tombstone retention",
+            ),
+            scrub_records: register(r, IntCounterVec::new(
+                Opts::new(
+                    "ctxpod_scrub_records_total",
+                    "Records scrub read back and checked, by outcome (good, bad)"
+                ),
+                &["outcome"]
+            )),
+            scrub_bytes: counter(
+                r,
+                "ctxpod_scrub_read_bytes_total",
+                "Record bytes scrub read from the device",
+            ),
+            scrub_repaired: counter(
+                r,
+                "ctxpod_scrub_repaired_total",
+                "Bad copies scrub stored again from a good copy on another member",
+            ),
+            scrub_lost: counter(
+                r,
+                "ctxpod_scrub_lost_total",
+                "Bad copies with no good copy on any member: blocks lost here",
+            ),
+            scrub_passes: register(r, IntCounterVec::new(
+                Opts::new("ctxpod_scrub_passes_total", "Scrub passes, by outcome (done, failed)"),
+                &["outcome"]
+            )),
+            scrub_pass_records: gauge(
+                r,
+                "ctxpod_scrub_pass_records",
+                "Records the running scrub pass has checked so far",
+            ),
+            scrub_pass_total: gauge(
+                r,
+                "ctxpod_scrub_pass_total_records",
+                "Records on flash when the running scrub pass began",
+            ),
+            scrub_last_pass: gauge(
+                r,
+                "ctxpod_scrub_last_pass_timestamp_seconds",
+                "Unix time the last scrub pass ended (0: none yet)",
             ),
         }
     }

@@ -4,6 +4,7 @@
 use crate::common;
 
 use common::etcd::{EtcdServer, PodEtcd};
+use common::metric_of;
 use common::Node;
 use ctxpod_client::connect::Connect;
 use ctxpod_client::pod_client::PodClient;
@@ -1081,14 +1082,6 @@ async fn wait_backfilled(pc: &PodClient, n: &Node, id: &str, keys: &[Vec<u8>]) {
     }
 }
 
-fn metric_of(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Backfill without reads: a node killed while writes went on, then restarted, and a node
 /// that joins, each end up holding every block they rank among the first R, with no
 /// client reading anything (read repair never runs), within the backfill's byte rate.
@@ -2150,4 +2143,204 @@ async fn a_frozen_or_killed_member_costs_one_deadline_not_a_hang() {
     )
     .await;
     fresh.unwrap();
+}
+
+/// Scrub on a 3-node pod: copies flipped on one member's drive (while it runs) are found by
+/// its scrub pass, quarantined, and stored again from the good copy on another member
+/// (R = 2; backfill off, and no client reads meanwhile, so nothing else repairs them);
+/// a block whose only copy went bad (R = 1) is counted lost and reads as a miss, never as
+/// wrong bytes. After a restart (no DRAM copy left) every repaired block reads back from
+/// the member's own flash, byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_repairs_a_bad_copy_from_a_good_one_and_counts_the_lost() {
+    let extra = "backfill_interval_s = 0\n[scrub]\ninterval_s = 1\nbytes_per_s = \"256MiB\"\n";
+    let (_ground, mut nodes, pc) = pod_of_three("sc", extra).await;
+    wait_views(&nodes, 3).await;
+    create_replicated(&nodes[0], "r2", 2).await;
+    let n = 60u64;
+    pod_put_each(&pc, "r2", 0..n).await;
+    let keys: Vec<Vec<u8>> = (0..n).map(r2_key).collect();
+    // Three blocks a holds (with a copy elsewhere), and one only a holds (R = 1).
+    let held = held_here(&nodes[0], "r2", &keys).await;
+    let bad: Vec<u64> = (0..n).filter(|&i| held[i as usize]).take(3).collect();
+    assert_eq!(bad.len(), 3);
+    let lone = (1000u64..)
+        .find(|&i| pc.ranked("default", &r2_key(i))[0] == "a")
+        .unwrap();
+    nodes[0]
+        .client
+        .put(
+            "default",
+            &r2_key(lone),
+            r2_data(lone),
+            ctxpod_wire::Durability::Durable,
+        )
+        .await
+        .unwrap();
+    {
+        let dev = common::open_device(&nodes[0].dir);
+        let recs = common::records(&dev);
+        let hb = ctxpod_format::record::HEADER_BYTES as u64;
+        for &i in bad.iter().chain([lone].iter()) {
+            common::flip(&dev, recs[&r2_key(i)].0 + hb + 100);
+        }
+        dev.sync_all().unwrap();
+    }
+    let text = |node: &Node| {
+        let c = node.client.clone();
+        async move { c.metrics().await.unwrap() }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = text(&nodes[0]).await;
+        let (repaired, lost) = (
+            metric_of(&m, "ctxpod_scrub_repaired_total"),
+            metric_of(&m, "ctxpod_scrub_lost_total"),
+        );
+        if repaired >= 3.0 && lost >= 1.0 {
+            assert_eq!((repaired, lost), (3.0, 1.0), "only the flipped copies");
+            assert!(metric_of(&m, "ctxpod_scrub_read_bytes_total") > 0.0);
+            assert!(metric_of(&m, "ctxpod_scrub_last_pass_timestamp_seconds") > 0.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scrub repaired {repaired} and lost {lost} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The others' passes find nothing bad.
+    for other in &nodes[1..] {
+        common::eventually(
+            Duration::from_secs(30),
+            "a scrub pass on b and c",
+            async || {
+                let m = text(other).await;
+                metric_of(&m, "ctxpod_scrub_records_total{outcome=\"good\"}") > 0.0
+            },
+        )
+        .await;
+        let m = text(other).await;
+        assert_eq!(
+            metric_of(&m, "ctxpod_scrub_records_total{outcome=\"bad\"}"),
+            0.0
+        );
+        assert_eq!(metric_of(&m, "ctxpod_scrub_repaired_total"), 0.0);
+    }
+    // From a's own flash, after a restart: every block it held, byte-exact; the lost one a
+    // miss.
+    nodes[0].kill9();
+    nodes[0].restart().await;
+    let routed = |key: Vec<u8>, ns: &'static str| {
+        nodes[0]
+            .request(
+                reqwest::Method::GET,
+                &format!("/v1/namespaces/{ns}/blocks/{}", hex::encode(key)),
+            )
+            .header(ctxpod_wire::HEADER_ROUTED, "test")
+            .send()
+    };
+    for i in (0..n).filter(|&i| held[i as usize]) {
+        let r = routed(r2_key(i), "r2").await.unwrap();
+        assert_eq!(r.status(), 200, "block {i} on a");
+        assert_eq!(r.bytes().await.unwrap(), r2_data(i), "block {i} on a");
+    }
+    let r = routed(r2_key(lone), "default").await.unwrap();
+    assert_eq!(r.status(), 404, "the lost block is a miss, not wrong bytes");
+    for i in 0..n {
+        assert_eq!(pc.get("r2", &r2_key(i)).await.unwrap(), Some(r2_data(i)));
+    }
+}
+
+/// Re-replication: R = 2 on three nodes holding 1,000 blocks; c is killed for good and
+/// leaves every view when its lease runs out; the backfill passes of a and b, started by
+/// that change of view, make every block's two copies again (with two members left, each
+/// holds every block: counted from their own listings), while a reader through the pod
+/// client never misses and never reads wrong bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lost_for_good_is_re_replicated_while_reads_never_miss() {
+    let n = 1000u64;
+    let extra = "replication = 2\nbackfill_interval_s = 600\n";
+    let (_ground, mut nodes, pc, keys) = pod_holding("rr", extra, n).await;
+    let before = lacking(&nodes, &keys).await;
+    // Two copies of 1,000 blocks over three members: 2,000 held, 1,000 lacking.
+    assert_eq!(
+        before.iter().map(|l| n as usize - l).sum::<usize>(),
+        2 * n as usize
+    );
+    let pc = Arc::new(pc);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (pc, stop) = (pc.clone(), stop.clone());
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let (mut reads, mut failures) = (0u64, Vec::new());
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && t0.elapsed() < Duration::from_secs(120)
+            {
+                i = (i + 7919) % n;
+                reads += 1;
+                match pc.get("default", &r2_key(i)).await {
+                    Ok(Some(b)) if b == r2_data(i) => {}
+                    other => failures
+                        .push((i, format!("{other:?}").chars().take(60).collect::<String>())),
+                }
+            }
+            (reads, failures)
+        })
+    };
+    let copied_before: f64 = {
+        let mut s = 0.0;
+        for node in &nodes[..2] {
+            s += metric_of(
+                &node.client.metrics().await.unwrap(),
+                "ctxpod_backfill_copied_bytes_total",
+            );
+        }
+        s
+    };
+    let t0 = Instant::now();
+    kill_until_gone(&mut nodes, 2).await;
+    let gone_after = t0.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = lacking(&nodes[..2], &keys).await;
+        if left == [0, 0] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a and b still lack {left:?} of {n} blocks 90 s after c left"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let whole_after = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, failures) = reader.await.unwrap();
+    no_read_failed(reads, &failures);
+    let mut copied = -copied_before;
+    for node in &nodes[..2] {
+        copied += metric_of(
+            &node.client.metrics().await.unwrap(),
+            "ctxpod_backfill_copied_bytes_total",
+        );
+    }
+    let repair_s = (whole_after - gone_after).as_secs_f64();
+    eprintln!(
+        "re-replication: c gone from the view {gone_after:.1?} after kill -9; 2 copies of \
+         all {n} blocks {whole_after:.1?} after it; {copied} bytes copied in {repair_s:.1} s \
+         ({:.1} MB/s, settle included); {reads} reads meanwhile, 0 failed",
+        copied / repair_s / 1e6
+    );
+}
+
+/// How many of `keys` (in `default`) each node does not hold itself.
+async fn lacking(nodes: &[Node], keys: &[Vec<u8>]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for node in nodes {
+        let held = held_here(node, "default", keys).await;
+        out.push(held.iter().filter(|h| !**h).count());
+    }
+    out
 }

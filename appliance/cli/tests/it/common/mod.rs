@@ -113,6 +113,14 @@ impl Node {
         Self::start_configured_with(dir, args, config, &[], how, https).await
     }
 
+    /// A node (256 MiB) whose scrub passes start every second, reading at most
+    /// `bytes_per_s` (e.g. `"64MiB"`).
+    pub async fn scrubbing(dir: &Path, bytes_per_s: &str) -> Node {
+        let config = format!("[scrub]\ninterval_s = 1\nbytes_per_s = \"{bytes_per_s}\"\n");
+        let args = ["--capacity", "256MiB"];
+        Self::start_configured(dir, &args, &config, Connect::default(), false).await
+    }
+
     /// [`Node::start_configured`] with extra environment.
     pub async fn start_configured_with(
         dir: &Path,
@@ -329,6 +337,16 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The value of the series `name` (with its labels, as printed) in a `/metrics` text; 0
+/// when absent.
+pub fn metric_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Bytes used by the files under `dir` (allocated blocks, like `du`).
