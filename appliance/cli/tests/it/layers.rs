@@ -4,8 +4,10 @@
 //! - what a layer must never link, through any path of normal dependencies: no HTTP server
 //!   framework (axum) below the node, no HTTP at all in the engine, no runtime (tokio) and
 //!   no I/O client in the wire contract or the formats, no RocksDB in the clients;
-//! - no import cycle between the top-level modules of a crate (`crate::m` paths, and
-//!   `super::m` in a top-level module, outside comments);
+//! - no import cycle between the modules of a crate, at its top level and among the
+//!   children of every module with a directory (`crate::path::m` paths, and `super::m` in
+//!   a module's own file, outside comments; what a module takes from its parent is no
+//!   edge);
 //! - the top level is the design card's (`api/`, `appliance/`, `firmware-sim/`, `helm/`,
 //!   `docs/`, and beside them only bench/, scripts/, examples/), every crate lives in one of
 //!   the first three, and dependencies point one way: api ← appliance → firmware-sim.
@@ -246,44 +248,36 @@ fn the_layering_check_catches_an_upward_edge_and_a_forbidden_link() {
 
 /// The top-level modules of the crate in `src` and the ones each refers to.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut files: BTreeMap<String, Vec<(PathBuf, bool)>> = BTreeMap::new();
-    for e in std::fs::read_dir(src).expect("read src").flatten() {
-        let p = e.path();
-        let name = e.file_name().to_string_lossy().to_string();
-        if let Some(m) = name.strip_suffix(".rs") {
-            if m != "lib" && m != "main" {
-                files.entry(m.to_string()).or_default().push((p, true));
-            }
-        } else if p.is_dir() {
-            let mut stack = vec![p.clone()];
-            while let Some(d) = stack.pop() {
-                for f in std::fs::read_dir(&d).expect("read dir").flatten() {
-                    let fp = f.path();
-                    if fp.is_dir() {
-                        stack.push(fp);
-                    } else if fp.extension().is_some_and(|x| x == "rs") {
-                        let top = fp == p.join("mod.rs");
-                        files.entry(name.clone()).or_default().push((fp, top));
-                    }
-                }
-            }
-        }
-    }
+    module_graph_at(src, "")
+}
+
+/// The modules declared in directory `dir` (the module at `path`, `""` for the crate's
+/// root: `src`) and which of their siblings each refers to: `crate::<path>::m` paths
+/// anywhere in a module's files, and `super::m` in its own file (where `super` is the
+/// module at `path`), outside comments. References to the parent itself are not edges:
+/// a module may use what its parent declares.
+fn module_graph_at(dir: &Path, path: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let files = module_files(dir);
     let modules: BTreeSet<String> = files.keys().cloned().collect();
+    let absolute = if path.is_empty() {
+        "crate::".to_string()
+    } else {
+        format!("crate::{path}::")
+    };
     let mut graph = BTreeMap::new();
     for (m, fs) in &files {
         let mut refs = BTreeSet::new();
         for (f, top) in fs {
             let text = std::fs::read_to_string(f).expect("read a source file");
             for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-                let mut prefixes = vec!["crate::"];
+                let mut prefixes = vec![absolute.as_str()];
                 if *top {
                     prefixes.push("super::");
                 }
                 for prefix in prefixes {
                     for (i, _) in line.match_indices(prefix) {
                         let before = line[..i].chars().next_back();
-                        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
                             continue;
                         }
                         let rest = &line[i + prefix.len()..];
@@ -301,6 +295,57 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         graph.insert(m.clone(), refs);
     }
     graph
+}
+
+/// The modules declared in `dir` (`m.rs`, `m/`, or both), each with its files and whether
+/// each is the module's own file (`m.rs`, `m/mod.rs`) rather than one of its submodules'.
+fn module_files(dir: &Path) -> BTreeMap<String, Vec<(PathBuf, bool)>> {
+    let mut files: BTreeMap<String, Vec<(PathBuf, bool)>> = BTreeMap::new();
+    for e in std::fs::read_dir(dir).expect("read src").flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(m) = name.strip_suffix(".rs") {
+            if !["lib", "main", "mod"].contains(&m) {
+                files.entry(m.to_string()).or_default().push((p, true));
+            }
+        } else if p.is_dir() {
+            let mut stack = vec![p.clone()];
+            while let Some(d) = stack.pop() {
+                for f in std::fs::read_dir(&d).expect("read dir").flatten() {
+                    let fp = f.path();
+                    if fp.is_dir() {
+                        stack.push(fp);
+                    } else if fp.extension().is_some_and(|x| x == "rs") {
+                        let top = fp == p.join("mod.rs");
+                        files.entry(name.clone()).or_default().push((fp, top));
+                    }
+                }
+            }
+        }
+    }
+    files
+}
+
+/// Every module graph of the crate in `src`: its top level, and the children of each
+/// module that has a directory, at every depth; by the module's path.
+fn module_graphs(src: &Path) -> Vec<(String, BTreeMap<String, BTreeSet<String>>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![(src.to_path_buf(), String::new())];
+    while let Some((dir, path)) = todo.pop() {
+        for e in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            if e.path().is_dir() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let child = if path.is_empty() {
+                    name
+                } else {
+                    format!("{path}::{name}")
+                };
+                todo.push((e.path(), child));
+            }
+        }
+        out.push((path.clone(), module_graph_at(&dir, &path)));
+    }
+    out
 }
 
 /// A cycle in `graph`, as the modules along it, if there is one.
@@ -348,8 +393,11 @@ fn no_crate_has_an_import_cycle_between_its_modules() {
         }
         let src = manifest.parent().expect("a crate's directory").join("src");
         crates += 1;
-        if let Some(c) = cycle(&module_graph(&src)) {
-            found.push(format!("{}: {}", p["name"], c.join(" -> ")));
+        for (path, g) in module_graphs(&src) {
+            if let Some(c) = cycle(&g) {
+                let at = if path.is_empty() { "crate" } else { &path };
+                found.push(format!("{} ({at}): {}", p["name"], c.join(" -> ")));
+            }
         }
     }
     assert!(crates >= LAYERS.len(), "looked at {crates} crates");
@@ -386,6 +434,28 @@ fn the_cycle_check_finds_a_cycle_through_three_modules() {
     );
     std::fs::write(src.join("c.rs"), "fn f() {}").expect("write");
     assert_eq!(cycle(&module_graph(src)), None);
+    // Inside a module: siblings under b/ that use each other, one by `super::`, one by
+    // its absolute path; what they take from their parent is no edge.
+    std::fs::write(
+        src.join("b/mod.rs"),
+        "mod x; mod y; pub(crate) fn shared() {}",
+    )
+    .expect("write");
+    std::fs::write(src.join("b/x.rs"), "use super::y::Y; use super::shared;").expect("write");
+    std::fs::write(
+        src.join("b/y.rs"),
+        "fn f() { crate::b::x::g(); super::shared() }",
+    )
+    .expect("write");
+    let nested = module_graphs(src);
+    let (_, g) = nested.iter().find(|(p, _)| p == "b").expect("b's graph");
+    assert_eq!(
+        cycle(g),
+        Some(vec!["x", "y", "x"].into_iter().map(String::from).collect())
+    );
+    std::fs::write(src.join("b/y.rs"), "fn f() { super::shared() }").expect("write");
+    let nested = module_graphs(src);
+    assert!(nested.iter().all(|(_, g)| cycle(g).is_none()), "{nested:?}");
 }
 
 /// The top level of the repository (issue #33, point 4; `../shared/DESIGN.md`, "Layout"):

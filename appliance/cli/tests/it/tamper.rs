@@ -577,6 +577,17 @@ async fn scrub_finds_a_flipped_record_no_client_read() {
     .await
     .expect("an evicted event within 60 s");
     assert_eq!(&evicted[..], &key(4)[..]);
+    // The event goes out as the quarantine is indexed; scrub counts the record after.
+    let c = node.client.clone();
+    common::eventually(
+        std::time::Duration::from_secs(10),
+        "scrub counts it",
+        async || {
+            let m = c.metrics().await.expect("metrics");
+            m.contains("ctxpod_scrub_lost_total 1")
+        },
+    )
+    .await;
     let m = node.client.metrics().await.expect("metrics");
     for line in [
         "ctxpod_scrub_records_total{outcome=\"bad\"} 1",

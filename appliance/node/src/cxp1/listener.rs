@@ -19,8 +19,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::conn::{Activity, Conn, Out, Rd, Wr};
+use super::error;
 use super::handshake::{access_of_op, authenticate, refuse, scope_request};
-use super::ops::{error, get, handle, handle_put, read_put, Parsed};
+use super::ops::{get, handle, handle_put, read_put, Parsed};
 use super::{
     HELLO_TIMEOUT, INFLIGHT_PER_CONNECTION, MAX_FRAME_BYTES, OUT_BYTES_PER_CONNECTION,
     STAGING_PER_CONNECTION, WRITE_BATCH_BYTES, WRITE_BATCH_FRAMES,

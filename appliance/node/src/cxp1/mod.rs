@@ -22,7 +22,20 @@ pub use handshake::access_of_op;
 pub use listener::serve;
 pub use prefetch::CANCELLED;
 
+use bytes::Bytes;
+use ctxpod_engine::EngineError;
+use ctxpod_wire::proto::{Op, Response};
 use std::time::Duration;
+
+/// The CXP1 status of an engine error (the HTTP status's number).
+pub(crate) fn code(e: &EngineError) -> u16 {
+    crate::errors::status_of(e).0.as_u16()
+}
+
+/// An `Error` answer to request `id` of `op`: its frame.
+pub(crate) fn error(op: Op, id: u64, st: u16, msg: impl Into<String>) -> Vec<Bytes> {
+    vec![Response::Error(msg.into()).encode(op, st, id)]
+}
 
 /// Requests one connection runs at once; more are answered BUSY.
 pub const INFLIGHT_PER_CONNECTION: usize = 32;

@@ -13,16 +13,8 @@ use std::time::Duration;
 use super::conn::Conn;
 use super::prefetch::{prefetch, Prefetch};
 use super::subscribe::subscription;
-use super::REGIONS_PER_CONNECTION;
+use super::{code, error, REGIONS_PER_CONNECTION};
 use tokio::time::Instant;
-
-pub(crate) fn code(e: &EngineError) -> u16 {
-    crate::errors::status_of(e).0.as_u16()
-}
-
-pub(crate) fn error(op: Op, id: u64, st: u16, msg: impl Into<String>) -> Vec<Bytes> {
-    vec![Response::Error(msg.into()).encode(op, st, id)]
-}
 
 /// The response's frame (as pieces), or `None` when the handler sends its own frames.
 pub(crate) async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> Option<Vec<Bytes>> {

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::conn::Conn;
-use super::ops::{code, error};
-use super::STAGE_AHEAD;
+use super::{code, error, STAGE_AHEAD};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
