@@ -356,6 +356,12 @@ pub struct PodConfig {
     pub backfill_interval_s: u64,
     /// Most bytes per second a backfill pass sends.
     pub backfill_bytes_per_s: ByteSize,
+    /// Seconds a member gone from the view (its lease ran out: killed, partitioned,
+    /// restarting) may stay away before the others copy its blocks to the members that now
+    /// rank for them. A member back within it costs only what was written meanwhile; a rolling
+    /// restart does not copy the pod over. Drained members and joins do not wait. 0: copy at
+    /// once.
+    pub repair_grace_s: u64,
     /// Seconds a block delete is remembered in etcd (a tombstone under
     /// `/ctxpod/<name>/tombstones/`), so that a member that was away when it was deleted
     /// deletes its copy on return and no backfill or read repair writes it back. A node that
@@ -405,6 +411,7 @@ impl Default for PodConfig {
             peer_ca_file: None,
             backfill_interval_s: 300,
             backfill_bytes_per_s: ByteSize(64 << 20),
+            repair_grace_s: 60,
             tombstone_retention_s: 86_400,
             tombstones_max: 1_000_000,
         }
@@ -440,6 +447,10 @@ impl PodConfig {
         anyhow::ensure!(
             self.backfill_bytes_per_s.0 >= 1 << 20,
             "pod.backfill_bytes_per_s must be at least 1 MiB"
+        );
+        anyhow::ensure!(
+            self.repair_grace_s <= 86_400,
+            "pod.repair_grace_s must be within 0..=86400 (a day)"
         );
         anyhow::ensure!(
             (10..=30 * 86_400).contains(&self.tombstone_retention_s),

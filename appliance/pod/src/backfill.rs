@@ -19,7 +19,10 @@
 //! first R (written there while they were away, or held from before a join) is copied to
 //! them too, and stays where it is until evicted: a read finds it at the first member.
 //!
-//! A pass runs every `pod.backfill_interval_s` and soon after each change of the view, and
+//! A pass runs every `pod.backfill_interval_s` and soon after each change of the view — when
+//! a member left the view, only once it stayed away `pod.repair_grace_s` (a member back
+//! within it gets what it missed; one that stays away has every block it held copied to
+//! the members that now rank for it: re-replication) — and
 //! back to back while this node drains ([`super::drain`]) until one copies nothing;
 //! when the view changes during a pass, the pass stops and the next one starts over with
 //! the new view. Requests carry `x-ctxpod-forwarded-by` (the member stores them itself)
@@ -60,6 +63,18 @@ pub struct Backfill {
     /// The pod's block deletes: a tombstoned block is never copied (and a member refuses
     /// the copy anyway).
     pub tombstones: Option<Arc<super::tombstones::Tombstones>>,
+    /// How long a member gone from the view may stay away before its blocks are copied
+    /// again (`pod.repair_grace_s`).
+    pub grace: Duration,
+}
+
+/// The ids of the members up in `view`.
+fn up_members(view: &super::membership::PodView) -> std::collections::BTreeSet<String> {
+    view.members
+        .iter()
+        .filter(|m| m.state == super::membership::MemberState::Up)
+        .map(|m| m.id.clone())
+        .collect()
 }
 
 impl Backfill {
@@ -72,6 +87,9 @@ impl Backfill {
         tokio::spawn(async move {
             let mut changes = self.membership.subscribe();
             let mut again = false;
+            // The members up in the view of the last pass (a draining one leaves on
+            // purpose, its blocks copied already).
+            let mut seen = up_members(&self.membership.view());
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -79,16 +97,13 @@ impl Backfill {
                     _ = std::future::ready(()), if again => {}
                     _ = self.drain.kick.notified() => {}
                     r = changes.changed() => {
-                        if r.is_err() {
+                        if r.is_err() || !self.settle(&mut changes, &seen, &stop).await {
                             return;
-                        }
-                        tokio::select! {
-                            _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(SETTLE) => {}
                         }
                     }
                 }
                 changes.borrow_and_update();
+                seen = up_members(&self.membership.view());
                 again = false;
                 let m = self.metrics.clone();
                 // A pass counts for the drain when its view has this node draining and
@@ -140,6 +155,69 @@ impl Backfill {
                 m.backfill_last_pass.set(super::membership::unix_now());
             }
         })
+    }
+
+    /// After a change of the view: waits [`SETTLE`] (members often come in bursts) or, when
+    /// a member of `seen` is gone, `pod.repair_grace_s` for it to come back (shorter if it
+    /// does). False when told to stop.
+    async fn settle(
+        &self,
+        changes: &mut tokio::sync::watch::Receiver<Arc<super::membership::PodView>>,
+        seen: &std::collections::BTreeSet<String>,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> bool {
+        let gone = |now: &std::collections::BTreeSet<String>| -> Vec<String> {
+            seen.difference(now).cloned().collect()
+        };
+        let now = self
+            .membership
+            .view()
+            .members
+            .iter()
+            .map(|m| m.id.clone())
+            .collect();
+        let left = gone(&now);
+        if left.is_empty() || self.grace.is_zero() {
+            return tokio::select! {
+                _ = stop.cancelled() => false,
+                _ = tokio::time::sleep(SETTLE) => true,
+            };
+        }
+        let until = tokio::time::Instant::now() + self.grace.max(SETTLE);
+        let m = &self.metrics;
+        m.backfill_grace_until
+            .set(super::membership::unix_now() + self.grace.max(SETTLE).as_secs() as i64);
+        tracing::info!(
+            gone = ?left,
+            grace_s = self.grace.as_secs(),
+            "members left the view: their blocks are copied again unless they return within the grace"
+        );
+        let go_on = loop {
+            tokio::select! {
+                _ = stop.cancelled() => break false,
+                _ = tokio::time::sleep_until(until) => break true,
+                r = changes.changed() => {
+                    if r.is_err() {
+                        break false;
+                    }
+                    let now: std::collections::BTreeSet<String> = changes
+                        .borrow_and_update()
+                        .members
+                        .iter()
+                        .map(|m| m.id.clone())
+                        .collect();
+                    if left.iter().all(|id| now.contains(id)) {
+                        // Back within the grace: a pass brings it what it missed.
+                        break tokio::select! {
+                            _ = stop.cancelled() => false,
+                            _ = tokio::time::sleep(SETTLE) => true,
+                        };
+                    }
+                }
+            }
+        };
+        m.backfill_grace_until.set(0);
+        go_on
     }
 
     /// One pass over every namespace (see the module's documentation).

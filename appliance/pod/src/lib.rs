@@ -303,6 +303,7 @@ impl Pod {
             drain: self.drain.clone(),
             tombstones: self.tombstones.as_ref().map(|(t, _)| t.clone()),
             metrics: self.metrics.clone(),
+            grace: Duration::from_secs(p.repair_grace_s),
         }
         .spawn(
             Duration::from_secs(p.backfill_interval_s),

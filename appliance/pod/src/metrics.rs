@@ -17,6 +17,9 @@ pub struct PodMetrics {
     pub backfill_failed: IntCounter,
     /// Unix time the last backfill pass ended (0: none yet).
     pub backfill_last_pass: IntGauge,
+    /// Unix time until which backfill waits before copying the blocks of a member that
+    /// left the view (`pod.repair_grace_s`); 0 when it waits for none.
+    pub backfill_grace_until: IntGauge,
     /// Block tombstones this node knows of (the pod's deletes still remembered in etcd).
     pub pod_tombstones: IntGauge,
     /// Tombstones applied here, by outcome (`deleted`: this node held the block and
@@ -80,6 +83,11 @@ impl PodMetrics {
                 r,
                 "ctxpod_backfill_last_pass_timestamp_seconds",
                 "Unix time the last backfill pass ended (0: none yet)",
+            ),
+            backfill_grace_until: gauge(
+                r,
+                "ctxpod_backfill_grace_until_timestamp_seconds",
+                "Unix time until which backfill waits for a member that left to come back (0: none)",
             ),
             pod_tombstones: gauge(
                 r,

@@ -2253,14 +2253,15 @@ async fn scrub_repairs_a_bad_copy_from_a_good_one_and_counts_the_lost() {
 }
 
 /// Re-replication: R = 2 on three nodes holding 1,000 blocks; c is killed for good and
-/// leaves every view when its lease runs out; the backfill passes of a and b, started by
-/// that change of view, make every block's two copies again (with two members left, each
+/// leaves every view when its lease runs out; once it stayed away its grace
+/// (`pod.repair_grace_s`, 3 s here), the backfill passes of a and b make every block's two
+/// copies again (with two members left, each
 /// holds every block: counted from their own listings), while a reader through the pod
 /// client never misses and never reads wrong bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lost_for_good_is_re_replicated_while_reads_never_miss() {
     let n = 1000u64;
-    let extra = "replication = 2\nbackfill_interval_s = 600\n";
+    let extra = "replication = 2\nbackfill_interval_s = 600\nrepair_grace_s = 3\n";
     let (_ground, mut nodes, pc, keys) = pod_holding("rr", extra, n).await;
     let before = lacking(&nodes, &keys).await;
     // Two copies of 1,000 blocks over three members: 2,000 held, 1,000 lacking.
@@ -2303,6 +2304,14 @@ async fn a_member_lost_for_good_is_re_replicated_while_reads_never_miss() {
     let t0 = Instant::now();
     kill_until_gone(&mut nodes, 2).await;
     let gone_after = t0.elapsed();
+    // a and b wait out c's grace before copying (`pod.repair_grace_s`), and say so.
+    let grace = "ctxpod_backfill_grace_until_timestamp_seconds";
+    common::eventually(
+        Duration::from_secs(10),
+        "a waits out c's grace",
+        async || metric_of(&nodes[0].client.metrics().await.unwrap(), grace) > 0.0,
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let left = lacking(&nodes[..2], &keys).await;
