@@ -68,6 +68,27 @@ pub struct Backfill {
     pub grace: Duration,
 }
 
+/// The next page of at most `n` keys this node holds on flash in namespace `scoped`, after
+/// `after` (which it advances); `None` at the end, or when the namespace was deleted
+/// meanwhile.
+pub(crate) fn next_keys(
+    engine: &Engine,
+    scoped: &str,
+    after: &mut Option<Vec<u8>>,
+    n: usize,
+) -> anyhow::Result<Option<Vec<Vec<u8>>>> {
+    let keys = match engine.keys_after(scoped, after.as_deref(), n) {
+        Ok(k) => k,
+        Err(EngineError::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(last) = keys.last() else {
+        return Ok(None);
+    };
+    *after = Some(last.clone());
+    Ok(Some(keys))
+}
+
 /// The ids of the members up in `view`.
 fn up_members(view: &super::membership::PodView) -> std::collections::BTreeSet<String> {
     view.members
@@ -238,17 +259,9 @@ impl Backfill {
                     report.restarted = true;
                     return Ok(report);
                 }
-                let keys = match self
-                    .engine
-                    .keys_after(&scoped, after.as_deref(), SCAN_BATCH)
-                {
-                    Ok(k) => k,
-                    // Deleted during the pass.
-                    Err(EngineError::NotFound(_)) => break,
-                    Err(e) => return Err(e.into()),
+                let Some(keys) = next_keys(&self.engine, &scoped, &mut after, SCAN_BATCH)? else {
+                    break;
                 };
-                let Some(last) = keys.last() else { break };
-                after = Some(last.clone());
                 report.scanned += keys.len() as u64;
                 self.metrics.backfill_scanned.inc_by(keys.len() as u64);
                 let mut wants: BTreeMap<&str, (&MemberInfo, Vec<usize>)> = BTreeMap::new();

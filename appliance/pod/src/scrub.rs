@@ -79,28 +79,21 @@ impl Scrub {
                     _ = stop.cancelled() => return,
                     r = self.pass() => r,
                 };
-                match outcome {
+                let kind = match &outcome {
+                    Ok(r) if r.bad > 0 => {
+                        tracing::warn!(report = ?r, "scrub pass found bad copies");
+                        "done"
+                    }
                     Ok(r) => {
-                        m.scrub_passes.with_label_values(&["done"]).inc();
-                        let level = if r.bad > 0 {
-                            "found bad copies"
-                        } else {
-                            "clean"
-                        };
-                        tracing::info!(
-                            good = r.good,
-                            bad = r.bad,
-                            repaired = r.repaired,
-                            lost = r.lost,
-                            bytes = r.bytes,
-                            "scrub pass: {level}"
-                        );
+                        tracing::info!(report = ?r, "scrub pass: clean");
+                        "done"
                     }
                     Err(e) => {
-                        m.scrub_passes.with_label_values(&["failed"]).inc();
                         tracing::warn!("scrub pass failed: {e:#}");
+                        "failed"
                     }
-                }
+                };
+                m.scrub_passes.with_label_values(&[kind]).inc();
                 m.scrub_last_pass.set(super::membership::unix_now());
             }
         })
@@ -120,17 +113,11 @@ impl Scrub {
             let r = info.replication.map_or(self.replication, |r| r as usize);
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let keys = match self
-                    .engine
-                    .keys_after(&scoped, after.as_deref(), SCAN_BATCH)
-                {
-                    Ok(k) => k,
-                    // Deleted during the pass.
-                    Err(EngineError::NotFound(_)) => break,
-                    Err(e) => return Err(e.into()),
+                let Some(keys) =
+                    super::backfill::next_keys(&self.engine, &scoped, &mut after, SCAN_BATCH)?
+                else {
+                    break;
                 };
-                let Some(last) = keys.last() else { break };
-                after = Some(last.clone());
                 for k in &keys {
                     self.scrub_one(&scoped, r, k, &mut throttle, &mut report)
                         .await?;
