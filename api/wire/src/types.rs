@@ -208,6 +208,33 @@ pub struct Stats {
     /// Prometheus): the difference of two readings gives the percentiles between them.
     #[serde(default)]
     pub latency: Vec<OpLatency>,
+    /// The node's background passes: scrub and backfill (re-replication).
+    #[serde(default)]
+    pub background: BackgroundStats,
+}
+
+/// How far the node's background passes are (`/v1/stats`, `ctxpod stat`): scrub's running
+/// pass, what scrub found since the start, and backfill (the copies that restore R).
+/// Times are Unix seconds, 0 for never.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackgroundStats {
+    /// Records the running scrub pass checked so far, of those on flash when it began.
+    pub scrub_pass_records: u64,
+    pub scrub_pass_total_records: u64,
+    pub scrub_last_pass_unix: u64,
+    /// Since the start: records scrub found bad, bad copies stored again from another
+    /// member, and bad copies with no good copy anywhere (lost).
+    pub scrub_bad_records: u64,
+    pub scrub_repaired: u64,
+    pub scrub_lost: u64,
+    pub backfill_last_pass_unix: u64,
+    /// Since the start: blocks backfill copied to members that should hold them, and
+    /// copies it could not make.
+    pub backfill_copied_blocks: u64,
+    pub backfill_failed_copies: u64,
+    /// Until when backfill waits for a member that left the view to come back before
+    /// copying its blocks again (`pod.repair_grace_s`); 0 when it waits for none.
+    pub repair_grace_until_unix: u64,
 }
 
 /// One operation's request-latency histogram.

@@ -89,6 +89,7 @@ impl Engine {
             // The request-latency histograms are the server's: `server::node_stats`.
             latency_bounds_s: Vec::new(),
             latency: Vec::new(),
+            background: Default::default(),
         }
     }
 }

@@ -49,6 +49,23 @@ pub struct PodMetrics {
 }
 
 impl PodMetrics {
+    /// What `/v1/stats` reports of the background passes, read from these series.
+    pub fn background(&self) -> ctxpod_wire::types::BackgroundStats {
+        let g = |v: &IntGauge| v.get().max(0) as u64;
+        ctxpod_wire::types::BackgroundStats {
+            scrub_pass_records: g(&self.scrub_pass_records),
+            scrub_pass_total_records: g(&self.scrub_pass_total),
+            scrub_last_pass_unix: g(&self.scrub_last_pass),
+            scrub_bad_records: self.scrub_records.with_label_values(&["bad"]).get(),
+            scrub_repaired: self.scrub_repaired.get(),
+            scrub_lost: self.scrub_lost.get(),
+            backfill_last_pass_unix: g(&self.backfill_last_pass),
+            backfill_copied_blocks: self.backfill_copied_blocks.get(),
+            backfill_failed_copies: self.backfill_failed.get(),
+            repair_grace_until_unix: g(&self.backfill_grace_until),
+        }
+    }
+
     /// The pod's series, registered in `r`.
     pub fn new(r: &Registry) -> PodMetrics {
         PodMetrics {

@@ -589,6 +589,13 @@ async fn scrub_finds_a_flipped_record_no_client_read() {
     )
     .await;
     let m = node.client.metrics().await.expect("metrics");
+    let bg = node.client.stats().await.expect("stats").background;
+    assert_eq!(
+        (bg.scrub_bad_records, bg.scrub_lost, bg.scrub_repaired),
+        (1, 1, 0),
+        "{bg:?}"
+    );
+    assert!(bg.scrub_pass_total_records >= 9, "{bg:?}");
     for line in [
         "ctxpod_scrub_records_total{outcome=\"bad\"} 1",
         "ctxpod_scrub_lost_total 1",

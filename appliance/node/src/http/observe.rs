@@ -161,6 +161,7 @@ pub(crate) fn node_stats(st: &AppState) -> Stats {
     s.latency = st.metrics.latency_by_op();
     s.received_bytes = st.metrics.received_bytes.get();
     s.sent_bytes = st.metrics.sent_bytes.get();
+    s.background = st.pod_metrics.background();
     s
 }
 

@@ -125,6 +125,7 @@ pub fn router(
         replication: pod.replication,
         drain: pod.drain.clone(),
         tombstones: pod.tombstones.as_ref().map(|(t, _)| t.clone()),
+        pod_metrics: pod.metrics.clone(),
     };
     routes()
         .into_router()

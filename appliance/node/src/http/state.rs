@@ -41,6 +41,8 @@ pub struct AppState {
     pub drain: Arc<ctxpod_pod::drain::Drain>,
     /// The pod's block deletes (`None`: no etcd).
     pub tombstones: Option<Arc<ctxpod_pod::tombstones::Tombstones>>,
+    /// The pod's series (backfill, scrub), for `/v1/stats`.
+    pub pod_metrics: Arc<ctxpod_pod::metrics::PodMetrics>,
 }
 
 impl AppState {
