@@ -28,6 +28,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class NodeExited(Exception):
+    """A node's process ended while it was awaited: waiting longer cannot help."""
+
+
+class PortTaken(NodeExited):
+    """A node exited at start because one of its ports was taken meanwhile."""
+
+
 def wait_for(what: str, ok, timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     last = None
@@ -35,6 +43,8 @@ def wait_for(what: str, ok, timeout: float = WAIT_S) -> None:
         try:
             if ok():
                 return
+        except NodeExited:
+            raise
         except Exception as e:  # noqa: BLE001 (not up yet)
             last = e
         time.sleep(0.1)
@@ -91,10 +101,7 @@ class Node:
                  ca: Path | None = None, client: tuple[Path, Path] | None = None) -> None:
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port, self.tport, self.s3port = free_port(), free_port(), free_port()
-        self.http = f"{scheme}://127.0.0.1:{self.port}"
-        #: The node's S3 door (every test node serves one).
-        self.s3 = f"{scheme}://127.0.0.1:{self.s3port}"
+        self._scheme, self._extra, self._pod_lines = scheme, extra, pod
         self.ssl = None
         if ca is not None:
             import ssl
@@ -102,27 +109,52 @@ class Node:
             self.ssl = ssl.create_default_context(cafile=str(ca))
             if client is not None:
                 self.ssl.load_cert_chain(str(client[0]), str(client[1]))
-        self.transfer = f"127.0.0.1:{self.tport}"
         self.config = self.dir / "node.toml"
+        self.proc: subprocess.Popen | None = None
+        # A port free when picked may be taken before the node binds it (another test's
+        # connection got it as its source port): then the node exits saying so, and starts
+        # again on other ports. A restart (`start`) keeps its ports.
+        for attempt in range(5):
+            self._pick_ports()
+            try:
+                self.start()
+                return
+            except PortTaken:
+                if attempt == 4:
+                    raise
+
+    def _pick_ports(self) -> None:
+        self.port, self.tport, self.s3port = free_port(), free_port(), free_port()
+        self.http = f"{self._scheme}://127.0.0.1:{self.port}"
+        #: The node's S3 door (every test node serves one).
+        self.s3 = f"{self._scheme}://127.0.0.1:{self.s3port}"
+        self.transfer = f"127.0.0.1:{self.tport}"
         self.config.write_text(
             f'data_dir = "{self.dir}/data"\nlisten = "127.0.0.1:{self.port}"\n'
             f'transfer_listen = "127.0.0.1:{self.tport}"\ns3_listen = "127.0.0.1:{self.s3port}"\n'
             f'capacity = "256MiB"\n'
-            f'dram = "32MiB"\nlog = "warn"\n{extra}\n{pod}'
+            f'dram = "32MiB"\nlog = "warn"\n{self._extra}\n{self._pod_lines}'
         )
-        self.proc: subprocess.Popen | None = None
-        self.start()
 
     def start(self) -> None:
         self.log = open(self.dir / "node.log", "a")
+        log_from = self.log.tell()
         env = dict(os.environ, CTXPOD_ZERO_FILL="false")
         self.proc = subprocess.Popen(
             [BIN, "serve", "--config", str(self.config)], stdout=subprocess.DEVNULL, stderr=self.log, env=env
         )
-        wait_for(
-            f"node {self.dir.name}",
-            lambda: urllib.request.urlopen(self.http + "/readyz", timeout=2, context=self.ssl).status == 200,
-        )
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                self.log.close()
+                said = (self.dir / "node.log").read_text()[log_from:]
+                self.proc = None
+                if "Address already in use" in said:
+                    raise PortTaken(said)
+                raise NodeExited(f"node {self.dir.name} exited at start:\n{said[-2000:]}")
+            return urllib.request.urlopen(self.http + "/readyz", timeout=2, context=self.ssl).status == 200
+
+        wait_for(f"node {self.dir.name}", ready)
 
     def stop(self) -> None:
         if self.proc is None:

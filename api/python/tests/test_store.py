@@ -540,3 +540,29 @@ def test_version_and_constants():
     assert ctxpod.__version__.count(".") == 2
     assert ctxpod.KEY_BYTES_MAX == 128 and ctxpod.BLOCK_BYTES_MAX == 8 << 20
     assert os.path.exists(os.path.join(os.path.dirname(ctxpod.__file__), "py.typed"))
+
+
+def test_a_test_node_whose_port_was_taken_starts_on_others(root, monkeypatch):
+    """The harness: a port taken between picking it and the node binding it (another
+    test's connection got it) makes the node exit saying so; it starts on other ports."""
+    import socket
+
+    import conftest
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    real = conftest.free_port
+    handed = iter([port])
+    monkeypatch.setattr(conftest, "free_port", lambda: next(handed, None) or real())
+    try:
+        n = conftest.Node(root, f"port-taken-{uuid.uuid4().hex[:6]}")
+        try:
+            assert n.port != port
+            assert "Address already in use" in (n.dir / "node.log").read_text()
+            assert ctxpod.Store.connect(n.http).members()
+        finally:
+            n.stop()
+    finally:
+        taken.close()

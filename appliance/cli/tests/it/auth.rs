@@ -356,7 +356,19 @@ async fn auth_matrix_over_every_route_and_op() {
         routes.len()
     );
 
-    // CXP1: every request op, before authenticating, is refused and ends the connection.
+    cxp1_refusals(&node, &t).await;
+    let m = node.client.metrics().await.expect("metrics");
+    assert!(
+        m.contains("ctxpod_auth_failures_total{reason=\"wrong\"}"),
+        "{m}"
+    );
+    assert!(m.contains("ctxpod_forbidden_total"), "{m}");
+}
+
+/// CXP1's part of the matrix: every request op before authenticating is refused and ends
+/// the connection, malformed `Auth` bodies too, and a read-only token's writes are refused
+/// (403) while its connection goes on.
+async fn cxp1_refusals(node: &Node, t: &Tokens) {
     let ops: Vec<Op> = (0..=255u8)
         .filter_map(Op::from_u8)
         .filter(|op| !matches!(op, Op::Push | Op::PrefetchDone | Op::Error | Op::Event))
@@ -420,7 +432,7 @@ async fn auth_matrix_over_every_route_and_op() {
     for &op in &ops {
         let req = sample(op).unwrap_or_else(|| panic!("the matrix does not cover op {op:?}"));
         // An `Auth` with a wrong token is this op's "before the handshake" case.
-        let (st, closed) = cxp1_first_answer(&node, &req).await;
+        let (st, closed) = cxp1_first_answer(node, &req).await;
         assert_eq!(st, status::UNAUTHORIZED, "{op:?} before authenticating");
         assert!(
             closed,
@@ -442,7 +454,7 @@ async fn auth_matrix_over_every_route_and_op() {
         f.extend_from_slice(&9u64.to_le_bytes());
         f.extend_from_slice(&(token.len() as u16).to_le_bytes());
         f.extend_from_slice(&token);
-        let (st, closed) = cxp1_raw_answer(&node, &f).await;
+        let (st, closed) = cxp1_raw_answer(node, &f).await;
         assert!(
             st == status::UNAUTHORIZED || st == status::BAD_REQUEST,
             "malformed Auth: {st}"
@@ -451,7 +463,7 @@ async fn auth_matrix_over_every_route_and_op() {
         op_refusals += 1;
     }
     // A read-only token: writes refused (403), the connection goes on.
-    let ro = wire(&node, t.get("a-ro")).await;
+    let ro = wire(node, t.get("a-ro")).await;
     for op in [Op::Put, Op::Pin, Op::Unpin] {
         let r = match op {
             Op::Put => ro
@@ -482,12 +494,6 @@ async fn auth_matrix_over_every_route_and_op() {
         "CXP1: {op_refusals} refusals over {} request ops, 0 accepted",
         ops.len()
     );
-    let m = node.client.metrics().await.expect("metrics");
-    assert!(
-        m.contains("ctxpod_auth_failures_total{reason=\"wrong\"}"),
-        "{m}"
-    );
-    assert!(m.contains("ctxpod_forbidden_total"), "{m}");
 }
 
 /// Connects without authenticating, sends `req`, and returns the status of the first

@@ -196,6 +196,55 @@ async fn a_lost_lease_is_taken_again() {
     stop.cancel();
 }
 
+/// Requests forwarded by the nodes whose `/metrics` texts these are, every outcome.
+fn forwarded(texts: &[String]) -> f64 {
+    let outcomes = ["read", "write", "read_miss", "unreachable"];
+    texts
+        .iter()
+        .flat_map(|t| {
+            outcomes
+                .iter()
+                .map(move |o| metric_of(t, &format!("ctxpod_forwarded_total{{outcome=\"{o}\"}}")))
+        })
+        .sum()
+}
+
+/// Every node's `/metrics` text.
+async fn all_metrics(nodes: &[Node]) -> Vec<String> {
+    let mut v = Vec::new();
+    for n in nodes {
+        v.push(n.client.metrics().await.unwrap());
+    }
+    v
+}
+
+/// Every node sees a, b and c, healthy, with their advertised addresses, zones and
+/// capacities, from etcd (10 s at most).
+async fn see_all_three_healthy(nodes: &[Node]) {
+    let ids = |c: &ctxpod_wire::types::Cluster| -> Vec<String> {
+        c.members.iter().map(|m| m.id.clone()).collect()
+    };
+    for n in nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let c = n.client.cluster().await.unwrap();
+            if ids(&c) == ["a", "b", "c"] && c.members.iter().all(|m| m.health == "ok") {
+                assert_eq!(c.source, "etcd");
+                assert!(c.etcd_up);
+                assert!(c.revision > 0);
+                let me = c.members.iter().find(|m| m.id == c.node_id).unwrap();
+                assert_eq!(me.http, n.url);
+                assert!(me.used_bytes.is_some());
+                assert_eq!(me.zone, format!("z-{}", c.node_id));
+                assert_eq!(me.capacity_bytes, 256 << 20);
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: {c:?}", n.url);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Three real nodes join a pod through a real etcd: each one's `/v1/cluster` lists all
 /// three, healthy; a node killed with kill -9 leaves every view within its lease TTL; a
 /// restarted node joins again; with etcd down the nodes keep serving with the last view
@@ -218,26 +267,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
     let ids = |c: &ctxpod_wire::types::Cluster| -> Vec<String> {
         c.members.iter().map(|m| m.id.clone()).collect()
     };
-    // Every node sees all three, healthy, with their advertised addresses.
-    for n in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let c = n.client.cluster().await.unwrap();
-            if ids(&c) == ["a", "b", "c"] && c.members.iter().all(|m| m.health == "ok") {
-                assert_eq!(c.source, "etcd");
-                assert!(c.etcd_up);
-                assert!(c.revision > 0);
-                let me = c.members.iter().find(|m| m.id == c.node_id).unwrap();
-                assert_eq!(me.http, n.url);
-                assert!(me.used_bytes.is_some());
-                assert_eq!(me.zone, format!("z-{}", c.node_id));
-                assert_eq!(me.capacity_bytes, 256 << 20);
-                break;
-            }
-            assert!(Instant::now() < deadline, "{}: {c:?}", n.url);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    see_all_three_healthy(&nodes).await;
     let metric = |text: &str, name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -299,32 +329,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
 
     // The pod client routes every request itself: it reads every block and stores 300
     // more, each on its first-ranked member, and no node forwards any of them.
-    let forwarded = |texts: &[String]| -> f64 {
-        texts
-            .iter()
-            .map(|t| {
-                ["read", "write", "read_miss", "unreachable"]
-                    .iter()
-                    .map(|o| {
-                        let v = metric(t, &format!("ctxpod_forwarded_total{{outcome=\"{o}\"}}"));
-                        if v.is_nan() {
-                            0.0
-                        } else {
-                            v
-                        }
-                    })
-                    .sum::<f64>()
-            })
-            .sum()
-    };
-    let all_metrics = || async {
-        let mut v = Vec::new();
-        for n in &nodes {
-            v.push(n.client.metrics().await.unwrap());
-        }
-        v
-    };
-    let before = forwarded(&all_metrics().await);
+    let before = forwarded(&all_metrics(&nodes).await);
     let pc = PodClient::connect(&[nodes[1].url.clone()], &Connect::default())
         .await
         .unwrap();
@@ -345,7 +350,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
             .or_default() += 1;
     }
     assert_eq!(
-        forwarded(&all_metrics().await),
+        forwarded(&all_metrics(&nodes).await),
         before,
         "nothing was forwarded"
     );
