@@ -8,6 +8,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+mod scrub;
+pub use scrub::{ScrubConfig, SCRUB_BYTES_PER_S_MAX};
+
 /// A size in bytes, written as an integer or with a binary or decimal unit: `512MiB`, `4GiB`,
 /// `1g`, `65536`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -256,47 +259,6 @@ pub struct Config {
     pub pod: PodConfig,
     /// The background re-read of every record (docs/RELIABILITY.md, "Scrub").
     pub scrub: ScrubConfig,
-}
-
-/// Scrub: a background pass re-reads every record on flash at a bounded rate and checks
-/// it as a GET would (header identity, AES-GCM tag, CRC32C). A bad copy is quarantined and
-/// stored again from a good copy on another member; with none, the block is lost (a KV
-/// event says so, as for an evicted block).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ScrubConfig {
-    /// Seconds from the start of one pass to the start of the next; 0 turns scrub off.
-    pub interval_s: u64,
-    /// Most record bytes per second a pass reads from the device.
-    pub bytes_per_s: ByteSize,
-}
-
-/// The most a scrub may read per second: a quarter of a fast NVMe drive's reads, so a
-/// pass never crowds the clients' own.
-pub const SCRUB_BYTES_PER_S_MAX: u64 = 1 << 30;
-
-impl Default for ScrubConfig {
-    fn default() -> Self {
-        ScrubConfig {
-            // A pass a day: a 4 TB drive at the default rate takes about 14 hours.
-            interval_s: 86_400,
-            bytes_per_s: ByteSize(64 << 20),
-        }
-    }
-}
-
-impl ScrubConfig {
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.interval_s <= 30 * 86_400,
-            "scrub.interval_s must be within 0..=2592000 (30 days; 0: off)"
-        );
-        anyhow::ensure!(
-            (1 << 20..=SCRUB_BYTES_PER_S_MAX).contains(&self.bytes_per_s.0),
-            "scrub.bytes_per_s must be within 1 MiB..=1 GiB"
-        );
-        Ok(())
-    }
 }
 
 /// Pod membership. With neither `etcd_endpoints` nor `members` the node is a pod of one.
@@ -875,28 +837,6 @@ mod tests {
             .validate()
             .expect_err("over a minute");
         assert!(e.to_string().contains("egress_wait_ms"), "{e}");
-    }
-
-    /// Scrub reads within 1 MiB/s..=1 GiB/s; passes at most 30 days apart (0: off).
-    #[test]
-    fn scrub_settings_are_bounded() {
-        let with = |interval_s, bytes: u64| Config {
-            scrub: ScrubConfig {
-                interval_s,
-                bytes_per_s: ByteSize(bytes),
-            },
-            ..Config::default()
-        };
-        assert!(with(0, 1 << 20).validate().is_ok());
-        assert!(with(30 * 86_400, SCRUB_BYTES_PER_S_MAX).validate().is_ok());
-        for (i, b) in [
-            (1, (1 << 20) - 1),
-            (1, SCRUB_BYTES_PER_S_MAX + 1),
-            (30 * 86_400 + 1, 1 << 20),
-        ] {
-            let e = with(i, b).validate().expect_err("out of bounds");
-            assert!(e.to_string().contains("scrub."), "{e}");
-        }
     }
 
     #[test]

@@ -738,27 +738,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
             refused
         })
     };
-    let reader = {
-        let (pc, stop, acked_to) = (pc.clone(), stop.clone(), acked_to.clone());
-        tokio::spawn(async move {
-            let t0 = Instant::now();
-            let (mut reads, mut failures) = (0u64, Vec::new());
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                && t0.elapsed() < Duration::from_secs(120)
-            {
-                let upto = acked_to.load(std::sync::atomic::Ordering::Relaxed);
-                i = (i + 7919) % upto.max(1);
-                reads += 1;
-                match pc.get("default", &r2_key(i)).await {
-                    Ok(Some(b)) if b == r2_data(i) => {}
-                    other => failures
-                        .push((i, format!("{other:?}").chars().take(60).collect::<String>())),
-                }
-            }
-            (reads, failures)
-        })
-    };
+    let reader = spawn_r2_reader(pc.clone(), stop.clone(), acked_to.clone());
     for cycle in 0..cycles {
         let victim = cycle % 3;
         let live = (victim + 1) % 3;
@@ -822,6 +802,35 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
 
 /// Most blocks the node-loss test writes: about 16 MB per copy, well within 256 MiB nodes.
 const R2_BLOCKS_MAX: u64 = 2_000;
+
+/// A reader through the pod client, until `stop` (120 s at most): r2 blocks below `upto`
+/// (read as it grows), stepping through them; (reads, failures), a failure being anything
+/// but the block's own bytes.
+fn spawn_r2_reader(
+    pc: Arc<PodClient>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    upto: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<(u64, Vec<(u64, String)>)> {
+    tokio::spawn(async move {
+        let t0 = Instant::now();
+        let (mut reads, mut failures) = (0u64, Vec::new());
+        let mut i = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed)
+            && t0.elapsed() < Duration::from_secs(120)
+        {
+            let upto = upto.load(std::sync::atomic::Ordering::Relaxed);
+            i = (i + 7919) % upto.max(1);
+            reads += 1;
+            match pc.get("default", &r2_key(i)).await {
+                Ok(Some(b)) if b == r2_data(i) => {}
+                other => {
+                    failures.push((i, format!("{other:?}").chars().take(60).collect::<String>()))
+                }
+            }
+        }
+        (reads, failures)
+    })
+}
 
 fn r2_key(i: u64) -> Vec<u8> {
     format!("r2-{i:05}").into_bytes()
@@ -2276,26 +2285,8 @@ async fn a_member_lost_for_good_is_re_replicated_while_reads_never_miss() {
     );
     let pc = Arc::new(pc);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (pc, stop) = (pc.clone(), stop.clone());
-        tokio::spawn(async move {
-            let t0 = Instant::now();
-            let (mut reads, mut failures) = (0u64, Vec::new());
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                && t0.elapsed() < Duration::from_secs(120)
-            {
-                i = (i + 7919) % n;
-                reads += 1;
-                match pc.get("default", &r2_key(i)).await {
-                    Ok(Some(b)) if b == r2_data(i) => {}
-                    other => failures
-                        .push((i, format!("{other:?}").chars().take(60).collect::<String>())),
-                }
-            }
-            (reads, failures)
-        })
-    };
+    let upto = Arc::new(std::sync::atomic::AtomicU64::new(n));
+    let reader = spawn_r2_reader(pc.clone(), stop.clone(), upto);
     let copied_before: f64 = {
         let mut s = 0.0;
         for node in &nodes[..2] {
