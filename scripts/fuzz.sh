@@ -4,7 +4,7 @@
 # socket reader runs too), the node's PUT-body parser fed in arbitrary pieces (`put_body`),
 # the HTTP API's CXB1 batch frames (`batch_frame`), record headers read back from the device
 # (`record_header`), bearer tokens, token hashes and token files (`token`) and the
-# configuration file (`config`),
+# configuration file (`config`), and the pod planner driven by arbitrary answers (`pod_plan`),
 # CTXPOD_FUZZ_SECONDS each (default 20; CI runs the default). Builds on stable Rust with
 # libFuzzer's coverage instrumentation (no sanitizer: the codec is safe Rust), in a target
 # directory of its own so the instrumented build never invalidates the main one. The corpus
@@ -24,7 +24,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
 host="$(rustc -vV | sed -n 's/^host: //p')"
 cargo build --quiet --release --manifest-path api/wire/fuzz/Cargo.toml --target-dir "$target" \
   --target "$host"
-for t in frame_decoder put_body batch_frame record_header token config; do
+for t in frame_decoder put_body batch_frame record_header token config pod_plan; do
   corpus="$target/corpus/$t"
   mkdir -p "$corpus"
   echo "fuzz: $t for $seconds s"

@@ -3,14 +3,17 @@
 //! [`ctxpod_wire::placement`] (the same function the nodes use), and sends each request straight
 //! to the member that holds the block.
 //!
-//! - `put` goes to the block's R highest-ranked members (R: the namespace's own
+//! The pod's rules are [`ctxpod_wire::pod_plan`]'s, which the nodes' own paths follow too;
+//! this client drives its plans over HTTP:
+//! - `put` goes to the block's R highest-ranked members at once (R: the namespace's own
 //!   `replication`, else the pod's from `/v1/cluster`; learnt once per namespace); a member
-//!   that cannot be reached is skipped for the next in rank order (as a node forwarding
-//!   would) and the view refreshed. It is acknowledged once R members stored the block.
-//! - `get` tries the first max([`READ_FALLBACK`](ctxpod_wire::placement::READ_FALLBACK), R + 1) ranked members in order and returns
-//!   the first hit; members that cannot be reached are skipped; a block none of them holds
-//!   is a miss. After a join, a block not yet moved is found on its previous first member
-//!   this way. A copy missing from one of the R members is written back (read repair).
+//!   that cannot be reached is replaced by the next in rank order and the view refreshed.
+//!   It is acknowledged once R members stored the block.
+//! - `get` asks the block's read candidates one after the other and returns the first good
+//!   copy; a block none of them holds is a miss. After a join, a block not yet moved is
+//!   found on its previous first member this way. A copy missing (or corrupt) on one of the
+//!   R members is written back (read repair).
+//! - `list_keys` merges every member's page ([`ctxpod_wire::pod_plan::fold_pages`]).
 //! - Requests carry [`ctxpod_wire::HEADER_ROUTED`], so a node serves them itself.
 //! - The view is refreshed by [`PodClient::refresh`] (call it periodically, or after a
 //!   failure; the client does so itself when a member cannot be reached). A refresh asks
@@ -27,15 +30,19 @@ use crate::client::{Client, ClientError, PutOutcome};
 use crate::connect::Connect;
 use bytes::Bytes;
 use ctxpod_wire::placement::{Member, Placement};
+use ctxpod_wire::pod_plan::{
+    fold_pages, ListFailure, PageAnswer, Plan, ReadAnswer, ReadOutcome, ReadPlan, WriteAnswer,
+    WriteOutcome, WritePlan,
+};
 use ctxpod_wire::types::ClusterMember;
 use ctxpod_wire::Durability;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-struct View {
-    members: Vec<ClusterMember>,
-    placement: Placement,
+pub(crate) struct View {
+    pub(crate) members: Vec<ClusterMember>,
+    pub(crate) placement: Placement,
     /// Copies of each block (R), as the pod says.
     replication: usize,
 }
@@ -249,7 +256,7 @@ impl PodClient {
         Err(last.unwrap_or_else(|| ClientError::Invalid("the pod has no members".into())))
     }
 
-    fn view(&self) -> Arc<View> {
+    pub(crate) fn view(&self) -> Arc<View> {
         self.view.read().expect("view").clone()
     }
 
@@ -331,9 +338,23 @@ impl PodClient {
         own.unwrap_or_else(|| self.replication()).max(1)
     }
 
-    /// Stores a block on its R highest-ranked members that can be reached (one after the
-    /// other, in rank order); acknowledged once all R stored it. A member that cannot be
-    /// reached is skipped for the next (and the view is refreshed); a refusal is returned.
+    /// Which members of view `v` are counted down now, by index.
+    fn down_flags(&self, v: &View) -> Vec<bool> {
+        let down = self.down_members();
+        v.members.iter().map(|m| down.contains(&m.id)).collect()
+    }
+
+    /// The view a plan is made over ([`ctxpod_wire::pod_plan`]: members by index, sorted
+    /// by id) and which of its members are counted down.
+    pub(crate) fn plan_view(&self) -> (Arc<View>, Vec<bool>) {
+        let v = self.view();
+        let down = self.down_flags(&v);
+        (v, down)
+    }
+
+    /// Stores a block on its R highest-ranked members that can be reached, all at once
+    /// ([`WritePlan::put`]); acknowledged once all R stored it. A member that cannot be
+    /// reached is replaced by the next (and the view is refreshed); a refusal is returned.
     pub async fn put(
         &self,
         ns: &str,
@@ -343,74 +364,108 @@ impl PodClient {
     ) -> Result<PutOutcome, ClientError> {
         let crc = ctxpod_wire::crc32c(&data);
         let copies = self.replication_of(ns).await;
-        let mut first = None;
-        let mut stored = 0;
+        let v = self.view();
+        let mut plan = WritePlan::put(&v.placement, &self.down_flags(&v), ns, [key], copies);
+        let mut refusal = None;
         let mut last = None;
-        for (_, m) in self.ask_order(self.ranked_members(ns, key)) {
-            if stored == copies {
-                break;
-            }
-            let r = self
-                .client(&m.http)?
-                .put_with_crc(ns, key, data.clone(), crc, durability)
-                .await;
-            self.note(&m.id, &r);
-            match r {
-                Ok(o) => {
-                    stored += 1;
-                    first.get_or_insert(o);
+        while let Some(round) = plan.next_round() {
+            let sent = futures::future::join_all(round.into_keys().map(|m| {
+                let member = &v.members[m];
+                let data = data.clone();
+                async move {
+                    let r = match self.client(&member.http) {
+                        Ok(c) => c.put_with_crc(ns, key, data, crc, durability).await,
+                        Err(e) => Err(e),
+                    };
+                    (m, r)
                 }
-                Err(e) if unreachable(&e) => {
-                    last = Some(e);
-                    let _ = self.refresh().await;
-                }
-                Err(e) => return Err(e),
+            }))
+            .await;
+            for (m, r) in sent {
+                self.note(&v.members[m].id, &r);
+                let a = match r {
+                    Ok(o) => WriteAnswer::Applied {
+                        changed: o == PutOutcome::Created,
+                    },
+                    Err(e) if unreachable(&e) => {
+                        last = Some(e);
+                        WriteAnswer::Unreachable
+                    }
+                    Err(e) => {
+                        refusal.get_or_insert(e);
+                        WriteAnswer::Refused
+                    }
+                };
+                plan.answer(m, 0, a);
             }
         }
-        match first {
-            Some(o) if stored == copies => Ok(o),
-            _ => Err(last.unwrap_or_else(|| {
+        if plan.unreachable().next().is_some() {
+            let _ = self.refresh().await;
+        }
+        match plan.finish().pop() {
+            Some(o @ WriteOutcome::Applied { .. }) => Ok(if o.put_status() == Some(201) {
+                PutOutcome::Created
+            } else {
+                PutOutcome::Exists
+            }),
+            Some(WriteOutcome::Refused { .. }) => {
+                Err(refusal.expect("a refusal kept for its outcome"))
+            }
+            Some(WriteOutcome::TooFew { members }) => Err(last.unwrap_or_else(|| {
                 ClientError::Invalid(format!(
-                    "only {stored} of {copies} copies stored: too few members reachable"
+                    "only {} of {copies} copies stored: too few members reachable",
+                    members.len()
                 ))
             })),
+            None => Err(ClientError::Invalid("no block to put".into())),
         }
     }
 
-    /// A block's bytes from the first of its ranked members that holds it (the R copies,
-    /// then further down: at least [`READ_FALLBACK`](ctxpod_wire::placement::READ_FALLBACK) members), or `None`. When a copy was
-    /// missing from a member that should hold one (it was away when the block was
-    /// written), the block is written back there (read repair).
+    /// A block's bytes from the first of its read candidates that holds a good copy
+    /// ([`ReadPlan`]: the R copies, then further down, at least
+    /// [`READ_FALLBACK`](ctxpod_wire::placement::READ_FALLBACK) members; those counted down
+    /// last), or `None`. A copy missing (or corrupt) on one of its first R members is
+    /// written back there (read repair).
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
         let copies = self.replication_of(ns).await;
-        let mut unreachable_seen = false;
-        let mut missing = Vec::new();
-        let candidates: Vec<ClusterMember> = self
-            .ranked_members(ns, key)
-            .into_iter()
-            .take(ctxpod_wire::placement::read_candidates(copies))
-            .collect();
-        // `i`: the member's rank (the first R should hold a copy), whatever the order asked.
-        for (i, m) in self.ask_order(candidates) {
-            let r = self.client(&m.http)?.get(ns, key).await;
-            self.note(&m.id, &r);
-            match r {
-                Ok(Some(b)) => {
-                    for m in missing {
-                        let _ = self.repair(&m, ns, key, &b).await;
+        let v = self.view();
+        let mut plan = ReadPlan::new(&v.placement, &self.down_flags(&v), ns, [key], copies);
+        let (mut found, mut refusal) = (None, None);
+        while let Some(round) = plan.next_round() {
+            for m in round.into_keys() {
+                let member = &v.members[m];
+                let r = self.client(&member.http)?.get(ns, key).await;
+                self.note(&member.id, &r);
+                let a = match r {
+                    Ok(Some(b)) => {
+                        found = Some(b);
+                        ReadAnswer::Hit
                     }
-                    return Ok(Some(b));
-                }
-                Ok(None) if i < copies => missing.push(m),
-                Ok(None) => {}
-                Err(e) if unreachable(&e) => unreachable_seen = true,
-                Err(e) => return Err(e),
+                    Ok(None) => ReadAnswer::Miss,
+                    Err(ClientError::Integrity { .. }) => ReadAnswer::Corrupt,
+                    Err(e) if unreachable(&e) => ReadAnswer::Unreachable,
+                    Err(e) => {
+                        refusal = Some(e);
+                        ReadAnswer::Final
+                    }
+                };
+                plan.answer(m, 0, a);
             }
         }
-        if unreachable_seen {
+        if plan.unreachable().next().is_some() {
             let _ = self.refresh().await;
         }
-        Ok(None)
+        match plan.finish().pop() {
+            Some(ReadOutcome::Hit { repair, .. }) => {
+                let b = found.expect("the bytes of a hit");
+                for m in repair {
+                    let _ = self.repair(&v.members[m], ns, key, &b).await;
+                }
+                Ok(Some(b))
+            }
+            Some(ReadOutcome::Final { .. }) => Err(refusal.expect("the answer of a final")),
+            _ => Ok(None),
+        }
     }
 
     /// Deletes a block from the pod: sent, not marked as routed, to the first of its ranked
@@ -445,34 +500,48 @@ impl PodClient {
         limit: usize,
     ) -> Result<crate::client::KeyPage, ClientError> {
         let members = self.members();
-        let mut pages = Vec::with_capacity(members.len());
         let asked = futures::future::join_all(members.iter().map(|m| async move {
             self.client(&m.http)?
                 .list_keys(ns, prefix, after, limit)
                 .await
         }))
         .await;
-        let mut unknown = None;
-        for got in asked {
-            match got {
-                Ok(p) => pages.push((
-                    p.keys.into_iter().map(|k| (k, ())).collect(),
-                    p.next.is_some(),
-                )),
-                // A member that does not know the namespace yet holds none of its keys.
-                Err(e) if e.status() == Some(404) => unknown = Some(e),
-                Err(e) => {
-                    if unreachable(&e) {
-                        let _ = self.refresh().await;
+        let mut errors = HashMap::new();
+        let answers: Vec<(usize, PageAnswer<()>)> = asked
+            .into_iter()
+            .enumerate()
+            .map(|(i, got)| {
+                let a = match got {
+                    Ok(p) => PageAnswer::Page(
+                        p.keys.into_iter().map(|k| (k, ())).collect(),
+                        p.next.is_some(),
+                    ),
+                    // A member that does not know the namespace yet holds none of its keys.
+                    Err(e) if e.status() == Some(404) => {
+                        errors.insert(i, e);
+                        PageAnswer::UnknownNamespace
                     }
-                    return Err(e);
+                    Err(e) => {
+                        errors.insert(i, e);
+                        PageAnswer::Unreachable
+                    }
+                };
+                (i, a)
+            })
+            .collect();
+        let (entries, more) = match fold_pages(answers, limit) {
+            Ok(merged) => merged,
+            Err(ListFailure::Unreachable(m)) => {
+                let e = errors.remove(&m).expect("the failure of a member");
+                if unreachable(&e) {
+                    let _ = self.refresh().await;
                 }
+                return Err(e);
             }
-        }
-        if let (true, Some(e)) = (pages.is_empty(), unknown) {
-            return Err(e);
-        }
-        let (entries, more) = ctxpod_wire::key::merge_pages(pages, limit);
+            Err(ListFailure::UnknownNamespace) => {
+                return Err(errors.into_values().next().expect("a member's 404"))
+            }
+        };
         let keys: Vec<Vec<u8>> = entries.into_iter().map(|(k, ())| k).collect();
         let next = if more { keys.last().cloned() } else { None };
         Ok(crate::client::KeyPage {

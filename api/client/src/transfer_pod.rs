@@ -4,19 +4,20 @@
 //! by member with [`ctxpod_wire::placement`], the function the nodes use. A single node is
 //! a pod of one, so the same calls serve both.
 //!
-//! - `put`: each block to its R highest-ranked members (R: the namespace's `replication`,
-//!   else the pod's), the blocks of one member in one request (split to fit its frame); a
-//!   member that cannot be reached is skipped for the next in rank order. A block is
-//!   stored once R members stored it.
-//! - `get`, `exists`: each key asked of its first member, then of the next (up to
-//!   max([`READ_FALLBACK`](ctxpod_wire::placement::READ_FALLBACK), R + 1) members) while it
-//!   is missing or its member cannot be reached; a copy missing from one of the first R
-//!   members is written back over HTTP (read repair, as [`PodClient::get`] does). Entries
-//!   a node answers 413 (over the frame) or BUSY are asked again, bounded.
-//! - `match_prefix`: each member is asked (MATCH) about its own keys of the chain, all at
-//!   once; the chain holds up to the first key any member lacks. A key its first member
-//!   lacks is then looked for further down its ranking before the chain is cut there.
-//! - `pin` / `unpin`: on each of a key's R members; the count is the first members'.
+//! The pod's rules are [`ctxpod_wire::pod_plan`]'s (the nodes follow the same); this client
+//! drives its plans over CXP1, every member of a round asked at once:
+//! - `put`: each block to its R highest-ranked members ([`WritePlan::put`]), the blocks of
+//!   one member in one request (split to fit its frame); a member that cannot be reached
+//!   is replaced by the next in rank order. A block is stored once R members stored it.
+//! - `get`, `exists`: each key asked of its read candidates in order ([`ReadPlan`]) while
+//!   it is missing or its member cannot be reached; a copy missing (or corrupt) on one of
+//!   the first R members is written back over HTTP (read repair, as [`PodClient::get`]
+//!   does). Entries a node answers 413 (over the frame) or BUSY are asked again, bounded.
+//! - `match_prefix` ([`MatchPlan`]): each member is asked (MATCH) about its own keys of the
+//!   chain, all at once; a key its first member lacks is then looked for further down its
+//!   ranking before the chain is cut there.
+//! - `pin` / `unpin` ([`fan_out`]): at each key's read candidates that are up; the count is
+//!   the first candidates'.
 //! - `prefetch`: one ticket, filled from every member at once: each member pushes its own
 //!   blocks into the same region(s), registered on each connection as needed.
 //! - `subscribe`: the KV events of every member, merged.
@@ -25,13 +26,18 @@
 
 use crate::client::ClientError;
 use crate::connect::Connect;
-use crate::pod_client::PodClient;
+use crate::pod_client::{PodClient, View};
 use crate::region::Region;
 use crate::transfer_client::{
     PrefetchOptions, Ticket, TransferClient, TransferError, BUSY_ATTEMPTS, EVENTS_BUFFER,
 };
 use bytes::Bytes;
+use ctxpod_wire::pod_plan::{
+    fan_out, MatchPlan, Plan, ReadAnswer, ReadOutcome, ReadPlan, Round, WriteAnswer, WriteOutcome,
+    WritePlan,
+};
 use ctxpod_wire::proto::{status, Durability, PrefetchEntry};
+use ctxpod_wire::types::ClusterMember;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,6 +138,49 @@ impl TransferPod {
         }
     }
 
+    /// [`Self::lost`] for a member of the view (one that serves no CXP1 has no connection
+    /// to forget, and is not counted down: it answers HTTP).
+    async fn lost_member(&self, m: &ClusterMember) {
+        if let Some(addr) = &m.transfer {
+            self.lost(addr).await;
+        }
+    }
+
+    /// Asks every member of a plan's `round` at once over CXP1: `ask(connection, entries)`;
+    /// per member, its entries and the answer (a member that serves no CXP1 answers
+    /// [`TransferError::Closed`]). A member that cannot be reached is counted lost.
+    async fn ask_round<T, F, Fut>(
+        &self,
+        v: &View,
+        round: Round,
+        ask: F,
+    ) -> Vec<(usize, Vec<usize>, Result<T, TransferError>)>
+    where
+        F: Fn(Arc<TransferClient>, Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, TransferError>>,
+    {
+        let asked = futures::future::join_all(round.into_iter().map(|(m, idx)| {
+            let (addr, ask) = (v.members[m].transfer.clone(), &ask);
+            async move {
+                let r = match addr {
+                    Some(a) => match self.conn(&a).await {
+                        Ok(c) => ask(c, idx.clone()).await,
+                        Err(e) => Err(e),
+                    },
+                    None => Err(TransferError::Closed),
+                };
+                (m, idx, r)
+            }
+        }))
+        .await;
+        for (m, _, r) in &asked {
+            if r.as_ref().is_err_and(unreachable) {
+                self.lost_member(&v.members[*m]).await;
+            }
+        }
+        asked
+    }
+
     /// After a transport failure or a missed deadline: forgets the member's connection,
     /// counts it down (asked last for a while), and reads the membership again (best
     /// effort).
@@ -160,7 +209,8 @@ impl TransferPod {
 
     /// Stores blocks; per block, the status: 201 stored (200: already there) on all R
     /// members, or the first refusal (409, 413, 422, 507, …; 503 when fewer than R members
-    /// could be reached).
+    /// could be reached). Each round of the plan ([`WritePlan::put`]) sends every member
+    /// its blocks at once.
     pub async fn put(
         &self,
         ns: &str,
@@ -168,56 +218,44 @@ impl TransferPod {
         durability: Durability,
     ) -> Result<Vec<u16>, TransferError> {
         let copies = self.pod.replication_of(ns).await;
-        let ranks: Vec<Vec<String>> = blocks.iter().map(|(k, _)| self.ranked(ns, k)).collect();
-        let n = blocks.len();
-        let (mut next, mut stored) = (vec![0usize; n], vec![0usize; n]);
-        let mut answer: Vec<Option<u16>> = vec![None; n];
-        loop {
-            let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
-            for i in 0..n {
-                if answer[i].is_some_and(|s| !ok(s)) || stored[i] == copies {
-                    continue;
-                }
-                let want = copies - stored[i];
-                let tried = next[i];
-                for a in ranks[i].iter().skip(tried).take(want) {
-                    groups.entry(a.clone()).or_default().push(i);
-                }
-                next[i] = (tried + want).min(ranks[i].len());
-                if tried == next[i] {
-                    // Every member was tried: too few could be reached.
-                    answer[i] = Some(status::BUSY);
-                }
-            }
-            if groups.is_empty() {
-                break;
-            }
-            let sent = futures::future::join_all(groups.into_iter().map(|(addr, idx)| async {
-                let r = self.put_on(&addr, ns, blocks, &idx, durability).await;
-                (addr, idx, r)
-            }))
-            .await;
-            for (addr, idx, r) in sent {
+        let (v, down) = self.pod.plan_view();
+        let keys = blocks.iter().map(|(k, _)| k);
+        let mut plan = WritePlan::put(&v.placement, &down, ns, keys, copies);
+        let mut refused: Vec<Option<u16>> = vec![None; blocks.len()];
+        while let Some(round) = plan.next_round() {
+            let sent = self
+                .ask_round(&v, round, |c, idx| async move {
+                    self.put_on(c, ns, blocks, &idx, durability).await
+                })
+                .await;
+            for (m, idx, r) in sent {
                 match r {
                     Ok(sts) => {
                         for (i, s) in idx.into_iter().zip(sts) {
-                            if ok(s) {
-                                stored[i] += 1;
-                                // The first member's answer says whether it was new.
-                                answer[i].get_or_insert(s);
+                            let a = if ok(s) {
+                                WriteAnswer::Applied {
+                                    changed: s == status::CREATED,
+                                }
                             } else {
-                                answer[i] = Some(s);
-                            }
+                                refused[i].get_or_insert(s);
+                                WriteAnswer::Refused
+                            };
+                            plan.answer(m, i, a);
                         }
                     }
-                    Err(e) if unreachable(&e) => self.lost(&addr).await,
+                    Err(e) if unreachable(&e) => plan.answer_all(m, &idx, WriteAnswer::Unreachable),
                     Err(e) => return Err(e),
                 }
             }
         }
-        Ok(answer
+        Ok(plan
+            .finish()
             .into_iter()
-            .map(|s| s.unwrap_or(status::BUSY))
+            .zip(refused)
+            .map(|(o, refused)| match o {
+                WriteOutcome::Refused { .. } => refused.unwrap_or(status::BUSY),
+                o => o.put_status().unwrap_or(status::BUSY),
+            })
             .collect())
     }
 
@@ -227,13 +265,12 @@ impl TransferPod {
     /// most.
     async fn put_on(
         &self,
-        addr: &str,
+        c: Arc<TransferClient>,
         ns: &str,
         blocks: &[(Bytes, Bytes)],
         idx: &[usize],
         durability: Durability,
     ) -> Result<Vec<u16>, TransferError> {
-        let c = self.conn(addr).await?;
         // Room for the frame's header and each entry's key, CRC and length.
         let room = c.max_frame_bytes().saturating_sub(1024);
         let mut out = vec![status::BUSY; idx.len()];
@@ -278,257 +315,179 @@ impl TransferPod {
         Ok(out)
     }
 
-    /// Blocks by key, each from the first of its members that holds it: `Ok(Some)`,
-    /// `Ok(None)` for a miss (no member a read tries holds it), or why that entry failed
-    /// (a refusal, a corrupt copy on every member that had one).
+    /// Blocks by key, each from the first of its read candidates that holds a good copy
+    /// ([`ReadPlan`]): `Ok(Some)`, `Ok(None)` for a miss (no member a read tries holds
+    /// it), or why that entry failed (a refusal). A copy missing or corrupt on one of a
+    /// key's first R members is written back over HTTP (read repair).
     pub async fn get(
         &self,
         ns: &str,
         keys: &[Bytes],
     ) -> Result<Vec<Result<Option<Bytes>, TransferError>>, TransferError> {
         let copies = self.pod.replication_of(ns).await;
-        let (found, lacking) = self
-            .down_the_ranks(ns, keys, |addr, ks| async move {
-                let es = self.get_on(&addr, ns, &ks).await?;
-                Ok(es
-                    .into_iter()
-                    .map(|e| match e {
-                        Ok(None) | Err(TransferError::Corrupt(_)) => None,
-                        e => Some(e),
-                    })
-                    .collect())
-            })
-            .await?;
-        let mut out = Vec::with_capacity(keys.len());
-        for ((f, lacked), k) in found.into_iter().zip(lacking).zip(keys) {
-            if let Some(Ok(Some(b))) = &f {
-                // Read repair: a copy missing from one of the first R members.
-                for (_, m) in lacked.iter().filter(|(r, _)| *r < copies) {
-                    let _ = self.repair(m, ns, k, b).await;
+        let (v, down) = self.pod.plan_view();
+        let mut plan = ReadPlan::new(&v.placement, &down, ns, keys, copies);
+        let mut got: Vec<Option<Result<Option<Bytes>, TransferError>>> =
+            (0..keys.len()).map(|_| None).collect();
+        while let Some(round) = plan.next_round() {
+            let asked = self
+                .ask_round(&v, round, |c, idx| async move {
+                    let ks: Vec<Bytes> = idx.iter().map(|&i| keys[i].clone()).collect();
+                    c.get_all(ns, &ks).await
+                })
+                .await;
+            for (m, idx, r) in asked {
+                match r {
+                    Ok(es) => {
+                        for (i, e) in idx.into_iter().zip(es) {
+                            let a = match e {
+                                Ok(Some(b)) => {
+                                    got[i] = Some(Ok(Some(b)));
+                                    ReadAnswer::Hit
+                                }
+                                Ok(None) => ReadAnswer::Miss,
+                                Err(TransferError::Corrupt(_)) => ReadAnswer::Corrupt,
+                                Err(e) => {
+                                    got[i] = Some(Err(e));
+                                    ReadAnswer::Final
+                                }
+                            };
+                            plan.answer(m, i, a);
+                        }
+                    }
+                    Err(e) if unreachable(&e) => plan.answer_all(m, &idx, ReadAnswer::Unreachable),
+                    Err(e) => return Err(e),
                 }
             }
-            out.push(f.unwrap_or(Ok(None)));
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for ((o, g), k) in plan.finish().into_iter().zip(got).zip(keys) {
+            match (o, g) {
+                (ReadOutcome::Hit { repair, .. }, Some(Ok(Some(b)))) => {
+                    for m in repair {
+                        let _ = self.pod.repair(&v.members[m], ns, k, &b).await;
+                    }
+                    out.push(Ok(Some(b)));
+                }
+                (ReadOutcome::Final { .. }, Some(e)) => out.push(e),
+                _ => out.push(Ok(None)),
+            }
         }
         Ok(out)
     }
 
-    /// Asks about each key its members in rank order, up to the members a read tries,
-    /// each member about all its keys of a round at once: `ask(member, keys)` gives per
-    /// key an outcome, or `None` to go on to the next member. A member that cannot be
-    /// reached is passed over (and the membership read again). Per key: the outcome (or
-    /// `None`: no member had one), and the (rank, member) that answered `None`.
-    async fn down_the_ranks<T, F, Fut>(
-        &self,
-        ns: &str,
-        keys: &[Bytes],
-        ask: F,
-    ) -> Result<(Vec<Option<T>>, Vec<Vec<(usize, String)>>), TransferError>
-    where
-        F: Fn(String, Vec<Bytes>) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<Option<T>>, TransferError>>,
-    {
-        let tries = ctxpod_wire::placement::read_candidates(self.pod.replication_of(ns).await);
-        let ranks: Vec<Vec<String>> = keys.iter().map(|k| self.ranked(ns, k)).collect();
-        let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
-        let mut lacking: Vec<Vec<(usize, String)>> = vec![Vec::new(); keys.len()];
-        let mut rank = vec![0usize; keys.len()];
-        let mut open: Vec<usize> = (0..keys.len()).collect();
-        while !open.is_empty() {
-            let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
-            open.retain(
-                |&i| match ranks[i].get(rank[i]).filter(|_| rank[i] < tries) {
-                    Some(a) => {
-                        groups.entry(a.clone()).or_default().push(i);
-                        true
-                    }
-                    None => false,
-                },
-            );
-            let asked = futures::future::join_all(groups.into_iter().map(|(addr, idx)| {
-                let ks: Vec<Bytes> = idx.iter().map(|&i| keys[i].clone()).collect();
-                let r = ask(addr.clone(), ks);
-                async move { (addr, idx, r.await) }
-            }))
-            .await;
-            for (addr, idx, r) in asked {
+    /// Whether each key is held by one of the members a read would try ([`ReadPlan`]).
+    pub async fn exists(&self, ns: &str, keys: &[Bytes]) -> Result<Vec<bool>, TransferError> {
+        let copies = self.pod.replication_of(ns).await;
+        let (v, down) = self.pod.plan_view();
+        let mut plan = ReadPlan::new(&v.placement, &down, ns, keys, copies);
+        while let Some(round) = plan.next_round() {
+            let asked = self
+                .ask_round(&v, round, |c, idx| async move {
+                    let ks: Vec<Bytes> = idx.iter().map(|&i| keys[i].clone()).collect();
+                    held_each(c, ns, ks).await
+                })
+                .await;
+            for (m, idx, r) in asked {
                 match r {
-                    Ok(answers) => {
-                        for (i, a) in idx.into_iter().zip(answers) {
-                            match a {
-                                Some(a) => out[i] = Some(a),
-                                None => lacking[i].push((rank[i], addr.clone())),
-                            }
+                    Ok(held) => {
+                        for (i, h) in idx.into_iter().zip(held) {
+                            let a = if h { ReadAnswer::Hit } else { ReadAnswer::Miss };
+                            plan.answer(m, i, a);
                         }
                     }
-                    Err(e) if unreachable(&e) => self.lost(&addr).await,
+                    Err(e) if unreachable(&e) => plan.answer_all(m, &idx, ReadAnswer::Unreachable),
                     Err(e) => return Err(e),
                 }
             }
-            open.retain(|&i| out[i].is_none());
-            for &i in &open {
-                rank[i] += 1;
-            }
         }
-        Ok((out, lacking))
+        Ok(plan
+            .finish()
+            .into_iter()
+            .map(|o| matches!(o, ReadOutcome::Hit { .. }))
+            .collect())
     }
 
-    /// A GET of `keys` on one member ([`TransferClient::get_all`]).
-    async fn get_on(
+    /// How many leading keys of the chain the pod holds ([`MatchPlan`]: each member asked
+    /// about its own keys, all at once; a key its first member lacks looked for further
+    /// down its ranking before the chain is cut there).
+    pub async fn match_prefix(&self, ns: &str, chain: &[Bytes]) -> Result<u32, TransferError> {
+        let copies = self.pod.replication_of(ns).await;
+        let (v, down) = self.pod.plan_view();
+        let mut plan = MatchPlan::new(&v.placement, &down, ns, chain, copies);
+        while let Some(round) = plan.next_round() {
+            let asked = self
+                .ask_round(&v, round, |c, pos| async move {
+                    let ks: Vec<Bytes> = pos.iter().map(|&i| chain[i].clone()).collect();
+                    c.match_prefix(ns, &ks).await
+                })
+                .await;
+            for (m, _, r) in asked {
+                // A member that cannot be asked holds nothing as far as this match goes.
+                let held = match r {
+                    Ok(n) => n as usize,
+                    Err(e) if unreachable(&e) => 0,
+                    Err(e) => return Err(e),
+                };
+                plan.answer(m, held);
+            }
+        }
+        Ok(plan.matched().unwrap_or(0) as u32)
+    }
+
+    /// Pins the present keys for `ttl` at each of their read candidates that is up
+    /// ([`fan_out`]: whichever holds a copy keeps it); how many of them their first
+    /// candidate pinned.
+    pub async fn pin(&self, ns: &str, keys: &[Bytes], ttl: Duration) -> Result<u32, TransferError> {
+        self.on_candidates(ns, keys, |c, ks| async move { c.pin(ns, &ks, ttl).await })
+            .await
+    }
+
+    /// Ends pins (and prefetch leases) of the keys at each of their read candidates.
+    pub async fn unpin(&self, ns: &str, keys: &[Bytes]) -> Result<u32, TransferError> {
+        self.on_candidates(ns, keys, |c, ks| async move { c.unpin(ns, &ks).await })
+            .await
+    }
+
+    /// `op` on each member for its keys of a [`fan_out`]; the sum of what the keys' first
+    /// candidates answered (a member's keys go in two requests: those it is first for,
+    /// counted, and the others).
+    async fn on_candidates<F, Fut>(
         &self,
-        addr: &str,
         ns: &str,
         keys: &[Bytes],
-    ) -> Result<Vec<Result<Option<Bytes>, TransferError>>, TransferError> {
-        self.conn(addr).await?.get_all(ns, keys).await
-    }
-
-    /// Writes a copy back to a member (by CXP1 address) that should hold one, over HTTP.
-    async fn repair(
-        &self,
-        addr: &str,
-        ns: &str,
-        key: &[u8],
-        data: &Bytes,
-    ) -> Result<(), ClientError> {
-        let Some(m) = self
-            .pod
-            .members()
-            .into_iter()
-            .find(|m| m.transfer.as_deref() == Some(addr))
-        else {
-            return Ok(());
-        };
-        self.pod.repair(&m, ns, key, data).await
-    }
-
-    /// Whether each key is held by one of the members a read would try.
-    pub async fn exists(&self, ns: &str, keys: &[Bytes]) -> Result<Vec<bool>, TransferError> {
-        let (held, _) = self
-            .down_the_ranks(ns, keys, |addr, ks| async move {
-                let c = self.conn(&addr).await?;
-                let held = held_each(c, ns, ks).await?;
-                Ok(held.into_iter().map(|h| h.then_some(true)).collect())
-            })
-            .await?;
-        Ok(held.into_iter().map(|h| h.is_some()).collect())
-    }
-
-    /// How many leading keys of the chain the pod holds.
-    pub async fn match_prefix(&self, ns: &str, chain: &[Bytes]) -> Result<u32, TransferError> {
-        let mut start = 0usize;
-        while start < chain.len() {
-            let rest = &chain[start..];
-            let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
-            // A key no member serving CXP1 could hold ends the chain there.
-            let mut stop = rest.len();
-            // Whom this pass asks about each key.
-            let mut asked_by = Vec::with_capacity(rest.len());
-            for (i, k) in rest.iter().enumerate() {
-                match self.ranked(ns, k).into_iter().next() {
-                    Some(a) => {
-                        asked_by.push(a.clone());
-                        groups.entry(a).or_default().push(i)
-                    }
-                    None => {
-                        stop = i;
-                        break;
-                    }
-                }
-            }
-            let asked = futures::future::join_all(groups.into_iter().map(|(addr, pos)| async {
-                let ks: Vec<Bytes> = pos.iter().map(|&i| rest[i].clone()).collect();
-                let r = match self.conn(&addr).await {
-                    Ok(c) => c.match_prefix(ns, &ks).await,
-                    Err(e) => Err(e),
-                };
-                (addr, pos, r)
-            }))
-            .await;
-            // The chain stops at the first key its member lacks (or cannot be asked about).
-            for (addr, pos, r) in asked {
-                let n = match r {
-                    Ok(n) => n as usize,
-                    Err(e) if unreachable(&e) => {
-                        self.lost(&addr).await;
-                        0
-                    }
-                    Err(e) => return Err(e),
-                };
-                if let Some(&p) = pos.get(n) {
-                    stop = stop.min(p);
-                }
-            }
-            start += stop;
-            if start == chain.len() {
-                break;
-            }
-            // Before cutting the chain at a key its member lacks (or that could not be
-            // asked), look further down its ranking (a block not moved yet after a join, a
-            // member that was away, one that missed its deadline just now). The member
-            // asked about it is passed over by address: a member lost in this pass moved
-            // to the end of the ranking, so the one first now was not asked yet.
-            let k = &chain[start];
-            let mut found = false;
-            let tries = ctxpod_wire::placement::read_candidates(self.pod.replication_of(ns).await);
-            let others: Vec<String> = match asked_by.get(stop) {
-                Some(a) => self.ranked(ns, k).into_iter().filter(|x| x != a).collect(),
-                None => self.ranked(ns, k).into_iter().skip(1).collect(),
-            };
-            for addr in others.into_iter().take(tries - 1) {
-                let asked = match self.conn(&addr).await {
-                    Ok(c) => c.match_prefix(ns, std::slice::from_ref(k)).await,
-                    Err(e) => Err(e),
-                };
-                match asked {
-                    Ok(1) => {
-                        found = true;
-                        break;
-                    }
-                    Err(e) if unreachable(&e) => self.lost(&addr).await,
-                    _ => {}
-                }
-            }
-            if !found {
-                break;
-            }
-            start += 1;
-        }
-        Ok(start as u32)
-    }
-
-    /// Pins the present keys for `ttl` on each of their R members; how many of them their
-    /// first member pinned.
-    pub async fn pin(&self, ns: &str, keys: &[Bytes], ttl: Duration) -> Result<u32, TransferError> {
-        self.on_copies(ns, keys, |c, ks| async move { c.pin(ns, &ks, ttl).await })
-            .await
-    }
-
-    /// Ends pins (and prefetch leases) of the keys on each of their R members.
-    pub async fn unpin(&self, ns: &str, keys: &[Bytes]) -> Result<u32, TransferError> {
-        self.on_copies(ns, keys, |c, ks| async move { c.unpin(ns, &ks).await })
-            .await
-    }
-
-    /// `op` on each member, for its keys among the R copies of each; the sum of what the
-    /// keys' first members answered.
-    async fn on_copies<F, Fut>(&self, ns: &str, keys: &[Bytes], op: F) -> Result<u32, TransferError>
+        op: F,
+    ) -> Result<u32, TransferError>
     where
         F: Fn(Arc<TransferClient>, Vec<Bytes>) -> Fut,
         Fut: std::future::Future<Output = Result<u32, TransferError>>,
     {
         let copies = self.pod.replication_of(ns).await;
-        // (member, first copy?) → keys
-        let mut groups: HashMap<(String, bool), Vec<Bytes>> = HashMap::new();
-        for k in keys {
-            for (r, a) in self.ranked(ns, k).into_iter().take(copies).enumerate() {
-                groups.entry((a, r == 0)).or_default().push(k.clone());
+        let (v, down) = self.pod.plan_view();
+        // Each key's first candidate: the first a read would ask.
+        let first: std::collections::HashSet<(usize, usize)> =
+            ReadPlan::new(&v.placement, &down, ns, keys, copies)
+                .round()
+                .into_iter()
+                .flat_map(|(m, idx)| idx.into_iter().map(move |i| (m, i)))
+                .collect();
+        let mut groups: Vec<(usize, bool, Vec<Bytes>)> = Vec::new();
+        for (m, idx) in fan_out(&v.placement, &down, ns, keys, copies) {
+            let (firsts, others): (Vec<usize>, Vec<usize>) =
+                idx.into_iter().partition(|&i| first.contains(&(m, i)));
+            for (is_first, part) in [(true, firsts), (false, others)] {
+                if !part.is_empty() {
+                    groups.push((m, is_first, part.iter().map(|&i| keys[i].clone()).collect()));
+                }
             }
         }
-        let done = futures::future::join_all(groups.into_iter().map(|((addr, first), ks)| {
-            let op = &op;
+        let done = futures::future::join_all(groups.into_iter().map(|(m, is_first, ks)| {
+            let (op, addr) = (&op, v.members[m].transfer.clone());
             async move {
                 let r = async {
-                    let c = self.conn(&addr).await?;
+                    let c = self
+                        .conn(addr.as_deref().ok_or(TransferError::Closed)?)
+                        .await?;
                     let mut n = 0;
                     for chunk in ks.chunks(LIST_MAX) {
                         n += op(c.clone(), chunk.to_vec()).await?;
@@ -536,16 +495,16 @@ impl TransferPod {
                     Ok(n)
                 }
                 .await;
-                (addr, first, r)
+                (m, is_first, r)
             }
         }))
         .await;
         let mut n = 0;
-        for (addr, first, r) in done {
+        for (m, is_first, r) in done {
             match r {
-                Ok(c) if first => n += c,
+                Ok(c) if is_first => n += c,
                 Ok(_) => {}
-                Err(e) if unreachable(&e) => self.lost(&addr).await,
+                Err(e) if unreachable(&e) => self.lost_member(&v.members[m]).await,
                 Err(e) => return Err(e),
             }
         }
@@ -581,52 +540,59 @@ impl TransferPod {
         opts: PrefetchOptions,
     ) -> Result<PodTicket, TransferError> {
         let n = entries.len();
-        let ranks: Vec<Vec<String>> = entries
-            .iter()
-            .map(|(_, e)| self.ranked(ns, &e.key))
-            .collect();
-        let mut rank = vec![0usize; n];
+        let copies = self.pod.replication_of(ns).await;
+        let (v, down) = self.pod.plan_view();
+        // A member that takes an entry answers for it (its ticket reports a miss): the plan
+        // goes on past a member only when it cannot be reached.
+        let mut plan = ReadPlan::new(
+            &v.placement,
+            &down,
+            ns,
+            entries.iter().map(|(_, e)| &e.key),
+            copies,
+        );
         let mut parts: Vec<(Ticket, Vec<usize>)> = Vec::new();
-        let mut todo: Vec<usize> = (0..n).collect();
-        while !todo.is_empty() {
-            // (member, region) → entry indices
-            let mut groups: HashMap<(String, u32), Vec<usize>> = HashMap::new();
-            let mut unplaced = Vec::new();
-            for &i in &todo {
-                match ranks[i].get(rank[i]) {
-                    Some(a) => groups
-                        .entry((a.clone(), entries[i].0.id()))
-                        .or_default()
-                        .push(i),
-                    None => unplaced.push(i),
+        while let Some(round) = plan.next_round() {
+            for (m, idx) in round {
+                // By region: each request fills one region.
+                let mut by_region: HashMap<u32, Vec<usize>> = HashMap::new();
+                for i in idx {
+                    by_region.entry(entries[i].0.id()).or_default().push(i);
                 }
-            }
-            if !unplaced.is_empty() {
-                return Err(TransferError::Http(ClientError::Invalid(format!(
-                    "no member of the pod can be reached for {} of the entries",
-                    unplaced.len()
-                ))));
-            }
-            todo.clear();
-            for ((addr, _), idx) in groups {
-                let region = entries[idx[0]].0.clone();
-                for chunk in idx.chunks(LIST_MAX) {
-                    let sub: Vec<PrefetchEntry> =
-                        chunk.iter().map(|&i| entries[i].1.clone()).collect();
-                    match self.prefetch_on(&addr, ns, &region, sub, opts).await {
-                        Ok(t) => parts.push((t, chunk.to_vec())),
-                        Err(e) if unreachable(&e) => {
-                            self.lost(&addr).await;
-                            for &i in chunk {
-                                rank[i] += 1;
-                                todo.push(i);
+                for idx in by_region.into_values() {
+                    let region = entries[idx[0]].0.clone();
+                    for chunk in idx.chunks(LIST_MAX) {
+                        let sub: Vec<PrefetchEntry> =
+                            chunk.iter().map(|&i| entries[i].1.clone()).collect();
+                        let r = match &v.members[m].transfer {
+                            Some(addr) => self.prefetch_on(addr, ns, &region, sub, opts).await,
+                            None => Err(TransferError::Closed),
+                        };
+                        match r {
+                            Ok(t) => {
+                                plan.answer_all(m, chunk, ReadAnswer::Final);
+                                parts.push((t, chunk.to_vec()));
                             }
+                            Err(e) if unreachable(&e) => {
+                                self.lost_member(&v.members[m]).await;
+                                plan.answer_all(m, chunk, ReadAnswer::Unreachable);
+                            }
+                            // The tickets opened so far are cancelled as `parts` drops.
+                            Err(e) => return Err(e),
                         }
-                        // The tickets opened so far are cancelled as `parts` drops.
-                        Err(e) => return Err(e),
                     }
                 }
             }
+        }
+        let unplaced = plan
+            .finish()
+            .iter()
+            .filter(|o| matches!(o, ReadOutcome::Miss))
+            .count();
+        if unplaced > 0 {
+            return Err(TransferError::Http(ClientError::Invalid(format!(
+                "no member of the pod can be reached for {unplaced} of the entries"
+            ))));
         }
         let mut index = vec![(0usize, 0usize); n];
         for (p, (_, idx)) in parts.iter().enumerate() {

@@ -6,7 +6,8 @@
 //! - [`key`] and [`namespace`] validate the identifiers that appear in URLs.
 //! - [`types`] are the JSON bodies.
 //! - [`placement`] and [`block_hash`]: where a block lives in a pod, and the engines' chained
-//!   block hashes.
+//!   block hashes; [`pod_plan`]: the pod's rules for an operation over keys (which member
+//!   is asked what, and what each answer means), driven by every path that serves a pod.
 //!
 //! The clients that speak this contract are in `ctxpod-client`.
 //!
@@ -69,6 +70,7 @@ pub mod frame;
 pub mod key;
 pub mod namespace;
 pub mod placement;
+pub mod pod_plan;
 pub mod proto;
 pub mod types;
 

@@ -2,17 +2,20 @@
 //! are answered for the whole pod. The node splits the batch by member, asks the members
 //! (itself included) all at once, and puts the answers back in the request's order.
 //!
-//! - `batch/get`: each key goes to its first-ranked member; keys a member misses (or that
-//!   cannot be reached) go to their next candidate in the following round, up to
-//!   max(3, R + 1) members, as a single `GET` would.
-//! - `batch/put`: each block goes to its R first-ranked members; a member that cannot be
-//!   reached is replaced by the next in rank order in the following round. A block is
-//!   acknowledged (200/201) once R members stored it; a refusal is its answer; too few
-//!   members reachable is 503.
-//! - `pin` / `unpin`: every candidate member of a key is asked (whichever holds a copy
-//!   keeps it); a key counts once, if any member pinned (unpinned) it.
-//! - a key listing: every member is asked for the same page; the pages are merged in key
-//!   order, each key once (`ctxpod_wire::key::merge_pages`).
+//! The rules are the pod planner's (`ctxpod_wire::pod_plan`); this module is the node's
+//! I/O for them (the requests to members, their answers checked):
+//! - `batch/get` ([`ReadPlan`](ctxpod_wire::pod_plan::ReadPlan)): each key goes to its
+//!   first-ranked member; keys a member misses (or that cannot be reached) go to their next
+//!   candidate in the following round, up to max(3, R + 1) members, as a single `GET` would.
+//! - `batch/put` ([`WritePlan`](ctxpod_wire::pod_plan::WritePlan)): each block goes to its
+//!   R first-ranked members; a member that cannot be reached is replaced by the next in
+//!   rank order in the following round. A block is acknowledged (200/201) once R members
+//!   stored it; a refusal is its answer; too few members reachable is 503.
+//! - `pin` / `unpin` / `present` ([`fan_out`](ctxpod_wire::pod_plan::fan_out)): every
+//!   candidate member of a key is asked (whichever holds a copy keeps it); a key counts
+//!   once, if any member pinned (unpinned, holds) it.
+//! - a key listing ([`fold_pages`](ctxpod_wire::pod_plan::fold_pages)): every member is
+//!   asked for the same page; the pages are merged in key order, each key once.
 //!
 //! Sub-requests carry `x-ctxpod-forwarded-by` and the caller's credentials
 //! ([`super::Peers::for_caller`]). The answering node holds the members' answers until it
@@ -24,7 +27,6 @@ use bytes::Bytes;
 use ctxpod_wire::frame;
 use ctxpod_wire::types::{KeysRequest, PinRequest, PinResponse, PresentResponse, UnpinResponse};
 use http::HeaderMap;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,17 +64,6 @@ impl PeerError {
             PeerError::Malformed => Some(502),
         }
     }
-}
-
-/// Key indexes grouped by the member each goes to this round.
-pub type Groups<'v> = BTreeMap<&'v str, (&'v MemberInfo, Vec<usize>)>;
-
-pub fn group<'v>(assign: impl IntoIterator<Item = (usize, &'v MemberInfo)>) -> Groups<'v> {
-    let mut g: Groups<'v> = BTreeMap::new();
-    for (i, m) in assign {
-        g.entry(m.id.as_str()).or_insert((m, Vec::new())).1.push(i);
-    }
-    g
 }
 
 /// Asks members for a caller: the namespace (as the caller names it), credentials.
@@ -295,105 +286,5 @@ impl Asker<'_> {
             Some(e) if e.len() == keys.len() => Ok(e),
             _ => Err(PeerError::Malformed),
         }
-    }
-}
-
-/// Where each block of a `batch/put` stands.
-#[derive(Clone, Debug, Default)]
-pub struct PutState {
-    /// Members that stored it.
-    pub stored: usize,
-    /// The first member's answer (201 or 200).
-    pub ok: Option<u16>,
-    /// A member's refusal: the block's answer.
-    pub refused: Option<u16>,
-    /// How far down its ranking it has gone.
-    pub next: usize,
-}
-
-impl PutState {
-    /// The members to ask this round: as many as copies are missing, next in rank order.
-    pub fn next_members<'v>(
-        &mut self,
-        ranked: &[&'v MemberInfo],
-        copies: usize,
-    ) -> Vec<&'v MemberInfo> {
-        if self.refused.is_some() || self.stored >= copies {
-            return Vec::new();
-        }
-        let want = copies - self.stored;
-        let end = (self.next + want).min(ranked.len());
-        let out = ranked[self.next..end].to_vec();
-        self.next = end;
-        out
-    }
-
-    pub fn answer(&mut self, status: u16) {
-        if status == 200 || status == 201 {
-            self.stored += 1;
-            self.ok.get_or_insert(status);
-        } else {
-            self.refused.get_or_insert(status);
-        }
-    }
-
-    /// The block's status once no round is left.
-    pub fn status(&self, copies: usize) -> u16 {
-        match (self.refused, self.ok) {
-            (Some(s), _) => s,
-            (None, Some(s)) if self.stored >= copies => s,
-            _ => 503,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::membership::MemberState;
-
-    fn m(id: &str) -> MemberInfo {
-        MemberInfo {
-            id: id.into(),
-            http: format!("http://{id}"),
-            transfer: None,
-            capacity: 1,
-            zone: String::new(),
-            state: MemberState::Up,
-        }
-    }
-
-    #[test]
-    fn a_put_goes_down_the_ranking_until_r_copies_or_a_refusal() {
-        let (a, b, c, d) = (m("a"), m("b"), m("c"), m("d"));
-        let ranked = [&a, &b, &c, &d];
-        let mut s = PutState::default();
-        let ids = |v: Vec<&MemberInfo>| v.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
-        assert_eq!(ids(s.next_members(&ranked, 2)), ["a", "b"]);
-        // a stored it, b could not be reached: the next round asks c only.
-        s.answer(201);
-        assert_eq!(ids(s.next_members(&ranked, 2)), ["c"]);
-        s.answer(200);
-        assert!(s.next_members(&ranked, 2).is_empty());
-        assert_eq!(s.status(2), 201);
-        // Nobody reachable: 503; a refusal is the answer.
-        let mut s = PutState::default();
-        s.next_members(&ranked, 2);
-        s.next_members(&ranked, 2);
-        assert!(s.next_members(&ranked, 2).is_empty());
-        assert_eq!(s.status(2), 503);
-        let mut s = PutState::default();
-        s.answer(201);
-        s.answer(507);
-        assert!(s.next_members(&ranked, 2).is_empty());
-        assert_eq!(s.status(2), 507);
-    }
-
-    #[test]
-    fn keys_are_grouped_by_member_in_order() {
-        let (a, b) = (m("a"), m("b"));
-        let g = group([(0, &b), (1, &a), (2, &b)]);
-        let got: Vec<(&str, Vec<usize>)> = g.iter().map(|(k, (_, v))| (*k, v.clone())).collect();
-        assert_eq!(got, [("a", vec![1]), ("b", vec![0, 2])]);
     }
 }

@@ -9,6 +9,7 @@ use axum::Json;
 use bytes::Bytes;
 use ctxpod_engine::PutStatus;
 use ctxpod_pod::batch as pod_batch;
+use ctxpod_wire::pod_plan::{Plan, ReadAnswer, ReadPlan, WriteAnswer, WriteOutcome, WritePlan};
 use ctxpod_wire::types::*;
 use ctxpod_wire::{frame, Durability};
 use futures::StreamExt;
@@ -224,32 +225,21 @@ pub(crate) async fn pod_batch_get(
     let mut held: Vec<crate::budget::Permit> = Vec::new();
     let mut egress = st.budgets.egress_for(client);
     let view = st.pod.view();
-    let n = ctxpod_pod::route::read_candidates(st.replication_of(scoped));
-    let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> = keys
-        .iter()
-        .map(|k| view.ranked(ns, k).into_iter().take(n).collect())
-        .collect();
+    let mut plan = ReadPlan::new(&view.placement, &[], ns, keys, st.replication_of(scoped));
     let asker = st.asker(ns, h, p);
     let mut out: Vec<Option<pod_batch::Got>> = vec![None; keys.len()];
-    for round in 0..n {
-        let groups = pod_batch::group(
-            (0..keys.len())
-                .filter(|&i| out[i].is_none() && ranked[i].len() > round)
-                .map(|i| (i, ranked[i][round])),
-        );
-        if groups.is_empty() {
-            break;
-        }
+    while let Some(groups) = plan.next_round() {
         // Every share holds a whole block at least, so a batch always makes progress: the
         // members that do not fit this answer's room are not asked (their keys answer 413:
         // ask again).
         let share = (room / groups.len()).max(ctxpod_wire::BLOCK_BYTES_MAX.min(room));
         let fit = room.checked_div(share).unwrap_or(0);
         let mut asks = Vec::new();
-        for (g, (m, idx)) in groups.into_values().enumerate() {
+        for (g, (m, idx)) in groups.into_iter().enumerate() {
             if g >= fit {
                 for i in idx {
                     out[i] = Some(refused(413));
+                    plan.answer(m, i, ReadAnswer::Final);
                 }
                 continue;
             }
@@ -263,25 +253,26 @@ pub(crate) async fn pod_batch_get(
                         .inc_by(idx.len() as u64);
                     for i in idx {
                         out[i] = Some(refused(503));
+                        plan.answer(m, i, ReadAnswer::Final);
                     }
                 }
             }
         }
         let answers = futures::future::join_all(asks.into_iter().map(|(m, idx, permits)| {
-            let asker = &asker;
+            let (asker, member) = (&asker, &view.members[m]);
             async move {
-                let r = if m.id == *st.node_id {
+                let r = if member.id == *st.node_id {
                     let ks: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
                     Ok(admitted_batch_get(st, None, scoped, &ks, share).await.0)
                 } else {
                     let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
-                    asker.batch_get(m, &ks, share).await
+                    asker.batch_get(member, &ks, share).await
                 };
-                (idx, r, permits)
+                (m, idx, r, permits)
             }
         }))
         .await;
-        for (idx, r, mut permits) in answers {
+        for (m, idx, r, mut permits) in answers {
             let mut used = 0usize;
             match r {
                 Ok(got) => {
@@ -294,17 +285,25 @@ pub(crate) async fn pod_batch_get(
                             used += len;
                         }
                         // A miss here may be a hit at the next candidate.
-                        if g.status != 404 {
+                        let a = match g.status {
+                            404 => ReadAnswer::Miss,
+                            200 => ReadAnswer::Hit,
+                            _ => ReadAnswer::Final,
+                        };
+                        if a != ReadAnswer::Miss {
                             out[i] = Some(g);
                         }
+                        plan.answer(m, i, a);
                     }
                 }
                 Err(e) => match e.status() {
                     // Unreachable, or without the namespace: the next candidate is asked.
-                    None | Some(404) => {}
+                    None => plan.answer_all(m, &idx, ReadAnswer::Unreachable),
+                    Some(404) => plan.answer_all(m, &idx, ReadAnswer::Miss),
                     Some(status) => {
                         for i in idx {
                             out[i] = Some(refused(status));
+                            plan.answer(m, i, ReadAnswer::Final);
                         }
                     }
                 },
@@ -432,55 +431,54 @@ pub(crate) async fn pod_batch_put(
     dur: Durability,
 ) -> Vec<u16> {
     let view = st.pod.view();
-    let copies = st.replication_of(scoped);
-    let ranked: Vec<Vec<&ctxpod_pod::membership::MemberInfo>> =
-        jobs.iter().map(|(k, _, _)| view.ranked(ns, k)).collect();
+    let keys = jobs.iter().map(|(k, _, _)| k);
+    let mut plan = WritePlan::put(&view.placement, &[], ns, keys, st.replication_of(scoped));
     let asker = st.asker(ns, h, p);
-    let mut states = vec![pod_batch::PutState::default(); jobs.len()];
-    loop {
-        let mut assign = Vec::new();
-        for (i, s) in states.iter_mut().enumerate() {
-            for m in s.next_members(&ranked[i], copies) {
-                assign.push((i, m));
+    let mut refused: Vec<Option<u16>> = vec![None; jobs.len()];
+    while let Some(round) = plan.next_round() {
+        let answers = futures::future::join_all(round.into_iter().map(|(m, idx)| {
+            let (asker, member) = (&asker, &view.members[m]);
+            async move {
+                let r = if member.id == *st.node_id {
+                    Ok(local_batch_put(st, scoped, jobs, &idx, dur).await)
+                } else {
+                    let blocks: Vec<(&[u8], &Bytes)> =
+                        idx.iter().map(|&i| (&jobs[i].0[..], &jobs[i].1)).collect();
+                    asker
+                        .batch_put(member, &blocks, h.get(ctxpod_wire::HEADER_DURABILITY))
+                        .await
+                };
+                (m, idx, r)
             }
-        }
-        if assign.is_empty() {
-            break;
-        }
-        let answers =
-            futures::future::join_all(pod_batch::group(assign).into_values().map(|(m, idx)| {
-                let asker = &asker;
-                async move {
-                    let r = if m.id == *st.node_id {
-                        Ok(local_batch_put(st, scoped, jobs, &idx, dur).await)
-                    } else {
-                        let blocks: Vec<(&[u8], &Bytes)> =
-                            idx.iter().map(|&i| (&jobs[i].0[..], &jobs[i].1)).collect();
-                        asker
-                            .batch_put(m, &blocks, h.get(ctxpod_wire::HEADER_DURABILITY))
-                            .await
-                    };
-                    (idx, r)
-                }
-            }))
-            .await;
-        for (idx, r) in answers {
-            match r {
-                Ok(statuses) => {
-                    for (i, s) in idx.into_iter().zip(statuses) {
-                        states[i].answer(s);
+        }))
+        .await;
+        for (m, idx, r) in answers {
+            // Unreachable (no status): the next round asks the next member in rank order.
+            let statuses = match r {
+                Ok(statuses) => statuses.into_iter().map(Some).collect(),
+                Err(e) => vec![e.status(); idx.len()],
+            };
+            for (i, s) in idx.into_iter().zip(statuses) {
+                let a = match s {
+                    None => WriteAnswer::Unreachable,
+                    Some(s @ (200 | 201)) => WriteAnswer::Applied { changed: s == 201 },
+                    Some(s) => {
+                        refused[i].get_or_insert(s);
+                        WriteAnswer::Refused
                     }
-                }
-                // Unreachable (no status): the next round asks the next member in rank order.
-                Err(e) => {
-                    if let Some(s) = e.status() {
-                        idx.into_iter().for_each(|i| states[i].answer(s));
-                    }
-                }
+                };
+                plan.answer(m, i, a);
             }
         }
     }
-    states.iter().map(|s| s.status(copies)).collect()
+    plan.finish()
+        .into_iter()
+        .zip(refused)
+        .map(|(o, refused)| match o {
+            WriteOutcome::Refused { .. } => refused.unwrap_or(503),
+            o => o.put_status().unwrap_or(503),
+        })
+        .collect()
 }
 
 pub(crate) async fn pin(

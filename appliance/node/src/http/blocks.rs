@@ -187,62 +187,69 @@ pub(crate) async fn match_prefix(
         }));
     }
     // A chain whose blocks live on several members: each member is asked about its own
-    // keys, all at once (`ctxpod_pod::route::match_in_pod`).
-    let n = ctxpod_pod::route::read_candidates(st.replication_of(&scoped));
-    let cands: Vec<Vec<ctxpod_pod::membership::MemberInfo>> = keys
-        .iter()
-        .map(|k| view.ranked(&ns, k).into_iter().take(n).cloned().collect())
-        .collect();
-    let by_id: std::collections::HashMap<String, ctxpod_pod::membership::MemberInfo> = view
-        .members
-        .iter()
-        .map(|m| (m.id.clone(), m.clone()))
-        .collect();
-    let matched = ctxpod_pod::route::match_in_pod(
-        keys.len(),
-        |i| cands[i].iter().map(|m| m.id.clone()).collect(),
-        |member, idx| {
-            let sub: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
-            let (st, scoped, ns) = (st.clone(), scoped.clone(), ns.clone());
-            let (h, p) = (h.clone(), p.clone());
-            let m = by_id.get(&member).cloned();
+    // keys, all at once ([`MatchPlan`]).
+    let mut plan = ctxpod_wire::pod_plan::MatchPlan::new(
+        &view.placement,
+        &[],
+        &ns,
+        &keys,
+        st.replication_of(&scoped),
+    );
+    while let Some(round) = plan.next_round() {
+        let asked = futures::future::join_all(round.into_iter().map(|(m, pos)| {
+            let sub: Vec<Vec<u8>> = pos.iter().map(|&i| keys[i].clone()).collect();
+            let (st, scoped, ns, h, p) = (&st, &scoped, &ns, &h, &p);
+            let member = &view.members[m];
             async move {
-                let m = anyhow::Context::context(m, "a member of the view")?;
-                if m.id == *st.node_id {
-                    return Ok(st.engine.match_prefix(&scoped, sub).await?);
+                if member.id == *st.node_id {
+                    return (
+                        m,
+                        st.engine
+                            .match_prefix(scoped, sub)
+                            .await
+                            .map_err(ApiError::from),
+                    );
                 }
                 let req = st
                     .peers
                     .http
-                    .post(format!("{}/v1/namespaces/{ns}/match", m.http))
+                    .post(format!("{}/v1/namespaces/{ns}/match", member.http))
                     .timeout(Duration::from_secs(10))
                     .header(ctxpod_pod::route::HEADER_FORWARDED, st.node_id.as_ref())
                     .json(&KeysRequest {
                         keys: sub.iter().map(hex::encode).collect(),
                     });
-                match st
+                let sent = st
                     .peers
-                    .for_caller(req, &h, p.tenant.as_deref())
+                    .for_caller(req, h, p.tenant.as_deref())
                     .send()
-                    .await
-                {
-                    Ok(r) if r.status().is_success() => {
-                        Ok(r.json::<MatchResponse>().await?.matched)
-                    }
+                    .await;
+                let held = match sent {
+                    Ok(r) if r.status().is_success() => match r.json::<MatchResponse>().await {
+                        Ok(a) => a.matched,
+                        Err(e) => {
+                            return (
+                                m,
+                                Err(ApiError::new(
+                                    StatusCode::BAD_GATEWAY,
+                                    "pod_match",
+                                    format!("MATCH across the pod failed: {e}"),
+                                )),
+                            )
+                        }
+                    },
                     // A member that cannot answer holds nothing as far as this match goes.
-                    _ => Ok(0),
-                }
+                    _ => 0,
+                };
+                (m, Ok(held))
             }
-        },
-    )
-    .await
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "pod_match",
-            format!("MATCH across the pod failed: {e:#}"),
-        )
-    })?;
+        }))
+        .await;
+        for (m, held) in asked {
+            plan.answer(m, held? as usize);
+        }
+    }
+    let matched = plan.matched().unwrap_or(0);
     Ok(Json(MatchResponse { matched }))
 }
 
@@ -301,7 +308,7 @@ struct ListQuery {
 
 /// `GET /v1/namespaces/{ns}/blocks?prefix=&after=&limit=`: one page of the namespace's
 /// keys in byte order, `next` set when there may be more. In a pod, every member is asked
-/// for the same page and the pages are merged (`ctxpod_wire::key::merge_pages`); a member
+/// for the same page and the pages are merged (`ctxpod_wire::pod_plan::fold_pages`); a member
 /// that cannot answer fails the listing (503, or the status it refused with), since a page
 /// without its keys would look complete; one that does not know the namespace yet holds
 /// none of its keys.
@@ -393,34 +400,53 @@ pub(crate) async fn pod_page(
         .take(limit)
         .map(|(k, m)| (k, listed(m)))
         .collect::<Vec<_>>();
-    let mut pages = vec![(mine, local_more)];
+    use ctxpod_wire::pod_plan::{fold_pages, ListFailure, PageAnswer};
+    let view = st.pod.view();
+    let me = view.members.iter().position(|m| m.id == *st.node_id);
+    let mut answers = vec![(me.unwrap_or(usize::MAX), PageAnswer::Page(mine, local_more))];
+    let mut errors = std::collections::HashMap::new();
     if st.answers_for_pod(h) {
-        let view = st.pod.view();
         let asker = st.asker(ns, h, p);
-        let others = view.members.iter().filter(|m| m.id != *st.node_id);
-        let answers = futures::future::join_all(others.map(|m| {
+        let others = view
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.id != *st.node_id);
+        let asked = futures::future::join_all(others.map(|(i, m)| {
             let (asker, after) = (&asker, &after);
-            async move { (m, asker.list(m, prefix, after.as_deref(), limit).await) }
+            async move { (i, asker.list(m, prefix, after.as_deref(), limit).await) }
         }))
         .await;
-        for (m, got) in answers {
-            match got {
-                Ok(page) => pages.push(page),
-                // A member that does not know the namespace yet holds none of its keys.
-                Err(ctxpod_pod::batch::PeerError::Refused(404)) => {}
-                Err(e) => {
-                    let status = e
-                        .status()
-                        .and_then(|s| StatusCode::from_u16(s).ok())
-                        .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-                    return Err(ApiError::new(
-                        status,
-                        "pod_list",
-                        format!("member {} could not list its keys: {e}", m.id),
-                    ));
-                }
-            }
+        for (i, got) in asked {
+            answers.push((
+                i,
+                match got {
+                    Ok((keys, more)) => PageAnswer::Page(keys, more),
+                    // A member that does not know the namespace yet holds none of its keys.
+                    Err(ctxpod_pod::batch::PeerError::Refused(404)) => PageAnswer::UnknownNamespace,
+                    Err(e) => {
+                        errors.insert(i, e);
+                        PageAnswer::Unreachable
+                    }
+                },
+            ));
         }
     }
-    Ok(ctxpod_wire::key::merge_pages(pages, limit))
+    match fold_pages(answers, limit) {
+        Ok(page) => Ok(page),
+        Err(ListFailure::Unreachable(i)) => {
+            let e = errors.remove(&i).expect("a member's failure");
+            let status = e
+                .status()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            Err(ApiError::new(
+                status,
+                "pod_list",
+                format!("member {} could not list its keys: {e}", view.members[i].id),
+            ))
+        }
+        // This node's own page is there: never all unknown.
+        Err(ListFailure::UnknownNamespace) => Ok((Vec::new(), false)),
+    }
 }

@@ -11,6 +11,8 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use ctxpod_wire::pod_plan::{Plan, ReadAnswer, WriteAnswer, WriteOutcome, WritePlan};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -159,6 +161,7 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
     }
     // The block, by its namespace's node-side name.
     let mut block = None;
+    let mut placed = None;
     let route = match forward::block_of(req.uri().path()) {
         Some((ns, key)) => {
             let scoped = req
@@ -170,111 +173,170 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
                 .as_ref()
                 .map_or(st.replication, |scoped| st.replication_of(scoped));
             let route = forward::route(&view, &st.node_id, req.method(), ns, &key, r);
+            placed = Some((ns.to_string(), key.clone()));
             block = scoped.map(|s| (s, key));
             route
         }
         None => Route::Local,
     };
+    let Some((ns, key)) = placed.filter(|_| route != Route::Local) else {
+        return next.run(req).await;
+    };
     match route {
         Route::Local => next.run(req).await,
-        Route::Read(members) => {
+        Route::Read { copies } => {
             let (parts, _) = req.into_parts();
-            for m in &members {
-                let resp = if m.id == *st.node_id {
-                    let local = Request::from_parts(parts.clone(), Body::empty());
-                    next.clone().run(local).await
-                } else {
-                    match forward_counted(&st, m, &parts, None, "read").await {
-                        Some(r) => r,
-                        None => continue,
+            let mut plan = Route::read_plan(&view, &ns, &key, copies);
+            let mut answer = None;
+            while let Some(round) = plan.next_round() {
+                for m in round.into_keys() {
+                    let member = &view.members[m];
+                    let resp = if member.id == *st.node_id {
+                        let local = Request::from_parts(parts.clone(), Body::empty());
+                        next.clone().run(local).await
+                    } else {
+                        match forward_counted(&st, member, &parts, None, "read").await {
+                            Some(r) => r,
+                            None => {
+                                plan.answer(m, 0, ReadAnswer::Unreachable);
+                                continue;
+                            }
+                        }
+                    };
+                    // A miss here may be a hit further down the ranking (a block written
+                    // while its first member was away); anything else is the answer.
+                    if resp.status() == StatusCode::NOT_FOUND {
+                        plan.answer(m, 0, ReadAnswer::Miss);
+                    } else {
+                        plan.answer(m, 0, ReadAnswer::Final);
+                        answer = Some(resp);
                     }
-                };
-                // A miss here may be a hit further down the ranking (a block written while
-                // its first member was away); anything else is the answer.
-                if resp.status() != StatusCode::NOT_FOUND {
-                    return resp;
                 }
             }
-            count_forwarded(&st, "read_miss");
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
+            answer.unwrap_or_else(|| {
+                count_forwarded(&st, "read_miss");
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
+            })
         }
-        Route::Write { members, copies } => {
-            // The body is held (within the ingest budget) so that it can go to several
-            // members, or to the next one if a member cannot be reached. It is charged the
-            // most it may hold, before any byte is read: its announced length (over the
-            // block limit: 413 at once), or a whole block when it announces none (chunked).
-            let announced = req
-                .headers()
-                .get(header::CONTENT_LENGTH)
-                .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
-            let len = match announced {
-                Some(Some(n)) if n > ctxpod_wire::BLOCK_BYTES_MAX as u64 => {
-                    return ApiError::too_large(format!(
-                        "a block of {n} bytes is over the limit of {}",
-                        ctxpod_wire::BLOCK_BYTES_MAX
-                    ))
-                    .into_response()
-                }
-                Some(Some(n)) => n as usize,
-                Some(None) => {
-                    return ApiError::invalid("content-length is not a number").into_response()
-                }
-                None if req.method() == Method::DELETE => 0,
-                None => ctxpod_wire::BLOCK_BYTES_MAX,
-            };
-            let _permit = match st.admit_body(len) {
-                Ok(p) => p,
-                Err(e) => return e.into_response(),
-            };
-            let (parts, body) = req.into_parts();
-            let body = match axum::body::to_bytes(body, ctxpod_wire::BLOCK_BYTES_MAX + 1).await {
-                Ok(b) => b,
-                Err(_) => {
-                    return ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "too_large",
-                        "block body over the limit, or cut short",
-                    )
-                    .into_response()
-                }
-            };
-            let is_delete = parts.method == Method::DELETE;
-            if let (true, Some(t), Some((ns, key))) = (is_delete, &st.tombstones, &block) {
-                if let Err(e) = t.room_for(ns, key) {
-                    return delete_not_recorded(e);
-                }
-            }
-            // The first `copies` members that answer each get the request, in rank order.
-            let mut answers: Vec<Response> = Vec::new();
-            for m in &members {
-                if answers.len() == copies {
-                    break;
-                }
-                let resp = if m.id == *st.node_id {
-                    let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
-                    next.clone().run(local).await
-                } else {
-                    match forward_counted(&st, m, &parts, Some(body.clone()), "write").await {
-                        Some(r) => r,
-                        None => continue,
-                    }
-                };
-                answers.push(resp);
-            }
-            // A delete is then recorded (a tombstone, with etcd): members that are away
-            // delete their copy when they return, every member deletes any copy taken
-            // meanwhile, and no copy of it is taken back. Recorded after the members
-            // answered, which tells whether one held the block (every member applies a
-            // tombstone as it learns of it); a delete not recorded answers 503 and the
-            // client sends it again.
-            if let (true, Some(t), Some((ns, key))) = (is_delete, &st.tombstones, &block) {
-                if let Err(e) = t.record(ns, key).await {
-                    return delete_not_recorded(e);
-                }
-            }
-            pick_answer(answers, copies, is_delete)
+        Route::Write { .. } | Route::Delete { .. } => {
+            let plan = route.write_plan(&view, &ns, &key).expect("a write route");
+            write_in_pod(&st, &view, req, next, plan, block.as_ref()).await
         }
     }
+}
+
+/// A routed put or delete: the body held (within the ingest budget) so that it can go to
+/// several members at once, or to the next one if a member cannot be reached, driven by
+/// its plan ([`WritePlan`]); a delete is then recorded as a tombstone.
+async fn write_in_pod(
+    st: &AppState,
+    view: &ctxpod_pod::membership::PodView,
+    req: Request,
+    next: Next,
+    mut plan: WritePlan,
+    block: Option<&(String, Vec<u8>)>,
+) -> Response {
+    // Charged the most it may hold, before any byte is read: its announced length (over
+    // the block limit: 413 at once), or a whole block when it announces none (chunked).
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
+    let len = match announced {
+        Some(Some(n)) if n > ctxpod_wire::BLOCK_BYTES_MAX as u64 => {
+            return ApiError::too_large(format!(
+                "a block of {n} bytes is over the limit of {}",
+                ctxpod_wire::BLOCK_BYTES_MAX
+            ))
+            .into_response()
+        }
+        Some(Some(n)) => n as usize,
+        Some(None) => return ApiError::invalid("content-length is not a number").into_response(),
+        None if req.method() == Method::DELETE => 0,
+        None => ctxpod_wire::BLOCK_BYTES_MAX,
+    };
+    let _permit = match st.admit_body(len) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, ctxpod_wire::BLOCK_BYTES_MAX + 1).await else {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "block body over the limit, or cut short",
+        )
+        .into_response();
+    };
+    let is_delete = plan.is_delete();
+    let tombstones = st.tombstones.as_ref().filter(|_| is_delete).zip(block);
+    if let Some((t, (ns, key))) = tombstones {
+        if let Err(e) = t.room_for(ns, key) {
+            return delete_not_recorded(e);
+        }
+    }
+    let mut answers: BTreeMap<usize, Response> = BTreeMap::new();
+    while let Some(round) = plan.next_round() {
+        let sent = futures::future::join_all(round.into_keys().map(|m| {
+            let (member, parts, body, next) = (&view.members[m], &parts, &body, next.clone());
+            async move {
+                let resp = if member.id == *st.node_id {
+                    let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
+                    Some(next.run(local).await)
+                } else {
+                    forward_counted(st, member, parts, Some(body.clone()), "write").await
+                };
+                (m, resp)
+            }
+        }))
+        .await;
+        for (m, resp) in sent {
+            let Some(resp) = resp else {
+                plan.answer(m, 0, WriteAnswer::Unreachable);
+                continue;
+            };
+            let s = resp.status();
+            let a = match (is_delete, s) {
+                (true, s) if s.is_success() => WriteAnswer::Applied { changed: true },
+                (true, StatusCode::NOT_FOUND) => WriteAnswer::Applied { changed: false },
+                (false, s) if s.is_success() => WriteAnswer::Applied {
+                    changed: s == StatusCode::CREATED,
+                },
+                _ => WriteAnswer::Refused,
+            };
+            plan.answer(m, 0, a);
+            answers.insert(m, resp);
+        }
+    }
+    // A delete is then recorded (a tombstone, with etcd): members that are away delete
+    // their copy when they return, every member deletes any copy taken meanwhile, and no
+    // copy of it is taken back. Recorded after the members answered, which tells whether
+    // one held the block (every member applies a tombstone as it learns of it); a delete
+    // not recorded answers 503 and the client sends it again.
+    if let Some((t, (ns, key))) = tombstones {
+        if let Err(e) = t.record(ns, key).await {
+            return delete_not_recorded(e);
+        }
+    }
+    let outcome = plan.finish().pop();
+    let answer_of = |m: usize, answers: &mut BTreeMap<usize, Response>| answers.remove(&m);
+    let picked = match outcome {
+        Some(WriteOutcome::Refused { member }) => answer_of(member, &mut answers),
+        // A delete: the answer of a member that held it, else of the best ranked.
+        Some(WriteOutcome::Applied { members } | WriteOutcome::TooFew { members }) if is_delete => {
+            let held = members.iter().find(|m| m.1).or(members.first());
+            held.and_then(|&(m, _)| answer_of(m, &mut answers))
+        }
+        // A put: its best-ranked copy's answer.
+        Some(WriteOutcome::Applied { members }) => members
+            .first()
+            .and_then(|&(m, _)| answer_of(m, &mut answers)),
+        Some(WriteOutcome::TooFew { .. }) => {
+            return unavailable("fewer members than the pod's replication factor can be reached")
+        }
+        None => None,
+    };
+    picked.unwrap_or_else(|| unavailable("no member that may hold this block can be reached"))
 }
 
 /// 503 (retry after a second) for a block delete the pod cannot record.
@@ -329,34 +391,7 @@ pub(crate) fn count_forwarded(st: &AppState, outcome: &str) {
     st.metrics.forwarded.with_label_values(&[outcome]).inc();
 }
 
-/// The answer to a write sent to several members. A put is acknowledged (with the first
-/// member's answer) only if `copies` members stored it; otherwise the first refusal is the
-/// answer, or 503 when too few members could be reached. A delete answers 200 if any
-/// member deleted the block, else the first answer (404 when none held it).
-pub(crate) fn pick_answer(answers: Vec<Response>, copies: usize, is_delete: bool) -> Response {
-    if is_delete {
-        let mut first = None;
-        for r in answers {
-            if r.status().is_success() {
-                return r;
-            }
-            first.get_or_insert(r);
-        }
-        return first
-            .unwrap_or_else(|| unavailable("no member that may hold this block can be reached"));
-    }
-    if let Some(i) = answers.iter().position(|r| !r.status().is_success()) {
-        return answers.into_iter().nth(i).expect("an index from position");
-    }
-    if answers.len() < copies {
-        return unavailable("fewer members than the pod's replication factor can be reached");
-    }
-    answers
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| unavailable("no member that may hold this block can be reached"))
-}
-
+/// 503 with Retry-After: too few members could be reached.
 pub(crate) fn unavailable(message: &'static str) -> Response {
     let mut r =
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response();

@@ -160,24 +160,19 @@ impl AppState {
         F: Fn(&'m ctxpod_pod::membership::MemberInfo, Vec<usize>) -> Fut,
         Fut: std::future::Future<Output = Option<Vec<bool>>>,
     {
-        let n = ctxpod_pod::route::read_candidates(self.replication_of(scoped));
-        let groups = pod_batch::group(
-            keys.iter()
-                .enumerate()
-                .flat_map(|(i, k)| view.ranked(ns, k).into_iter().take(n).map(move |m| (i, m))),
+        let round = ctxpod_wire::pod_plan::fan_out(
+            &view.placement,
+            &[],
+            ns,
+            keys,
+            self.replication_of(scoped),
         );
-        let answers = futures::future::join_all(groups.into_values().map(|(m, idx)| {
-            let asked = ask(m, idx.clone());
+        let answers = futures::future::join_all(round.into_iter().map(|(m, idx)| {
+            let asked = ask(&view.members[m], idx.clone());
             async move { (idx, asked.await) }
         }))
         .await;
-        let mut any = vec![false; keys.len()];
-        for (idx, got) in answers {
-            for (i, yes) in idx.into_iter().zip(got.unwrap_or_default()) {
-                any[i] |= yes;
-            }
-        }
-        any
+        ctxpod_wire::pod_plan::any_yes(keys.len(), answers)
     }
 
     /// Asks members on behalf of the caller `p` of this request.
