@@ -23,3 +23,8 @@ pub mod process;
 
 pub use data::{answered_busy, block, content, env_or, seed_from_env};
 pub use process::{du, free_port, poll_until, rss_bytes};
+
+/// The scenario table every door of a pod runs (`appliance/testkit/pod_scenarios.json`):
+/// the Rust clients, the node's forwarding and batches, the S3 door and the Python SDK
+/// must give the same answers to the same rows.
+pub const POD_SCENARIOS_JSON: &str = include_str!("../pod_scenarios.json");

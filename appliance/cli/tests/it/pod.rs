@@ -3,6 +3,8 @@
 
 use crate::common;
 
+mod doors;
+
 use common::etcd::{EtcdServer, PodEtcd};
 use common::metric_of;
 use common::Node;
