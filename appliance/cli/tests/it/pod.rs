@@ -2277,7 +2277,8 @@ async fn scrub_repairs_a_bad_copy_from_a_good_one_and_counts_the_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lost_for_good_is_re_replicated_while_reads_never_miss() {
     let n = 1000u64;
-    let extra = "replication = 2\nbackfill_interval_s = 600\nrepair_grace_s = 3\n";
+    let extra = "replication = 2\nbackfill_interval_s = 600\nrepair_grace_s = 3\n\
+                 [scrub]\ninterval_s = 1\nbytes_per_s = \"256MiB\"\n";
     let (_ground, mut nodes, pc, keys) = pod_holding("rr", extra, n).await;
     let before = lacking(&nodes, &keys).await;
     // Two copies of 1,000 blocks over three members: 2,000 held, 1,000 lacking.
@@ -2339,6 +2340,48 @@ async fn a_member_lost_for_good_is_re_replicated_while_reads_never_miss() {
          all {n} blocks {whole_after:.1?} after it; {copied} bytes copied in {repair_s:.1} s \
          ({:.1} MB/s, settle included); {reads} reads meanwhile, 0 failed",
         copied / repair_s / 1e6
+    );
+    flip_then_scrub(&nodes[0], &pc, 7).await;
+}
+
+/// Flips a byte of block `i`'s copy on `node`'s drive (it runs meanwhile): its scrub pass
+/// finds the bad copy and stores it again from the good one on another member; the node's
+/// own copy then reads back byte-exact, and so does the block through the pod.
+async fn flip_then_scrub(node: &Node, pc: &PodClient, i: u64) {
+    let repaired = |m: &str| metric_of(m, "ctxpod_scrub_repaired_total");
+    let before = repaired(&node.client.metrics().await.unwrap());
+    let t0 = Instant::now();
+    {
+        let dev = common::open_device(&node.dir);
+        let recs = common::records(&dev);
+        let hb = ctxpod_format::record::HEADER_BYTES as u64;
+        common::flip(&dev, recs[&r2_key(i)].0 + hb + 100);
+        dev.sync_all().unwrap();
+    }
+    common::eventually(
+        Duration::from_secs(60),
+        "scrub repairs the flipped copy",
+        async || repaired(&node.client.metrics().await.unwrap()) > before,
+    )
+    .await;
+    eprintln!(
+        "scrub: the flipped copy of block {i} repaired {:.1?} after the flip",
+        t0.elapsed()
+    );
+    let r = node
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/namespaces/default/blocks/{}", hex::encode(r2_key(i))),
+        )
+        .header(ctxpod_wire::HEADER_ROUTED, "test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the repaired copy on {}", node.url);
+    assert_eq!(r.bytes().await.unwrap(), r2_data(i), "the repaired copy");
+    assert_eq!(
+        pc.get("default", &r2_key(i)).await.unwrap(),
+        Some(r2_data(i))
     );
 }
 
