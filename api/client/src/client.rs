@@ -630,6 +630,17 @@ impl Client {
         self.call(Method::GET, "/v1/admin/drain").await
     }
 
+    /// `POST /v1/admin/repair` (admin): the node's backfill runs a pass now; the status
+    /// names the pass to wait for.
+    pub async fn repair(&self) -> Result<ctxpod_wire::types::RepairStatus, ClientError> {
+        self.call(Method::POST, "/v1/admin/repair").await
+    }
+
+    /// `GET /v1/admin/repair` (admin): where the node's backfill passes stand.
+    pub async fn repair_status(&self) -> Result<ctxpod_wire::types::RepairStatus, ClientError> {
+        self.call(Method::GET, "/v1/admin/repair").await
+    }
+
     /// `DELETE /v1/admin/drain` (admin): the node is up again.
     pub async fn undrain(&self) -> Result<ctxpod_wire::types::DrainStatus, ClientError> {
         self.call(Method::DELETE, "/v1/admin/drain").await

@@ -248,6 +248,28 @@ pub struct OpLatency {
     pub count: u64,
 }
 
+/// `/v1/admin/repair`: this node's backfill passes (those that copy each block it holds to
+/// the members that should hold one and do not), as `ctxpod repair --wait` follows them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepairStatus {
+    /// Passes ended since the node started (failed ones too).
+    pub passes_done: u64,
+    /// Whether a pass runs now.
+    pub running: bool,
+    /// On a `POST`: the pass that begins after it (done when `passes_done` reaches it); 0
+    /// on a `GET`.
+    pub wait_for_pass: u64,
+    /// The last pass that ended: whether it ran to its end, the blocks it copied, the copies
+    /// it could not make, and whether the view changed under it (it stopped early).
+    pub last_ok: bool,
+    pub last_copied_blocks: u64,
+    pub last_failed: u64,
+    pub last_restarted: bool,
+    /// Why the backfill does not run on this node, when it does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
 /// `/v1/admin/drain`: how far this node's drain is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DrainStatus {

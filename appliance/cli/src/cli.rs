@@ -125,6 +125,23 @@ enum Cmd {
         #[arg(long)]
         cancel: bool,
     },
+    /// Restore R copies of every block now: every member of the pod runs a backfill pass
+    /// (each copies the blocks it holds to the members that should hold one and do not);
+    /// `--wait` shows progress until a pass on every member, begun after the ask, found
+    /// nothing left to copy (exits 1 if that takes longer than `--timeout`).
+    Repair {
+        /// Any node of the pod.
+        #[arg(long, env = "CTXPOD_ADDR", default_value = "http://127.0.0.1:7400")]
+        addr: String,
+        #[command(flatten)]
+        creds: Creds,
+        /// Show progress until every member's pass found nothing to copy.
+        #[arg(long)]
+        wait: bool,
+        /// Longest wait, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
     /// Print the node's statistics as JSON.
     Stat {
         #[command(flatten)]
@@ -450,27 +467,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             creds,
             wait,
             cancel,
-        } => {
-            let c = creds.http(&addr)?;
-            let mut s = if cancel {
-                c.undrain().await?
-            } else {
-                c.drain().await?
-            };
-            while wait && s.state != "drained" {
-                eprint!(
-                    "\rdrain: {} after {} passes (last: {} blocks looked at, {} copied, {} failed)   ",
-                    s.state, s.passes, s.last_scanned, s.last_copied_blocks, s.last_failed
-                );
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                s = c.drain_status().await?;
-            }
-            if wait {
-                eprintln!();
-            }
-            println!("{}", serde_json::to_string_pretty(&s)?);
-            Ok(ExitCode::SUCCESS)
-        }
+        } => drain(&addr, &creds, wait, cancel).await,
+        Cmd::Repair {
+            addr,
+            creds,
+            wait,
+            timeout,
+        } => repair(&addr, &creds, wait, std::time::Duration::from_secs(timeout)).await,
         Cmd::Stat { t } => {
             let s = t.creds.http(&t.addr)?.stats().await?;
             println!("{}", serde_json::to_string_pretty(&s)?);
@@ -692,4 +695,107 @@ async fn prefetch(
     } else {
         ExitCode::from(4)
     })
+}
+
+/// `ctxpod drain`: starts (or with `cancel` takes back) the node's drain; `wait`: shows
+/// progress until it is drained.
+async fn drain(addr: &str, creds: &Creds, wait: bool, cancel: bool) -> anyhow::Result<ExitCode> {
+    let c = creds.http(addr)?;
+    let mut s = if cancel {
+        c.undrain().await?
+    } else {
+        c.drain().await?
+    };
+    while wait && s.state != "drained" {
+        eprint!(
+            "\rdrain: {} after {} passes (last: {} blocks looked at, {} copied, {} failed)   ",
+            s.state, s.passes, s.last_scanned, s.last_copied_blocks, s.last_failed
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        s = c.drain_status().await?;
+    }
+    if wait {
+        eprintln!();
+    }
+    println!("{}", serde_json::to_string_pretty(&s)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod repair`: asks every member of the pod (as `addr` sees it) for a backfill pass;
+/// `wait`: follows them until, on every member, a pass begun after its ask ran to its end
+/// and found nothing to copy (a member whose pass copied some is asked again), or
+/// `timeout`. Members that join meanwhile are asked when first seen; one that cannot be
+/// reached is waited for (it leaves the view when its lease runs out).
+async fn repair(
+    addr: &str,
+    creds: &Creds,
+    wait: bool,
+    timeout: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
+    use std::collections::BTreeMap;
+    let seed = creds.http(addr)?;
+    let started = std::time::Instant::now();
+    // Per member: the pass to wait for.
+    let mut asked: BTreeMap<String, u64> = BTreeMap::new();
+    let mut copied = 0u64;
+    loop {
+        let members = seed.cluster().await?.members;
+        let mut pending = Vec::new();
+        for m in &members {
+            let c = creds.http(&m.http)?;
+            let done = match asked.get(&m.id) {
+                Some(&pass) => match c.repair_status().await {
+                    Ok(s) if s.passes_done >= pass => {
+                        let clean = s.last_ok && !s.last_restarted;
+                        if clean && s.last_copied_blocks == 0 && s.last_failed == 0 {
+                            true
+                        } else {
+                            copied += s.last_copied_blocks;
+                            asked.remove(&m.id);
+                            false
+                        }
+                    }
+                    _ => false,
+                },
+                None => false,
+            };
+            if !done && !asked.contains_key(&m.id) {
+                match c.repair().await {
+                    Ok(s) => {
+                        asked.insert(m.id.clone(), s.wait_for_pass);
+                    }
+                    Err(e) if e.status() == Some(409) => {
+                        anyhow::bail!("member {} cannot repair: {e}", m.id)
+                    }
+                    Err(_) => {}
+                }
+            }
+            if !done {
+                pending.push(m.id.clone());
+            }
+        }
+        if !wait {
+            println!("{}", serde_json::to_string_pretty(&asked)?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        if pending.is_empty() {
+            eprintln!(
+                "\rrepair: every member's pass found nothing to copy ({} members, {copied} \
+                 blocks copied meanwhile, {:.1} s)",
+                members.len(),
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if started.elapsed() > timeout {
+            eprintln!("\nrepair: not done after {timeout:?}: waiting for {pending:?}");
+            return Ok(ExitCode::FAILURE);
+        }
+        eprint!(
+            "\rrepair: {} of {} members done, {copied} blocks copied so far   ",
+            members.len() - pending.len(),
+            members.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }

@@ -138,10 +138,12 @@ impl Backfill {
                         .members
                         .iter()
                         .any(|m| m.id != self.me && m.state == super::membership::MemberState::Up);
+                self.drain.pass_started();
                 let outcome = tokio::select! {
                     _ = stop.cancelled() => return,
                     r = self.pass() => r,
                 };
+                self.drain.pass_ended(outcome.as_ref().ok());
                 if let (true, Ok(r)) = (for_drain, &outcome) {
                     again = self.drain.pass_done(r);
                 } else if self.drain.draining() {

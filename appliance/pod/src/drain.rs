@@ -10,7 +10,7 @@
 
 use super::membership::{MemberState, RegistrationHandle};
 use super::PassReport;
-use ctxpod_wire::types::DrainStatus;
+use ctxpod_wire::types::{DrainStatus, RepairStatus};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -25,7 +25,20 @@ struct State {
     drained: bool,
 }
 
-/// This node's drain: set by the API, advanced by the backfill.
+/// Every backfill pass of this node, drain or not (`ctxpod repair`).
+#[derive(Default)]
+struct Passes {
+    /// Passes ended (failed ones too).
+    done: u64,
+    running: bool,
+    /// The last pass that ended: its report (`None`: it failed).
+    last: Option<PassReport>,
+    /// Why the backfill does not run here, when it does not.
+    off: Option<String>,
+}
+
+/// This node's drain: set by the API, advanced by the backfill. And its backfill passes,
+/// which `ctxpod repair` asks for and follows.
 pub struct Drain {
     registration: Option<RegistrationHandle>,
     /// Why a drain cannot run here, when it cannot.
@@ -33,6 +46,7 @@ pub struct Drain {
     /// Asks the backfill for a pass now.
     pub kick: Arc<Notify>,
     state: Mutex<State>,
+    passes: Mutex<Passes>,
 }
 
 /// Why this node cannot drain (it is alone, or its backfill is off).
@@ -50,11 +64,62 @@ impl Drain {
             off: Mutex::new(off),
             kick: Arc::new(Notify::new()),
             state: Mutex::new(State::default()),
+            passes: Mutex::new(Passes::default()),
+        }
+    }
+
+    /// A backfill pass begins.
+    pub fn pass_started(&self) {
+        self.passes.lock().running = true;
+    }
+
+    /// A backfill pass ended (`None`: it failed).
+    pub fn pass_ended(&self, r: Option<&PassReport>) {
+        let mut p = self.passes.lock();
+        p.running = false;
+        p.done += 1;
+        p.last = r.cloned();
+    }
+
+    /// `POST /v1/admin/repair`: asks the backfill for a pass now; the status says which
+    /// pass begins after this call (`wait_for_pass`). Refused when the backfill is off.
+    pub fn ask_repair(&self) -> Result<RepairStatus, CannotDrain> {
+        if let Some(why) = self.passes.lock().off.clone() {
+            return Err(CannotDrain(format!(
+                "repair needs the backfill, which is off: {why}"
+            )));
+        }
+        self.kick.notify_one();
+        Ok(self.repair_status(true))
+    }
+
+    /// Where this node's backfill passes stand; `asked`: the pass to wait for is the first
+    /// one to begin from now (the one after the running one, if any).
+    pub fn repair_status(&self, asked: bool) -> RepairStatus {
+        let p = self.passes.lock();
+        let last = p.last.clone();
+        RepairStatus {
+            passes_done: p.done,
+            running: p.running,
+            wait_for_pass: if asked {
+                p.done + if p.running { 2 } else { 1 }
+            } else {
+                0
+            },
+            last_ok: last.is_some(),
+            last_copied_blocks: last.as_ref().map_or(0, |l| l.copied_blocks),
+            last_failed: last.as_ref().map_or(0, |l| l.failed),
+            last_restarted: last.as_ref().is_some_and(|l| l.restarted),
+            unavailable: p.off.clone(),
         }
     }
 
     /// The backfill does not run on this node: a drain could not move anything.
     pub fn backfill_off(&self, why: &str) {
+        self.passes
+            .lock()
+            .off
+            .get_or_insert_with(|| why.to_string());
         let mut off = self.off.lock();
         if off.is_none() {
             *off = Some(format!("draining needs the backfill, which is off: {why}"));

@@ -148,7 +148,8 @@ fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
         }
         ("POST", "/v1/namespaces/{ns}/rotate-key")
         | ("POST", "/v1/admin/rotate-kek")
-        | ("POST", "/v1/admin/drain") => Vec::new(),
+        | ("POST", "/v1/admin/drain")
+        | ("POST", "/v1/admin/repair") => Vec::new(),
         ("POST", "/v1/plan") => {
             br#"{"sharing":0.5,"rate":1,"input_tokens":512,"retention_s":60}"#.to_vec()
         }
@@ -182,9 +183,13 @@ fn needs(method: &str, route: &str) -> &'static str {
     match (method, route) {
         (_, "/healthz" | "/readyz" | "/ui" | "/ui/{file}") => "public",
         (_, "/metrics" | "/v1/stats" | "/v1/mrc" | "/v1/overview") => "monitor",
-        (_, "/v1/admin/rotate-kek" | "/v1/admin/drain" | "/v1/namespaces/{ns}/rotate-key") => {
-            "admin"
-        }
+        (
+            _,
+            "/v1/admin/rotate-kek"
+            | "/v1/admin/drain"
+            | "/v1/admin/repair"
+            | "/v1/namespaces/{ns}/rotate-key",
+        ) => "admin",
         ("GET", "/v1/cluster" | "/v1/namespaces") | ("POST", "/v1/plan") => "look",
         ("GET" | "HEAD", _) => "read",
         ("POST", r)

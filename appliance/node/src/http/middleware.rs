@@ -55,6 +55,7 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
         ("GET" | "HEAD", "/v1/cluster") | ("POST", "/v1/plan") => Look,
         ("POST", "/v1/admin/rotate-kek" | "/v1/namespaces/{ns}/rotate-key") => Admin,
         ("POST" | "GET" | "HEAD" | "DELETE", "/v1/admin/drain") => Admin,
+        ("POST" | "GET" | "HEAD", "/v1/admin/repair") => Admin,
         // The list: each caller sees its own (a viewer sees every tenant's).
         ("GET" | "HEAD", "/v1/namespaces") => Look,
         ("GET" | "HEAD", "/v1/namespaces/{ns}") => Read,

@@ -129,18 +129,35 @@ pub(crate) async fn cluster(
 
 /// `POST /v1/admin/drain`: this node starts draining (202), or says why it cannot (409).
 pub(crate) async fn drain_start(State(st): State<AppState>) -> ApiResult<Response> {
-    match st.drain.start() {
+    accepted(st.drain.start(), "cannot_drain")
+}
+
+/// 202 with the status, or 409 (`code`) with why the node cannot.
+fn accepted<T: serde::Serialize>(
+    r: Result<T, ctxpod_pod::drain::CannotDrain>,
+    code: &'static str,
+) -> ApiResult<Response> {
+    match r {
         Ok(s) => Ok((StatusCode::ACCEPTED, Json(s)).into_response()),
-        Err(why) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "cannot_drain",
-            why.to_string(),
-        )),
+        Err(why) => Err(ApiError::new(StatusCode::CONFLICT, code, why.to_string())),
     }
 }
 
 pub(crate) async fn drain_status(State(st): State<AppState>) -> Json<DrainStatus> {
     Json(st.drain.status())
+}
+
+/// `POST /v1/admin/repair`: this node's backfill runs a pass now (202, with the pass to
+/// wait for), or says why it cannot (409: the backfill is off).
+pub(crate) async fn repair_start(State(st): State<AppState>) -> ApiResult<Response> {
+    accepted(st.drain.ask_repair(), "cannot_repair")
+}
+
+/// `GET /v1/admin/repair`: where this node's backfill passes stand.
+pub(crate) async fn repair_status(
+    State(st): State<AppState>,
+) -> Json<ctxpod_wire::types::RepairStatus> {
+    Json(st.drain.repair_status(false))
 }
 
 /// `DELETE /v1/admin/drain`: the node is up again.

@@ -20,7 +20,8 @@ use super::blocks::{
 use super::middleware::{admit_and_measure, authenticate, route_in_pod};
 use super::namespaces::{delete_namespace, get_namespace, list_namespaces, put_namespace};
 use super::observe::{
-    cluster, drain_cancel, drain_start, drain_status, events, healthz, metrics, mrc, readyz, stats,
+    cluster, drain_cancel, drain_start, drain_status, events, healthz, metrics, mrc, readyz,
+    repair_start, repair_status, stats,
 };
 use super::state::AppState;
 use crate::errors::ApiError;
@@ -96,6 +97,8 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/admin/drain", drain_start)
         .add(M::GET, "/v1/admin/drain", drain_status)
         .add(M::DELETE, "/v1/admin/drain", drain_cancel)
+        .add(M::POST, "/v1/admin/repair", repair_start)
+        .add(M::GET, "/v1/admin/repair", repair_status)
         .add(M::GET, "/v1/cluster", cluster)
         .add(M::GET, "/v1/overview", super::dashboard::overview)
         .add(M::POST, "/v1/plan", super::dashboard::plan)
