@@ -81,135 +81,201 @@ pub fn latency_buckets() -> Vec<f64> {
     prometheus::exponential_buckets(20e-6, 2.0, 18).expect("valid bucket parameters")
 }
 
+/// A counter with labels, defined and registered in `r` (see [`register`]).
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(r, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// A gauge with labels, defined and registered in `r` (see [`register`]).
+fn int_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(r, IntGaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// A gauge of floats with labels, defined and registered in `r` (see [`register`]).
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+    register(r, prometheus::GaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// A histogram over [`latency_buckets`], defined and registered in `r` (see [`register`]).
+fn latency(r: &Registry, name: &str, help: &str) -> Histogram {
+    register(
+        r,
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets())),
+    )
+}
+
+/// Block lookups, and records found damaged or unreadable: fields of [`Metrics`], in order
+/// (so registered in the order of the fields, as every family below).
+fn lookup_series(r: &Registry) -> (IntCounterVec, IntCounter, IntCounter, IntCounterVec) {
+    (
+        // `hits`
+        counter_vec(
+            r,
+            "ctxpod_block_hits_total",
+            "Block lookups that found the block, by tier",
+            &["tier"],
+        ),
+        // `misses`
+        counter(
+            r,
+            "ctxpod_block_misses_total",
+            "Block lookups that found nothing",
+        ),
+        // `integrity_errors`
+        counter(
+            r,
+            "ctxpod_integrity_errors_total",
+            "Records that failed a header, GCM or CRC32C check and were quarantined",
+        ),
+        // `media_errors`
+        counter_vec(
+            r,
+            "ctxpod_media_errors_total",
+            "Device reads that failed outside a client's request, by what was \
+             reading; the record concerned is dropped, the node stays writable",
+            &["op"],
+        ),
+    )
+}
+
+/// Eviction: blocks dropped, regions reclaimed, blocks moved.
+fn eviction_series(r: &Registry) -> (IntCounter, IntCounter, IntCounter) {
+    (
+        // `evicted_blocks`
+        counter(
+            r,
+            "ctxpod_evicted_blocks_total",
+            "Blocks dropped by eviction",
+        ),
+        // `evicted_regions`
+        counter(
+            r,
+            "ctxpod_evicted_regions_total",
+            "Regions reclaimed by eviction",
+        ),
+        // `reinserted_blocks`
+        counter(
+            r,
+            "ctxpod_reinserted_blocks_total",
+            "Blocks moved out of an evicted region (recently read or leased)",
+        ),
+    )
+}
+
+/// Device and user traffic.
+fn traffic_series(r: &Registry) -> (IntCounter, IntCounter, IntCounter, IntCounter) {
+    (
+        // `device_written_bytes`
+        counter(
+            r,
+            "ctxpod_device_written_bytes_total",
+            "Bytes written to the device",
+        ),
+        // `device_read_bytes`
+        counter(
+            r,
+            "ctxpod_device_read_bytes_total",
+            "Bytes read from the device",
+        ),
+        // `user_written_bytes`
+        counter(
+            r,
+            "ctxpod_user_written_bytes_total",
+            "Payload bytes of newly stored blocks (write amplification = device / user)",
+        ),
+        // `device_flushes`
+        counter(r, "ctxpod_device_flushes_total", "Device flushes"),
+    )
+}
+
+/// Group commits: their size, and the time of their phases.
+fn commit_series(r: &Registry) -> (Histogram, Histogram, Histogram, Histogram) {
+    (
+        // `group_commit_blocks`
+        register(
+            r,
+            Histogram::with_opts(
+                HistogramOpts::new("ctxpod_group_commit_blocks", "Writes per group commit")
+                    .buckets(prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets")),
+            ),
+        ),
+        // `group_commit_seconds`
+        latency(
+            r,
+            "ctxpod_group_commit_duration_seconds",
+            "Time of one group commit",
+        ),
+        // `flush_seconds`
+        latency(
+            r,
+            "ctxpod_device_flush_duration_seconds",
+            "Time of one device flush",
+        ),
+        // `index_commit_seconds`
+        latency(
+            r,
+            "ctxpod_index_commit_duration_seconds",
+            "Time of one RocksDB batch write (synced or not)",
+        ),
+    )
+}
+
+/// Refusals of full queues, the offload engines, the device I/O engine.
+fn engine_series(r: &Registry) -> (IntCounterVec, prometheus::GaugeVec, IntGaugeVec) {
+    (
+        // `busy_rejections`
+        counter_vec(
+            r,
+            "ctxpod_busy_rejections_total",
+            "Requests refused with 503, by full queue",
+            &["queue"],
+        ),
+        // `offload`
+        gauge_vec(
+            r,
+            "ctxpod_offload",
+            "Offload engines: ops, busy_seconds, rejected_busy, faults (monotonic)",
+            &["engine", "figure"],
+        ),
+        // `io_engine_info`
+        int_gauge_vec(
+            r,
+            "ctxpod_io_engine_info",
+            "The device I/O engine in use (value 1)",
+            &["engine", "direct"],
+        ),
+    )
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        let latency = |name: &str, help: &str| {
-            Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))
-        };
+        let (hits, misses, integrity_errors, media_errors) = lookup_series(&r);
+        let (evicted_blocks, evicted_regions, reinserted_blocks) = eviction_series(&r);
+        let (device_written_bytes, device_read_bytes, user_written_bytes, device_flushes) =
+            traffic_series(&r);
+        let (group_commit_blocks, group_commit_seconds, flush_seconds, index_commit_seconds) =
+            commit_series(&r);
+        let (busy_rejections, offload, io_engine_info) = engine_series(&r);
         Metrics {
-            hits: register(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "ctxpod_block_hits_total",
-                        "Block lookups that found the block, by tier",
-                    ),
-                    &["tier"],
-                ),
-            ),
-            misses: counter(
-                &r,
-                "ctxpod_block_misses_total",
-                "Block lookups that found nothing",
-            ),
-            integrity_errors: counter(
-                &r,
-                "ctxpod_integrity_errors_total",
-                "Records that failed a header, GCM or CRC32C check and were quarantined",
-            ),
-            media_errors: register(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "ctxpod_media_errors_total",
-                        "Device reads that failed outside a client's request, by what was \
-                     reading; the record concerned is dropped, the node stays writable",
-                    ),
-                    &["op"],
-                ),
-            ),
-            evicted_blocks: counter(
-                &r,
-                "ctxpod_evicted_blocks_total",
-                "Blocks dropped by eviction",
-            ),
-            evicted_regions: counter(
-                &r,
-                "ctxpod_evicted_regions_total",
-                "Regions reclaimed by eviction",
-            ),
-            reinserted_blocks: counter(
-                &r,
-                "ctxpod_reinserted_blocks_total",
-                "Blocks moved out of an evicted region (recently read or leased)",
-            ),
-            device_written_bytes: counter(
-                &r,
-                "ctxpod_device_written_bytes_total",
-                "Bytes written to the device",
-            ),
-            device_read_bytes: counter(
-                &r,
-                "ctxpod_device_read_bytes_total",
-                "Bytes read from the device",
-            ),
-            user_written_bytes: counter(
-                &r,
-                "ctxpod_user_written_bytes_total",
-                "Payload bytes of newly stored blocks (write amplification = device / user)",
-            ),
-            device_flushes: counter(&r, "ctxpod_device_flushes_total", "Device flushes"),
-            group_commit_blocks: register(
-                &r,
-                Histogram::with_opts(
-                    HistogramOpts::new("ctxpod_group_commit_blocks", "Writes per group commit")
-                        .buckets(
-                            prometheus::exponential_buckets(1.0, 2.0, 10).expect("valid buckets"),
-                        ),
-                ),
-            ),
-            group_commit_seconds: register(
-                &r,
-                latency(
-                    "ctxpod_group_commit_duration_seconds",
-                    "Time of one group commit",
-                ),
-            ),
-            flush_seconds: register(
-                &r,
-                latency(
-                    "ctxpod_device_flush_duration_seconds",
-                    "Time of one device flush",
-                ),
-            ),
-            index_commit_seconds: register(
-                &r,
-                latency(
-                    "ctxpod_index_commit_duration_seconds",
-                    "Time of one RocksDB batch write (synced or not)",
-                ),
-            ),
-            busy_rejections: register(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "ctxpod_busy_rejections_total",
-                        "Requests refused with 503, by full queue",
-                    ),
-                    &["queue"],
-                ),
-            ),
-            offload: register(
-                &r,
-                prometheus::GaugeVec::new(
-                    Opts::new(
-                        "ctxpod_offload",
-                        "Offload engines: ops, busy_seconds, rejected_busy, faults (monotonic)",
-                    ),
-                    &["engine", "figure"],
-                ),
-            ),
-            io_engine_info: register(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "ctxpod_io_engine_info",
-                        "The device I/O engine in use (value 1)",
-                    ),
-                    &["engine", "direct"],
-                ),
-            ),
+            hits,
+            misses,
+            integrity_errors,
+            media_errors,
+            evicted_blocks,
+            evicted_regions,
+            reinserted_blocks,
+            device_written_bytes,
+            device_read_bytes,
+            user_written_bytes,
+            device_flushes,
+            group_commit_blocks,
+            group_commit_seconds,
+            flush_seconds,
+            index_commit_seconds,
+            busy_rejections,
+            offload,
+            io_engine_info,
             capacity_bytes: gauge(&r, "ctxpod_capacity_bytes", "Configured flash capacity"),
             used_bytes: gauge(&r, "ctxpod_used_bytes", "Device bytes in regions in use"),
             live_bytes: gauge(&r, "ctxpod_live_bytes", "Payload bytes of live blocks"),
@@ -223,15 +289,11 @@ impl Metrics {
                 "ctxpod_leased_bytes",
                 "Device bytes of leased (pinned or held) records",
             ),
-            lease_refusals: register(
+            lease_refusals: counter_vec(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "ctxpod_lease_refusals_total",
-                        "Leases refused, by reason (table, node_bytes, tenant_bytes)",
-                    ),
-                    &["reason"],
-                ),
+                "ctxpod_lease_refusals_total",
+                "Leases refused, by reason (table, node_bytes, tenant_bytes)",
+                &["reason"],
             ),
             reclaim_skipped: counter(
                 &r,

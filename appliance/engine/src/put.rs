@@ -29,16 +29,7 @@ impl Engine {
         durability: Durability,
     ) -> Result<PutStatus> {
         Self::check_key(key)?;
-        if self.core.failed.load(Ordering::SeqCst) {
-            return Err(EngineError::Internal(anyhow::anyhow!(
-                "the node failed a device write or flush and accepts no writes"
-            )));
-        }
-        if !staged.is_complete() {
-            return Err(EngineError::Invalid(
-                "the block's body is incomplete".into(),
-            ));
-        }
+        self.check_writable(&staged)?;
         let len = staged.len();
         let ns = self.ns(ns)?;
         let bkey = block_key(ns.id, key);
@@ -49,17 +40,7 @@ impl Engine {
         let _pending = (existing.is_none() && ns.quota_bytes().is_some())
             .then(|| Pending::new(&ns, len as u64));
         if existing.is_none() {
-            if let Some(q) = ns.quota_bytes() {
-                if ns.used_bytes.load(Ordering::Relaxed) + len as u64 > q {
-                    return Err(EngineError::Quota(format!(
-                        "namespace {} is at its quota",
-                        ns.name
-                    )));
-                }
-                if let Some(pod) = self.core.pod_quota.get() {
-                    pod.reserve(&ns, len as u64).await?;
-                }
-            }
+            self.check_quota(&ns, len).await?;
         }
         let seq = if existing.is_none() {
             self.core.next_seq()?
@@ -100,18 +81,7 @@ impl Engine {
         let (crc, record) = match prep {
             PutPrep::Crc(crc) => {
                 let loc = existing.expect("Crc only when the block exists");
-                if loc.crc32c != crc || loc.len as usize != len {
-                    return Err(EngineError::Conflict);
-                }
-                // The stored copy may come from a `fast` put not yet flushed: a durable
-                // re-put waits for the writer's next flush and sync.
-                if durability == Durability::Durable && self.core.unsynced.load(Ordering::SeqCst) {
-                    let (tx, rx) = oneshot::channel();
-                    self.send(WriteCmd::Barrier(tx))?;
-                    rx.await
-                        .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
-                }
-                return Ok(PutStatus::Exists);
+                return self.confirm_existing(&loc, crc, len, durability).await;
             }
             PutPrep::Record(crc, record) => (crc, record),
         };
@@ -132,14 +102,75 @@ impl Engine {
             .await
             .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
         if status == PutStatus::Created {
-            self.core.events.block(&bkey, events::KvEventKind::Stored);
-            self.core
-                .counters
-                .user_written_bytes
-                .fetch_add(len as u64, Ordering::Relaxed);
-            self.core.metrics.user_written_bytes.inc_by(len as u64);
+            self.count_stored(&bkey, len);
         }
         Ok(status)
+    }
+
+    /// Refuses a put once the node failed (it accepts no writes) or when the staged body is
+    /// incomplete.
+    fn check_writable(&self, staged: &StagedBlock) -> Result<()> {
+        if self.core.failed.load(Ordering::SeqCst) {
+            return Err(EngineError::Internal(anyhow::anyhow!(
+                "the node failed a device write or flush and accepts no writes"
+            )));
+        }
+        if !staged.is_complete() {
+            return Err(EngineError::Invalid(
+                "the block's body is incomplete".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A new block of `len` bytes within its namespace's quota, if it has one: refused at
+    /// once past the quota, otherwise asked of the pod's ledger (when there is one).
+    async fn check_quota(&self, ns: &Arc<Namespace>, len: usize) -> Result<()> {
+        if let Some(q) = ns.quota_bytes() {
+            if ns.used_bytes.load(Ordering::Relaxed) + len as u64 > q {
+                return Err(EngineError::Quota(format!(
+                    "namespace {} is at its quota",
+                    ns.name
+                )));
+            }
+            if let Some(pod) = self.core.pod_quota.get() {
+                pod.reserve(ns, len as u64).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A put of a block that exists (`loc`): `Exists` if the body is the same (once durable,
+    /// when `durability` asks for it), `Conflict` otherwise.
+    async fn confirm_existing(
+        &self,
+        loc: &BlockLoc,
+        crc: u32,
+        len: usize,
+        durability: Durability,
+    ) -> Result<PutStatus> {
+        if loc.crc32c != crc || loc.len as usize != len {
+            return Err(EngineError::Conflict);
+        }
+        // The stored copy may come from a `fast` put not yet flushed: a durable
+        // re-put waits for the writer's next flush and sync.
+        if durability == Durability::Durable && self.core.unsynced.load(Ordering::SeqCst) {
+            let (tx, rx) = oneshot::channel();
+            self.send(WriteCmd::Barrier(tx))?;
+            rx.await
+                .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
+        }
+        Ok(PutStatus::Exists)
+    }
+
+    /// A new block stored: announced, and its bytes counted as written by users.
+    fn count_stored(&self, bkey: &[u8], len: usize) {
+        self.core.events.block(bkey, events::KvEventKind::Stored);
+        self.core
+            .counters
+            .user_written_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        self.core.metrics.user_written_bytes.inc_by(len as u64);
     }
 
     /// True if the block existed and is now deleted.

@@ -65,148 +65,24 @@ pub(super) async fn open(
         );
     }
     let wanted = geometry_for(&cfg)?;
-    let stored: Option<Geometry> = index
-        .get_meta(index::META_GEOMETRY)?
-        .map(|v| serde_json::from_slice(&v))
-        .transpose()
-        .context("decode stored geometry")?;
+    let stored = stored_geometry(&index)?;
     if let Some(g) = &stored {
-        ensure!(
-            g.format_version == FORMAT_VERSION,
-            "this node's data is in on-disk format {}, this ctxpod reads format {}: there is \
-             no in-place upgrade, start it on a new data dir",
-            g.format_version,
-            FORMAT_VERSION
-        );
-        ensure!(
-            g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
-            "this node was formatted with capacity {} and regions of {} bytes; the \
-                 configuration now asks for {} and {}: resizing is not supported, use the \
-                 original settings or a new data dir",
-            g.capacity_bytes,
-            g.region_bytes,
-            wanted.capacity_bytes,
-            wanted.region_bytes
-        );
-        ensure!(
-            g.plaintext_at_rest == wanted.plaintext_at_rest,
-            "this node was formatted with encrypt_at_rest = {}, the configuration now says {}: \
-             the mode is fixed at format time, use the original setting or a new data dir",
-            !g.plaintext_at_rest,
-            !wanted.plaintext_at_rest
-        );
-        ensure!(
-            device.is_some() || cfg.device_path().exists(),
-            "device {} does not exist, but the index describes a formatted node: refusing to \
-             start on an empty device (its superblock is missing); move the index away to \
-             start afresh",
-            cfg.device_path().display()
-        );
+        check_unchanged(g, &wanted, device.is_some(), &cfg)?;
     }
-    let device = match (device, cfg.sim_profile()) {
-        (Some(d), _) => {
-            ensure!(
-                d.len() >= wanted.capacity_bytes,
-                "device of {} bytes is smaller than the capacity {}",
-                d.len(),
-                wanted.capacity_bytes
-            );
-            d
-        }
-        (None, Some(profile)) => Arc::new(device::sim::SimBackend::open(
-            &profile,
-            &cfg.device_path(),
-            wanted.capacity_bytes,
-            cfg.sim_faults.as_deref(),
-        )?),
-        (None, None) => device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?,
-    };
-    let geometry = match stored {
-        Some(g) => {
-            check_superblock(&*device, &g).await?;
-            g
-        }
-        None => {
-            // A simulated device has no filesystem extents to convert.
-            let is_file = device.sim().is_none()
-                && std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
-            if cfg.zero_fill && is_file {
-                zero_fill(&*device, &wanted).await?;
-            }
-            write_superblock(&*device, &wanted).await?;
-            let mut wb = rocksdb::WriteBatch::default();
-            wb.put(index::META_GEOMETRY, serde_json::to_vec(&wanted)?);
-            index.write(wb, index::WriteMode::Wal { sync: true })?;
-            tracing::info!(
-                capacity = wanted.capacity_bytes,
-                region_bytes = wanted.region_bytes,
-                regions = wanted.regions,
-                encrypt_at_rest = !wanted.plaintext_at_rest,
-                "formatted a new node"
-            );
-            wanted
-        }
-    };
-    if geometry.plaintext_at_rest {
-        tracing::warn!(
-            "encryption at rest is OFF (formatted with encrypt_at_rest = false): block \
-             records are stored as received, protected by CRC32C only"
-        );
-    }
-    metrics
-        .io_engine_info
-        .with_label_values(&[
-            device.info().engine,
-            if device.info().direct {
-                "true"
-            } else {
-                "false"
-            },
-        ])
-        .set(1);
-    tracing::info!(
-        engine = device.info().engine,
-        direct = device.info().direct,
-        "device open"
-    );
+    let device = device_for(device, &cfg, &wanted)?;
+    let geometry = format_or_check(&*device, &cfg, &index, stored, wanted).await?;
+    announce_device(&metrics, &*device, &geometry);
 
     let namespaces = load_namespaces(&index, &kek)?;
     let counters = Counters::default();
     // The node's sequence (nonces, region epochs) resumes above everything an earlier life
     // may have handed out; its first number goes to the open region's tail.
-    let reserved = match index.get_meta(index::META_SEQ_RESERVED)? {
-        Some(v) => u64::from_le_bytes(
-            v.as_slice()
-                .try_into()
-                .map_err(|_| anyhow::anyhow!("bad nonce reservation in the index"))?,
-        ),
-        None => 0,
-    };
+    let reserved = seq_reserved(&index)?;
     let next_reserved = reserved + SEQ_CHUNK;
     let mut regions = load_regions(&index, &geometry)?;
     let scan =
         recover_open_tail(&*device, &index, &geometry, &mut regions, &namespaces, None).await?;
-    let recovered = scan.records;
-    counters
-        .recovered_records
-        .store(recovered, Ordering::Relaxed);
-    counters
-        .media_errors
-        .store(scan.media_errors, Ordering::Relaxed);
-    metrics
-        .media_errors
-        .with_label_values(&["tail_scan"])
-        .inc_by(scan.media_errors);
-    counters
-        .integrity_errors
-        .fetch_add(scan.bad_records, Ordering::Relaxed);
-    metrics.integrity_errors.inc_by(scan.bad_records);
-    if recovered > 0 {
-        tracing::info!(
-            records = recovered,
-            "re-indexed records past the last checkpoint from the open region's tail"
-        );
-    }
+    count_tail_scan(&counters, &metrics, &scan);
     // One synced batch: the new reservation, and a fresh tail epoch for every open region,
     // so that records an earlier life left past the tail are never scanned as this life's.
     let mut wb = rocksdb::WriteBatch::default();
@@ -260,6 +136,189 @@ pub(super) async fn open(
         unsynced: AtomicBool::new(false),
         cfg,
     })
+}
+
+/// The geometry the node was formatted with, as the index keeps it (`None` before the first
+/// start).
+fn stored_geometry(index: &Index) -> anyhow::Result<Option<Geometry>> {
+    let stored: Option<Geometry> = index
+        .get_meta(index::META_GEOMETRY)?
+        .map(|v| serde_json::from_slice(&v))
+        .transpose()
+        .context("decode stored geometry")?;
+    Ok(stored)
+}
+
+/// Refuses to start when the configuration no longer matches how the node was formatted
+/// (`g`), or when the device of a formatted node is missing (`device_given`: the caller
+/// brought one).
+fn check_unchanged(
+    g: &Geometry,
+    wanted: &Geometry,
+    device_given: bool,
+    cfg: &Config,
+) -> anyhow::Result<()> {
+    ensure!(
+        g.format_version == FORMAT_VERSION,
+        "this node's data is in on-disk format {}, this ctxpod reads format {}: there is \
+         no in-place upgrade, start it on a new data dir",
+        g.format_version,
+        FORMAT_VERSION
+    );
+    ensure!(
+        g.capacity_bytes == wanted.capacity_bytes && g.region_bytes == wanted.region_bytes,
+        "this node was formatted with capacity {} and regions of {} bytes; the \
+             configuration now asks for {} and {}: resizing is not supported, use the \
+             original settings or a new data dir",
+        g.capacity_bytes,
+        g.region_bytes,
+        wanted.capacity_bytes,
+        wanted.region_bytes
+    );
+    ensure!(
+        g.plaintext_at_rest == wanted.plaintext_at_rest,
+        "this node was formatted with encrypt_at_rest = {}, the configuration now says {}: \
+         the mode is fixed at format time, use the original setting or a new data dir",
+        !g.plaintext_at_rest,
+        !wanted.plaintext_at_rest
+    );
+    ensure!(
+        device_given || cfg.device_path().exists(),
+        "device {} does not exist, but the index describes a formatted node: refusing to \
+         start on an empty device (its superblock is missing); move the index away to \
+         start afresh",
+        cfg.device_path().display()
+    );
+    Ok(())
+}
+
+/// The device: `device` when given (it must hold the capacity), else the configured
+/// simulated device, else the device file through the configured I/O engine.
+fn device_for(
+    device: Option<Arc<dyn Device>>,
+    cfg: &Config,
+    wanted: &Geometry,
+) -> anyhow::Result<Arc<dyn Device>> {
+    Ok(match (device, cfg.sim_profile()) {
+        (Some(d), _) => {
+            ensure!(
+                d.len() >= wanted.capacity_bytes,
+                "device of {} bytes is smaller than the capacity {}",
+                d.len(),
+                wanted.capacity_bytes
+            );
+            d
+        }
+        (None, Some(profile)) => Arc::new(device::sim::SimBackend::open(
+            &profile,
+            &cfg.device_path(),
+            wanted.capacity_bytes,
+            cfg.sim_faults.as_deref(),
+        )?),
+        (None, None) => device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?,
+    })
+}
+
+/// The node's geometry: the `stored` one once its superblock is checked on the device, or
+/// on first start `wanted`, written to a new device (zero-filled first if asked) and to the
+/// index.
+async fn format_or_check(
+    device: &dyn Device,
+    cfg: &Config,
+    index: &Index,
+    stored: Option<Geometry>,
+    wanted: Geometry,
+) -> anyhow::Result<Geometry> {
+    Ok(match stored {
+        Some(g) => {
+            check_superblock(device, &g).await?;
+            g
+        }
+        None => {
+            // A simulated device has no filesystem extents to convert.
+            let is_file = device.sim().is_none()
+                && std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
+            if cfg.zero_fill && is_file {
+                zero_fill(device, &wanted).await?;
+            }
+            write_superblock(device, &wanted).await?;
+            let mut wb = rocksdb::WriteBatch::default();
+            wb.put(index::META_GEOMETRY, serde_json::to_vec(&wanted)?);
+            index.write(wb, index::WriteMode::Wal { sync: true })?;
+            tracing::info!(
+                capacity = wanted.capacity_bytes,
+                region_bytes = wanted.region_bytes,
+                regions = wanted.regions,
+                encrypt_at_rest = !wanted.plaintext_at_rest,
+                "formatted a new node"
+            );
+            wanted
+        }
+    })
+}
+
+/// Logs how the device is driven (and a warning when records are stored in plaintext), and
+/// sets `ctxpod_io_engine_info`.
+fn announce_device(metrics: &Metrics, device: &dyn Device, g: &Geometry) {
+    if g.plaintext_at_rest {
+        tracing::warn!(
+            "encryption at rest is OFF (formatted with encrypt_at_rest = false): block \
+             records are stored as received, protected by CRC32C only"
+        );
+    }
+    metrics
+        .io_engine_info
+        .with_label_values(&[
+            device.info().engine,
+            if device.info().direct {
+                "true"
+            } else {
+                "false"
+            },
+        ])
+        .set(1);
+    tracing::info!(
+        engine = device.info().engine,
+        direct = device.info().direct,
+        "device open"
+    );
+}
+
+/// The sequence's last persisted reservation (0 on a new node).
+fn seq_reserved(index: &Index) -> anyhow::Result<u64> {
+    Ok(match index.get_meta(index::META_SEQ_RESERVED)? {
+        Some(v) => u64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("bad nonce reservation in the index"))?,
+        ),
+        None => 0,
+    })
+}
+
+/// Counts what the start-up scan of the open region's tail found.
+fn count_tail_scan(counters: &Counters, metrics: &Metrics, scan: &TailScan) {
+    let recovered = scan.records;
+    counters
+        .recovered_records
+        .store(recovered, Ordering::Relaxed);
+    counters
+        .media_errors
+        .store(scan.media_errors, Ordering::Relaxed);
+    metrics
+        .media_errors
+        .with_label_values(&["tail_scan"])
+        .inc_by(scan.media_errors);
+    counters
+        .integrity_errors
+        .fetch_add(scan.bad_records, Ordering::Relaxed);
+    metrics.integrity_errors.inc_by(scan.bad_records);
+    if recovered > 0 {
+        tracing::info!(
+            records = recovered,
+            "re-indexed records past the last checkpoint from the open region's tail"
+        );
+    }
 }
 
 /// Gives every open region's tail `epoch` (a sequence number never handed out before), in
@@ -639,13 +698,7 @@ async fn recover_open_tail(
     namespaces: &HashMap<u32, Arc<Namespace>>,
     stop_at: Option<(u32, u32)>,
 ) -> anyhow::Result<TailScan> {
-    let Some(r) = regions
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.state == RegionState::Open)
-        .max_by_key(|(_, m)| m.open_seq)
-        .map(|(r, _)| r)
-    else {
+    let Some(r) = newest_open_region(regions) else {
         return Ok(TailScan::default());
     };
     let m = regions[r];
@@ -684,16 +737,7 @@ async fn recover_open_tail(
         else {
             break;
         };
-        let loc = BlockLoc {
-            region: r as u32,
-            offset: pos as u32,
-            record_len: record_len as u32,
-            len: h.len,
-            crc32c: h.crc32c,
-            key_id: h.key_id,
-            seq: h.seq,
-            stored_ms: super::now_ms(),
-        };
+        let loc = tail_loc(r, pos, record_len, &h);
         // An unreadable body costs that record only: its header (checked, of this epoch)
         // says where the next one begins.
         let Some(buf) =
@@ -736,22 +780,60 @@ async fn recover_open_tail(
         pos += record_len;
     }
     if pos > m.write_ptr as u64 {
-        // The writer's pair: only the open region has a tail, and it ends in the region.
-        debug_assert_eq!(
-            regions[r].state,
-            RegionState::Open,
-            "a tail is the open region's"
-        );
-        debug_assert!(pos <= g.region_bytes, "a region's tail ends inside it");
-        regions[r].write_ptr = pos as u32;
-        wb.put_cf(
-            index.cf(index::CF_REGIONS),
-            (r as u32).to_be_bytes(),
-            regions[r].encode(),
-        );
-        index.write(wb, index::WriteMode::Wal { sync: true })?;
+        extend_tail(index, g, regions, r, pos, wb)?;
     }
     Ok(scan)
+}
+
+/// The open region with the newest epoch, if any: the one whose tail is scanned.
+fn newest_open_region(regions: &[RegionMeta]) -> Option<usize> {
+    regions
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.state == RegionState::Open)
+        .max_by_key(|(_, m)| m.open_seq)
+        .map(|(r, _)| r)
+}
+
+/// The index entry of the tail record at `pos` of region `r`, as its header `h` describes it.
+fn tail_loc(r: usize, pos: u64, record_len: u64, h: &RecordHeader) -> BlockLoc {
+    BlockLoc {
+        region: r as u32,
+        offset: pos as u32,
+        record_len: record_len as u32,
+        len: h.len,
+        crc32c: h.crc32c,
+        key_id: h.key_id,
+        seq: h.seq,
+        stored_ms: super::now_ms(),
+    }
+}
+
+/// Moves region `r`'s write pointer to `pos`, past the re-indexed tail, and writes it with
+/// the tail's entries (`wb`), synced.
+fn extend_tail(
+    index: &Index,
+    g: &Geometry,
+    regions: &mut [RegionMeta],
+    r: usize,
+    pos: u64,
+    mut wb: rocksdb::WriteBatch,
+) -> anyhow::Result<()> {
+    // The writer's pair: only the open region has a tail, and it ends in the region.
+    debug_assert_eq!(
+        regions[r].state,
+        RegionState::Open,
+        "a tail is the open region's"
+    );
+    debug_assert!(pos <= g.region_bytes, "a region's tail ends inside it");
+    regions[r].write_ptr = pos as u32;
+    wb.put_cf(
+        index.cf(index::CF_REGIONS),
+        (r as u32).to_be_bytes(),
+        regions[r].encode(),
+    );
+    index.write(wb, index::WriteMode::Wal { sync: true })?;
+    Ok(())
 }
 
 /// What a scan of the open region's tail found.

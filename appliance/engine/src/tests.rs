@@ -11,6 +11,16 @@ fn cfg(dir: &std::path::Path, capacity: u64) -> Config {
     }
 }
 
+/// An engine of 80 MiB on a new temporary data dir, which lives as long as the returned
+/// guard.
+async fn open_fresh() -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    (dir, e)
+}
+
 fn data(seed: u8, len: usize) -> Bytes {
     Bytes::from(
         (0..len)
@@ -126,10 +136,7 @@ async fn staged_blocks_fill_in_pieces_and_must_be_complete() {
         Err(EngineError::TooLarge(_))
     ));
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
-        .await
-        .expect("open");
+    let (_dir, e) = open_fresh().await;
     let mut half = StagedBlock::new(d.len()).expect("stage");
     assert!(half.append(&d[..50_000]));
     assert!(matches!(
@@ -172,10 +179,7 @@ async fn stored_record(e: &Engine, bkey: &[u8]) -> (BlockLoc, AlignedBuf) {
 /// answered with wrong bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bit_rot_is_always_detected() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
-        .await
-        .expect("open");
+    let (_dir, e) = open_fresh().await;
     let d = data(7, 3000);
     e.put("default", b"rot", d.clone(), None, Durability::Durable)
         .await
@@ -248,10 +252,7 @@ async fn churn(e: &Engine, round: u32, bytes: u64) {
 /// bytes from DRAM, and HEAD, MATCH and pin counted the evicted block as present.)
 #[tokio::test]
 async fn a_block_evicted_and_stored_again_reads_its_new_bytes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
-        .await
-        .expect("open");
+    let (_dir, e) = open_fresh().await;
     let (old, new) = (data(1, 100_000), data(2, 100_000));
     e.put("default", b"k", old.clone(), None, Durability::Durable)
         .await
@@ -395,66 +396,17 @@ async fn leases_cannot_starve_the_device() {
     let block = data(7, 1 << 20);
     let month = Duration::from_secs(3600);
     // The default: half the capacity.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let small = |dir: &std::path::Path| Config {
-        region_bytes: Some(ByteSize(4 << 20)),
-        ..cfg(dir, 64 << 20)
-    };
-    let e = Engine::open(small(dir.path()), Arc::new(Metrics::new()))
-        .await
-        .expect("open");
-    let (mut pinned, mut refused) = (0u64, 0u64);
-    for i in 0..160u32 {
-        let k = format!("p{i}").into_bytes();
-        e.put("default", &k, block.clone(), None, Durability::Fast)
-            .await
-            .expect("every put is stored");
-        match e.pin("default", vec![k], month).await {
-            Ok(n) => pinned += n,
-            Err(EngineError::NoSpace(_)) => refused += 1,
-            Err(other) => panic!("pin: {other}"),
-        }
-    }
-    let leased = e.core.leases.bytes();
-    assert!(leased <= 32 << 20, "{leased} bytes leased");
-    assert!(
-        pinned >= 24 && refused > 0,
-        "{pinned} pinned, {refused} refused"
-    );
-    e.shutdown().await;
+    pins_take_at_most_half_the_capacity(&block, month).await;
 
     // The limit at the whole capacity: pin until the device is full.
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut c = small(dir.path());
+    let mut c = small_regions(dir.path());
     c.leased_bytes_max = Some(ByteSize(64 << 20));
     c.tenant_leased_bytes_max = Some(ByteSize(8 << 20));
     let e = Engine::open(c, Arc::new(Metrics::new()))
         .await
         .expect("open");
-    let mut full_at = None;
-    for i in 0..200u32 {
-        let k = format!("p{i}").into_bytes();
-        match e
-            .put("default", &k, block.clone(), None, Durability::Fast)
-            .await
-        {
-            Ok(_) => match e.pin("default", vec![k], month).await {
-                Ok(_) => {}
-                // Leases take the whole capacity.
-                Err(EngineError::NoSpace(_)) => {
-                    full_at = Some(i + 1);
-                    break;
-                }
-                Err(other) => panic!("pin {i}: {other}"),
-            },
-            Err(EngineError::NoSpace(_)) => {
-                full_at = Some(i);
-                break;
-            }
-            Err(other) => panic!("put {i}: {other}"),
-        }
-    }
-    let full_at = full_at.expect("the device filled with pinned blocks");
+    let full_at = pin_until_full(&e, &block, month).await;
     assert!(full_at >= 40, "full after {full_at} blocks");
     let written = || e.core.metrics.device_written_bytes.get();
     let before = written();
@@ -484,6 +436,77 @@ async fn leases_cannot_starve_the_device() {
         .await
         .expect("room once unpinned");
     // A tenant's leases: at most its own limit (8 MiB here).
+    tenant_pins_stop_at_its_limit(&e, &block, month).await;
+    e.shutdown().await;
+}
+
+/// A device of 64 MiB in regions of 4 MiB.
+fn small_regions(dir: &std::path::Path) -> Config {
+    Config {
+        region_bytes: Some(ByteSize(4 << 20)),
+        ..cfg(dir, 64 << 20)
+    }
+}
+
+/// With the default limit, leases take at most half the capacity: pins beyond answer 507,
+/// and every put is still stored.
+async fn pins_take_at_most_half_the_capacity(block: &Bytes, month: Duration) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(small_regions(dir.path()), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    let (mut pinned, mut refused) = (0u64, 0u64);
+    for i in 0..160u32 {
+        let k = format!("p{i}").into_bytes();
+        e.put("default", &k, block.clone(), None, Durability::Fast)
+            .await
+            .expect("every put is stored");
+        match e.pin("default", vec![k], month).await {
+            Ok(n) => pinned += n,
+            Err(EngineError::NoSpace(_)) => refused += 1,
+            Err(other) => panic!("pin: {other}"),
+        }
+    }
+    let leased = e.core.leases.bytes();
+    assert!(leased <= 32 << 20, "{leased} bytes leased");
+    assert!(
+        pinned >= 24 && refused > 0,
+        "{pinned} pinned, {refused} refused"
+    );
+    e.shutdown().await;
+}
+
+/// Puts and pins `p0`, `p1`, ... until the device is full of pinned blocks (a put or a pin
+/// answers 507); how many blocks that took.
+async fn pin_until_full(e: &Engine, block: &Bytes, month: Duration) -> u32 {
+    let mut full_at = None;
+    for i in 0..200u32 {
+        let k = format!("p{i}").into_bytes();
+        match e
+            .put("default", &k, block.clone(), None, Durability::Fast)
+            .await
+        {
+            Ok(_) => match e.pin("default", vec![k], month).await {
+                Ok(_) => {}
+                // Leases take the whole capacity.
+                Err(EngineError::NoSpace(_)) => {
+                    full_at = Some(i + 1);
+                    break;
+                }
+                Err(other) => panic!("pin {i}: {other}"),
+            },
+            Err(EngineError::NoSpace(_)) => {
+                full_at = Some(i);
+                break;
+            }
+            Err(other) => panic!("put {i}: {other}"),
+        }
+    }
+    full_at.expect("the device filled with pinned blocks")
+}
+
+/// A tenant's pins beyond its own limit (8 MiB on `e`) answer 403 `quota`.
+async fn tenant_pins_stop_at_its_limit(e: &Engine, block: &Bytes, month: Duration) {
     e.create_namespace("acme/kv", None).await.expect("ns");
     let mut tenant_pinned = 0;
     let err = loop {
@@ -499,17 +522,13 @@ async fn leases_cannot_starve_the_device() {
     };
     assert!(matches!(err, EngineError::Quota(_)), "{err}");
     assert!((6..=8).contains(&tenant_pinned), "{tenant_pinned} pinned");
-    e.shutdown().await;
 }
 
 /// Key listings against a plain model: random keys in two namespaces, some deleted, listed
 /// page by page with random prefixes, cursors and page sizes; every page is the model's.
 #[tokio::test]
 async fn key_listings_page_through_the_index_like_a_sorted_set() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
-        .await
-        .expect("open");
+    let (_dir, e) = open_fresh().await;
     e.create_namespace("other", None).await.expect("namespace");
     let seed: u64 = rand::random();
     eprintln!("seed {seed}");
@@ -590,10 +609,7 @@ async fn key_listings_page_through_the_index_like_a_sorted_set() {
 /// would remove the block).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_put_again_right_after_its_copy_failed_a_check_is_stored() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
-        .await
-        .expect("open");
+    let (_dir, e) = open_fresh().await;
     for round in 0..20u8 {
         let key = format!("again-{round}").into_bytes();
         let d = data(round, 9000);

@@ -164,6 +164,37 @@ enum CommitMsg {
     Drain(oneshot::Sender<()>),
 }
 
+/// What the commands of one batch add up to, gathered in command order by the writer's
+/// `stage_*` steps before the batch becomes a [`CommitJob`].
+#[derive(Default)]
+struct Staged {
+    /// The batch's own index changes.
+    wb: WriteBatch,
+    /// The batch's changes as the writer's lookups see them.
+    pending: Pending,
+    /// Records to write, at their device offsets.
+    writes: Vec<(AlignedBuf, u64)>,
+    replies: Vec<Reply>,
+    /// Some command needs everything acknowledged so far on stable media.
+    sync: bool,
+    puts: u64,
+    /// Index entries of the batch's new blocks (for the next checkpoint).
+    new_entries: Vec<(Vec<u8>, BlockLoc)>,
+    /// Some change cannot be recovered from the tail: the batch is a checkpoint.
+    needs_checkpoint: bool,
+    /// Where the batch's first record begins (region, offset).
+    first_record: Option<(u32, u32)>,
+    forget: Vec<Vec<u8>>,
+    forget_ns: Vec<u32>,
+}
+
+/// The column families a batch writes: blocks, by-region, quarantine.
+type BatchCfs<'a> = (
+    &'a rocksdb::ColumnFamily,
+    &'a rocksdb::ColumnFamily,
+    &'a rocksdb::ColumnFamily,
+);
+
 /// Most sealed regions one commit's reclaim looks at.
 const RECLAIM_TRIES_MAX: usize = 16;
 
@@ -455,20 +486,7 @@ impl Writer {
 
     async fn commit(&mut self, cmds: Vec<WriteCmd>) {
         let started = Instant::now();
-        if self.core.failed.load(Ordering::SeqCst) {
-            for cmd in cmds {
-                reply_failed(cmd);
-            }
-            return;
-        }
-        if self.core.no_space.lock().is_some() {
-            if let Err(e) = self.reopen().await {
-                self.core
-                    .fail("re-reading state after the device was full", &e);
-            }
-        }
-        if let Err(e) = self.ensure_free().await {
-            self.core.fail("region reclaim", &e);
+        if !self.ready_for_batch().await {
             for cmd in cmds {
                 reply_failed(cmd);
             }
@@ -480,186 +498,43 @@ impl Writer {
             core.index.cf(index::CF_BY_REGION),
             core.index.cf(index::CF_QUARANTINE),
         );
-        let mut wb = WriteBatch::default();
-        let mut pending: HashMap<Vec<u8>, Option<BlockLoc>> = HashMap::new();
-        let mut writes: Vec<(AlignedBuf, u64)> = Vec::new();
-        let mut replies: Vec<Reply> = Vec::new();
-        let mut sync = false;
-        let mut puts = 0u64;
-        let mut new_entries: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
-        let mut needs_checkpoint = false;
-        let mut first_record = None;
-        let (mut forget, mut forget_ns) = (Vec::new(), Vec::new());
+        let mut b = Staged::default();
         for cmd in cmds {
             match cmd {
-                WriteCmd::Put(mut p) => {
-                    if p.ns.deleted.load(Ordering::SeqCst) {
-                        let _ = p.reply.send(Err(EngineError::NotFound(format!(
-                            "namespace {:?} was deleted",
-                            p.ns.name
-                        ))));
-                        continue;
-                    }
-                    let existing = match self.lookup(&pending, &p.bkey) {
-                        Ok(e) => e,
-                        Err(e) => {
-                            let _ = p.reply.send(Err(e.into()));
-                            continue;
-                        }
-                    };
-                    if let Some(loc) = existing {
-                        sync |= p.durability == Durability::Durable;
-                        let r = if loc.crc32c == p.crc && loc.len == p.len {
-                            Ok(PutStatus::Exists)
-                        } else {
-                            Err(EngineError::Conflict)
-                        };
-                        replies.push(Reply::Put(p.reply, r));
-                        continue;
-                    }
-                    if let Some(q) = p.ns.limit() {
-                        if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
-                            let _ = p.reply.send(Err(EngineError::Quota(format!(
-                                "namespace {} is at its quota",
-                                p.ns.name
-                            ))));
-                            continue;
-                        }
-                    }
-                    let (region, offset) = match self.alloc(p.record.len()) {
-                        Ok(Some(place)) => place,
-                        Ok(None) => {
-                            let _ = p.reply.send(Err(EngineError::NoSpace(
-                                "no free region: every region holds leased blocks".into(),
-                            )));
-                            continue;
-                        }
-                        Err(e) => {
-                            let _ = p.reply.send(Err(e.into()));
-                            continue;
-                        }
-                    };
-                    let loc = BlockLoc {
-                        region,
-                        offset,
-                        record_len: p.record.len() as u32,
-                        len: p.len,
-                        crc32c: p.crc,
-                        key_id: p.key_id,
-                        seq: p.seq,
-                        stored_ms: super::now_ms(),
-                    };
-                    record::stamp_region_epoch(
-                        &mut p.record[..record::HEADER_BYTES],
-                        self.regions[region as usize].tail_epoch,
-                    );
-                    debug_assert!(
-                        RecordHeader::decode(&p.record[..record::HEADER_BYTES]).is_ok_and(|h| {
-                            h.seq == loc.seq
-                                && h.len == loc.len
-                                && h.crc32c == loc.crc32c
-                                && h.key_id == loc.key_id
-                                && h.region_epoch == self.regions[region as usize].tail_epoch
-                        }),
-                        "a record's header, as written, decodes to what the index says of it"
-                    );
-                    wb.put_cf(cfs.0, &p.bkey, loc.encode());
-                    wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
-                    self.core.presence.insert(&p.bkey);
-                    new_entries.push((p.bkey.clone(), loc));
-                    pending.insert(p.bkey, Some(loc));
-                    self.account(&p.ns, p.len, true);
-                    sync |= p.durability == Durability::Durable;
-                    puts += 1;
-                    first_record.get_or_insert((region, offset));
-                    writes.push((p.record, self.core.dev_offset(region, offset)));
-                    replies.push(Reply::Put(p.reply, Ok(PutStatus::Created)));
+                WriteCmd::Put(p) => self.stage_put(&mut b, cfs, p),
+                WriteCmd::Delete { ns, bkey, reply } => {
+                    self.stage_delete(&mut b, cfs, ns, bkey, reply);
                 }
-                WriteCmd::Delete { ns, bkey, reply } => match self.lookup(&pending, &bkey) {
-                    Ok(Some(loc)) => {
-                        wb.delete_cf(cfs.0, &bkey);
-                        self.core.presence.remove(&bkey);
-                        needs_checkpoint = true;
-                        self.account(&ns, loc.len, false);
-                        forget.push(bkey.clone());
-                        pending.insert(bkey, None);
-                        replies.push(Reply::Delete(reply, true));
-                    }
-                    Ok(None) => replies.push(Reply::Delete(reply, false)),
-                    Err(e) => drop(reply.send(Err(e.into()))),
-                },
-                WriteCmd::Quarantine { bkey, loc } => {
-                    if let Ok(Some(cur)) = self.lookup(&pending, &bkey) {
-                        if cur == loc {
-                            wb.delete_cf(cfs.0, &bkey);
-                            self.core.presence.remove(&bkey);
-                            wb.put_cf(cfs.2, &bkey, loc.encode());
-                            needs_checkpoint = true;
-                            self.account_bkey(&bkey, loc.len);
-                            // Gone from this node as surely as an evicted block: KV
-                            // block managers drop it from their view.
-                            self.core.events.block(&bkey, KvEventKind::Evicted);
-                            forget.push(bkey.clone());
-                            pending.insert(bkey, None);
-                        }
-                    }
-                }
+                WriteCmd::Quarantine { bkey, loc } => self.stage_quarantine(&mut b, cfs, bkey, loc),
                 WriteCmd::DropNamespace { ns, reply } => {
-                    ns.deleted.store(true, Ordering::SeqCst);
-                    let lo = ns.id.to_be_bytes();
-                    let hi = (ns.id + 1).to_be_bytes();
-                    wb.delete_range_cf(cfs.0, lo, hi);
-                    self.core.presence.drop_namespace(ns.id);
-                    forget_ns.push(ns.id);
-                    needs_checkpoint = true;
-                    wb.delete_range_cf(core.index.cf(index::CF_KEYS), lo, hi);
-                    wb.delete_cf(core.index.cf(index::CF_NAMESPACES), &ns.name);
-                    pending.retain(|k, _| k[..4] != lo);
-                    let c = &self.core.counters;
-                    c.live_bytes
-                        .fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-                    c.blocks
-                        .fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-                    sync = true;
-                    replies.push(Reply::Done(reply));
+                    self.stage_drop_namespace(&mut b, cfs, ns, reply);
                 }
                 WriteCmd::Barrier(reply) => {
-                    sync = true;
-                    replies.push(Reply::Done(reply));
+                    b.sync = true;
+                    b.replies.push(Reply::Done(reply));
                 }
                 WriteCmd::Stop(_) => unreachable!("run() handles Stop"),
             }
         }
-        let written: u64 = writes.iter().map(|(b, _)| b.len() as u64).sum();
-        let first = first_record;
+        let written: u64 = b.writes.iter().map(|(buf, _)| buf.len() as u64).sum();
+        let first = b.first_record;
         // A batch with a durable put writes its records durable (RWF_DSYNC): each is on
         // stable media when its write completes, and the batch needs no flush of its own.
         // The writes run on while the writer takes the next batch: the committer awaits them,
         // in batch order, before anything of this batch is flushed, indexed or answered.
-        let ios: Vec<_> = writes
-            .into_iter()
-            .map(|(buf, off)| {
-                let dev = &self.core.device;
-                if sync {
-                    dev.write_durable_at(buf, off)
-                } else {
-                    dev.write_at(buf, off)
-                }
-            })
-            .collect();
-        let io = (!ios.is_empty()).then(|| tokio::spawn(futures::future::join_all(ios)));
-        let checkpoint = needs_checkpoint
+        let io = self.submit_writes(b.writes, b.sync);
+        let checkpoint = b.needs_checkpoint
             || self.transition
-            || self.uncheckpointed.len() + new_entries.len() >= CHECKPOINT_ENTRIES_MAX;
+            || self.uncheckpointed.len() + b.new_entries.len() >= CHECKPOINT_ENTRIES_MAX;
         let earlier = if checkpoint {
-            self.put_touched(&mut wb);
+            self.put_touched(&mut b.wb);
             self.take_checkpoint()
         } else {
-            self.uncheckpointed.extend(new_entries);
+            self.uncheckpointed.extend(b.new_entries);
             None
         };
         self.publish();
-        self.overlay.lock().push_back(pending);
+        self.overlay.lock().push_back(b.pending);
         self.batches += 1;
         let job = CommitJob {
             batch: self.batches,
@@ -667,16 +542,226 @@ impl Writer {
             first,
             no_space: false,
             checkpoint: checkpoint.then(|| earlier.unwrap_or_default()),
-            wb,
-            replies,
-            forget,
-            forget_ns,
-            sync,
-            durable_writes: sync,
+            wb: b.wb,
+            replies: b.replies,
+            forget: b.forget,
+            forget_ns: b.forget_ns,
+            sync: b.sync,
+            durable_writes: b.sync,
             written,
-            puts,
+            puts: b.puts,
             started,
         };
+        self.hand_to_committer(job).await;
+    }
+
+    /// Whether the writer takes a batch at all: not once the node failed, nor when no
+    /// region could be reclaimed (the node then fails). After the device was full, it first
+    /// re-reads its state.
+    async fn ready_for_batch(&mut self) -> bool {
+        if self.core.failed.load(Ordering::SeqCst) {
+            return false;
+        }
+        if self.core.no_space.lock().is_some() {
+            if let Err(e) = self.reopen().await {
+                self.core
+                    .fail("re-reading state after the device was full", &e);
+            }
+        }
+        if let Err(e) = self.ensure_free().await {
+            self.core.fail("region reclaim", &e);
+            return false;
+        }
+        true
+    }
+
+    /// A put of the batch: answered at once when it cannot be stored (namespace deleted,
+    /// lookup failed, quota, no free region) or is there already; otherwise placed in the
+    /// open region, indexed into the batch and queued for writing.
+    fn stage_put(&mut self, b: &mut Staged, cfs: BatchCfs<'_>, mut p: PutReq) {
+        if p.ns.deleted.load(Ordering::SeqCst) {
+            let _ = p.reply.send(Err(EngineError::NotFound(format!(
+                "namespace {:?} was deleted",
+                p.ns.name
+            ))));
+            return;
+        }
+        let existing = match self.lookup(&b.pending, &p.bkey) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = p.reply.send(Err(e.into()));
+                return;
+            }
+        };
+        if let Some(loc) = existing {
+            b.sync |= p.durability == Durability::Durable;
+            let r = if loc.crc32c == p.crc && loc.len == p.len {
+                Ok(PutStatus::Exists)
+            } else {
+                Err(EngineError::Conflict)
+            };
+            b.replies.push(Reply::Put(p.reply, r));
+            return;
+        }
+        if let Some(q) = p.ns.limit() {
+            if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
+                let _ = p.reply.send(Err(EngineError::Quota(format!(
+                    "namespace {} is at its quota",
+                    p.ns.name
+                ))));
+                return;
+            }
+        }
+        let (region, offset) = match self.alloc(p.record.len()) {
+            Ok(Some(place)) => place,
+            Ok(None) => {
+                let _ = p.reply.send(Err(EngineError::NoSpace(
+                    "no free region: every region holds leased blocks".into(),
+                )));
+                return;
+            }
+            Err(e) => {
+                let _ = p.reply.send(Err(e.into()));
+                return;
+            }
+        };
+        let loc = self.stamp_record(&mut p, region, offset);
+        b.wb.put_cf(cfs.0, &p.bkey, loc.encode());
+        b.wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
+        self.core.presence.insert(&p.bkey);
+        b.new_entries.push((p.bkey.clone(), loc));
+        b.pending.insert(p.bkey, Some(loc));
+        self.account(&p.ns, p.len, true);
+        b.sync |= p.durability == Durability::Durable;
+        b.puts += 1;
+        b.first_record.get_or_insert((region, offset));
+        b.writes
+            .push((p.record, self.core.dev_offset(region, offset)));
+        b.replies.push(Reply::Put(p.reply, Ok(PutStatus::Created)));
+    }
+
+    /// The index entry of a put placed at (`region`, `offset`); its record's header gets
+    /// that region's tail epoch.
+    fn stamp_record(&self, p: &mut PutReq, region: u32, offset: u32) -> BlockLoc {
+        let loc = BlockLoc {
+            region,
+            offset,
+            record_len: p.record.len() as u32,
+            len: p.len,
+            crc32c: p.crc,
+            key_id: p.key_id,
+            seq: p.seq,
+            stored_ms: super::now_ms(),
+        };
+        record::stamp_region_epoch(
+            &mut p.record[..record::HEADER_BYTES],
+            self.regions[region as usize].tail_epoch,
+        );
+        debug_assert!(
+            RecordHeader::decode(&p.record[..record::HEADER_BYTES]).is_ok_and(|h| {
+                h.seq == loc.seq
+                    && h.len == loc.len
+                    && h.crc32c == loc.crc32c
+                    && h.key_id == loc.key_id
+                    && h.region_epoch == self.regions[region as usize].tail_epoch
+            }),
+            "a record's header, as written, decodes to what the index says of it"
+        );
+        loc
+    }
+
+    /// A delete of the batch: the block leaves the index (a checkpoint), answered whether
+    /// it was there.
+    fn stage_delete(
+        &self,
+        b: &mut Staged,
+        cfs: BatchCfs<'_>,
+        ns: Arc<Namespace>,
+        bkey: Vec<u8>,
+        reply: oneshot::Sender<Result<bool>>,
+    ) {
+        match self.lookup(&b.pending, &bkey) {
+            Ok(Some(loc)) => {
+                b.wb.delete_cf(cfs.0, &bkey);
+                self.core.presence.remove(&bkey);
+                b.needs_checkpoint = true;
+                self.account(&ns, loc.len, false);
+                b.forget.push(bkey.clone());
+                b.pending.insert(bkey, None);
+                b.replies.push(Reply::Delete(reply, true));
+            }
+            Ok(None) => b.replies.push(Reply::Delete(reply, false)),
+            Err(e) => drop(reply.send(Err(e.into()))),
+        }
+    }
+
+    /// A quarantine of the batch: the block moves to the quarantine (a checkpoint) if the
+    /// index still points at the record that failed its checks.
+    fn stage_quarantine(&self, b: &mut Staged, cfs: BatchCfs<'_>, bkey: Vec<u8>, loc: BlockLoc) {
+        if let Ok(Some(cur)) = self.lookup(&b.pending, &bkey) {
+            if cur == loc {
+                b.wb.delete_cf(cfs.0, &bkey);
+                self.core.presence.remove(&bkey);
+                b.wb.put_cf(cfs.2, &bkey, loc.encode());
+                b.needs_checkpoint = true;
+                self.account_bkey(&bkey, loc.len);
+                // Gone from this node as surely as an evicted block: KV
+                // block managers drop it from their view.
+                self.core.events.block(&bkey, KvEventKind::Evicted);
+                b.forget.push(bkey.clone());
+                b.pending.insert(bkey, None);
+            }
+        }
+    }
+
+    /// A namespace drop of the batch: its blocks, keys and name leave the index (a
+    /// checkpoint, synced), its counts are taken off the node's.
+    fn stage_drop_namespace(
+        &self,
+        b: &mut Staged,
+        cfs: BatchCfs<'_>,
+        ns: Arc<Namespace>,
+        reply: oneshot::Sender<Result<()>>,
+    ) {
+        ns.deleted.store(true, Ordering::SeqCst);
+        let lo = ns.id.to_be_bytes();
+        let hi = (ns.id + 1).to_be_bytes();
+        b.wb.delete_range_cf(cfs.0, lo, hi);
+        self.core.presence.drop_namespace(ns.id);
+        b.forget_ns.push(ns.id);
+        b.needs_checkpoint = true;
+        b.wb.delete_range_cf(self.core.index.cf(index::CF_KEYS), lo, hi);
+        b.wb.delete_cf(self.core.index.cf(index::CF_NAMESPACES), &ns.name);
+        b.pending.retain(|k, _| k[..4] != lo);
+        let c = &self.core.counters;
+        c.live_bytes
+            .fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        c.blocks
+            .fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        b.sync = true;
+        b.replies.push(Reply::Done(reply));
+    }
+
+    /// Submits the batch's record writes, durable ones (`RWF_DSYNC`) when `durable`;
+    /// `None` for a batch without records.
+    fn submit_writes(&self, writes: Vec<(AlignedBuf, u64)>, durable: bool) -> Option<BatchWrites> {
+        let ios: Vec<_> = writes
+            .into_iter()
+            .map(|(buf, off)| {
+                let dev = &self.core.device;
+                if durable {
+                    dev.write_durable_at(buf, off)
+                } else {
+                    dev.write_at(buf, off)
+                }
+            })
+            .collect();
+        (!ios.is_empty()).then(|| tokio::spawn(futures::future::join_all(ios)))
+    }
+
+    /// Hands a batch to the committer. Should the committer be gone, the batch leaves the
+    /// overlay, the node fails and the batch's commands are answered with errors.
+    async fn hand_to_committer(&self, job: CommitJob) {
         if let Err(mpsc::error::SendError(CommitMsg::Job(job))) =
             self.commit_tx.send(CommitMsg::Job(job)).await
         {

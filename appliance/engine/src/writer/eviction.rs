@@ -37,26 +37,9 @@ impl Writer {
         let core = self.core.clone();
         let idx = &core.index;
         let cf_br = idx.cf(index::CF_BY_REGION);
-        let cf_blocks = idx.cf(index::CF_BLOCKS);
         let lo = by_region_key(r, 0);
         let hi = by_region_key(r + 1, 0);
-        let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
-        let iter = idx.db.iterator_cf(
-            cf_br,
-            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
-        );
-        for item in iter {
-            let (k, bkey) = item?;
-            if k.as_ref() >= hi.as_slice() {
-                break;
-            }
-            let offset = u32::from_be_bytes(k[4..8].try_into()?);
-            if let Some(loc) = idx.get_block(&bkey)? {
-                if loc.region == r && loc.offset == offset {
-                    live.push((bkey.to_vec(), loc));
-                }
-            }
-        }
+        let live = live_records(idx, r, &lo, &hi)?;
         let budget = core.geometry.region_bytes / 2;
         // Each record's lease, asked once.
         let pinned: Vec<bool> = live
@@ -75,80 +58,25 @@ impl Writer {
             tracing::debug!(region = r, leased, "region mostly leased: kept in place");
             return Ok(());
         }
-        let mut reinsert_bytes = 0u64;
-        let mut wb = WriteBatch::default();
-        let mut moved = 0u64;
-        let mut written = 0u64;
-        // Blocks that leave the index: their DRAM copies go once it is written.
-        let mut gone: Vec<Vec<u8>> = Vec::new();
+        let mut st = Reclaim {
+            budget,
+            reinsert_bytes: 0,
+            wb: WriteBatch::default(),
+            moved: 0,
+            written: 0,
+            gone: Vec::new(),
+        };
         for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
-            let hot =
-                core.read_bits.take(&bkey) && reinsert_bytes + loc.record_len as u64 <= budget;
-            if !(pinned || hot) {
-                self.evict_entry(&mut wb, &bkey, &loc);
-                gone.push(bkey);
-                continue;
-            }
-            let buf = AlignedBuf::reused(loc.record_len as usize);
-            let (mut buf, res) = core
-                .device
-                .read_at(buf, core.dev_offset(r, loc.offset))
-                .await;
-            // A record the device cannot read is that record's loss only: it is dropped
-            // like an unpinned one and counted; the node stays writable.
-            if let Err(e) = res {
-                tracing::warn!(
-                    region = r,
-                    offset = loc.offset,
-                    error = %e,
-                    "a record to move at reclaim could not be read; it is dropped"
-                );
-                core.metrics
-                    .media_errors
-                    .with_label_values(&["reclaim"])
-                    .inc();
-                core.counters.media_errors.fetch_add(1, Ordering::Relaxed);
-                self.evict_entry(&mut wb, &bkey, &loc);
-                gone.push(bkey);
-                continue;
-            }
-            let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
-                h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
-            });
-            let target = if intact { self.alloc(buf.len())? } else { None };
-            let Some((nr, noff)) = target else {
-                // A record that no longer checks out, or no room left: it leaves the index.
-                self.evict_entry(&mut wb, &bkey, &loc);
-                if !intact {
-                    core.counters
-                        .integrity_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    core.metrics.integrity_errors.inc();
-                    wb.put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
-                }
-                gone.push(bkey);
-                continue;
-            };
-            if !pinned {
-                reinsert_bytes += loc.record_len as u64;
-            }
-            // The same record, byte for byte, but for the epoch of the region it now lives in.
-            record::stamp_region_epoch(
-                &mut buf[..record::HEADER_BYTES],
-                self.regions[nr as usize].tail_epoch,
-            );
-            written += buf.len() as u64;
-            let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
-            res?;
-            let nloc = BlockLoc {
-                region: nr,
-                offset: noff,
-                ..loc
-            };
-            wb.put_cf(cf_blocks, &bkey, nloc.encode());
-            wb.put_cf(cf_br, by_region_key(nr, noff), &bkey);
-            moved += 1;
+            self.reclaim_record(&core, r, bkey, loc, pinned, &mut st)
+                .await?;
         }
+        let Reclaim {
+            mut wb,
+            moved,
+            written,
+            gone,
+            ..
+        } = st;
         count_written(&self.core, written);
         if written > 0 {
             core.device.flush().await?;
@@ -182,4 +110,136 @@ impl Writer {
         tracing::debug!(region = r, moved, "region reclaimed");
         Ok(())
     }
+
+    /// One live record of region `r` at reclaim: moved to the open region when it is leased
+    /// or was read recently (within `st.budget`) and reads back intact, otherwise out of the
+    /// index (an unreadable or damaged one counted, a damaged one quarantined).
+    async fn reclaim_record(
+        &mut self,
+        core: &Core,
+        r: u32,
+        bkey: Vec<u8>,
+        loc: BlockLoc,
+        pinned: bool,
+        st: &mut Reclaim,
+    ) -> anyhow::Result<()> {
+        let idx = &core.index;
+        let hot =
+            core.read_bits.take(&bkey) && st.reinsert_bytes + loc.record_len as u64 <= st.budget;
+        if !(pinned || hot) {
+            self.evict_entry(&mut st.wb, &bkey, &loc);
+            st.gone.push(bkey);
+            return Ok(());
+        }
+        let buf = AlignedBuf::reused(loc.record_len as usize);
+        let (mut buf, res) = core
+            .device
+            .read_at(buf, core.dev_offset(r, loc.offset))
+            .await;
+        // A record the device cannot read is that record's loss only: it is dropped
+        // like an unpinned one and counted; the node stays writable.
+        if let Err(e) = res {
+            count_unreadable_record(core, r, &loc, &e);
+            self.evict_entry(&mut st.wb, &bkey, &loc);
+            st.gone.push(bkey);
+            return Ok(());
+        }
+        let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
+            h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
+        });
+        let target = if intact { self.alloc(buf.len())? } else { None };
+        let Some((nr, noff)) = target else {
+            // A record that no longer checks out, or no room left: it leaves the index.
+            self.evict_entry(&mut st.wb, &bkey, &loc);
+            if !intact {
+                core.counters
+                    .integrity_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                core.metrics.integrity_errors.inc();
+                st.wb
+                    .put_cf(idx.cf(index::CF_QUARANTINE), &bkey, loc.encode());
+            }
+            st.gone.push(bkey);
+            return Ok(());
+        };
+        if !pinned {
+            st.reinsert_bytes += loc.record_len as u64;
+        }
+        // The same record, byte for byte, but for the epoch of the region it now lives in.
+        record::stamp_region_epoch(
+            &mut buf[..record::HEADER_BYTES],
+            self.regions[nr as usize].tail_epoch,
+        );
+        st.written += buf.len() as u64;
+        let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
+        res?;
+        let nloc = BlockLoc {
+            region: nr,
+            offset: noff,
+            ..loc
+        };
+        st.wb.put_cf(idx.cf(index::CF_BLOCKS), &bkey, nloc.encode());
+        st.wb
+            .put_cf(idx.cf(index::CF_BY_REGION), by_region_key(nr, noff), &bkey);
+        st.moved += 1;
+        Ok(())
+    }
+}
+
+/// What one region's reclaim has done so far, record by record.
+struct Reclaim {
+    /// Bytes of recently read (not leased) records that may move: half a region.
+    budget: u64,
+    /// Bytes of recently read records moved so far.
+    reinsert_bytes: u64,
+    /// The reclaim's index changes.
+    wb: WriteBatch,
+    moved: u64,
+    /// Bytes of moved records written to the device.
+    written: u64,
+    /// Blocks that leave the index: their DRAM copies go once it is written.
+    gone: Vec<Vec<u8>>,
+}
+
+/// The index entries of region `r` (its by-region keys from `lo` to `hi`) that still point
+/// at their records there.
+fn live_records(
+    idx: &index::Index,
+    r: u32,
+    lo: &[u8],
+    hi: &[u8],
+) -> anyhow::Result<Vec<(Vec<u8>, BlockLoc)>> {
+    let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+    let iter = idx.db.iterator_cf(
+        idx.cf(index::CF_BY_REGION),
+        rocksdb::IteratorMode::From(lo, rocksdb::Direction::Forward),
+    );
+    for item in iter {
+        let (k, bkey) = item?;
+        if k.as_ref() >= hi {
+            break;
+        }
+        let offset = u32::from_be_bytes(k[4..8].try_into()?);
+        if let Some(loc) = idx.get_block(&bkey)? {
+            if loc.region == r && loc.offset == offset {
+                live.push((bkey.to_vec(), loc));
+            }
+        }
+    }
+    Ok(live)
+}
+
+/// A record to move at reclaim that the device could not read: logged and counted.
+fn count_unreadable_record(core: &Core, r: u32, loc: &BlockLoc, e: &std::io::Error) {
+    tracing::warn!(
+        region = r,
+        offset = loc.offset,
+        error = %e,
+        "a record to move at reclaim could not be read; it is dropped"
+    );
+    core.metrics
+        .media_errors
+        .with_label_values(&["reclaim"])
+        .inc();
+    core.counters.media_errors.fetch_add(1, Ordering::Relaxed);
 }
