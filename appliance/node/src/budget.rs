@@ -451,6 +451,22 @@ mod tests {
         }
     }
 
+    /// `a`'s whole share (400 bytes), taken by a fresh request.
+    async fn whole_share(b: &Budgets, a: &Client) -> Vec<Permit> {
+        b.egress_for(Some(a.clone()))
+            .take(400)
+            .await
+            .expect("a's share")
+    }
+
+    /// Waits for the egress budget that ended with `outcome` (`served`, `timed_out`).
+    fn egress_waits(b: &Budgets, outcome: &str) -> u64 {
+        b.metrics
+            .waits
+            .with_label_values(&["egress", outcome])
+            .get()
+    }
+
     /// A take that does not wait (a fresh request each, with no waiting).
     fn now(b: &Budgets, c: &Client, bytes: usize) -> Option<Vec<Permit>> {
         let mut t = b.egress_for(Some(c.clone()));
@@ -505,11 +521,7 @@ mod tests {
     async fn a_client_over_its_share_waits_holding_nothing() {
         let b = budgets(5_000);
         let a = client(1, "a");
-        let first = b
-            .egress_for(Some(a.clone()))
-            .take(400)
-            .await
-            .expect("a's share");
+        let first = whole_share(&b, &a).await;
         // A second request of a's waits; a's first answer is written out meanwhile.
         let waiter = {
             let b = b.clone();
@@ -524,13 +536,7 @@ mod tests {
             waiter.await.expect("waiter"),
             "served once the share came back"
         );
-        assert_eq!(
-            b.metrics
-                .waits
-                .with_label_values(&["egress", "served"])
-                .get(),
-            1
-        );
+        assert_eq!(egress_waits(&b, "served"), 1);
         assert_eq!(b.metrics.waiting.with_label_values(&["egress"]).get(), 0);
         // A request that holds bytes already is refused at once over its share (it could
         // otherwise wait on itself, or a sibling on it).
@@ -543,13 +549,7 @@ mod tests {
         let started = Instant::now();
         assert!(b.egress_for(Some(a.clone())).take(200).await.is_none());
         assert_eq!(started.elapsed(), Duration::from_millis(5_000));
-        assert_eq!(
-            b.metrics
-                .waits
-                .with_label_values(&["egress", "timed_out"])
-                .get(),
-            1
-        );
+        assert_eq!(egress_waits(&b, "timed_out"), 1);
         // Others are served at once meanwhile.
         assert!(b.egress_for(Some(client(1, "b"))).take(200).await.is_some());
         // More than the share can never be had: refused without a wait.
@@ -561,21 +561,11 @@ mod tests {
     async fn no_wait_when_waits_are_off() {
         let b = budgets(0);
         let a = client(1, "a");
-        let _p = b
-            .egress_for(Some(a.clone()))
-            .take(400)
-            .await
-            .expect("a's share");
+        let _p = whole_share(&b, &a).await;
         let started = Instant::now();
         assert!(b.egress_for(Some(a)).take(1).await.is_none());
         assert_eq!(started.elapsed(), Duration::ZERO);
-        assert_eq!(
-            b.metrics
-                .waits
-                .with_label_values(&["egress", "timed_out"])
-                .get(),
-            0
-        );
+        assert_eq!(egress_waits(&b, "timed_out"), 0);
     }
 
     /// Past the tracked-clients bound, idle entries go and busy ones stay (a holder keeps

@@ -244,63 +244,8 @@ pub fn input_of(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<Plan
         "give one reuse: --trace FILE, --live or --sharing RATIO"
     );
     let (reuse, rate, input) = match (&a.trace, a.sharing) {
-        (None, None) if a.live => {
-            let c = live.ok_or_else(|| anyhow::anyhow!("the live curve was not read"))?;
-            let input = a
-                .input_tokens
-                .ok_or_else(|| anyhow::anyhow!("--input-tokens is needed with --live"))?;
-            anyhow::ensure!(
-                c.references > 0 && c.references_per_s > 0.0,
-                "the live curve has no references yet: nothing to plan from"
-            );
-            anyhow::ensure!(
-                input > 0.0 && a.tokens_per_block > 0,
-                "--input-tokens and --tokens-per-block must be positive"
-            );
-            // Each request references each of its blocks once (a hit read or a miss
-            // written), so the curve was measured at references/s ÷ blocks a request.
-            let blocks = (input / a.tokens_per_block as f64).ceil().max(1.0);
-            let measured = c.references_per_s / blocks;
-            let points = c
-                .points
-                .iter()
-                .map(|p| (p.capacity_blocks as f64, p.hit_ratio))
-                .collect();
-            (
-                Reuse::Curve {
-                    points,
-                    at_requests_per_s: measured,
-                },
-                a.rate.unwrap_or(measured),
-                input,
-            )
-        }
-        (Some(t), _) => {
-            let reqs = ctxpod_plan::trace::read_file(t)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", t.display()))?;
-            let s = ctxpod_plan::trace::summary(&reqs);
-            anyhow::ensure!(
-                s.requests > 1 && s.span_ms > 0,
-                "the trace is too short to plan from"
-            );
-            let trace_rate = s.requests as f64 / (s.span_ms as f64 / 1000.0);
-            let caps: Vec<u64> = (0..64)
-                .map(|i| (100.0 * (s.unique_blocks as f64 / 50.0).powf(i as f64 / 63.0)) as u64)
-                .collect();
-            let points = ctxpod_plan::mrc::exact_curve(&reqs, &caps)
-                .into_iter()
-                .map(|(c, h)| (c as f64, h))
-                .collect();
-            (
-                Reuse::Curve {
-                    points,
-                    at_requests_per_s: trace_rate,
-                },
-                a.rate.unwrap_or(trace_rate),
-                a.input_tokens
-                    .unwrap_or(s.input_tokens as f64 / s.requests as f64),
-            )
-        }
+        (None, None) if a.live => live_reuse(a, live)?,
+        (Some(t), _) => trace_reuse(a, t)?,
         (None, Some(ratio)) => (
             Reuse::Sharing { ratio },
             a.rate
@@ -333,6 +278,69 @@ pub fn input_of(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<Plan
         gpu_flops: a.gpu_tflops * 1e12,
         gpu_mfu: a.gpu_mfu,
     })
+}
+
+/// The reuse, request rate and mean prompt tokens of the pod's live miss-ratio curve
+/// (`--live`): the rate defaults to the one the curve was measured at.
+fn live_reuse(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<(Reuse, f64, f64)> {
+    let c = live.ok_or_else(|| anyhow::anyhow!("the live curve was not read"))?;
+    let input = a
+        .input_tokens
+        .ok_or_else(|| anyhow::anyhow!("--input-tokens is needed with --live"))?;
+    anyhow::ensure!(
+        c.references > 0 && c.references_per_s > 0.0,
+        "the live curve has no references yet: nothing to plan from"
+    );
+    anyhow::ensure!(
+        input > 0.0 && a.tokens_per_block > 0,
+        "--input-tokens and --tokens-per-block must be positive"
+    );
+    // Each request references each of its blocks once (a hit read or a miss
+    // written), so the curve was measured at references/s ÷ blocks a request.
+    let blocks = (input / a.tokens_per_block as f64).ceil().max(1.0);
+    let measured = c.references_per_s / blocks;
+    let points = c
+        .points
+        .iter()
+        .map(|p| (p.capacity_blocks as f64, p.hit_ratio))
+        .collect();
+    Ok((
+        Reuse::Curve {
+            points,
+            at_requests_per_s: measured,
+        },
+        a.rate.unwrap_or(measured),
+        input,
+    ))
+}
+
+/// The reuse, request rate and mean prompt tokens of trace `t` (`--trace`): its exact
+/// hit-ratio curve, its rate and its prompts unless the arguments say otherwise.
+fn trace_reuse(a: &PlanArgs, t: &std::path::Path) -> anyhow::Result<(Reuse, f64, f64)> {
+    let reqs =
+        ctxpod_plan::trace::read_file(t).map_err(|e| anyhow::anyhow!("{}: {e}", t.display()))?;
+    let s = ctxpod_plan::trace::summary(&reqs);
+    anyhow::ensure!(
+        s.requests > 1 && s.span_ms > 0,
+        "the trace is too short to plan from"
+    );
+    let trace_rate = s.requests as f64 / (s.span_ms as f64 / 1000.0);
+    let caps: Vec<u64> = (0..64)
+        .map(|i| (100.0 * (s.unique_blocks as f64 / 50.0).powf(i as f64 / 63.0)) as u64)
+        .collect();
+    let points = ctxpod_plan::mrc::exact_curve(&reqs, &caps)
+        .into_iter()
+        .map(|(c, h)| (c as f64, h))
+        .collect();
+    Ok((
+        Reuse::Curve {
+            points,
+            at_requests_per_s: trace_rate,
+        },
+        a.rate.unwrap_or(trace_rate),
+        a.input_tokens
+            .unwrap_or(s.input_tokens as f64 / s.requests as f64),
+    ))
 }
 
 /// The plan for `a` as `ctxpod plan --json` prints it and `POST /v1/plan` answers it:

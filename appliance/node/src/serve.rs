@@ -6,7 +6,10 @@ use crate::metrics::NodeMetrics;
 use ctxpod_engine::metrics::Metrics;
 use ctxpod_engine::Engine;
 use ctxpod_format::config::Config;
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
+use tokio::task::JoinHandle;
 
 use crate::http::routes::router;
 
@@ -18,27 +21,9 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let node_metrics = Arc::new(NodeMetrics::new(&metrics.registry));
     let auth = Arc::new(Authenticator::new(&cfg, node_metrics.clone())?);
     let engine = Arc::new(Engine::open(cfg.clone(), metrics).await?);
-    if auth.enabled() {
-        tracing::info!("authentication is on: every request needs a token or a client certificate");
-    } else {
-        tracing::warn!(
-            "authentication is OFF: every client is an admin of this node (allowed on loopback; \
-             configure auth tokens or identities to turn it on)"
-        );
-    }
+    log_auth(&auth);
     let tls = crate::tls::Tls::load(&cfg.tls, node_metrics.clone())?;
-    match &tls {
-        Some(t) => {
-            tracing::info!(
-                mtls = cfg.tls.client_ca_file.is_some(),
-                "TLS on both listeners (files re-read on SIGHUP and on change)"
-            );
-            tokio::spawn(t.clone().watch());
-        }
-        None => tracing::warn!(
-            "TLS is off: plain TCP (allowed on loopback, or with tls.allow_plaintext)"
-        ),
-    }
+    watch_tls(&cfg, &tls);
     tokio::spawn(reload_on_sighup(auth.clone(), tls.clone()));
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -53,13 +38,8 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let handshakes = crate::conn::Handshakes::new(cfg.tls_handshakes_max);
     let transfer = match cfg.transfer_listen {
         Some(at) => {
-            let l = tokio::net::TcpListener::bind(at)
-                .await
-                .with_context(|| format!("transfer listener on {at}"))?;
-            let taddr = l.local_addr()?;
             let f = cfg.data_dir.join("ctxpod.transfer.addr");
-            std::fs::write(&tmp, format!("{taddr}\n"))?;
-            std::fs::rename(&tmp, &f)?;
+            let (l, taddr) = bind_published(at, "transfer listener", &tmp, &f).await?;
             tracing::info!(addr = %taddr, "ctxpod serving the CXP1 transfer protocol");
             Some(tokio::spawn(crate::cxp1::serve(
                 l,
@@ -77,12 +57,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let taddr = match cfg.transfer_listen {
-        Some(_) => std::fs::read_to_string(cfg.data_dir.join("ctxpod.transfer.addr"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok()),
-        None => None,
-    };
+    let taddr = published_transfer_addr(&cfg);
     let pod = ctxpod_pod::Pod::join(&cfg, addr, taddr, &engine).await?;
     pod.start_background(engine.clone(), &cfg, auth.enabled());
     let app = router(
@@ -95,12 +70,8 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     );
     let s3 = match cfg.s3_listen {
         Some(at) => {
-            let l = tokio::net::TcpListener::bind(at)
-                .await
-                .with_context(|| format!("S3 listener on {at}"))?;
-            let saddr = l.local_addr()?;
-            std::fs::write(&tmp, format!("{saddr}\n"))?;
-            std::fs::rename(&tmp, cfg.data_dir.join("ctxpod.s3.addr"))?;
+            let f = cfg.data_dir.join("ctxpod.s3.addr");
+            let (l, saddr) = bind_published(at, "S3 listener", &tmp, &f).await?;
             tracing::info!(addr = %saddr, "ctxpod serving the S3 door");
             let limits = crate::conn::Limits::from_config(&cfg);
             let gate = crate::conn::Gate::new("s3", limits.clone(), node_metrics.clone());
@@ -124,6 +95,77 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let gate = crate::conn::Gate::new("http", limits.clone(), node_metrics);
     let (conns, accepting) = crate::tls::accept_loop(listener, tls, gate, handshakes);
     crate::conn::serve_http(conns, app, limits.header_read, shutdown_signal()).await;
+    stop_listeners(accepting, s3, transfer);
+    pod.leave().await;
+    tracing::info!("shutting down: committing queued writes");
+    engine.shutdown().await;
+    let _ = std::fs::remove_file(&addr_file);
+    Ok(())
+}
+
+/// Says in the log whether authentication is on.
+fn log_auth(auth: &Authenticator) {
+    if auth.enabled() {
+        tracing::info!("authentication is on: every request needs a token or a client certificate");
+    } else {
+        tracing::warn!(
+            "authentication is OFF: every client is an admin of this node (allowed on loopback; \
+             configure auth tokens or identities to turn it on)"
+        );
+    }
+}
+
+/// Says in the log whether TLS is on and, when it is, watches its files for changes.
+fn watch_tls(cfg: &Config, tls: &Option<Arc<crate::tls::Tls>>) {
+    match tls {
+        Some(t) => {
+            tracing::info!(
+                mtls = cfg.tls.client_ca_file.is_some(),
+                "TLS on both listeners (files re-read on SIGHUP and on change)"
+            );
+            tokio::spawn(t.clone().watch());
+        }
+        None => tracing::warn!(
+            "TLS is off: plain TCP (allowed on loopback, or with tls.allow_plaintext)"
+        ),
+    }
+}
+
+/// Binds the `what` listener at `at` and publishes its address in `file` (written to
+/// `tmp`, then renamed, so a reader never sees half of it).
+async fn bind_published(
+    at: SocketAddr,
+    what: &str,
+    tmp: &Path,
+    file: &Path,
+) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    use anyhow::Context;
+    let l = tokio::net::TcpListener::bind(at)
+        .await
+        .with_context(|| format!("{what} on {at}"))?;
+    let local = l.local_addr()?;
+    std::fs::write(tmp, format!("{local}\n"))?;
+    std::fs::rename(tmp, file)?;
+    Ok((l, local))
+}
+
+/// The transfer listener's address as published (what the pod announces), if it has one.
+fn published_transfer_addr(cfg: &Config) -> Option<SocketAddr> {
+    match cfg.transfer_listen {
+        Some(_) => std::fs::read_to_string(cfg.data_dir.join("ctxpod.transfer.addr"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+        None => None,
+    }
+}
+
+/// Stops the listeners' tasks: the HTTP one's accepting, the S3 door's accepting and
+/// serving, and the transfer listener.
+fn stop_listeners(
+    accepting: JoinHandle<()>,
+    s3: Option<(JoinHandle<()>, JoinHandle<()>)>,
+    transfer: Option<JoinHandle<()>>,
+) {
     accepting.abort();
     if let Some((accepting, serving)) = s3 {
         accepting.abort();
@@ -132,11 +174,6 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     if let Some(t) = transfer {
         t.abort();
     }
-    pod.leave().await;
-    tracing::info!("shutting down: committing queued writes");
-    engine.shutdown().await;
-    let _ = std::fs::remove_file(&addr_file);
-    Ok(())
 }
 
 /// Re-reads credentials (and TLS files) on SIGHUP; a bad reload keeps what was loaded.

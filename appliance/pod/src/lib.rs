@@ -102,6 +102,37 @@ fn reachable(a: SocketAddr) -> Option<SocketAddr> {
     (!a.ip().is_unspecified()).then_some(a)
 }
 
+/// This node's member record: the HTTP address it advertises (configured, or its
+/// listener's unless that is a wildcard) and the transfer listener's.
+fn member_info(
+    cfg: &ctxpod_format::config::Config,
+    id: &str,
+    http: SocketAddr,
+    transfer: Option<SocketAddr>,
+    scheme: &str,
+) -> anyhow::Result<MemberInfo> {
+    let p = &cfg.pod;
+    let http_url = match (&p.advertise_http, reachable(http)) {
+        (Some(u), _) => u.trim_end_matches('/').to_string(),
+        (None, Some(a)) => format!("{scheme}://{a}"),
+        (None, None) if p.etcd_endpoints.is_empty() => format!("{scheme}://{http}"),
+        (None, None) => anyhow::bail!(
+            "pod.advertise_http is needed: the HTTP listener {http} is a wildcard address"
+        ),
+    };
+    Ok(MemberInfo {
+        id: id.to_string(),
+        http: http_url,
+        transfer: p
+            .advertise_transfer
+            .clone()
+            .or_else(|| transfer.and_then(reachable).map(|a| a.to_string())),
+        capacity: cfg.capacity.0,
+        zone: p.zone.clone(),
+        state: MemberState::Up,
+    })
+}
+
 impl Pod {
     /// Joins the configured pod: registers in etcd and watches it, or takes the static
     /// list, or stands alone.
@@ -115,91 +146,11 @@ impl Pod {
         let pod_metrics = Arc::new(metrics::PodMetrics::new(&engine.metrics().registry));
         let id = node_id(p.node_id.as_deref(), &cfg.data_dir)?;
         let scheme = if cfg.tls.enabled() { "https" } else { "http" };
-        let http_url = match (&p.advertise_http, reachable(http)) {
-            (Some(u), _) => u.trim_end_matches('/').to_string(),
-            (None, Some(a)) => format!("{scheme}://{a}"),
-            (None, None) if p.etcd_endpoints.is_empty() => format!("{scheme}://{http}"),
-            (None, None) => anyhow::bail!(
-                "pod.advertise_http is needed: the HTTP listener {http} is a wildcard address"
-            ),
-        };
-        let me = MemberInfo {
-            id: id.clone(),
-            http: http_url,
-            transfer: p
-                .advertise_transfer
-                .clone()
-                .or_else(|| transfer.and_then(reachable).map(|a| a.to_string())),
-            capacity: cfg.capacity.0,
-            zone: p.zone.clone(),
-            state: MemberState::Up,
-        };
+        let me = member_info(cfg, &id, http, transfer, scheme)?;
         let peers = Peers::from_config(cfg)?;
         let stop = tokio_util::sync::CancellationToken::new();
         if !p.etcd_endpoints.is_empty() {
-            let etcd = etcd::Etcd::from_config(p)?;
-            let ttl = Duration::from_secs(p.lease_ttl_s);
-            // This node's own record must pass the check every member applies.
-            membership::parse_member(
-                &format!("{}{id}", membership::members_prefix(&p.name)),
-                &serde_json::to_vec(&me)?,
-                scheme,
-            )
-            .with_context(|| format!("this node's member record ({})", me.http))?;
-            let membership = Membership::watch_etcd(etcd.clone(), &p.name, scheme, stop.clone())
-                .await
-                .with_context(|| {
-                    format!("list the pod's members in etcd at {:?}", p.etcd_endpoints)
-                })?;
-            // Deletes made while this node was away are applied before it registers, so
-            // nothing is routed to it while it still holds a deleted block.
-            let tombstones = tombstones::Tombstones::open(
-                engine,
-                etcd.clone(),
-                &p.name,
-                p,
-                &cfg.data_dir,
-                pod_metrics.clone(),
-            )
-            .await
-            .context("apply the pod's block deletes (tombstones in etcd)")?;
-            let registration = Registration::register(
-                etcd.clone(),
-                &p.name,
-                me.clone(),
-                ttl,
-                Some(membership.clone()),
-            )
-            .await
-            .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
-            // A namespace's quota holds for the pod: each new block within this member's
-            // grant in the ledger.
-            engine.set_pod_quota(Arc::new(quota::Ledgers::new(
-                etcd.clone(),
-                &p.name,
-                &id,
-                membership.clone(),
-                p.replication,
-                p.tombstone_retention_s,
-            )));
-            tracing::info!(
-                node = %id,
-                pod = %p.name,
-                members = membership.view().members.len(),
-                "joined the pod through etcd"
-            );
-            return Ok(Pod {
-                me,
-                peers,
-                replication: p.replication,
-                membership,
-                records: Some((p.name.clone(), etcd)),
-                drain: Arc::new(drain::Drain::new(Some(registration.handle()))),
-                registration: Some(registration),
-                tombstones: Some(tombstones),
-                metrics: pod_metrics,
-                stop,
-            });
+            return Self::join_etcd(cfg, engine, scheme, me, peers, pod_metrics, stop).await;
         }
         let membership = if p.members.is_empty() {
             Membership::single(me.clone())
@@ -227,6 +178,83 @@ impl Pod {
             registration: None,
             drain: Arc::new(drain::Drain::new(None)),
             tombstones: None,
+            metrics: pod_metrics,
+            stop,
+        })
+    }
+
+    /// [`Pod::join`] with etcd: checks this node's own member record (`me`), watches the
+    /// members, applies the block deletes made while it was away, registers, and holds
+    /// namespace quotas for the pod.
+    async fn join_etcd(
+        cfg: &ctxpod_format::config::Config,
+        engine: &ctxpod_engine::Engine,
+        scheme: &'static str,
+        me: MemberInfo,
+        peers: Peers,
+        pod_metrics: Arc<metrics::PodMetrics>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<Pod> {
+        let p = &cfg.pod;
+        let id = &me.id;
+        let etcd = etcd::Etcd::from_config(p)?;
+        let ttl = Duration::from_secs(p.lease_ttl_s);
+        // This node's own record must pass the check every member applies.
+        membership::parse_member(
+            &format!("{}{id}", membership::members_prefix(&p.name)),
+            &serde_json::to_vec(&me)?,
+            scheme,
+        )
+        .with_context(|| format!("this node's member record ({})", me.http))?;
+        let membership = Membership::watch_etcd(etcd.clone(), &p.name, scheme, stop.clone())
+            .await
+            .with_context(|| format!("list the pod's members in etcd at {:?}", p.etcd_endpoints))?;
+        // Deletes made while this node was away are applied before it registers, so
+        // nothing is routed to it while it still holds a deleted block.
+        let tombstones = tombstones::Tombstones::open(
+            engine,
+            etcd.clone(),
+            &p.name,
+            p,
+            &cfg.data_dir,
+            pod_metrics.clone(),
+        )
+        .await
+        .context("apply the pod's block deletes (tombstones in etcd)")?;
+        let registration = Registration::register(
+            etcd.clone(),
+            &p.name,
+            me.clone(),
+            ttl,
+            Some(membership.clone()),
+        )
+        .await
+        .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
+        // A namespace's quota holds for the pod: each new block within this member's
+        // grant in the ledger.
+        engine.set_pod_quota(Arc::new(quota::Ledgers::new(
+            etcd.clone(),
+            &p.name,
+            id,
+            membership.clone(),
+            p.replication,
+            p.tombstone_retention_s,
+        )));
+        tracing::info!(
+            node = %id,
+            pod = %p.name,
+            members = membership.view().members.len(),
+            "joined the pod through etcd"
+        );
+        Ok(Pod {
+            me,
+            peers,
+            replication: p.replication,
+            membership,
+            records: Some((p.name.clone(), etcd)),
+            drain: Arc::new(drain::Drain::new(Some(registration.handle()))),
+            registration: Some(registration),
+            tombstones: Some(tombstones),
             metrics: pod_metrics,
             stop,
         })

@@ -66,107 +66,190 @@ impl PodMetrics {
         }
     }
 
-    /// The pod's series, registered in `r`.
+    /// The pod's series, registered in `r`, family by family.
     pub fn new(r: &Registry) -> PodMetrics {
+        let b = BackfillSeries::new(r);
+        let t = TombstoneSeries::new(r);
+        let s = ScrubSeries::new(r);
         PodMetrics {
-            backfill_passes: register(r, IntCounterVec::new(
+            backfill_passes: b.passes,
+            backfill_scanned: b.scanned,
+            backfill_copied_blocks: b.copied_blocks,
+            backfill_copied_bytes: b.copied_bytes,
+            backfill_failed: b.failed,
+            backfill_last_pass: b.last_pass,
+            backfill_grace_until: b.grace_until,
+            pod_tombstones: t.tombstones,
+            pod_tombstones_applied: t.applied,
+            pod_deletes_refused: t.deletes_refused,
+            pod_emptied_on_return: t.emptied_on_return,
+            scrub_records: s.records,
+            scrub_bytes: s.bytes,
+            scrub_repaired: s.repaired,
+            scrub_lost: s.lost,
+            scrub_passes: s.passes,
+            scrub_pass_records: s.pass_records,
+            scrub_pass_total: s.pass_total,
+            scrub_last_pass: s.last_pass,
+        }
+    }
+}
+
+/// Backfill's series (the `backfill_*` fields of [`PodMetrics`]).
+struct BackfillSeries {
+    passes: IntCounterVec,
+    scanned: IntCounter,
+    copied_blocks: IntCounter,
+    copied_bytes: IntCounter,
+    failed: IntCounter,
+    last_pass: IntGauge,
+    grace_until: IntGauge,
+}
+
+impl BackfillSeries {
+    fn new(r: &Registry) -> BackfillSeries {
+        BackfillSeries {
+            passes: register(r, IntCounterVec::new(
                 Opts::new(
                     "ctxpod_backfill_passes_total",
                     "Backfill passes, by outcome (done, restarted, failed)"
                 ),
                 &["outcome"]
             )),
-            backfill_scanned: counter(
+            scanned: counter(
                 r,
                 "ctxpod_backfill_scanned_keys_total",
                 "Keys held here that backfill passes looked at",
             ),
-            backfill_copied_blocks: counter(
+            copied_blocks: counter(
                 r,
                 "ctxpod_backfill_copied_blocks_total",
                 "Blocks backfill copied to a member that should hold them",
             ),
-            backfill_copied_bytes: counter(
+            copied_bytes: counter(
                 r,
                 "ctxpod_backfill_copied_bytes_total",
                 "Bytes backfill copied to other members",
             ),
-            backfill_failed: counter(
+            failed: counter(
                 r,
                 "ctxpod_backfill_failed_copies_total",
                 "Copies backfill could not make (member unreachable or refusing)",
             ),
-            backfill_last_pass: gauge(
+            last_pass: gauge(
                 r,
                 "ctxpod_backfill_last_pass_timestamp_seconds",
                 "Unix time the last backfill pass ended (0: none yet)",
             ),
-            backfill_grace_until: gauge(
+            grace_until: gauge(
                 r,
                 "ctxpod_backfill_grace_until_timestamp_seconds",
                 "Unix time until which backfill waits for a member that left to come back (0: none)",
             ),
-            pod_tombstones: gauge(
+        }
+    }
+}
+
+/// The series of the pod's deletes: tombstones (the `pod_*` fields of [`PodMetrics`]).
+struct TombstoneSeries {
+    tombstones: IntGauge,
+    applied: IntCounterVec,
+    deletes_refused: IntCounterVec,
+    emptied_on_return: IntCounter,
+}
+
+impl TombstoneSeries {
+    fn new(r: &Registry) -> TombstoneSeries {
+        TombstoneSeries {
+            tombstones: gauge(
                 r,
                 "ctxpod_pod_tombstones",
                 "Block tombstones this node knows of (pod deletes still remembered in etcd)",
             ),
-            pod_tombstones_applied: register(r, IntCounterVec::new(
+            applied: register(r, IntCounterVec::new(
                 Opts::new(
                     "ctxpod_pod_tombstones_applied_total",
                     "Tombstones applied here, by outcome (deleted, absent)"
                 ),
                 &["outcome"]
             )),
-            pod_deletes_refused: register(r, IntCounterVec::new(
+            deletes_refused: register(r, IntCounterVec::new(
                 Opts::new(
                     "ctxpod_pod_deletes_refused_total",
                     "Block deletes through the pod refused, by reason (tombstones_full, etcd)"
                 ),
                 &["reason"]
             )),
-            pod_emptied_on_return: counter(
+            emptied_on_return: counter(
                 r,
                 "ctxpod_pod_emptied_on_return_total",
                 "Times this node emptied itself on return after longer away than the tombstone retention",
             ),
-            scrub_records: register(r, IntCounterVec::new(
-                Opts::new(
-                    "ctxpod_scrub_records_total",
-                    "Records scrub read back and checked, by outcome (good, bad)"
+        }
+    }
+}
+
+/// Scrub's series (the `scrub_*` fields of [`PodMetrics`]).
+struct ScrubSeries {
+    records: IntCounterVec,
+    bytes: IntCounter,
+    repaired: IntCounter,
+    lost: IntCounter,
+    passes: IntCounterVec,
+    pass_records: IntGauge,
+    pass_total: IntGauge,
+    last_pass: IntGauge,
+}
+
+impl ScrubSeries {
+    fn new(r: &Registry) -> ScrubSeries {
+        ScrubSeries {
+            records: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ctxpod_scrub_records_total",
+                        "Records scrub read back and checked, by outcome (good, bad)",
+                    ),
+                    &["outcome"],
                 ),
-                &["outcome"]
-            )),
-            scrub_bytes: counter(
+            ),
+            bytes: counter(
                 r,
                 "ctxpod_scrub_read_bytes_total",
                 "Record bytes scrub read from the device",
             ),
-            scrub_repaired: counter(
+            repaired: counter(
                 r,
                 "ctxpod_scrub_repaired_total",
                 "Bad copies scrub stored again from a good copy on another member",
             ),
-            scrub_lost: counter(
+            lost: counter(
                 r,
                 "ctxpod_scrub_lost_total",
                 "Bad copies with no good copy on any member: blocks lost here",
             ),
-            scrub_passes: register(r, IntCounterVec::new(
-                Opts::new("ctxpod_scrub_passes_total", "Scrub passes, by outcome (done, failed)"),
-                &["outcome"]
-            )),
-            scrub_pass_records: gauge(
+            passes: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ctxpod_scrub_passes_total",
+                        "Scrub passes, by outcome (done, failed)",
+                    ),
+                    &["outcome"],
+                ),
+            ),
+            pass_records: gauge(
                 r,
                 "ctxpod_scrub_pass_records",
                 "Records the running scrub pass has checked so far",
             ),
-            scrub_pass_total: gauge(
+            pass_total: gauge(
                 r,
                 "ctxpod_scrub_pass_total_records",
                 "Records on flash when the running scrub pass began",
             ),
-            scrub_last_pass: gauge(
+            last_pass: gauge(
                 r,
                 "ctxpod_scrub_last_pass_timestamp_seconds",
                 "Unix time the last scrub pass ended (0: none yet)",

@@ -66,7 +66,7 @@ pub async fn serve(
 pub(crate) async fn connection(
     sock: TcpStream,
     addr: std::net::SocketAddr,
-    (tls, handshake): (Option<Arc<crate::tls::Tls>>, Option<OwnedSemaphorePermit>),
+    (tls, mut handshake): (Option<Arc<crate::tls::Tls>>, Option<OwnedSemaphorePermit>),
     engine: Arc<Engine>,
     auth: Arc<Authenticator>,
     budgets: Budgets,
@@ -76,84 +76,15 @@ pub(crate) async fn connection(
     // Who the connection is before any `Auth`: everyone's admin when authentication is off,
     // else the identity of its verified client certificate, if it maps to one.
     let mut who = (!auth.enabled()).then(Principal::anonymous_admin);
-    let (mut rd, mut wr): (Rd, Wr) = match tls {
-        None => {
-            let (r, w) = sock.into_split();
-            (Box::new(r), Box::new(w))
-        }
-        Some(tls) => {
-            let (stream, peer) = tls.accept(sock).await?;
-            drop(handshake);
-            if let (None, Some(s)) = (&who, &peer.subject) {
-                who = auth.identity(s).ok();
-            }
-            let (r, w) = tokio::io::split(stream);
-            (Box::new(r), Box::new(w))
-        }
-    };
-    let mut hello = [0u8; HELLO_BYTES];
-    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello)).await??;
-    let peer = Hello::decode(&hello)?;
-    let flags = match &who {
-        _ if !auth.enabled() => 0,
-        Some(_) => HELLO_AUTHENTICATED,
-        None => HELLO_AUTH_REQUIRED,
-    };
-    let ours = Hello {
-        version: VERSION,
-        flags,
-        max_frame_bytes: MAX_FRAME_BYTES,
-    };
-    wr.write_all(&ours.encode()).await?;
-    wr.flush().await?;
-    let (tx, mut rx) = mpsc::channel::<Out>(1024);
+    let (mut rd, mut wr) = halves(sock, tls, &mut handshake, &auth, &mut who).await?;
+    let peer = exchange_hellos(&mut rd, &mut wr, &auth, &who).await?;
+    let (tx, rx) = mpsc::channel::<Out>(1024);
     let closed = CancellationToken::new();
     // Cancelled when the client is let go (idle, revoked) or does not take the frames left
     // once the connection ends: the writer stops waiting on its socket.
     let abandon = CancellationToken::new();
     let activity = Arc::new(Activity::default());
-    let mut writer = {
-        let (abandon, activity) = (abandon.clone(), activity.clone());
-        tokio::spawn(async move {
-            let mut batch: Vec<Out> = Vec::new();
-            while let Some(out) = tokio::select! {
-                o = rx.recv() => o,
-                _ = abandon.cancelled() => None,
-            } {
-                // The frames queued now leave together, in as few writes as the socket
-                // takes: a prefetch's ticket, pushes and `PrefetchDone`, or the answers
-                // of pipelined requests, are one wake-up of the client, not one a part.
-                let mut bytes = out.parts.iter().map(Bytes::len).sum::<usize>();
-                batch.push(out);
-                while bytes < WRITE_BATCH_BYTES && batch.len() < WRITE_BATCH_FRAMES {
-                    let Ok(o) = rx.try_recv() else { break };
-                    bytes += o.parts.iter().map(Bytes::len).sum::<usize>();
-                    batch.push(o);
-                }
-                let parts: Vec<&[u8]> = batch
-                    .iter()
-                    .flat_map(|o| o.parts.iter().map(|p| &p[..]))
-                    .collect();
-                let written = tokio::select! {
-                    r = write_parts(&mut wr, &parts) => r.is_ok(),
-                    // A client that stopped reading is let go with its frames.
-                    _ = abandon.cancelled() => false,
-                };
-                drop(parts);
-                // Their shares of the output and egress budgets go back once written.
-                batch.clear();
-                if !written {
-                    return;
-                }
-                activity.touch();
-                // Over TLS a write may leave records in the session's buffer until a
-                // flush: flush whenever no further frame is queued (a no-op on plain TCP).
-                if rx.is_empty() && wr.flush().await.is_err() {
-                    return;
-                }
-            }
-        })
-    };
+    let mut writer = tokio::spawn(write_frames(rx, wr, abandon.clone(), activity.clone()));
     let conn = Arc::new(Conn {
         engine,
         metrics: gate.metrics.clone(),
@@ -171,34 +102,10 @@ pub(crate) async fn connection(
         peer_max: peer.max_frame_bytes.min(MAX_FRAME_BYTES) as usize,
         peer: addr.ip(),
     });
-    // Idle: no byte either way for `idle`, no request running, no live ticket or
-    // subscription (those may rightly stay quiet). Then the connection is closed.
     let idle = gate.limits.idle;
-    let tick = (idle / 4).clamp(Duration::from_millis(100), crate::auth::REVOCATION_CHECK);
-    let watchdog = async {
-        loop {
-            tokio::time::sleep(tick).await;
-            // A credential removed or changed at a reload ends its live connections.
-            let revoked = conn
-                .who
-                .lock()
-                .as_ref()
-                .is_some_and(|p| !conn.auth.still_valid(p));
-            if revoked {
-                gate.count("revoked");
-                return;
-            }
-            let busy = conn.inflight.available_permits() < INFLIGHT_PER_CONNECTION
-                || !conn.tickets.lock().is_empty();
-            if !busy && conn.activity.quiet_for() >= idle {
-                gate.count("idle");
-                return;
-            }
-        }
-    };
     let (result, let_go) = tokio::select! {
         r = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who) => (r, false),
-        () = watchdog => (Ok(()), true),
+        () = watchdog(&conn, &gate, idle) => (Ok(()), true),
     };
     conn.closed.cancel();
     drop(conn);
@@ -212,6 +119,132 @@ pub(crate) async fn connection(
         let _ = writer.await;
     }
     result
+}
+
+/// The connection's read and write halves, after its TLS handshake (whose permit goes
+/// back once it is done) if it has one; a verified client certificate that maps to an
+/// identity makes `who` that identity.
+async fn halves(
+    sock: TcpStream,
+    tls: Option<Arc<crate::tls::Tls>>,
+    handshake: &mut Option<OwnedSemaphorePermit>,
+    auth: &Authenticator,
+    who: &mut Option<Principal>,
+) -> anyhow::Result<(Rd, Wr)> {
+    Ok(match tls {
+        None => {
+            let (r, w) = sock.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Some(tls) => {
+            let (stream, peer) = tls.accept(sock).await?;
+            drop(handshake.take());
+            if let (None, Some(s)) = (&*who, &peer.subject) {
+                *who = auth.identity(s).ok();
+            }
+            let (r, w) = tokio::io::split(stream);
+            (Box::new(r), Box::new(w))
+        }
+    })
+}
+
+/// Reads the client's hello (within [`HELLO_TIMEOUT`]) and answers with the node's, which
+/// says whether the connection is authenticated already; the client's hello.
+async fn exchange_hellos(
+    rd: &mut Rd,
+    wr: &mut Wr,
+    auth: &Authenticator,
+    who: &Option<Principal>,
+) -> anyhow::Result<Hello> {
+    let mut hello = [0u8; HELLO_BYTES];
+    tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello)).await??;
+    let peer = Hello::decode(&hello)?;
+    let flags = match who {
+        _ if !auth.enabled() => 0,
+        Some(_) => HELLO_AUTHENTICATED,
+        None => HELLO_AUTH_REQUIRED,
+    };
+    let ours = Hello {
+        version: VERSION,
+        flags,
+        max_frame_bytes: MAX_FRAME_BYTES,
+    };
+    wr.write_all(&ours.encode()).await?;
+    wr.flush().await?;
+    Ok(peer)
+}
+
+/// The connection's writer: writes the frames queued for the socket until the queue
+/// closes, a write fails, or the connection is abandoned.
+async fn write_frames(
+    mut rx: mpsc::Receiver<Out>,
+    mut wr: Wr,
+    abandon: CancellationToken,
+    activity: Arc<Activity>,
+) {
+    let mut batch: Vec<Out> = Vec::new();
+    while let Some(out) = tokio::select! {
+        o = rx.recv() => o,
+        _ = abandon.cancelled() => None,
+    } {
+        // The frames queued now leave together, in as few writes as the socket
+        // takes: a prefetch's ticket, pushes and `PrefetchDone`, or the answers
+        // of pipelined requests, are one wake-up of the client, not one a part.
+        let mut bytes = out.parts.iter().map(Bytes::len).sum::<usize>();
+        batch.push(out);
+        while bytes < WRITE_BATCH_BYTES && batch.len() < WRITE_BATCH_FRAMES {
+            let Ok(o) = rx.try_recv() else { break };
+            bytes += o.parts.iter().map(Bytes::len).sum::<usize>();
+            batch.push(o);
+        }
+        let parts: Vec<&[u8]> = batch
+            .iter()
+            .flat_map(|o| o.parts.iter().map(|p| &p[..]))
+            .collect();
+        let written = tokio::select! {
+            r = write_parts(&mut wr, &parts) => r.is_ok(),
+            // A client that stopped reading is let go with its frames.
+            _ = abandon.cancelled() => false,
+        };
+        drop(parts);
+        // Their shares of the output and egress budgets go back once written.
+        batch.clear();
+        if !written {
+            return;
+        }
+        activity.touch();
+        // Over TLS a write may leave records in the session's buffer until a
+        // flush: flush whenever no further frame is queued (a no-op on plain TCP).
+        if rx.is_empty() && wr.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Idle: no byte either way for `idle`, no request running, no live ticket or
+/// subscription (those may rightly stay quiet). Then the connection is closed. Returns
+/// when the connection is to be let go: idle, or its credential revoked.
+async fn watchdog(conn: &Conn, gate: &Gate, idle: Duration) {
+    let tick = (idle / 4).clamp(Duration::from_millis(100), crate::auth::REVOCATION_CHECK);
+    loop {
+        tokio::time::sleep(tick).await;
+        // A credential removed or changed at a reload ends its live connections.
+        let revoked = conn
+            .who
+            .lock()
+            .as_ref()
+            .is_some_and(|p| !conn.auth.still_valid(p));
+        if revoked {
+            gate.count("revoked");
+            return;
+        }
+        let busy = conn.inflight.available_permits() < INFLIGHT_PER_CONNECTION
+            || !conn.tickets.lock().is_empty();
+        if !busy && conn.activity.quiet_for() >= idle {
+            gate.count("idle");
+            return;
+        }
+    }
 }
 
 pub(crate) async fn read_requests(
@@ -253,21 +286,10 @@ pub(crate) async fn read_requests(
             conn.send_one(f).await;
             return Ok(());
         };
-        if !p.may(access_of_op(op)) {
-            conn.metrics.forbidden.inc();
-            let msg = "forbidden: this role may not do that";
-            if refuse(conn, &mut input, body_len, op, id, status::FORBIDDEN, msg).await? {
-                continue;
-            }
-            return Ok(());
-        }
-        if conn.auth.admit(&p).is_err() {
-            let msg = "rate limited: the tenant's request rate is spent; retry later";
-            let st = status::TOO_MANY_REQUESTS;
-            if refuse(conn, &mut input, body_len, op, id, st, msg).await? {
-                continue;
-            }
-            return Ok(());
+        match refusal(conn, &mut input, body_len, op, id, &p).await? {
+            None => {}
+            Some(true) => continue,
+            Some(false) => return Ok(()),
         }
         let slot = inflight.clone().try_acquire_owned();
         let budget = conn.budgets.ingest.try_take(body_len);
@@ -282,33 +304,7 @@ pub(crate) async fn read_requests(
         };
         // PUT bodies are received straight into their records' buffers; other requests
         // are small and decoded whole.
-        let req = if op == Op::Put {
-            match read_put(&mut input, body_len).await? {
-                Ok(mut put) => match p.scope(&put.ns) {
-                    Ok(ns) => {
-                        put.ns = ns;
-                        Parsed::Put(put)
-                    }
-                    Err(e) => Parsed::Invalid(e.to_string()),
-                },
-                Err(e) => Parsed::Bad(e),
-            }
-        } else {
-            let frame = Frame {
-                header: Header {
-                    status: 0,
-                    ..header
-                },
-                body: input.take(body_len).await?,
-            };
-            match Request::decode(&frame) {
-                Ok(mut r) => match scope_request(&mut r, &p) {
-                    Ok(()) => Parsed::Other(r),
-                    Err(e) => Parsed::Invalid(e),
-                },
-                Err(e) => Parsed::Bad(e),
-            }
-        };
+        let req = parse(&mut input, header, body_len, &p).await?;
         let conn = conn.clone();
         tokio::spawn(async move {
             let parts = match req {
@@ -340,4 +336,68 @@ pub(crate) async fn read_requests(
             drop(slot);
         });
     }
+}
+
+/// Refuses a request its principal may not make (its role) or not now (its tenant's
+/// request rate), skipping its body: `None` when it is admitted, else whether the
+/// connection goes on.
+async fn refusal(
+    conn: &Conn,
+    input: &mut FrameInput<Rd>,
+    body_len: usize,
+    op: Op,
+    id: u64,
+    p: &Principal,
+) -> anyhow::Result<Option<bool>> {
+    if !p.may(access_of_op(op)) {
+        conn.metrics.forbidden.inc();
+        let msg = "forbidden: this role may not do that";
+        return Ok(Some(
+            refuse(conn, input, body_len, op, id, status::FORBIDDEN, msg).await?,
+        ));
+    }
+    if conn.auth.admit(p).is_err() {
+        let msg = "rate limited: the tenant's request rate is spent; retry later";
+        let st = status::TOO_MANY_REQUESTS;
+        return Ok(Some(refuse(conn, input, body_len, op, id, st, msg).await?));
+    }
+    Ok(None)
+}
+
+/// Reads an admitted request's body. PUT bodies are received straight into their records'
+/// buffers; other requests are small and decoded whole. Either is scoped to `p`'s
+/// namespaces.
+async fn parse(
+    input: &mut FrameInput<Rd>,
+    header: Header,
+    body_len: usize,
+    p: &Principal,
+) -> anyhow::Result<Parsed> {
+    Ok(if header.op == Op::Put {
+        match read_put(input, body_len).await? {
+            Ok(mut put) => match p.scope(&put.ns) {
+                Ok(ns) => {
+                    put.ns = ns;
+                    Parsed::Put(put)
+                }
+                Err(e) => Parsed::Invalid(e.to_string()),
+            },
+            Err(e) => Parsed::Bad(e),
+        }
+    } else {
+        let frame = Frame {
+            header: Header {
+                status: 0,
+                ..header
+            },
+            body: input.take(body_len).await?,
+        };
+        match Request::decode(&frame) {
+            Ok(mut r) => match scope_request(&mut r, p) {
+                Ok(()) => Parsed::Other(r),
+                Err(e) => Parsed::Invalid(e),
+            },
+            Err(e) => Parsed::Bad(e),
+        }
+    })
 }

@@ -6,7 +6,9 @@ use crate::budget::Permit;
 use bytes::Bytes;
 use ctxpod_client::proto_io::FrameInput;
 use ctxpod_engine::{Engine, EngineError, PutStatus, StagedBlock};
-use ctxpod_wire::proto::{status, GetEntry, Op, Policy, ProtoError, Request, Response};
+use ctxpod_wire::proto::{
+    status, GetEntry, Op, Policy, PrefetchRequest, ProtoError, Request, Response,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,113 +51,130 @@ pub(crate) async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> O
                 .await,
         ),
         Request::RegisterRegion { region_id, bytes } => {
-            let mut r = conn.regions.lock();
-            if bytes == 0 {
-                r.remove(&region_id);
-            } else if r.len() >= REGIONS_PER_CONNECTION && !r.contains_key(&region_id) {
-                return Some(error(
-                    op,
-                    id,
-                    status::BAD_REQUEST,
-                    format!("at most {REGIONS_PER_CONNECTION} regions per connection"),
-                ));
-            } else {
-                r.insert(region_id, bytes);
-            }
-            vec![Response::RegionRegistered.encode(op, status::OK, id)]
+            register_region(conn, op, id, region_id, bytes)
         }
-        Request::Prefetch(req) => {
-            let Some(region_bytes) = conn.regions.lock().get(&req.region_id).copied() else {
-                return Some(error(
-                    op,
-                    id,
-                    status::NOT_FOUND,
-                    format!(
-                        "region {} is not registered on this connection",
-                        req.region_id
-                    ),
-                ));
-            };
-            if let Some((i, e)) = req.entries.iter().enumerate().find(|(_, e)| {
-                e.offset
-                    .checked_add(e.max_len as u64)
-                    .is_none_or(|end| end > region_bytes)
-            }) {
-                return Some(error(
-                    op,
-                    id,
-                    status::BAD_REQUEST,
-                    format!(
-                        "entry {i}: {} bytes at offset {} do not fit region {} of {region_bytes} bytes",
-                        e.max_len, e.offset, req.region_id
-                    ),
-                ));
-            }
-            if req.policy == Policy::Timeout && req.deadline_ms == 0 {
-                return Some(error(
-                    op,
-                    id,
-                    status::BAD_REQUEST,
-                    "the timeout policy needs a deadline",
-                ));
-            }
-            let token = match conn.open_ticket(op, id) {
-                Ok(t) => t,
-                Err(f) => return Some(vec![f]),
-            };
-            let p = Prefetch {
-                policy: req.policy,
-                deadline: (req.deadline_ms > 0)
-                    .then(|| Instant::now() + Duration::from_millis(req.deadline_ms as u64)),
-                lease: Duration::from_millis(
-                    (req.lease_ms as u64).min(ctxpod_wire::PREFETCH_LEASE_MS_MAX),
-                ),
-                ns: req.ns,
-                entries: req.entries,
-            };
-            // The ticket outlives this request (its pushes, then its lease).
-            let conn = conn.clone();
-            tokio::spawn(async move {
-                prefetch(&conn, id, p, token).await;
-                conn.close_ticket(id);
-            });
-            return None;
-        }
-        Request::Cancel { ticket } => match conn.tickets.lock().get(&ticket) {
-            Some(t) => {
-                t.cancel();
-                vec![Response::Cancelled.encode(op, status::OK, id)]
-            }
-            None => error(
-                op,
-                id,
-                status::NOT_FOUND,
-                format!("no live ticket {ticket} on this connection"),
-            ),
-        },
+        Request::Prefetch(req) => return start_prefetch(conn, req, op, id),
+        Request::Cancel { ticket } => cancel(conn, op, id, ticket),
         Request::Auth { .. } => error(op, id, status::INTERNAL, "internal: Auth is handled first"),
-        Request::Subscribe { ns } => {
-            let (ns_id, rx) = match engine.subscribe(&ns) {
-                Ok(s) => s,
-                Err(e) => return Some(fail(&e)),
-            };
-            let token = match conn.open_ticket(op, id) {
-                Ok(t) => t,
-                Err(f) => return Some(vec![f]),
-            };
-            let conn = conn.clone();
-            tokio::spawn(async move {
-                if conn
-                    .send_one(Response::Ticket(id).encode(op, status::OK, id))
-                    .await
-                {
-                    subscription(&conn, id, ns_id, rx, token).await;
-                }
-                conn.close_ticket(id);
-            });
-            return None;
-        }
+        Request::Subscribe { ns } => return start_subscription(conn, &ns, op, id),
     })
+}
+
+/// A RegisterRegion: records (or, at 0 bytes, forgets) the region, up to
+/// [`REGIONS_PER_CONNECTION`] per connection.
+fn register_region(conn: &Conn, op: Op, id: u64, region_id: u32, bytes: u64) -> Vec<Bytes> {
+    let mut r = conn.regions.lock();
+    if bytes == 0 {
+        r.remove(&region_id);
+    } else if r.len() >= REGIONS_PER_CONNECTION && !r.contains_key(&region_id) {
+        return error(
+            op,
+            id,
+            status::BAD_REQUEST,
+            format!("at most {REGIONS_PER_CONNECTION} regions per connection"),
+        );
+    } else {
+        r.insert(region_id, bytes);
+    }
+    vec![Response::RegionRegistered.encode(op, status::OK, id)]
+}
+
+/// A Prefetch: checked against its region and policy, then run as a ticket of its own
+/// (`None`: the ticket sends its frames), or refused (its error frame).
+fn start_prefetch(conn: &Arc<Conn>, req: PrefetchRequest, op: Op, id: u64) -> Option<Vec<Bytes>> {
+    let Some(region_bytes) = conn.regions.lock().get(&req.region_id).copied() else {
+        return Some(error(
+            op,
+            id,
+            status::NOT_FOUND,
+            format!(
+                "region {} is not registered on this connection",
+                req.region_id
+            ),
+        ));
+    };
+    if let Some((i, e)) = req.entries.iter().enumerate().find(|(_, e)| {
+        e.offset
+            .checked_add(e.max_len as u64)
+            .is_none_or(|end| end > region_bytes)
+    }) {
+        return Some(error(
+            op,
+            id,
+            status::BAD_REQUEST,
+            format!(
+                "entry {i}: {} bytes at offset {} do not fit region {} of {region_bytes} bytes",
+                e.max_len, e.offset, req.region_id
+            ),
+        ));
+    }
+    if req.policy == Policy::Timeout && req.deadline_ms == 0 {
+        return Some(error(
+            op,
+            id,
+            status::BAD_REQUEST,
+            "the timeout policy needs a deadline",
+        ));
+    }
+    let token = match conn.open_ticket(op, id) {
+        Ok(t) => t,
+        Err(f) => return Some(vec![f]),
+    };
+    let p = Prefetch {
+        policy: req.policy,
+        deadline: (req.deadline_ms > 0)
+            .then(|| Instant::now() + Duration::from_millis(req.deadline_ms as u64)),
+        lease: Duration::from_millis((req.lease_ms as u64).min(ctxpod_wire::PREFETCH_LEASE_MS_MAX)),
+        ns: req.ns,
+        entries: req.entries,
+    };
+    // The ticket outlives this request (its pushes, then its lease).
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        prefetch(&conn, id, p, token).await;
+        conn.close_ticket(id);
+    });
+    None
+}
+
+/// A Subscribe: its events are sent under a ticket of their own (`None`: the ticket sends
+/// its frames), or it is refused (its error frame).
+fn start_subscription(conn: &Arc<Conn>, ns: &str, op: Op, id: u64) -> Option<Vec<Bytes>> {
+    let (ns_id, rx) = match conn.engine.subscribe(ns) {
+        Ok(s) => s,
+        Err(e) => return Some(error(op, id, code(&e), e.to_string())),
+    };
+    let token = match conn.open_ticket(op, id) {
+        Ok(t) => t,
+        Err(f) => return Some(vec![f]),
+    };
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        if conn
+            .send_one(Response::Ticket(id).encode(op, status::OK, id))
+            .await
+        {
+            subscription(&conn, id, ns_id, rx, token).await;
+        }
+        conn.close_ticket(id);
+    });
+    None
+}
+
+/// A Cancel: cancels the live ticket (or subscription) of that id on this connection.
+fn cancel(conn: &Conn, op: Op, id: u64, ticket: u64) -> Vec<Bytes> {
+    match conn.tickets.lock().get(&ticket) {
+        Some(t) => {
+            t.cancel();
+            vec![Response::Cancelled.encode(op, status::OK, id)]
+        }
+        None => error(
+            op,
+            id,
+            status::NOT_FOUND,
+            format!("no live ticket {ticket} on this connection"),
+        ),
+    }
 }
 
 /// A Get. Blocks are admitted in order while they fit the client's frame, this

@@ -65,6 +65,117 @@ impl Pending<'_> {
 /// Status of an entry that a cancel stopped before it was pushed.
 pub const CANCELLED: u16 = 499;
 
+/// The `prefetch_blocks` outcome label of a pushed entry's status.
+fn outcome_of(st: u16) -> &'static str {
+    match st {
+        status::OK => "pushed",
+        status::NOT_FOUND => "miss",
+        status::DEADLINE => "deadline",
+        CANCELLED => "cancelled",
+        status::BUSY => "busy",
+        status::TOO_LARGE => "too_large",
+        _ => "error",
+    }
+}
+
+/// One ticket's pushes: the frames gathered for the socket, the entries they answer and
+/// how many were pushed and missed (for its `PrefetchDone`).
+struct Pushes<'a> {
+    out: Pending<'a>,
+    p: &'a Prefetch,
+    id: u64,
+    pushed: u32,
+    missed: u32,
+}
+
+impl Pushes<'_> {
+    /// The `Push` frame of entry `i`, counted under its outcome.
+    fn frame(&self, i: usize, st: u16, crc: u32, data: Bytes) -> Vec<Bytes> {
+        self.out
+            .conn
+            .metrics
+            .prefetch_blocks
+            .with_label_values(&[outcome_of(st)])
+            .inc();
+        let e = &self.p.entries[i];
+        Response::Push {
+            index: i as u32,
+            status: st,
+            crc32c: crc,
+            offset: e.offset,
+            data,
+        }
+        .encode_parts(Op::Push, status::OK, self.id)
+    }
+
+    /// Pushes entry `i`'s block. False once the connection is closing.
+    async fn hit(&mut self, i: usize, data: Bytes, crc: u32, permit: Option<Staged>) -> bool {
+        self.pushed += 1;
+        let m = &self.out.conn.metrics;
+        m.prefetch_pushed_bytes.inc_by(data.len() as u64);
+        let frame = self.frame(i, status::OK, crc, data);
+        self.out.add(frame, permit).await
+    }
+
+    /// Pushes entry `i` as missed with status `st`. False once the connection is closing.
+    async fn miss(&mut self, i: usize, st: u16, permit: Option<Staged>) -> bool {
+        self.missed += 1;
+        let frame = self.frame(i, st, 0, Bytes::new());
+        self.out.add(frame, permit).await
+    }
+}
+
+/// The staging permits of a block of up to `want` bytes: this connection's share and the
+/// node's, waited for unless the policy is best effort. None when they cannot be had.
+async fn staging_permits(conn: &Conn, policy: Policy, want: usize) -> Option<Staged> {
+    let staging = &conn.budgets.staging;
+    let mine = conn.staging_mine.clone();
+    match policy {
+        Policy::BestEffort => mine
+            .try_acquire_many_owned(want as u32)
+            .ok()
+            .and_then(|a| staging.try_take(want).map(|b| (a, b))),
+        _ => match mine.acquire_many_owned(want as u32).await.ok() {
+            Some(a) => staging.take(want).await.map(|b| (a, b)),
+            None => None,
+        },
+    }
+}
+
+/// A staged entry: its index, its block and CRC (or the status it is missed with), and
+/// the staging permits it holds.
+type StagedEntry = (usize, Result<(Bytes, u32), u16>, Option<Staged>);
+
+/// Stages entry `i`: reads and verifies its block into node memory. A block is staged
+/// under its share of the node's staging budget and of this connection's (so one client
+/// that stalls its pushes cannot take the node's), both taken for the entry's `max_len`
+/// before the read and cut to the block's size after it.
+async fn stage(conn: &Conn, p: &Prefetch, i: usize) -> StagedEntry {
+    let engine = &conn.engine;
+    let e = &p.entries[i];
+    let want = (e.max_len as usize).clamp(1, ctxpod_wire::BLOCK_BYTES_MAX);
+    let Some(mut permits) = staging_permits(conn, p.policy, want).await else {
+        engine
+            .metrics()
+            .busy_rejections
+            .with_label_values(&["staging"])
+            .inc();
+        return (i, Err(status::BUSY), None);
+    };
+    let r = match engine.get(&p.ns, &e.key).await {
+        Ok(Some((b, _))) if b.len() > e.max_len as usize => Err(status::TOO_LARGE),
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => Err(status::NOT_FOUND),
+        Err(e) => Err(code(&e)),
+    };
+    let staged = r.as_ref().map_or(1, |(b, _)| b.len().max(1));
+    if staged < want {
+        drop(permits.0.split(want - staged));
+        drop(permits.1.split(want - staged));
+    }
+    (i, r, Some(permits))
+}
+
 /// Runs one prefetch ticket: holds its blocks, answers the ticket, pushes every entry (its
 /// block or a miss) in order while up to [`STAGE_AHEAD`] later blocks are read from flash
 /// and verified into node memory, sends `PrefetchDone`, then keeps the blocks leased for
@@ -88,89 +199,56 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
     {
         return;
     }
-    let mut out = Pending {
+    let out = Pending {
         conn,
         parts: Vec::new(),
         bytes: 0,
         staged: Vec::new(),
     };
-    let push = |i: usize, st: u16, crc: u32, data: Bytes| {
-        let outcome = match st {
-            status::OK => "pushed",
-            status::NOT_FOUND => "miss",
-            status::DEADLINE => "deadline",
-            CANCELLED => "cancelled",
-            status::BUSY => "busy",
-            status::TOO_LARGE => "too_large",
-            _ => "error",
-        };
-        m.prefetch_blocks.with_label_values(&[outcome]).inc();
-        let e = &p.entries[i];
-        Response::Push {
-            index: i as u32,
-            status: st,
-            crc32c: crc,
-            offset: e.offset,
-            data,
-        }
-        .encode_parts(Op::Push, status::OK, id)
+    let mut pushes = Pushes {
+        out,
+        p: &p,
+        id,
+        pushed: 0,
+        missed: 0,
     };
-    let (mut pushed, mut missed) = (0u32, 0u32);
     // Keys the node does not hold are misses at once, whatever the policy.
     for i in (0..present.len()).filter(|&i| !present[i]) {
-        missed += 1;
-        if !out
-            .add(push(i, status::NOT_FOUND, 0, Bytes::new()), None)
-            .await
-        {
+        if !pushes.miss(i, status::NOT_FOUND, None).await {
             return;
         }
     }
-    let staging = &conn.budgets.staging;
-    let pr = &p;
-    // A block is staged under its share of the node's staging budget and of this
-    // connection's (so one client that stalls its pushes cannot take the node's), both
-    // taken for the entry's `max_len` before the read and cut to the block's size after it.
-    let stage = |i: usize| {
-        let (p, e) = (pr, &pr.entries[i]);
-        let want = (e.max_len as usize).clamp(1, ctxpod_wire::BLOCK_BYTES_MAX);
-        async move {
-            let mine = conn.staging_mine.clone();
-            let permits = match p.policy {
-                Policy::BestEffort => mine
-                    .try_acquire_many_owned(want as u32)
-                    .ok()
-                    .and_then(|a| staging.try_take(want).map(|b| (a, b))),
-                _ => match mine.acquire_many_owned(want as u32).await.ok() {
-                    Some(a) => staging.take(want).await.map(|b| (a, b)),
-                    None => None,
-                },
-            };
-            let Some(mut permits) = permits else {
-                engine
-                    .metrics()
-                    .busy_rejections
-                    .with_label_values(&["staging"])
-                    .inc();
-                return (i, Err(status::BUSY), None);
-            };
-            let r = match engine.get(&p.ns, &e.key).await {
-                Ok(Some((b, _))) if b.len() > e.max_len as usize => Err(status::TOO_LARGE),
-                Ok(Some(found)) => Ok(found),
-                Ok(None) => Err(status::NOT_FOUND),
-                Err(e) => Err(code(&e)),
-            };
-            let staged = r.as_ref().map_or(1, |(b, _)| b.len().max(1));
-            if staged < want {
-                drop(permits.0.split(want - staged));
-                drop(permits.1.split(want - staged));
-            }
-            (i, r, Some(permits))
-        }
-    };
     let here: Vec<usize> = (0..present.len()).filter(|&i| present[i]).collect();
+    if !push_held(&mut pushes, conn, &p, here, &token).await {
+        return;
+    }
+    m.prefetch_tickets.inc();
+    let (pushed, missed) = (pushes.pushed, pushes.missed);
+    let done = Response::PrefetchDone { pushed, missed }.encode(Op::PrefetchDone, status::OK, id);
+    let out = &mut pushes.out;
+    if !out.add(vec![done], None).await || !out.flush().await {
+        return;
+    }
+    // The lease: the blocks stay on the node while decode may still ask for them again.
+    tokio::select! {
+        _ = tokio::time::sleep(p.lease) => {}
+        _ = token.cancelled() => {}
+    }
+    drop(held);
+}
+
+/// Pushes the entries the node holds (`here`), in order, each once it is staged, until the
+/// ticket is cancelled or its deadline passes; the entries left then are pushed as missed
+/// with that reason. False once the connection is closing.
+async fn push_held(
+    pushes: &mut Pushes<'_>,
+    conn: &Conn,
+    p: &Prefetch,
+    here: Vec<usize>,
+    token: &CancellationToken,
+) -> bool {
     let mut staged = futures::stream::iter(here.clone())
-        .map(stage)
+        .map(|i| stage(conn, p, i))
         .buffered(STAGE_AHEAD);
     let deadline = async {
         match p.deadline {
@@ -196,8 +274,8 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
         let next = match staged.next().now_or_never() {
             Some(n) => n,
             None => {
-                if !out.flush().await {
-                    return;
+                if !pushes.out.flush().await {
+                    return false;
                 }
                 tokio::select! {
                     biased;
@@ -209,39 +287,21 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
         };
         let Some((i, r, permit)) = next else { break };
         left.pop();
-        let frame = match r {
-            Ok((data, crc)) => {
-                pushed += 1;
-                m.prefetch_pushed_bytes.inc_by(data.len() as u64);
-                push(i, status::OK, crc, data)
-            }
-            Err(st) => {
-                missed += 1;
-                push(i, st, 0, Bytes::new())
-            }
+        let sent = match r {
+            Ok((data, crc)) => pushes.hit(i, data, crc, permit).await,
+            Err(st) => pushes.miss(i, st, permit).await,
         };
-        if !out.add(frame, permit).await {
-            return;
+        if !sent {
+            return false;
         }
     }
     drop(staged);
     if let Some(st) = stop {
         for i in left.into_iter().rev() {
-            missed += 1;
-            if !out.add(push(i, st, 0, Bytes::new()), None).await {
-                return;
+            if !pushes.miss(i, st, None).await {
+                return false;
             }
         }
     }
-    m.prefetch_tickets.inc();
-    let done = Response::PrefetchDone { pushed, missed }.encode(Op::PrefetchDone, status::OK, id);
-    if !out.add(vec![done], None).await || !out.flush().await {
-        return;
-    }
-    // The lease: the blocks stay on the node while decode may still ask for them again.
-    tokio::select! {
-        _ = tokio::time::sleep(p.lease) => {}
-        _ = token.cancelled() => {}
-    }
-    drop(held);
+    true
 }

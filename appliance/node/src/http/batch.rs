@@ -9,7 +9,9 @@ use axum::Json;
 use bytes::Bytes;
 use ctxpod_engine::PutStatus;
 use ctxpod_pod::batch as pod_batch;
-use ctxpod_wire::pod_plan::{Plan, ReadAnswer, ReadPlan, WriteAnswer, WriteOutcome, WritePlan};
+use ctxpod_wire::pod_plan::{
+    Plan, ReadAnswer, ReadPlan, Round, WriteAnswer, WriteOutcome, WritePlan,
+};
 use ctxpod_wire::types::*;
 use ctxpod_wire::{frame, Durability};
 use futures::StreamExt;
@@ -135,12 +137,6 @@ pub(crate) async fn admitted_batch_get(
         .map(|(k, _)| &k[..])
         .collect();
     let mut read = local_batch_get(st, scoped, &admitted).await.into_iter();
-    let refused = |status| pod_batch::Got {
-        status,
-        crc32c: None,
-        len: 0,
-        data: None,
-    };
     let got = plan
         .iter()
         .map(|p| match p {
@@ -174,18 +170,8 @@ pub(crate) async fn local_batch_get(
                     len: d.len() as u32,
                     data: Some(d),
                 },
-                Ok(None) => pod_batch::Got {
-                    status: 404,
-                    crc32c: None,
-                    len: 0,
-                    data: None,
-                },
-                Err(e) => pod_batch::Got {
-                    status: status_of(&e).0.as_u16(),
-                    crc32c: None,
-                    len: 0,
-                    data: None,
-                },
+                Ok(None) => refused(404),
+                Err(e) => refused(status_of(&e).0.as_u16()),
             }
         }
     }))
@@ -216,98 +202,24 @@ pub(crate) async fn pod_batch_get(
     keys: &[Vec<u8>],
     mut room: usize,
 ) -> (Vec<pod_batch::Got>, Vec<crate::budget::Permit>) {
-    let refused = |status| pod_batch::Got {
-        status,
-        crc32c: None,
-        len: 0,
-        data: None,
-    };
     let mut held: Vec<crate::budget::Permit> = Vec::new();
     let mut egress = st.budgets.egress_for(client);
     let view = st.pod.view();
-    let mut plan = ReadPlan::new(&view.placement, &[], ns, keys, st.replication_of(scoped));
+    let mut b = PodBatch {
+        plan: ReadPlan::new(&view.placement, &[], ns, keys, st.replication_of(scoped)),
+        out: vec![None; keys.len()],
+    };
     let asker = st.asker(ns, h, p);
-    let mut out: Vec<Option<pod_batch::Got>> = vec![None; keys.len()];
-    while let Some(groups) = plan.next_round() {
+    while let Some(groups) = b.plan.next_round() {
         // Every share holds a whole block at least, so a batch always makes progress: the
         // members that do not fit this answer's room are not asked (their keys answer 413:
         // ask again).
         let share = (room / groups.len()).max(ctxpod_wire::BLOCK_BYTES_MAX.min(room));
         let fit = room.checked_div(share).unwrap_or(0);
-        let mut asks = Vec::new();
-        for (g, (m, idx)) in groups.into_iter().enumerate() {
-            if g >= fit {
-                for i in idx {
-                    out[i] = Some(refused(413));
-                    plan.answer(m, i, ReadAnswer::Final);
-                }
-                continue;
-            }
-            match egress.take(share.max(1)).await {
-                Some(permits) => asks.push((m, idx, permits)),
-                None => {
-                    st.engine
-                        .metrics()
-                        .busy_rejections
-                        .with_label_values(&["egress"])
-                        .inc_by(idx.len() as u64);
-                    for i in idx {
-                        out[i] = Some(refused(503));
-                        plan.answer(m, i, ReadAnswer::Final);
-                    }
-                }
-            }
-        }
-        let answers = futures::future::join_all(asks.into_iter().map(|(m, idx, permits)| {
-            let (asker, member) = (&asker, &view.members[m]);
-            async move {
-                let r = if member.id == *st.node_id {
-                    let ks: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
-                    Ok(admitted_batch_get(st, None, scoped, &ks, share).await.0)
-                } else {
-                    let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
-                    asker.batch_get(member, &ks, share).await
-                };
-                (m, idx, r, permits)
-            }
-        }))
-        .await;
+        let asks = b.admit_round(st, &mut egress, groups, share, fit).await;
+        let answers = ask_round(st, &asker, &view, scoped, keys, share, asks).await;
         for (m, idx, r, mut permits) in answers {
-            let mut used = 0usize;
-            match r {
-                Ok(got) => {
-                    for (i, mut g) in idx.into_iter().zip(got) {
-                        let len = g.data.as_ref().map_or(0, |d| d.len());
-                        if used + len > share {
-                            // Over the share the member was given: not kept.
-                            g = refused(413);
-                        } else {
-                            used += len;
-                        }
-                        // A miss here may be a hit at the next candidate.
-                        let a = match g.status {
-                            404 => ReadAnswer::Miss,
-                            200 => ReadAnswer::Hit,
-                            _ => ReadAnswer::Final,
-                        };
-                        if a != ReadAnswer::Miss {
-                            out[i] = Some(g);
-                        }
-                        plan.answer(m, i, a);
-                    }
-                }
-                Err(e) => match e.status() {
-                    // Unreachable, or without the namespace: the next candidate is asked.
-                    None => plan.answer_all(m, &idx, ReadAnswer::Unreachable),
-                    Some(404) => plan.answer_all(m, &idx, ReadAnswer::Miss),
-                    Some(status) => {
-                        for i in idx {
-                            out[i] = Some(refused(status));
-                            plan.answer(m, i, ReadAnswer::Final);
-                        }
-                    }
-                },
-            }
+            let used = b.take(m, idx, r, share);
             // What the answer did not use goes back to the budget.
             for permit in &mut permits {
                 drop(permit.split(share.max(1) - used.min(share.max(1))));
@@ -318,11 +230,152 @@ pub(crate) async fn pod_batch_get(
             room -= used;
         }
     }
-    let got = out
+    let got = b
+        .out
         .into_iter()
         .map(|g| g.unwrap_or_else(|| refused(404)))
         .collect();
     (got, held)
+}
+
+/// The answer of a key refused with `status` (nothing fetched).
+fn refused(status: u16) -> pod_batch::Got {
+    pod_batch::Got {
+        status,
+        crc32c: None,
+        len: 0,
+        data: None,
+    }
+}
+
+/// A member asked in a round of a pod batch: its index in the view, the entries asked of
+/// it, and its share of the egress budget.
+type Ask = (usize, Vec<usize>, Vec<crate::budget::Permit>);
+
+/// A member's answer to its ask in a round (its blocks, or why none), with the ask.
+type Asked = (
+    usize,
+    Vec<usize>,
+    Result<Vec<pod_batch::Got>, pod_batch::PeerError>,
+    Vec<crate::budget::Permit>,
+);
+
+/// A pod batch's reads: the plan of whom to ask for each key, and each key's answer once
+/// it has its final one.
+struct PodBatch {
+    plan: ReadPlan,
+    out: Vec<Option<pod_batch::Got>>,
+}
+
+impl PodBatch {
+    /// Answers entries `idx` (asked of member `m`) with `status`, final.
+    fn refuse_all(&mut self, m: usize, idx: Vec<usize>, status: u16) {
+        for i in idx {
+            self.out[i] = Some(refused(status));
+            self.plan.answer(m, i, ReadAnswer::Final);
+        }
+    }
+
+    /// Admits a round: each member's `share` of the room taken from the egress budget
+    /// before it is asked. The members beyond the first `fit` are not asked (413), nor are
+    /// those whose share the budget cannot give (503).
+    async fn admit_round(
+        &mut self,
+        st: &AppState,
+        egress: &mut crate::budget::EgressTaker<'_>,
+        groups: Round,
+        share: usize,
+        fit: usize,
+    ) -> Vec<Ask> {
+        let mut asks = Vec::new();
+        for (g, (m, idx)) in groups.into_iter().enumerate() {
+            if g >= fit {
+                self.refuse_all(m, idx, 413);
+                continue;
+            }
+            match egress.take(share.max(1)).await {
+                Some(permits) => asks.push((m, idx, permits)),
+                None => {
+                    st.engine
+                        .metrics()
+                        .busy_rejections
+                        .with_label_values(&["egress"])
+                        .inc_by(idx.len() as u64);
+                    self.refuse_all(m, idx, 503);
+                }
+            }
+        }
+        asks
+    }
+
+    /// Takes member `m`'s answer `r` about entries `idx` into the plan, keeping at most
+    /// `share` bytes of its blocks (those beyond answer 413). The bytes it kept.
+    fn take(
+        &mut self,
+        m: usize,
+        idx: Vec<usize>,
+        r: Result<Vec<pod_batch::Got>, pod_batch::PeerError>,
+        share: usize,
+    ) -> usize {
+        let mut used = 0usize;
+        match r {
+            Ok(got) => {
+                for (i, mut g) in idx.into_iter().zip(got) {
+                    let len = g.data.as_ref().map_or(0, |d| d.len());
+                    if used + len > share {
+                        // Over the share the member was given: not kept.
+                        g = refused(413);
+                    } else {
+                        used += len;
+                    }
+                    // A miss here may be a hit at the next candidate.
+                    let a = match g.status {
+                        404 => ReadAnswer::Miss,
+                        200 => ReadAnswer::Hit,
+                        _ => ReadAnswer::Final,
+                    };
+                    if a != ReadAnswer::Miss {
+                        self.out[i] = Some(g);
+                    }
+                    self.plan.answer(m, i, a);
+                }
+            }
+            Err(e) => match e.status() {
+                // Unreachable, or without the namespace: the next candidate is asked.
+                None => self.plan.answer_all(m, &idx, ReadAnswer::Unreachable),
+                Some(404) => self.plan.answer_all(m, &idx, ReadAnswer::Miss),
+                Some(status) => self.refuse_all(m, idx, status),
+            },
+        }
+        used
+    }
+}
+
+/// Asks a round's members at once, each for its entries within its `share` (this node's
+/// own part read here, admitted block by block); each answer with its ask.
+async fn ask_round(
+    st: &AppState,
+    asker: &pod_batch::Asker<'_>,
+    view: &ctxpod_pod::membership::PodView,
+    scoped: &str,
+    keys: &[Vec<u8>],
+    share: usize,
+    asks: Vec<Ask>,
+) -> Vec<Asked> {
+    futures::future::join_all(asks.into_iter().map(|(m, idx, permits)| {
+        let member = &view.members[m];
+        async move {
+            let r = if member.id == *st.node_id {
+                let ks: Vec<Vec<u8>> = idx.iter().map(|&i| keys[i].clone()).collect();
+                Ok(admitted_batch_get(st, None, scoped, &ks, share).await.0)
+            } else {
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                asker.batch_get(member, &ks, share).await
+            };
+            (m, idx, r, permits)
+        }
+    }))
+    .await
 }
 
 pub(crate) async fn batch_put(

@@ -353,18 +353,11 @@ pub(crate) async fn list_blocks(
     Ok(Json(KeyList { keys, blocks, next }))
 }
 
-/// One page of a namespace's keys (from `after`, under `prefix`, at most `limit`) and
-/// whether there may be more: this node's, merged with every other member's when it
-/// answers for the pod. A member that cannot answer fails the page (503, or the status it
-/// refused with), since a page without its keys would look complete; one that does not
-/// know the namespace yet holds none of its keys.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn pod_page(
+/// This node's page of a namespace's keys (from `after`, under `prefix`, at most `limit`),
+/// and whether its listing goes on.
+async fn local_page(
     st: &AppState,
-    p: &Principal,
-    ns: &str,
     scoped: &str,
-    h: &HeaderMap,
     prefix: &[u8],
     after: Option<Vec<u8>>,
     limit: usize,
@@ -375,7 +368,7 @@ pub(crate) async fn pod_page(
             st.engine.clone(),
             scoped.to_string(),
             prefix.to_vec(),
-            after.clone(),
+            after,
         );
         tokio::task::spawn_blocking(move || {
             engine.list_blocks(&scoped, &prefix, after.as_deref(), limit + 1)
@@ -400,6 +393,26 @@ pub(crate) async fn pod_page(
         .take(limit)
         .map(|(k, m)| (k, listed(m)))
         .collect::<Vec<_>>();
+    Ok((mine, local_more))
+}
+
+/// One page of a namespace's keys (from `after`, under `prefix`, at most `limit`) and
+/// whether there may be more: this node's, merged with every other member's when it
+/// answers for the pod. A member that cannot answer fails the page (503, or the status it
+/// refused with), since a page without its keys would look complete; one that does not
+/// know the namespace yet holds none of its keys.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn pod_page(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    prefix: &[u8],
+    after: Option<Vec<u8>>,
+    limit: usize,
+) -> ApiResult<(Vec<(Vec<u8>, ListedBlock)>, bool)> {
+    let (mine, local_more) = local_page(st, scoped, prefix, after.clone(), limit).await?;
     use ctxpod_wire::pod_plan::{fold_pages, ListFailure, PageAnswer};
     let view = st.pod.view();
     let me = view.members.iter().position(|m| m.id == *st.node_id);

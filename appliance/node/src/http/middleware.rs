@@ -237,24 +237,9 @@ async fn write_in_pod(
     mut plan: WritePlan,
     block: Option<&(String, Vec<u8>)>,
 ) -> Response {
-    // Charged the most it may hold, before any byte is read: its announced length (over
-    // the block limit: 413 at once), or a whole block when it announces none (chunked).
-    let announced = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
-    let len = match announced {
-        Some(Some(n)) if n > ctxpod_wire::BLOCK_BYTES_MAX as u64 => {
-            return ApiError::too_large(format!(
-                "a block of {n} bytes is over the limit of {}",
-                ctxpod_wire::BLOCK_BYTES_MAX
-            ))
-            .into_response()
-        }
-        Some(Some(n)) => n as usize,
-        Some(None) => return ApiError::invalid("content-length is not a number").into_response(),
-        None if req.method() == Method::DELETE => 0,
-        None => ctxpod_wire::BLOCK_BYTES_MAX,
+    let len = match body_charge(&req) {
+        Ok(len) => len,
+        Err(e) => return e.into_response(),
     };
     let _permit = match st.admit_body(len) {
         Ok(p) => p,
@@ -276,39 +261,14 @@ async fn write_in_pod(
             return delete_not_recorded(e);
         }
     }
-    let mut answers: BTreeMap<usize, Response> = BTreeMap::new();
-    while let Some(round) = plan.next_round() {
-        let sent = futures::future::join_all(round.into_keys().map(|m| {
-            let (member, parts, body, next) = (&view.members[m], &parts, &body, next.clone());
-            async move {
-                let resp = if member.id == *st.node_id {
-                    let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
-                    Some(next.run(local).await)
-                } else {
-                    forward_counted(st, member, parts, Some(body.clone()), "write").await
-                };
-                (m, resp)
-            }
-        }))
-        .await;
-        for (m, resp) in sent {
-            let Some(resp) = resp else {
-                plan.answer(m, 0, WriteAnswer::Unreachable);
-                continue;
-            };
-            let s = resp.status();
-            let a = match (is_delete, s) {
-                (true, s) if s.is_success() => WriteAnswer::Applied { changed: true },
-                (true, StatusCode::NOT_FOUND) => WriteAnswer::Applied { changed: false },
-                (false, s) if s.is_success() => WriteAnswer::Applied {
-                    changed: s == StatusCode::CREATED,
-                },
-                _ => WriteAnswer::Refused,
-            };
-            plan.answer(m, 0, a);
-            answers.insert(m, resp);
-        }
-    }
+    let sending = Sending {
+        st,
+        view,
+        parts: &parts,
+        body: &body,
+        next: &next,
+    };
+    let answers = sending.send(&mut plan, is_delete).await;
     // A delete is then recorded (a tombstone, with etcd): members that are away delete
     // their copy when they return, every member deletes any copy taken meanwhile, and no
     // copy of it is taken back. Recorded after the members answered, which tells whether
@@ -319,7 +279,94 @@ async fn write_in_pod(
             return delete_not_recorded(e);
         }
     }
-    let outcome = plan.finish().pop();
+    pick_answer(plan.finish().pop(), answers, is_delete)
+}
+
+/// What a routed write is charged against the ingest budget, the most it may hold, before
+/// any byte is read: its announced length (over the block limit: 413 at once), or a whole
+/// block when it announces none (chunked); or why it is refused.
+fn body_charge(req: &Request) -> Result<usize, ApiError> {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|v| v.parse::<u64>().ok()));
+    Ok(match announced {
+        Some(Some(n)) if n > ctxpod_wire::BLOCK_BYTES_MAX as u64 => {
+            return Err(ApiError::too_large(format!(
+                "a block of {n} bytes is over the limit of {}",
+                ctxpod_wire::BLOCK_BYTES_MAX
+            )))
+        }
+        Some(Some(n)) => n as usize,
+        Some(None) => return Err(ApiError::invalid("content-length is not a number")),
+        None if req.method() == Method::DELETE => 0,
+        None => ctxpod_wire::BLOCK_BYTES_MAX,
+    })
+}
+
+/// A routed write on its way to the members: the request's head and held body, and the
+/// rest of this node's stack for its own copy.
+struct Sending<'a> {
+    st: &'a AppState,
+    view: &'a ctxpod_pod::membership::PodView,
+    parts: &'a axum::http::request::Parts,
+    body: &'a Bytes,
+    next: &'a Next,
+}
+
+impl Sending<'_> {
+    /// Sends the write to the members its plan asks, round by round, each round's at
+    /// once; every answer taken into the plan. The members' answers, by member.
+    async fn send(&self, plan: &mut WritePlan, is_delete: bool) -> BTreeMap<usize, Response> {
+        let st = self.st;
+        let mut answers: BTreeMap<usize, Response> = BTreeMap::new();
+        while let Some(round) = plan.next_round() {
+            let sent = futures::future::join_all(round.into_keys().map(|m| {
+                let (member, parts, body, next) = (
+                    &self.view.members[m],
+                    self.parts,
+                    self.body,
+                    self.next.clone(),
+                );
+                async move {
+                    let resp = if member.id == *st.node_id {
+                        let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
+                        Some(next.run(local).await)
+                    } else {
+                        forward_counted(st, member, parts, Some(body.clone()), "write").await
+                    };
+                    (m, resp)
+                }
+            }))
+            .await;
+            for (m, resp) in sent {
+                let Some(resp) = resp else {
+                    plan.answer(m, 0, WriteAnswer::Unreachable);
+                    continue;
+                };
+                let s = resp.status();
+                let a = match (is_delete, s) {
+                    (true, s) if s.is_success() => WriteAnswer::Applied { changed: true },
+                    (true, StatusCode::NOT_FOUND) => WriteAnswer::Applied { changed: false },
+                    (false, s) if s.is_success() => WriteAnswer::Applied {
+                        changed: s == StatusCode::CREATED,
+                    },
+                    _ => WriteAnswer::Refused,
+                };
+                plan.answer(m, 0, a);
+                answers.insert(m, resp);
+            }
+        }
+        answers
+    }
+}
+
+/// The answer to a routed write, from its outcome and the members' answers.
+fn pick_answer(
+    outcome: Option<WriteOutcome>,
+    mut answers: BTreeMap<usize, Response>,
+    is_delete: bool,
+) -> Response {
     let answer_of = |m: usize, answers: &mut BTreeMap<usize, Response>| answers.remove(&m);
     let picked = match outcome {
         Some(WriteOutcome::Refused { member }) => answer_of(member, &mut answers),

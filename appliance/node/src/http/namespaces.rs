@@ -33,6 +33,33 @@ pub(crate) async fn list_namespaces(
     })
 }
 
+/// A tenant's namespaces are bounded in number (a new one, asked by a client: a change
+/// sent on by another member was bounded there): refuses namespace `ns` (scoped) past
+/// `p`'s tenant's limit (403).
+fn check_namespace_limit(st: &AppState, p: &Principal, h: &HeaderMap, ns: &str) -> ApiResult<()> {
+    if let Some(max) = st.auth.namespaces_max(p) {
+        let new = st.engine.namespace(ns).is_err() && routed_incarnation(h)?.is_none();
+        if new {
+            let prefix = ns.split_once('/').map_or("", |(t, _)| t);
+            let have = st
+                .engine
+                .namespaces()
+                .iter()
+                .filter(|n| n.name.split_once('/').is_some_and(|(t, _)| t == prefix))
+                .count();
+            if have >= max {
+                st.auth.count_namespace_limit(p);
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "namespace_limit",
+                    format!("the tenant has {have} namespaces, its limit"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) async fn put_namespace(
     NsCall {
         st, p, scoped: ns, ..
@@ -81,28 +108,7 @@ pub(crate) async fn put_namespace(
             ));
         }
     }
-    // A tenant's namespaces are bounded in number (a new one, asked by a client: a change
-    // sent on by another member was bounded there).
-    if let Some(max) = st.auth.namespaces_max(&p) {
-        let new = st.engine.namespace(&ns).is_err() && routed_incarnation(&h)?.is_none();
-        if new {
-            let prefix = ns.split_once('/').map_or("", |(t, _)| t);
-            let have = st
-                .engine
-                .namespaces()
-                .iter()
-                .filter(|n| n.name.split_once('/').is_some_and(|(t, _)| t == prefix))
-                .count();
-            if have >= max {
-                st.auth.count_namespace_limit(&p);
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "namespace_limit",
-                    format!("the tenant has {have} namespaces, its limit"),
-                ));
-            }
-        }
-    }
+    check_namespace_limit(&st, &p, &h, &ns)?;
     let mut settings = NsSettings {
         quota_bytes: req.quota_bytes,
         replication: req.replication,

@@ -155,6 +155,98 @@ fn b64_decode(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
+/// The checksum headers of `h` added to `checks`: Content-MD5 and each
+/// `x-amz-checksum-*` of an algorithm S3 defines, each a well-formed value, none twice.
+fn header_checks(h: &HeaderMap, checks: &mut Vec<(Algo, Hasher, Want)>) -> S3Result<()> {
+    for (name, value) in h {
+        let name = name.as_str();
+        let algo = if name == "content-md5" {
+            Algo::Md5
+        } else if let Some(a) = Algo::by_header(name) {
+            a
+        } else if name.starts_with("x-amz-checksum-") && !NOT_A_CHECKSUM.contains(&name) {
+            return Err(s3_error!(
+                InvalidRequest,
+                "{name} is not a checksum this door checks (it checks Content-MD5 and \
+                 x-amz-checksum-crc32, -crc32c, -crc64nvme, -sha1 and -sha256)"
+            ));
+        } else {
+            continue;
+        };
+        let want = value
+            .to_str()
+            .ok()
+            .and_then(b64_decode)
+            .filter(|d| d.len() == algo.len())
+            .ok_or_else(|| {
+                s3_error!(
+                    InvalidDigest,
+                    "{name} is not {} bytes in base64",
+                    algo.len()
+                )
+            })?;
+        if checks.iter().any(|(a, ..)| *a == algo) {
+            return Err(s3_error!(InvalidRequest, "{name} is given twice"));
+        }
+        checks.push((algo, Hasher::new(algo), Want::Header(want)));
+    }
+    Ok(())
+}
+
+/// The trailers `x-amz-trailer` names added to `checks`: each a checksum S3 defines, and
+/// not a header too.
+fn trailer_checks(h: &HeaderMap, checks: &mut Vec<(Algo, Hasher, Want)>) -> S3Result<()> {
+    for trailer in h.get_all("x-amz-trailer") {
+        let names = trailer
+            .to_str()
+            .map_err(|_| s3_error!(InvalidRequest, "x-amz-trailer is not text"))?;
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let name = name.to_ascii_lowercase();
+            let algo = Algo::by_header(&name)
+                .filter(|a| *a != Algo::Md5)
+                .ok_or_else(|| {
+                    s3_error!(
+                        InvalidRequest,
+                        "a trailer {name} is not a checksum this door checks (it checks \
+                     x-amz-checksum-crc32, -crc32c, -crc64nvme, -sha1 and -sha256)"
+                    )
+                })?;
+            if checks.iter().any(|(a, ..)| *a == algo) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "{name} is both a header and a trailer"
+                ));
+            }
+            checks.push((algo, Hasher::new(algo), Want::Trailer));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an algorithm `h` names (`x-amz-sdk-checksum-algorithm`,
+/// `x-amz-checksum-algorithm`) that none of `checks` carries the value of.
+fn algorithms_carried(h: &HeaderMap, checks: &[(Algo, Hasher, Want)]) -> S3Result<()> {
+    // An algorithm named without a value (neither header nor trailer) cannot be checked.
+    for name in ["x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm"] {
+        if let Some(v) = h.get(name).and_then(|v| v.to_str().ok()) {
+            let Some(algo) = Algo::by_name(v) else {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "{name}: {v} is not a checksum this door checks"
+                ));
+            };
+            if !checks.iter().any(|(a, ..)| *a == algo) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "{name} says {v}, but no {} header or trailer carries its value",
+                    algo.header()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Digests {
     /// The checksums `h` declares: every checksum header (each must be a well-formed value
     /// of its algorithm), and the trailer `x-amz-trailer` names. A checksum header or
@@ -177,80 +269,9 @@ impl Digests {
                 ));
             }
         }
-        for (name, value) in h {
-            let name = name.as_str();
-            let algo = if name == "content-md5" {
-                Algo::Md5
-            } else if let Some(a) = Algo::by_header(name) {
-                a
-            } else if name.starts_with("x-amz-checksum-") && !NOT_A_CHECKSUM.contains(&name) {
-                return Err(s3_error!(
-                    InvalidRequest,
-                    "{name} is not a checksum this door checks (it checks Content-MD5 and \
-                     x-amz-checksum-crc32, -crc32c, -crc64nvme, -sha1 and -sha256)"
-                ));
-            } else {
-                continue;
-            };
-            let want = value
-                .to_str()
-                .ok()
-                .and_then(b64_decode)
-                .filter(|d| d.len() == algo.len())
-                .ok_or_else(|| {
-                    s3_error!(
-                        InvalidDigest,
-                        "{name} is not {} bytes in base64",
-                        algo.len()
-                    )
-                })?;
-            if checks.iter().any(|(a, ..)| *a == algo) {
-                return Err(s3_error!(InvalidRequest, "{name} is given twice"));
-            }
-            checks.push((algo, Hasher::new(algo), Want::Header(want)));
-        }
-        for trailer in h.get_all("x-amz-trailer") {
-            let names = trailer
-                .to_str()
-                .map_err(|_| s3_error!(InvalidRequest, "x-amz-trailer is not text"))?;
-            for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let name = name.to_ascii_lowercase();
-                let algo = Algo::by_header(&name)
-                    .filter(|a| *a != Algo::Md5)
-                    .ok_or_else(|| {
-                        s3_error!(
-                            InvalidRequest,
-                            "a trailer {name} is not a checksum this door checks (it checks \
-                         x-amz-checksum-crc32, -crc32c, -crc64nvme, -sha1 and -sha256)"
-                        )
-                    })?;
-                if checks.iter().any(|(a, ..)| *a == algo) {
-                    return Err(s3_error!(
-                        InvalidRequest,
-                        "{name} is both a header and a trailer"
-                    ));
-                }
-                checks.push((algo, Hasher::new(algo), Want::Trailer));
-            }
-        }
-        // An algorithm named without a value (neither header nor trailer) cannot be checked.
-        for name in ["x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm"] {
-            if let Some(v) = h.get(name).and_then(|v| v.to_str().ok()) {
-                let Some(algo) = Algo::by_name(v) else {
-                    return Err(s3_error!(
-                        InvalidRequest,
-                        "{name}: {v} is not a checksum this door checks"
-                    ));
-                };
-                if !checks.iter().any(|(a, ..)| *a == algo) {
-                    return Err(s3_error!(
-                        InvalidRequest,
-                        "{name} says {v}, but no {} header or trailer carries its value",
-                        algo.header()
-                    ));
-                }
-            }
-        }
+        header_checks(h, &mut checks)?;
+        trailer_checks(h, &mut checks)?;
+        algorithms_carried(h, &checks)?;
         Ok(Digests {
             checks,
             crc32c: s3s::crypto::Crc32c::new(),

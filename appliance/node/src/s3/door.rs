@@ -93,6 +93,17 @@ impl Door {
         }
     }
 
+    /// Runs an S3 operation and counts its outcome under `op` ([`Door::count`]).
+    async fn counted<R>(
+        &self,
+        op: &'static str,
+        run: impl std::future::Future<Output = S3Result<R>>,
+    ) -> S3Result<R> {
+        let r = run.await;
+        self.count(op, &r);
+        r
+    }
+
     pub(crate) fn count(&self, op: &'static str, r: &S3Result<impl Sized>) {
         let code = match r {
             Ok(_) => "OK",
@@ -235,66 +246,57 @@ impl S3 for Door {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let r = self.put(req).await;
-        self.count("PutObject", &r);
-        r
+        self.counted("PutObject", self.put(req)).await
     }
 
     async fn get_object(
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let r = self.get(req).await;
-        self.count("GetObject", &r);
-        r
+        self.counted("GetObject", self.get(req)).await
     }
 
     async fn head_object(
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let r = self.head(req).await;
-        self.count("HeadObject", &r);
-        r
+        self.counted("HeadObject", self.head(req)).await
     }
 
     async fn delete_object(
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let path = block_path(&req.input.bucket, &req.input.key);
-        let r = match path {
-            Ok(path) => self.delete_block(&req, path).await,
-            Err(e) => Err(e),
-        }
-        .map(|()| S3Response::new(DeleteObjectOutput::default()));
-        self.count("DeleteObject", &r);
-        r
+        let deleted = async {
+            let path = block_path(&req.input.bucket, &req.input.key);
+            match path {
+                Ok(path) => self.delete_block(&req, path).await,
+                Err(e) => Err(e),
+            }
+            .map(|()| S3Response::new(DeleteObjectOutput::default()))
+        };
+        self.counted("DeleteObject", deleted).await
     }
 
     async fn delete_objects(
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        let r = self.delete_many(req).await;
-        self.count("DeleteObjects", &r);
-        r
+        self.counted("DeleteObjects", self.delete_many(req)).await
     }
 
     async fn list_objects_v2(
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let r = self.list(req).await;
-        self.count("ListObjectsV2", &r);
-        r
+        self.counted("ListObjectsV2", self.list(req)).await
     }
 
     async fn create_bucket(
         &self,
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
-        let r = async {
+        let created = async {
             // An existing bucket keeps its settings (quota, replication): the node creates
             // only (`If-None-Match: *`), and S3 answers BucketAlreadyOwnedByYou.
             let path = format!("/v1/namespaces/{}", namespace(&req.input.bucket)?);
@@ -316,29 +318,27 @@ impl S3 for Door {
             Ok(S3Response::new(CreateBucketOutput {
                 location: Some(format!("/{}", req.input.bucket)),
             }))
-        }
-        .await;
-        self.count("CreateBucket", &r);
-        r
+        };
+        self.counted("CreateBucket", created).await
     }
 
     async fn head_bucket(
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
-        let r = self
-            .namespace_info(&req, &req.input.bucket)
-            .await
-            .map(|_| S3Response::new(HeadBucketOutput::default()));
-        self.count("HeadBucket", &r);
-        r
+        let info = async {
+            self.namespace_info(&req, &req.input.bucket)
+                .await
+                .map(|_| S3Response::new(HeadBucketOutput::default()))
+        };
+        self.counted("HeadBucket", info).await
     }
 
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
-        let r = async {
+        let deleted = async {
             // S3 deletes only an empty bucket; a namespace's delete takes its blocks too.
             // Empty means empty in the whole pod: the node asks every member (the key
             // listing), and refuses while one cannot answer.
@@ -357,34 +357,18 @@ impl S3 for Door {
                 return Err(refusal(resp, false).await);
             }
             Ok(S3Response::new(DeleteBucketOutput::default()))
-        }
-        .await;
-        self.count("DeleteBucket", &r);
-        r
+        };
+        self.counted("DeleteBucket", deleted).await
     }
 
     async fn list_buckets(
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        let r = async {
-            let resp = self
-                .send(
-                    &req,
-                    Method::GET,
-                    "/v1/namespaces".into(),
-                    HeaderMap::new(),
-                    Body::empty(),
-                )
+        let listed = async {
+            let list: ctxpod_wire::types::NamespaceList = self
+                .get_json(&req, "/v1/namespaces".into(), 16 << 20)
                 .await?;
-            if !resp.status().is_success() {
-                return Err(refusal(resp, false).await);
-            }
-            let body = axum::body::to_bytes(resp.into_body(), 16 << 20)
-                .await
-                .map_err(|e| s3_error!(InternalError, "{e}"))?;
-            let list: ctxpod_wire::types::NamespaceList =
-                serde_json::from_slice(&body).map_err(|e| s3_error!(InternalError, "{e}"))?;
             let buckets = list
                 .namespaces
                 .into_iter()
@@ -397,10 +381,8 @@ impl S3 for Door {
                 buckets: Some(buckets),
                 ..Default::default()
             }))
-        }
-        .await;
-        self.count("ListBuckets", &r);
-        r
+        };
+        self.counted("ListBuckets", listed).await
     }
 }
 
@@ -467,13 +449,24 @@ impl Door {
         bucket: &str,
     ) -> S3Result<ctxpod_wire::types::NamespaceInfo> {
         let path = format!("/v1/namespaces/{}", namespace(bucket)?);
+        self.get_json(req, path, 64 << 10).await
+    }
+
+    /// GETs `path` as `req`'s caller and reads its JSON answer (at most `limit` bytes), or
+    /// the S3 error for its refusal.
+    async fn get_json<T, D: serde::de::DeserializeOwned>(
+        &self,
+        req: &S3Request<T>,
+        path: String,
+        limit: usize,
+    ) -> S3Result<D> {
         let resp = self
             .send(req, Method::GET, path, HeaderMap::new(), Body::empty())
             .await?;
         if !resp.status().is_success() {
             return Err(refusal(resp, false).await);
         }
-        let body = axum::body::to_bytes(resp.into_body(), 64 << 10)
+        let body = axum::body::to_bytes(resp.into_body(), limit)
             .await
             .map_err(|e| s3_error!(InternalError, "{e}"))?;
         serde_json::from_slice(&body).map_err(|e| s3_error!(InternalError, "{e}"))

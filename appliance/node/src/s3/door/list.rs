@@ -2,6 +2,43 @@
 
 use super::*;
 
+/// What a listing gathered: its objects and common prefixes, the last key (or skipped
+/// common prefix) it passed, and whether it ran out of keys (else it stopped at
+/// `max_keys`).
+struct Listing {
+    contents: Vec<Object>,
+    prefixes: Vec<String>,
+    last: Option<Vec<u8>>,
+    done: bool,
+}
+
+/// The listing's cursor: the continuation token (hex of the last key or common prefix
+/// answered), else StartAfter.
+fn cursor_of(i: &ListObjectsV2Input) -> S3Result<Option<Vec<u8>>> {
+    Ok(match (&i.continuation_token, &i.start_after) {
+        (Some(t), _) => Some(
+            hex::decode(t)
+                .map_err(|_| s3_error!(InvalidArgument, "a malformed continuation token"))?,
+        ),
+        (None, Some(s)) if !s.is_empty() => Some(s.as_bytes().to_vec()),
+        _ => None,
+    })
+}
+
+/// The S3 object of key `name`, from its block's entry in the listing.
+fn object_of(name: &str, b: &ctxpod_wire::types::ListedBlock) -> Object {
+    let crc = ctxpod_wire::parse_crc32c_hex(&b.crc32c).unwrap_or_default();
+    Object {
+        key: Some(name.to_string()),
+        size: Some(b.len as i64),
+        e_tag: Some(ETag::Strong(hex::encode(crc.to_be_bytes()))),
+        last_modified: Some(Timestamp::from(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(b.stored_ms),
+        )),
+        ..Default::default()
+    }
+}
+
 impl Door {
     pub(super) async fn list(
         &self,
@@ -15,70 +52,15 @@ impl Door {
             return Err(s3_error!(InvalidArgument, "a prefix longer than any key"));
         }
         let delimiter = i.delimiter.clone().filter(|d| !d.is_empty());
-        // The cursor: the continuation token (hex of the last key or common prefix
-        // answered), else StartAfter.
-        let mut after: Option<Vec<u8>> = match (&i.continuation_token, &i.start_after) {
-            (Some(t), _) => Some(
-                hex::decode(t)
-                    .map_err(|_| s3_error!(InvalidArgument, "a malformed continuation token"))?,
-            ),
-            (None, Some(s)) if !s.is_empty() => Some(s.as_bytes().to_vec()),
-            _ => None,
-        };
-        let mut contents = Vec::new();
-        let mut prefixes: Vec<String> = Vec::new();
-        let mut last: Option<Vec<u8>> = None;
-        // Whether the listing ran out of keys (else it stopped at max_keys).
-        let mut done = false;
-        'pages: while contents.len() + prefixes.len() < max_keys {
-            if after
-                .as_ref()
-                .is_some_and(|a| a.len() > ctxpod_wire::KEY_BYTES_MAX)
-            {
-                // Past every key a cursor this long could precede.
-                done = true;
-                break;
-            }
-            let want = max_keys - contents.len() - prefixes.len();
-            let page = self
-                .list_page(&req, ns, prefix.as_bytes(), after.as_deref(), want)
-                .await?;
-            for (k, b) in page.keys.iter().zip(page.blocks.unwrap_or_default()) {
-                last = Some(k.clone());
-                // Keys that are not UTF-8 (stored through the other APIs) have no S3 name.
-                let Ok(name) = std::str::from_utf8(k) else {
-                    continue;
-                };
-                if let Some(d) = &delimiter {
-                    if let Some(at) = name[prefix.len()..].find(d.as_str()) {
-                        let cp = &name[..prefix.len() + at + d.len()];
-                        prefixes.push(cp.to_string());
-                        // Skip the rest of the common prefix: every key under it sorts
-                        // before the prefix followed by 0xff bytes up to the longest key.
-                        let mut skip = cp.as_bytes().to_vec();
-                        skip.resize(ctxpod_wire::KEY_BYTES_MAX.max(skip.len()), 0xff);
-                        last = Some(skip);
-                        after = last.clone();
-                        continue 'pages;
-                    }
-                }
-                let crc = ctxpod_wire::parse_crc32c_hex(&b.crc32c).unwrap_or_default();
-                contents.push(Object {
-                    key: Some(name.to_string()),
-                    size: Some(b.len as i64),
-                    e_tag: Some(ETag::Strong(hex::encode(crc.to_be_bytes()))),
-                    last_modified: Some(Timestamp::from(
-                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(b.stored_ms),
-                    )),
-                    ..Default::default()
-                });
-            }
-            if page.next.is_none() {
-                done = true;
-                break;
-            }
-            after = last.clone();
-        }
+        let after = cursor_of(i)?;
+        let Listing {
+            contents,
+            prefixes,
+            last,
+            done,
+        } = self
+            .walk(&req, ns, &prefix, delimiter.as_deref(), after, max_keys)
+            .await?;
         let truncated = !done
             && max_keys > 0
             && match last.as_deref() {
@@ -115,6 +97,71 @@ impl Door {
         }))
     }
 
+    /// Walks the keys under `prefix` past `after`, page by page, until `max_keys` objects
+    /// and common prefixes are gathered or the keys run out; keys under a common prefix
+    /// (up to `delimiter`) are skipped past at once.
+    async fn walk<T>(
+        &self,
+        req: &S3Request<T>,
+        ns: &str,
+        prefix: &str,
+        delimiter: Option<&str>,
+        mut after: Option<Vec<u8>>,
+        max_keys: usize,
+    ) -> S3Result<Listing> {
+        let mut contents = Vec::new();
+        let mut prefixes: Vec<String> = Vec::new();
+        let mut last: Option<Vec<u8>> = None;
+        // Whether the listing ran out of keys (else it stopped at max_keys).
+        let mut done = false;
+        'pages: while contents.len() + prefixes.len() < max_keys {
+            if after
+                .as_ref()
+                .is_some_and(|a| a.len() > ctxpod_wire::KEY_BYTES_MAX)
+            {
+                // Past every key a cursor this long could precede.
+                done = true;
+                break;
+            }
+            let want = max_keys - contents.len() - prefixes.len();
+            let page = self
+                .list_page(req, ns, prefix.as_bytes(), after.as_deref(), want)
+                .await?;
+            for (k, b) in page.keys.iter().zip(page.blocks.unwrap_or_default()) {
+                last = Some(k.clone());
+                // Keys that are not UTF-8 (stored through the other APIs) have no S3 name.
+                let Ok(name) = std::str::from_utf8(k) else {
+                    continue;
+                };
+                if let Some(d) = delimiter {
+                    if let Some(at) = name[prefix.len()..].find(d) {
+                        let cp = &name[..prefix.len() + at + d.len()];
+                        prefixes.push(cp.to_string());
+                        // Skip the rest of the common prefix: every key under it sorts
+                        // before the prefix followed by 0xff bytes up to the longest key.
+                        let mut skip = cp.as_bytes().to_vec();
+                        skip.resize(ctxpod_wire::KEY_BYTES_MAX.max(skip.len()), 0xff);
+                        last = Some(skip);
+                        after = last.clone();
+                        continue 'pages;
+                    }
+                }
+                contents.push(object_of(name, &b));
+            }
+            if page.next.is_none() {
+                done = true;
+                break;
+            }
+            after = last.clone();
+        }
+        Ok(Listing {
+            contents,
+            prefixes,
+            last,
+            done,
+        })
+    }
+
     /// One page of the bucket's keys with their blocks' entries (the HTTP listing).
     async fn list_page<T>(
         &self,
@@ -128,17 +175,7 @@ impl Door {
             "/v1/namespaces/{ns}/blocks?{}&meta=true",
             ctxpod_client::client::list_query(prefix, after, limit)
         );
-        let resp = self
-            .send(req, Method::GET, path, HeaderMap::new(), Body::empty())
-            .await?;
-        if !resp.status().is_success() {
-            return Err(refusal(resp, false).await);
-        }
-        let body = axum::body::to_bytes(resp.into_body(), 4 << 20)
-            .await
-            .map_err(|e| s3_error!(InternalError, "{e}"))?;
-        let page: ctxpod_wire::types::KeyList =
-            serde_json::from_slice(&body).map_err(|e| s3_error!(InternalError, "{e}"))?;
+        let page: ctxpod_wire::types::KeyList = self.get_json(req, path, 4 << 20).await?;
         ctxpod_client::client::KeyPage::from_wire(page, limit)
             .map_err(|e| s3_error!(InternalError, "{e}"))
     }

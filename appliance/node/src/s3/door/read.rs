@@ -42,20 +42,14 @@ impl Door {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let path = block_path(&req.input.bucket, &req.input.key)?;
+        let i = &req.input;
         let resp = self
-            .send(&req, Method::GET, path, HeaderMap::new(), Body::empty())
+            .send_block(&req, Method::GET, &i.bucket, &i.key)
             .await?;
         if !resp.status().is_success() {
             return Err(refusal(resp, true).await);
         }
-        let len: u64 = header_str(resp.headers(), "content-length")
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| s3_error!(InternalError, "no length"))?;
-        let crc = header_str(resp.headers(), ctxpod_wire::HEADER_CRC32C)
-            .and_then(ctxpod_wire::parse_crc32c_hex)
-            .unwrap_or_default()
-            .to_be_bytes();
+        let (len, crc): (u64, _) = length_and_crc(resp.headers())?;
         let (range, content_range) = match &req.input.range {
             None => (0..len, None),
             Some(r) => {
@@ -87,9 +81,9 @@ impl Door {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let path = block_path(&req.input.bucket, &req.input.key)?;
+        let i = &req.input;
         let resp = self
-            .send(&req, Method::HEAD, path, HeaderMap::new(), Body::empty())
+            .send_block(&req, Method::HEAD, &i.bucket, &i.key)
             .await?;
         if resp.status() == StatusCode::NOT_FOUND {
             // A HEAD has no body to tell a missing bucket from a missing key: ask.
@@ -100,13 +94,7 @@ impl Door {
             return Err(refusal(resp, true).await);
         }
         let h = resp.headers();
-        let len: i64 = header_str(h, "content-length")
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| s3_error!(InternalError, "no length"))?;
-        let crc = header_str(h, ctxpod_wire::HEADER_CRC32C)
-            .and_then(ctxpod_wire::parse_crc32c_hex)
-            .unwrap_or_default()
-            .to_be_bytes();
+        let (len, crc): (i64, _) = length_and_crc(h)?;
         let stored = header_str(h, ctxpod_wire::HEADER_STORED_MS)
             .and_then(|v| v.parse::<u64>().ok())
             .map(|ms| {
@@ -122,4 +110,30 @@ impl Door {
             ..Default::default()
         }))
     }
+
+    /// Sends `method` for the block of object `key` in `bucket` as `req`'s caller.
+    async fn send_block<T>(
+        &self,
+        req: &S3Request<T>,
+        method: Method,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<http::Response<Body>> {
+        let path = block_path(bucket, key)?;
+        self.send(req, method, path, HeaderMap::new(), Body::empty())
+            .await
+    }
+}
+
+/// A block's length and CRC32C (big-endian bytes; zeros when absent), from the node's
+/// answer's headers.
+fn length_and_crc<N: std::str::FromStr>(h: &HeaderMap) -> S3Result<(N, [u8; 4])> {
+    let len: N = header_str(h, "content-length")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| s3_error!(InternalError, "no length"))?;
+    let crc = header_str(h, ctxpod_wire::HEADER_CRC32C)
+        .and_then(ctxpod_wire::parse_crc32c_hex)
+        .unwrap_or_default()
+        .to_be_bytes();
+    Ok((len, crc))
 }
