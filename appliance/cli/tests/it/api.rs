@@ -114,8 +114,6 @@ async fn round_trip_random_blocks_from_1_byte_to_8_mib() {
 async fn put_semantics_and_error_codes() {
     let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let c = &node.client;
-    let http = node.client.http().clone();
-    let url = |p: &str| format!("{}{p}", node.url);
     let data = block(7, 100_000);
 
     // 201 new, 200 same content, 409 different content.
@@ -144,10 +142,55 @@ async fn put_semantics_and_error_codes() {
         Some(data.clone()),
         "conflict left the block alone"
     );
+    crc_mismatches_answer_422(&node, &data).await;
+    bodies_over_the_limit_answer_413(&node).await;
+    malformed_requests_answer_400(&node).await;
 
-    // 422: CRC header that does not match; nothing stored.
+    // 404: unknown namespace and unknown block.
+    assert_eq!(
+        status(
+            c.put("nope", b"k", data.clone(), Durability::Durable)
+                .await
+                .unwrap_err()
+        ),
+        404
+    );
+    assert_eq!(status(c.get("nope", b"k").await.unwrap_err()), 404);
+    assert_eq!(c.get("default", b"absent").await.expect("get"), None);
+    assert!(!c.head("default", b"absent").await.expect("head"));
+    assert!(!c.delete("default", b"absent").await.expect("delete"));
+    namespace_quota_answers_403(c).await;
+
+    // Unknown routes and methods.
+    let r = node
+        .request(Method::GET, "/v2/nothing")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.expect("json")["error"],
+        "no_route"
+    );
+    answered(
+        node.request(Method::PATCH, "/v1/namespaces/default/blocks/00"),
+        405,
+    )
+    .await;
+
+    // Delete: 204 then 404.
+    assert!(c.delete("default", b"k1").await.expect("delete"));
+    assert_eq!(c.get("default", b"k1").await.expect("get"), None);
+    assert!(!c.delete("default", b"k1").await.expect("delete"));
+}
+
+/// 422: a CRC header (or the client's own CRC) that does not match `data`; nothing stored.
+/// The right CRC, in uppercase hex, with fast durability, is taken, and a GET answers it.
+async fn crc_mismatches_answer_422(node: &Node, data: &bytes::Bytes) {
+    let c = &node.client;
+    let block_6b32 = "/v1/namespaces/default/blocks/6b32";
     let r = answered(
-        http.put(url("/v1/namespaces/default/blocks/6b32"))
+        node.request(Method::PUT, block_6b32)
             .header("x-ctxpod-crc32c", "00000000")
             .body(data.clone()),
         422,
@@ -168,7 +211,7 @@ async fn put_semantics_and_error_codes() {
             "default",
             b"k3",
             data.clone(),
-            ctxpod_wire::crc32c(&data) ^ 1,
+            ctxpod_wire::crc32c(data) ^ 1,
             Durability::Durable,
         )
         .await
@@ -176,44 +219,45 @@ async fn put_semantics_and_error_codes() {
     assert_eq!(status(e), 422);
     assert_eq!(c.get("default", b"k3").await.expect("get"), None);
     // The right CRC, uppercase hex accepted, and fast durability.
-    let crc = format!("{:08X}", ctxpod_wire::crc32c(&data));
+    let crc = format!("{:08X}", ctxpod_wire::crc32c(data));
     answered(
-        http.put(url("/v1/namespaces/default/blocks/6b32"))
+        node.request(Method::PUT, block_6b32)
             .header("x-ctxpod-crc32c", crc)
             .header("x-ctxpod-durability", "fast")
             .body(data.clone()),
         201,
     )
     .await;
-    let r = answered(http.get(url("/v1/namespaces/default/blocks/6b32")), 200).await;
+    let r = answered(node.request(Method::GET, block_6b32), 200).await;
     assert_eq!(
         r.headers()["x-ctxpod-crc32c"].to_str().expect("ascii"),
-        format!("{:08x}", ctxpod_wire::crc32c(&data))
+        format!("{:08x}", ctxpod_wire::crc32c(data))
     );
+}
 
-    // 413: one byte over the limit, with and without Content-Length.
+/// 413: one byte over the limit, with and without Content-Length; nothing stored.
+async fn bodies_over_the_limit_answer_413(node: &Node) {
     let big = bytes::Bytes::from(vec![1u8; ctxpod_wire::BLOCK_BYTES_MAX + 1]);
-    answered(
-        http.put(url("/v1/namespaces/default/blocks/b16b"))
-            .body(big.clone()),
-        413,
-    )
-    .await;
+    let path = "/v1/namespaces/default/blocks/b16b";
+    answered(node.request(Method::PUT, path).body(big.clone()), 413).await;
     let stream = futures::stream::iter(
         big.chunks(1 << 20)
             .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)))
             .collect::<Vec<_>>(),
     );
-    let r = http
-        .put(url("/v1/namespaces/default/blocks/b16b"))
+    let r = node
+        .request(Method::PUT, path)
         .body(reqwest::Body::wrap_stream(stream))
         .send()
         .await
         .expect("send");
     assert_eq!(r.status(), 413, "chunked body over the limit");
-    assert_eq!(c.get("default", &[0xb1, 0x6b]).await.expect("get"), None);
+    let got = node.client.get("default", &[0xb1, 0x6b]).await;
+    assert_eq!(got.expect("get"), None);
+}
 
-    // 400: malformed key, header, JSON, namespace name.
+/// 400: malformed key, header, JSON, namespace name; an empty block.
+async fn malformed_requests_answer_400(node: &Node) {
     for (method, path, hdr) in [
         ("PUT", "/v1/namespaces/default/blocks/xyz", None),
         ("PUT", "/v1/namespaces/default/blocks/abc", None),
@@ -232,8 +276,8 @@ async fn put_semantics_and_error_codes() {
         ("PUT", LONG_KEY_PATH, None),
         ("GET", LONG_KEY_PATH, None),
     ] {
-        let mut rb = http
-            .request(method.parse().expect("method"), url(path))
+        let mut rb = node
+            .request(method.parse().expect("method"), path)
             .body("x");
         if let Some((k, v)) = hdr {
             rb = rb.header(k, v);
@@ -241,35 +285,20 @@ async fn put_semantics_and_error_codes() {
         let r = rb.send().await.expect("send");
         assert_eq!(r.status(), 400, "{method} {path} {hdr:?}");
     }
-    answered(
-        http.post(url("/v1/namespaces/default/match"))
-            .body("{not json"),
-        400,
-    )
-    .await;
-    let r = http
-        .put(url("/v1/namespaces/default/blocks/00"))
+    let bad_json = node.request(Method::POST, "/v1/namespaces/default/match");
+    answered(bad_json.body("{not json"), 400).await;
+    let r = node
+        .request(Method::PUT, "/v1/namespaces/default/blocks/00")
         .body("")
         .send()
         .await
         .expect("send");
     assert_eq!(r.status(), 400, "empty block");
+}
 
-    // 404: unknown namespace and unknown block.
-    assert_eq!(
-        status(
-            c.put("nope", b"k", data.clone(), Durability::Durable)
-                .await
-                .unwrap_err()
-        ),
-        404
-    );
-    assert_eq!(status(c.get("nope", b"k").await.unwrap_err()), 404);
-    assert_eq!(c.get("default", b"absent").await.expect("get"), None);
-    assert!(!c.head("default", b"absent").await.expect("head"));
-    assert!(!c.delete("default", b"absent").await.expect("delete"));
-
-    // 403 `quota`: namespace quota (a policy on the caller, not a full device).
+/// 403 `quota`: namespace quota (a policy on the caller, not a full device); room made by
+/// a delete takes the put.
+async fn namespace_quota_answers_403(c: &ctxpod_client::client::Client) {
     c.create_namespace("small", Some(150_000))
         .await
         .expect("create");
@@ -292,20 +321,6 @@ async fn put_semantics_and_error_codes() {
             .expect("put"),
         PutOutcome::Created
     );
-
-    // Unknown routes and methods.
-    let r = http.get(url("/v2/nothing")).send().await.expect("send");
-    assert_eq!(r.status(), 404);
-    assert_eq!(
-        r.json::<serde_json::Value>().await.expect("json")["error"],
-        "no_route"
-    );
-    answered(http.patch(url("/v1/namespaces/default/blocks/00")), 405).await;
-
-    // Delete: 204 then 404.
-    assert!(c.delete("default", b"k1").await.expect("delete"));
-    assert_eq!(c.get("default", b"k1").await.expect("get"), None);
-    assert!(!c.delete("default", b"k1").await.expect("delete"));
 }
 
 /// 503 with Retry-After when the in-flight limit is reached, then service resumes.
@@ -349,6 +364,61 @@ async fn busy_answers_503_with_retry_after() {
 async fn batches_match_pins_and_namespaces() {
     let node = Node::fresh(&["--capacity", "256MiB"]).await;
     let c = &node.client;
+    let (blocks, keys) = batch_puts_and_gets(c).await;
+
+    // Match: the chain's first 25 keys are present, then a gap.
+    let mut chain: Vec<Vec<u8>> = keys
+        .iter()
+        .filter(|k| *k != b"missing")
+        .take(25)
+        .cloned()
+        .collect();
+    assert_eq!(c.match_prefix("default", &chain).await.expect("match"), 25);
+    chain.push(b"gap".to_vec());
+    chain.push(blocks[30].0.clone());
+    assert_eq!(c.match_prefix("default", &chain).await.expect("match"), 25);
+    assert_eq!(c.match_prefix("default", &[]).await.expect("match"), 0);
+    assert_eq!(
+        c.match_prefix("default", &[b"gap".to_vec()])
+            .await
+            .expect("match"),
+        0
+    );
+
+    // Pins count present keys only.
+    let pk = vec![blocks[1].0.clone(), blocks[2].0.clone(), b"absent".to_vec()];
+    assert_eq!(c.pin("default", &pk, 60_000).await.expect("pin"), 2);
+    assert_eq!(c.stats().await.expect("stats").leases, 2);
+    assert_eq!(c.unpin("default", &pk).await.expect("unpin"), 2);
+    assert_eq!(status(c.pin("default", &pk, 0).await.unwrap_err()), 400);
+    assert_eq!(
+        status(
+            c.pin("default", &pk, ctxpod_wire::LEASE_MS_MAX + 1)
+                .await
+                .unwrap_err()
+        ),
+        400
+    );
+    namespaces_are_isolated(c, &blocks[0]).await;
+
+    let m = c.metrics().await.expect("metrics");
+    for name in [
+        "ctxpod_request_duration_seconds_bucket{op=\"put\"",
+        "ctxpod_block_hits_total",
+        "ctxpod_device_written_bytes_total",
+        "ctxpod_io_engine_info{",
+        "ctxpod_integrity_errors_total 0",
+    ] {
+        assert!(m.contains(name), "metrics lack {name}");
+    }
+}
+
+/// 40 blocks batch-put (201 each), again (200 each), a batch with a conflicting and a new
+/// block (409, 201), then batch-got with a missing key at index 5. The blocks, and the keys
+/// asked for (the missing one among them).
+async fn batch_puts_and_gets(
+    c: &ctxpod_client::client::Client,
+) -> (Vec<(Vec<u8>, bytes::Bytes)>, Vec<Vec<u8>>) {
     let blocks: Vec<(Vec<u8>, bytes::Bytes)> = (0..40u64)
         .map(|i| {
             (
@@ -391,74 +461,41 @@ async fn batches_match_pins_and_namespaces() {
             assert_eq!(d.as_ref(), Some(&blocks[j].1), "batch get entry {i}");
         }
     }
+    (blocks, keys)
+}
 
-    // Match: the chain's first 25 keys are present, then a gap.
-    let mut chain: Vec<Vec<u8>> = keys
-        .iter()
-        .filter(|k| *k != b"missing")
-        .take(25)
-        .cloned()
-        .collect();
-    assert_eq!(c.match_prefix("default", &chain).await.expect("match"), 25);
-    chain.push(b"gap".to_vec());
-    chain.push(blocks[30].0.clone());
-    assert_eq!(c.match_prefix("default", &chain).await.expect("match"), 25);
-    assert_eq!(c.match_prefix("default", &[]).await.expect("match"), 0);
-    assert_eq!(
-        c.match_prefix("default", &[b"gap".to_vec()])
-            .await
-            .expect("match"),
-        0
-    );
-
-    // Pins count present keys only.
-    let pk = vec![blocks[1].0.clone(), blocks[2].0.clone(), b"absent".to_vec()];
-    assert_eq!(c.pin("default", &pk, 60_000).await.expect("pin"), 2);
-    assert_eq!(c.stats().await.expect("stats").leases, 2);
-    assert_eq!(c.unpin("default", &pk).await.expect("unpin"), 2);
-    assert_eq!(status(c.pin("default", &pk, 0).await.unwrap_err()), 400);
-    assert_eq!(
-        status(
-            c.pin("default", &pk, ctxpod_wire::LEASE_MS_MAX + 1)
-                .await
-                .unwrap_err()
-        ),
-        400
-    );
-
-    // Namespaces are isolated: the same key holds different content in each.
+/// Namespaces are isolated: the same key (`first`'s, stored in `default`) holds different
+/// content in `tenant-a`; deleting the namespace deletes its blocks, and a namespace of the
+/// same name made again is empty.
+async fn namespaces_are_isolated(
+    c: &ctxpod_client::client::Client,
+    first: &(Vec<u8>, bytes::Bytes),
+) {
+    let (key, data) = first;
     let info = c.create_namespace("tenant-a", None).await.expect("create");
     assert_eq!(info.block_count, 0);
     c.create_namespace("tenant-a", None)
         .await
         .expect("create again");
     assert_eq!(
-        c.put(
-            "tenant-a",
-            &blocks[0].0,
-            block(4242, 1000),
-            Durability::Durable
-        )
-        .await
-        .expect("put"),
+        c.put("tenant-a", key, block(4242, 1000), Durability::Durable)
+            .await
+            .expect("put"),
         PutOutcome::Created
     );
     assert_eq!(
-        c.get("default", &blocks[0].0).await.expect("get"),
-        Some(blocks[0].1.clone())
+        c.get("default", key).await.expect("get"),
+        Some(data.clone())
     );
     assert_eq!(
-        c.get("tenant-a", &blocks[0].0).await.expect("get"),
+        c.get("tenant-a", key).await.expect("get"),
         Some(block(4242, 1000))
     );
     let names = namespace_names(c).await;
     assert_eq!(names, vec!["default".to_string(), "tenant-a".to_string()]);
     assert_eq!(c.namespace("tenant-a").await.expect("info").block_count, 1);
     c.delete_namespace("tenant-a").await.expect("delete ns");
-    assert_eq!(
-        status(c.get("tenant-a", &blocks[0].0).await.unwrap_err()),
-        404
-    );
+    assert_eq!(status(c.get("tenant-a", key).await.unwrap_err()), 404);
     assert_eq!(
         status(c.delete_namespace("tenant-a").await.unwrap_err()),
         404
@@ -467,22 +504,11 @@ async fn batches_match_pins_and_namespaces() {
     c.create_namespace("tenant-a", None)
         .await
         .expect("recreate");
-    assert_eq!(c.get("tenant-a", &blocks[0].0).await.expect("get"), None);
+    assert_eq!(c.get("tenant-a", key).await.expect("get"), None);
     assert_eq!(
-        c.get("default", &blocks[0].0).await.expect("get"),
-        Some(blocks[0].1.clone())
+        c.get("default", key).await.expect("get"),
+        Some(data.clone())
     );
-
-    let m = c.metrics().await.expect("metrics");
-    for name in [
-        "ctxpod_request_duration_seconds_bucket{op=\"put\"",
-        "ctxpod_block_hits_total",
-        "ctxpod_device_written_bytes_total",
-        "ctxpod_io_engine_info{",
-        "ctxpod_integrity_errors_total 0",
-    ] {
-        assert!(m.contains(name), "metrics lack {name}");
-    }
 }
 
 /// Every (method, path) of the OpenAPI document is routed by the live server, and its other
@@ -871,24 +897,7 @@ async fn keys_are_listed_in_pages_by_prefix() {
     let mut sorted = keys.clone();
     sorted.sort();
     // The whole namespace, a page of the largest size at a time.
-    let mut got = Vec::new();
-    let mut after: Option<Vec<u8>> = None;
-    let mut pages = 0;
-    loop {
-        let page = c
-            .list_keys("default", &[], after.as_deref(), ctxpod_wire::LIST_KEYS_MAX)
-            .await
-            .expect("list");
-        pages += 1;
-        got.extend(page.keys.iter().cloned());
-        match page.next {
-            Some(n) => {
-                assert_eq!(Some(&n), page.keys.last());
-                after = Some(n);
-            }
-            None => break,
-        }
-    }
+    let (got, pages) = list_all_keys(c).await;
     assert_eq!(got, sorted);
     assert_eq!(pages, 2);
     // Under a prefix; a full last page says there is no more when there is none.
@@ -925,8 +934,38 @@ async fn keys_are_listed_in_pages_by_prefix() {
         status(c.list_keys("nope", &[], None, 10).await.unwrap_err()),
         404
     );
-    // Bad queries: the JSON 400, naming what is wrong.
-    let http = c.http().clone();
+    bad_list_queries_answer_400(&node).await;
+    // Measured as an operation of its own.
+    metrics_contain(&node, "ctxpod_request_duration_seconds_count{op=\"list\"}").await;
+}
+
+/// Every key of namespace `default`, listed a page of the largest size at a time (each
+/// page's `next` is its last key); and how many pages that took.
+async fn list_all_keys(c: &ctxpod_client::client::Client) -> (Vec<Vec<u8>>, usize) {
+    let mut got = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    let mut pages = 0;
+    loop {
+        let page = c
+            .list_keys("default", &[], after.as_deref(), ctxpod_wire::LIST_KEYS_MAX)
+            .await
+            .expect("list");
+        pages += 1;
+        got.extend(page.keys.iter().cloned());
+        match page.next {
+            Some(n) => {
+                assert_eq!(Some(&n), page.keys.last());
+                after = Some(n);
+            }
+            None => break,
+        }
+    }
+    (got, pages)
+}
+
+/// Bad queries of a key listing: the JSON 400, naming what is wrong.
+async fn bad_list_queries_answer_400(node: &Node) {
+    let http = node.client.http().clone();
     let long_after = format!("after={}", "ab".repeat(129));
     for (query, says) in [
         ("limit=0", "limit"),
@@ -952,6 +991,4 @@ async fn keys_are_listed_in_pages_by_prefix() {
             "{query}: {e}"
         );
     }
-    // Measured as an operation of its own.
-    metrics_contain(&node, "ctxpod_request_duration_seconds_count{op=\"list\"}").await;
 }

@@ -207,33 +207,12 @@ async fn auth_matrix_over_every_route_and_op() {
     let (node, t) = node(&dir.path().join("n")).await;
     seed(&node, &t).await;
     let b_bytes = block(300, 5000);
-    let secret_of = |id: &str| t.get(id).rsplit_once('.').expect("token").1.to_string();
 
     let routes = spec_routes();
     let mut covered = BTreeSet::new();
     let mut refused = 0usize;
     let mut accepted = Vec::new();
-    let malformed = [
-        "Bearer".to_string(),
-        "Bearer ".to_string(),
-        "Bearer x".to_string(),
-        format!("Basic {}", t.get("a-rw")),
-        format!("Bearer a-rw.{}", "zz".repeat(32)),
-        format!("Bearer a-rw.{}", &secret_of("a-rw")[..63]),
-        format!("Bearer A-RW.{}", secret_of("a-rw")),
-        format!("Bearer {}", "a".repeat(600)),
-        format!("bearer  {}", t.get("a-rw")),
-    ];
-    let wrong = [
-        // The right id with another token's secret, an unknown id, a flipped digit.
-        format!("Bearer a-rw.{}", secret_of("b-rw")),
-        format!("Bearer nobody.{}", secret_of("a-rw")),
-        {
-            let mut s = secret_of("a-rw").into_bytes();
-            s[10] = if s[10] == b'0' { b'1' } else { b'0' };
-            format!("Bearer a-rw.{}", String::from_utf8(s).expect("hex"))
-        },
-    ];
+    let (malformed, wrong) = bad_authorizations(&t);
     for (method, route) in &routes {
         let (path, body) = concrete(method, route, "only-a")
             .unwrap_or_else(|| panic!("the matrix does not cover {method} {route}"));
@@ -242,63 +221,9 @@ async fn auth_matrix_over_every_route_and_op() {
         if need == "public" {
             continue;
         }
-        // (what, Authorization header, extra headers, the refusals expected)
-        let mut cases: Vec<Case> = Vec::new();
-        cases.push(("no token", None, vec![], vec![401]));
-        for m in &malformed {
-            cases.push(("malformed token", Some(m.clone()), vec![], vec![401]));
-        }
-        for w in &wrong {
-            cases.push(("wrong token", Some(w.clone()), vec![], vec![401]));
-        }
-        let a_ro = format!("Bearer {}", t.get("a-ro"));
-        let a_rw = format!("Bearer {}", t.get("a-rw"));
-        if matches!(need, "write" | "admin" | "monitor") {
-            cases.push(("read-only token", Some(a_ro.clone()), vec![], vec![403]));
-        }
-        if matches!(need, "admin" | "monitor") {
-            cases.push((
-                "tenant token on an admin route",
-                Some(a_rw.clone()),
-                vec![],
-                vec![403],
-            ));
-        }
-        // A viewer sees the pod, never a block, and changes nothing.
-        if matches!(need, "read" | "write" | "admin") {
-            cases.push((
-                "viewer token on a tenant's or admin route",
-                Some(format!("Bearer {}", t.get("look"))),
-                vec![],
-                vec![403],
-            ));
-        }
-        // Acting for another tenant is an admin's privilege.
-        cases.push((
-            "tenant token with x-ctxpod-tenant",
-            Some(a_rw.clone()),
-            vec![("x-ctxpod-tenant", "b")],
-            vec![403],
-        ));
-        // Tenant b's tokens on tenant a's namespace: b has no `only-a`, so every namespace
-        // route is a 404 exactly like a name nobody has (creating it would create b's own
-        // `only-a`: covered by the cross-tenant test, not a way into a's).
-        if route.contains("{ns}") && !(method == "PUT" && route == "/v1/namespaces/{ns}") {
-            for id in ["b-rw", "b-ro"] {
-                let want = match (id, need) {
-                    (_, "admin" | "monitor") | ("b-ro", "write") => vec![403],
-                    _ => vec![404],
-                };
-                cases.push((
-                    "wrong tenant's token",
-                    Some(format!("Bearer {}", t.get(id))),
-                    vec![],
-                    want,
-                ));
-            }
-        }
+        let cases = matrix_cases(&t, (method, route, need), &malformed, &wrong);
         for (what, auth, extra, want) in cases {
-            let mut h = extra;
+            let mut h: Vec<(&str, &str)> = extra;
             if let Some(a) = &auth {
                 h.push(("authorization", a));
             }
@@ -311,16 +236,139 @@ async fn auth_matrix_over_every_route_and_op() {
                 ));
             }
             assert!(
-                !out.windows(64).any(|w| w == &b_bytes[..64]),
+                !leaks(&out, &b_bytes),
                 "{what}: {method} {path} leaked tenant b's bytes"
             );
         }
     }
     // Path tricks, with a valid token of tenant a.
+    let (tricks_refused, tricks_accepted) = path_tricks(&node, &t, &b_bytes).await;
+    refused += tricks_refused;
+    accepted.extend(tricks_accepted);
+    assert_eq!(covered, routes, "every route of the spec is in the matrix");
+    assert!(accepted.is_empty(), "accepted:\n{}", accepted.join("\n"));
+    eprintln!(
+        "HTTP: {refused} refusals over {} routes, 0 accepted",
+        routes.len()
+    );
+
+    cxp1_refusals(&node, &t).await;
+    let m = node.client.metrics().await.expect("metrics");
+    assert!(
+        m.contains("ctxpod_auth_failures_total{reason=\"wrong\"}"),
+        "{m}"
+    );
+    assert!(m.contains("ctxpod_forbidden_total"), "{m}");
+}
+
+/// Whether an answer carries tenant b's bytes (their first 64).
+fn leaks(out: &[u8], b_bytes: &[u8]) -> bool {
+    out.windows(64).any(|w| w == &b_bytes[..64])
+}
+
+/// `Authorization` values that must be refused (401): malformed ones, and well-formed
+/// ones with a wrong secret or id.
+fn bad_authorizations(t: &Tokens) -> (Vec<String>, Vec<String>) {
+    let secret_of = |id: &str| t.get(id).rsplit_once('.').expect("token").1.to_string();
+    let malformed = vec![
+        "Bearer".to_string(),
+        "Bearer ".to_string(),
+        "Bearer x".to_string(),
+        format!("Basic {}", t.get("a-rw")),
+        format!("Bearer a-rw.{}", "zz".repeat(32)),
+        format!("Bearer a-rw.{}", &secret_of("a-rw")[..63]),
+        format!("Bearer A-RW.{}", secret_of("a-rw")),
+        format!("Bearer {}", "a".repeat(600)),
+        format!("bearer  {}", t.get("a-rw")),
+    ];
+    let wrong = vec![
+        // The right id with another token's secret, an unknown id, a flipped digit.
+        format!("Bearer a-rw.{}", secret_of("b-rw")),
+        format!("Bearer nobody.{}", secret_of("a-rw")),
+        {
+            let mut s = secret_of("a-rw").into_bytes();
+            s[10] = if s[10] == b'0' { b'1' } else { b'0' };
+            format!("Bearer a-rw.{}", String::from_utf8(s).expect("hex"))
+        },
+    ];
+    (malformed, wrong)
+}
+
+/// The credential cases of the matrix for a route (method, route, what it needs; not
+/// public), each with the refusals expected.
+fn matrix_cases(
+    t: &Tokens,
+    (method, route, need): (&str, &str, &str),
+    malformed: &[String],
+    wrong: &[String],
+) -> Vec<Case<'static>> {
+    // (what, Authorization header, extra headers, the refusals expected)
+    let mut cases: Vec<Case> = Vec::new();
+    cases.push(("no token", None, vec![], vec![401]));
+    for m in malformed {
+        cases.push(("malformed token", Some(m.clone()), vec![], vec![401]));
+    }
+    for w in wrong {
+        cases.push(("wrong token", Some(w.clone()), vec![], vec![401]));
+    }
+    let a_ro = format!("Bearer {}", t.get("a-ro"));
+    let a_rw = format!("Bearer {}", t.get("a-rw"));
+    if matches!(need, "write" | "admin" | "monitor") {
+        cases.push(("read-only token", Some(a_ro.clone()), vec![], vec![403]));
+    }
+    if matches!(need, "admin" | "monitor") {
+        cases.push((
+            "tenant token on an admin route",
+            Some(a_rw.clone()),
+            vec![],
+            vec![403],
+        ));
+    }
+    // A viewer sees the pod, never a block, and changes nothing.
+    if matches!(need, "read" | "write" | "admin") {
+        cases.push((
+            "viewer token on a tenant's or admin route",
+            Some(format!("Bearer {}", t.get("look"))),
+            vec![],
+            vec![403],
+        ));
+    }
+    // Acting for another tenant is an admin's privilege.
+    cases.push((
+        "tenant token with x-ctxpod-tenant",
+        Some(a_rw.clone()),
+        vec![("x-ctxpod-tenant", "b")],
+        vec![403],
+    ));
+    // Tenant b's tokens on tenant a's namespace: b has no `only-a`, so every namespace
+    // route is a 404 exactly like a name nobody has (creating it would create b's own
+    // `only-a`: covered by the cross-tenant test, not a way into a's).
+    if route.contains("{ns}") && !(method == "PUT" && route == "/v1/namespaces/{ns}") {
+        for id in ["b-rw", "b-ro"] {
+            let want = match (id, need) {
+                (_, "admin" | "monitor") | ("b-ro", "write") => vec![403],
+                _ => vec![404],
+            };
+            cases.push((
+                "wrong tenant's token",
+                Some(format!("Bearer {}", t.get(id))),
+                vec![],
+                want,
+            ));
+        }
+    }
+    cases
+}
+
+/// Path tricks (encoded dots and slashes, `..`, empty segments, NULs, overlong names and
+/// keys), with a valid token of tenant a: none may be answered 2xx nor leak `b_bytes`.
+/// How many were refused, and a line per one answered 2xx.
+async fn path_tricks(node: &Node, t: &Tokens, b_bytes: &[u8]) -> (usize, Vec<String>) {
     let a_rw = format!("Bearer {}", t.get("a-rw"));
     let k = key_hex(K1);
     let long_key = "ab".repeat(129);
     let long_ns = "n".repeat(64);
+    let (mut refused, mut accepted) = (0, Vec::new());
     for (method, path) in [
         ("GET", format!("/v1/namespaces/%2e%2e/blocks/{k}")),
         ("GET", format!("/v1/namespaces/..%2fb%2fdata/blocks/{k}")),
@@ -343,31 +391,15 @@ async fn auth_matrix_over_every_route_and_op() {
         ("GET", "/v1/../v1/stats".to_string()),
         ("GET", "/v1/admin/../stats".to_string()),
     ] {
-        let (st, out) = raw(&node, method, &path, &[("authorization", &a_rw)], b"").await;
+        let (st, out) = raw(node, method, &path, &[("authorization", &a_rw)], b"").await;
         if (200..300).contains(&st) {
             accepted.push(format!("path trick: {method} {path} answered {st}"));
         } else {
             refused += 1;
         }
-        assert!(
-            !out.windows(64).any(|w| w == &b_bytes[..64]),
-            "{path} leaked b's bytes"
-        );
+        assert!(!leaks(&out, b_bytes), "{path} leaked b's bytes");
     }
-    assert_eq!(covered, routes, "every route of the spec is in the matrix");
-    assert!(accepted.is_empty(), "accepted:\n{}", accepted.join("\n"));
-    eprintln!(
-        "HTTP: {refused} refusals over {} routes, 0 accepted",
-        routes.len()
-    );
-
-    cxp1_refusals(&node, &t).await;
-    let m = node.client.metrics().await.expect("metrics");
-    assert!(
-        m.contains("ctxpod_auth_failures_total{reason=\"wrong\"}"),
-        "{m}"
-    );
-    assert!(m.contains("ctxpod_forbidden_total"), "{m}");
+    (refused, accepted)
 }
 
 /// CXP1's part of the matrix: every request op before authenticating is refused and ends
@@ -378,64 +410,10 @@ async fn cxp1_refusals(node: &Node, t: &Tokens) {
         .filter_map(Op::from_u8)
         .filter(|op| !matches!(op, Op::Push | Op::PrefetchDone | Op::Error | Op::Event))
         .collect();
-    let ns = "only-a".to_string();
-    let key = Bytes::from_static(K1);
-    let sample = |op: Op| -> Option<Request> {
-        Some(match op {
-            Op::Ping => Request::Ping,
-            Op::Put => Request::Put {
-                ns: ns.clone(),
-                durability: WireDurability::Durable,
-                entries: vec![PutEntry {
-                    key: key.clone(),
-                    crc32c: ctxpod_wire::crc32c(b"x"),
-                    data: Bytes::from_static(b"x"),
-                }],
-            },
-            Op::Get => Request::Get {
-                ns: ns.clone(),
-                keys: vec![key.clone()],
-            },
-            Op::Match => Request::Match {
-                ns: ns.clone(),
-                keys: vec![key.clone()],
-            },
-            Op::Pin => Request::Pin {
-                ns: ns.clone(),
-                ttl_ms: 1000,
-                keys: vec![key.clone()],
-            },
-            Op::Unpin => Request::Unpin {
-                ns: ns.clone(),
-                keys: vec![key.clone()],
-            },
-            Op::RegisterRegion => Request::RegisterRegion {
-                region_id: 1,
-                bytes: 1 << 20,
-            },
-            Op::Prefetch => Request::Prefetch(PrefetchRequest {
-                ns: ns.clone(),
-                region_id: 1,
-                policy: Policy::WaitComplete,
-                deadline_ms: 0,
-                lease_ms: 0,
-                entries: vec![PrefetchEntry {
-                    key: key.clone(),
-                    offset: 0,
-                    max_len: 8192,
-                }],
-            }),
-            Op::Cancel => Request::Cancel { ticket: 1 },
-            Op::Subscribe => Request::Subscribe { ns: ns.clone() },
-            Op::Auth => Request::Auth {
-                token: Bytes::from(format!("a-rw.{}", "00".repeat(32))),
-            },
-            _ => return None,
-        })
-    };
     let mut op_refusals = 0;
     for &op in &ops {
-        let req = sample(op).unwrap_or_else(|| panic!("the matrix does not cover op {op:?}"));
+        let req =
+            sample_request(op).unwrap_or_else(|| panic!("the matrix does not cover op {op:?}"));
         // An `Auth` with a wrong token is this op's "before the handshake" case.
         let (st, closed) = cxp1_first_answer(node, &req).await;
         assert_eq!(st, status::UNAUTHORIZED, "{op:?} before authenticating");
@@ -451,15 +429,7 @@ async fn cxp1_refusals(node: &Node, t: &Tokens) {
         Bytes::from(vec![b'a'; 513]),
         Bytes::from_static(b"\xff\xfe.00"),
     ] {
-        let mut f = Vec::new();
-        f.extend_from_slice(&((proto::HEADER_BYTES + 2 + token.len()) as u32).to_le_bytes());
-        f.push(Op::Auth as u8);
-        f.push(0);
-        f.extend_from_slice(&0u16.to_le_bytes());
-        f.extend_from_slice(&9u64.to_le_bytes());
-        f.extend_from_slice(&(token.len() as u16).to_le_bytes());
-        f.extend_from_slice(&token);
-        let (st, closed) = cxp1_raw_answer(node, &f).await;
+        let (st, closed) = cxp1_raw_answer(node, &auth_frame(&token)).await;
         assert!(
             st == status::UNAUTHORIZED || st == status::BAD_REQUEST,
             "malformed Auth: {st}"
@@ -469,6 +439,7 @@ async fn cxp1_refusals(node: &Node, t: &Tokens) {
     }
     // A read-only token: writes refused (403), the connection goes on.
     let ro = wire(node, t.get("a-ro")).await;
+    let key = Bytes::from_static(K1);
     for op in [Op::Put, Op::Pin, Op::Unpin] {
         let r = match op {
             Op::Put => ro
@@ -499,6 +470,77 @@ async fn cxp1_refusals(node: &Node, t: &Tokens) {
         "CXP1: {op_refusals} refusals over {} request ops, 0 accepted",
         ops.len()
     );
+}
+
+/// A request of each op a client sends, aimed at tenant a's `only-a` (an `Auth` with a
+/// wrong token); none for an op the matrix does not cover.
+fn sample_request(op: Op) -> Option<Request> {
+    let ns = "only-a".to_string();
+    let key = Bytes::from_static(K1);
+    Some(match op {
+        Op::Ping => Request::Ping,
+        Op::Put => Request::Put {
+            ns,
+            durability: WireDurability::Durable,
+            entries: vec![PutEntry {
+                key,
+                crc32c: ctxpod_wire::crc32c(b"x"),
+                data: Bytes::from_static(b"x"),
+            }],
+        },
+        Op::Get => Request::Get {
+            ns,
+            keys: vec![key],
+        },
+        Op::Match => Request::Match {
+            ns,
+            keys: vec![key],
+        },
+        Op::Pin => Request::Pin {
+            ns,
+            ttl_ms: 1000,
+            keys: vec![key],
+        },
+        Op::Unpin => Request::Unpin {
+            ns,
+            keys: vec![key],
+        },
+        Op::RegisterRegion => Request::RegisterRegion {
+            region_id: 1,
+            bytes: 1 << 20,
+        },
+        Op::Prefetch => Request::Prefetch(PrefetchRequest {
+            ns,
+            region_id: 1,
+            policy: Policy::WaitComplete,
+            deadline_ms: 0,
+            lease_ms: 0,
+            entries: vec![PrefetchEntry {
+                key,
+                offset: 0,
+                max_len: 8192,
+            }],
+        }),
+        Op::Cancel => Request::Cancel { ticket: 1 },
+        Op::Subscribe => Request::Subscribe { ns },
+        Op::Auth => Request::Auth {
+            token: Bytes::from(format!("a-rw.{}", "00".repeat(32))),
+        },
+        _ => return None,
+    })
+}
+
+/// An `Auth` frame carrying `token` as is, written byte for byte (no encoder checks).
+fn auth_frame(token: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&((proto::HEADER_BYTES + 2 + token.len()) as u32).to_le_bytes());
+    f.push(Op::Auth as u8);
+    f.push(0);
+    f.extend_from_slice(&0u16.to_le_bytes());
+    f.extend_from_slice(&9u64.to_le_bytes());
+    f.extend_from_slice(&(token.len() as u16).to_le_bytes());
+    f.extend_from_slice(token);
+    f
 }
 
 /// Connects without authenticating, sends `req`, and returns the status of the first
@@ -561,83 +603,17 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
     let chain: Vec<Vec<u8>> = [K1, K2, K3].iter().map(|k| k.to_vec()).collect();
 
     // Same name, same key, two namespaces: each tenant reads its own bytes.
-    assert_eq!(
-        a.get("data", K1).await.expect("get"),
-        Some(block(100, 5000))
-    );
-    assert_eq!(
-        b.get("data", K1).await.expect("get"),
-        Some(block(300, 5000))
-    );
-    assert_eq!(a.match_prefix("data", &chain).await.expect("match"), 3);
-    assert_eq!(b.match_prefix("data", &chain).await.expect("match"), 1);
-    assert!(!b.head("data", K2).await.expect("head"));
-    // Each lists its own `data`: a's three keys, b's one.
-    let mut mine = chain.clone();
-    mine.sort();
-    assert_eq!(
-        a.list_keys("data", &[], None, 10).await.expect("list").keys,
-        mine
-    );
-    let theirs = b.list_keys("data", &[], None, 10).await.expect("list");
-    assert_eq!(theirs.keys, vec![K1.to_vec()]);
-
+    each_tenant_reads_its_own(&a, &b, &chain).await;
     // b cannot name a's `only-a`: every answer is the one for a name nobody has.
     for ns in ["only-a", "never-was"] {
-        let e = b.get(ns, K1).await.expect_err("no such namespace for b");
-        assert_eq!(e.status(), Some(404));
-        assert!(!matches!(b.head(ns, K1).await, Ok(true)));
-        assert_eq!(
-            b.match_prefix(ns, &chain)
-                .await
-                .expect_err("match")
-                .status(),
-            Some(404)
-        );
-        assert_eq!(
-            b.pin(ns, &chain, 60_000).await.expect_err("pin").status(),
-            Some(404)
-        );
-        assert_eq!(
-            b.unpin(ns, &chain).await.expect_err("unpin").status(),
-            Some(404)
-        );
-        assert_eq!(
-            b.delete(ns, K1).await.expect_err("delete").status(),
-            Some(404)
-        );
-        assert_eq!(
-            b.batch_get(ns, &chain).await.expect_err("batch").status(),
-            Some(404)
-        );
-        assert_eq!(b.namespace(ns).await.expect_err("info").status(), Some(404));
-        assert_eq!(
-            b.list_keys(ns, &[], None, 10)
-                .await
-                .expect_err("list")
-                .status(),
-            Some(404)
-        );
-        assert_eq!(
-            b.delete_namespace(ns)
-                .await
-                .expect_err("delete ns")
-                .status(),
-            Some(404)
-        );
+        unknown_to_b(&b, ns, &chain).await;
     }
-    let names = |l: ctxpod_wire::types::NamespaceList| {
-        l.namespaces
-            .into_iter()
-            .map(|n| n.name)
-            .collect::<BTreeSet<_>>()
-    };
     assert_eq!(
-        names(b.namespaces().await.expect("list")),
+        ns_names(b.namespaces().await.expect("list")),
         BTreeSet::from(["data".to_string()])
     );
     assert_eq!(
-        names(a.namespaces().await.expect("list")),
+        ns_names(a.namespaces().await.expect("list")),
         BTreeSet::from(["data".to_string(), "only-a".to_string()])
     );
     // b deleting its K1 leaves a's.
@@ -650,24 +626,128 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
     // The same over CXP1.
     let bw = wire(&node, t.get("b-rw")).await;
     let keys: Vec<Bytes> = chain.iter().map(|k| Bytes::from(k.clone())).collect();
-    assert_eq!(bw.match_prefix("data", &keys).await.expect("match"), 0);
+    none_of_a_over_cxp1(&bw, &keys).await;
+
+    // Events: b's streams (CXP1 and SSE) carry b's keys only.
+    events_carry_own_keys_only(&node, &t, (&a, &b), &bw).await;
+
+    // An admin sees every tenant's namespaces, and may act in one.
+    let root = http(&node, t.get("root"));
+    let all = ns_names(root.namespaces().await.expect("list"));
+    assert!(
+        all.contains("a/only-a") && all.contains("b/data"),
+        "{all:?}"
+    );
+    let as_a = root
+        .http()
+        .get(format!(
+            "{}/v1/namespaces/only-a/blocks/{}",
+            node.url,
+            key_hex(K1)
+        ))
+        .header("x-ctxpod-tenant", "a")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(as_a.status(), 200);
+    assert_eq!(as_a.bytes().await.expect("body"), block(200, 5000));
+}
+
+/// The names in a namespace list.
+fn ns_names(l: ctxpod_wire::types::NamespaceList) -> BTreeSet<String> {
+    l.namespaces.into_iter().map(|n| n.name).collect()
+}
+
+/// Tenants a and b (clients `a`, `b`), each with a `data` holding K1 (a: `chain`'s three
+/// keys, b: K1 alone), read, match and list their own only.
+async fn each_tenant_reads_its_own(a: &Client, b: &Client, chain: &[Vec<u8>]) {
     assert_eq!(
-        bw.get("data", &keys).await.expect("get"),
+        a.get("data", K1).await.expect("get"),
+        Some(block(100, 5000))
+    );
+    assert_eq!(
+        b.get("data", K1).await.expect("get"),
+        Some(block(300, 5000))
+    );
+    assert_eq!(a.match_prefix("data", chain).await.expect("match"), 3);
+    assert_eq!(b.match_prefix("data", chain).await.expect("match"), 1);
+    assert!(!b.head("data", K2).await.expect("head"));
+    // Each lists its own `data`: a's three keys, b's one.
+    let mut mine = chain.to_vec();
+    mine.sort();
+    assert_eq!(
+        a.list_keys("data", &[], None, 10).await.expect("list").keys,
+        mine
+    );
+    let theirs = b.list_keys("data", &[], None, 10).await.expect("list");
+    assert_eq!(theirs.keys, vec![K1.to_vec()]);
+}
+
+/// Every HTTP call of tenant b's client `b` on namespace `ns` (one b does not have) is
+/// answered as for a name nobody has: 404 (a HEAD: no hit).
+async fn unknown_to_b(b: &Client, ns: &str, chain: &[Vec<u8>]) {
+    let e = b.get(ns, K1).await.expect_err("no such namespace for b");
+    assert_eq!(e.status(), Some(404));
+    assert!(!matches!(b.head(ns, K1).await, Ok(true)));
+    assert_eq!(
+        b.match_prefix(ns, chain).await.expect_err("match").status(),
+        Some(404)
+    );
+    assert_eq!(
+        b.pin(ns, chain, 60_000).await.expect_err("pin").status(),
+        Some(404)
+    );
+    assert_eq!(
+        b.unpin(ns, chain).await.expect_err("unpin").status(),
+        Some(404)
+    );
+    assert_eq!(
+        b.delete(ns, K1).await.expect_err("delete").status(),
+        Some(404)
+    );
+    assert_eq!(
+        b.batch_get(ns, chain).await.expect_err("batch").status(),
+        Some(404)
+    );
+    assert_eq!(b.namespace(ns).await.expect_err("info").status(), Some(404));
+    assert_eq!(
+        b.list_keys(ns, &[], None, 10)
+            .await
+            .expect_err("list")
+            .status(),
+        Some(404)
+    );
+    assert_eq!(
+        b.delete_namespace(ns)
+            .await
+            .expect_err("delete ns")
+            .status(),
+        Some(404)
+    );
+}
+
+/// Over CXP1, tenant b (`bw`, after deleting its K1) finds none of `keys` in its `data`,
+/// and a's `only-a` is a name it cannot reach: refused (404) or empty, subscription
+/// included.
+async fn none_of_a_over_cxp1(bw: &TransferClient, keys: &[Bytes]) {
+    assert_eq!(bw.match_prefix("data", keys).await.expect("match"), 0);
+    assert_eq!(
+        bw.get("data", keys).await.expect("get"),
         vec![None, None, None]
     );
     for r in [
-        bw.match_prefix("only-a", &keys).await.map(|_| ()),
-        bw.pin("only-a", &keys, Duration::from_secs(60))
+        bw.match_prefix("only-a", keys).await.map(|_| ()),
+        bw.pin("only-a", keys, Duration::from_secs(60))
             .await
             .map(|_| ()),
-        bw.unpin("only-a", &keys).await.map(|_| ()),
+        bw.unpin("only-a", keys).await.map(|_| ()),
     ] {
         assert!(
             matches!(r, Err(TransferError::Refused { status: 404, .. })),
             "{r:?}"
         );
     }
-    let got = bw.get("only-a", &keys).await;
+    let got = bw.get("only-a", keys).await;
     assert!(
         matches!(&got, Err(TransferError::Refused { status: 404, .. }))
             || matches!(&got, Ok(v) if v.iter().all(Option::is_none)),
@@ -689,8 +769,16 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
         p.is_ok()
     );
     assert!(bw.subscribe("only-a").await.is_err());
+}
 
-    // Events: b's streams (CXP1 and SSE) carry b's keys only.
+/// Tenant b's event streams on its `data` (over CXP1 through `bw`, and SSE) carry the key
+/// b puts and not the one a puts (clients `a`, `b`) in its own `data`.
+async fn events_carry_own_keys_only(
+    node: &Node,
+    t: &Tokens,
+    (a, b): (&Client, &Client),
+    bw: &TransferClient,
+) {
     let mut sub = bw.subscribe("data").await.expect("subscribe");
     let sse = node
         .client
@@ -701,8 +789,8 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
         .await
         .expect("sse");
     assert_eq!(sse.status(), 200);
-    put_durable(&a, "data", b"a-secret-key", block(7, 100)).await;
-    put_durable(&b, "data", b"b-marker", block(8, 100)).await;
+    put_durable(a, "data", b"a-secret-key", block(7, 100)).await;
+    put_durable(b, "data", b"b-marker", block(8, 100)).await;
     let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
         .await
         .expect("an event in time")
@@ -721,27 +809,6 @@ async fn tenants_cannot_reach_or_learn_of_each_others_blocks() {
         text += &String::from_utf8_lossy(&chunk);
     }
     assert!(!text.contains(&hex::encode(b"a-secret-key")), "{text}");
-
-    // An admin sees every tenant's namespaces, and may act in one.
-    let root = http(&node, t.get("root"));
-    let all = names(root.namespaces().await.expect("list"));
-    assert!(
-        all.contains("a/only-a") && all.contains("b/data"),
-        "{all:?}"
-    );
-    let as_a = root
-        .http()
-        .get(format!(
-            "{}/v1/namespaces/only-a/blocks/{}",
-            node.url,
-            key_hex(K1)
-        ))
-        .header("x-ctxpod-tenant", "a")
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(as_a.status(), 200);
-    assert_eq!(as_a.bytes().await.expect("body"), block(200, 5000));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -834,7 +901,64 @@ async fn a_viewer_sees_the_pod_and_no_block() {
         let (st, _) = raw(&node, "GET", path, &auth, b"").await;
         assert_eq!(st, 200, "viewer: GET {path}");
     }
-    let (st, out) = raw(&node, "GET", "/v1/overview", &auth, b"").await;
+    viewer_overview_counts_every_tenant(&node, &auth).await;
+    let (st, out) = raw(&node, "GET", "/v1/namespaces", &auth, b"").await;
+    assert_eq!(st, 200);
+    let l: ctxpod_wire::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
+    assert_eq!(l.namespaces.len(), 4, "{l:?}");
+    // A tenant's list stays its own.
+    let a = format!("Bearer {}", t.get("a-ro"));
+    let (_, out) = raw(
+        &node,
+        "GET",
+        "/v1/namespaces",
+        &[("authorization", &a)],
+        b"",
+    )
+    .await;
+    let l: ctxpod_wire::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
+    let mut mine: Vec<_> = l.namespaces.iter().map(|n| n.name.as_str()).collect();
+    mine.sort();
+    assert_eq!(mine, ["data", "only-a"]);
+
+    // The planner answers what `ctxpod plan --json` prints for the same arguments; bad
+    // arguments are 400 with the reason, and no file is read for a drive.
+    planner_answers_as_the_cli_does(&node, &auth).await;
+    bad_plans_are_400_with_the_reason(&node, &auth).await;
+
+    // Planning from the live curve reads the node's access pattern: the role `/v1/mrc`
+    // needs (monitor). A tenant may plan, but not from it. (At adc7102 any token could.)
+    let a = format!("Bearer {}", t.get("a-rw"));
+    let tenant = [("authorization", a.as_str())];
+    let live = br#"{"live":true,"input_tokens":512}"#;
+    let (st, out) = raw(&node, "POST", "/v1/plan", &tenant, live).await;
+    assert_eq!(st, 403, "{}", String::from_utf8_lossy(&out));
+    let plain = br#"{"sharing":0.5,"rate":1,"input_tokens":512,"retention_s":60}"#;
+    assert_eq!(raw(&node, "POST", "/v1/plan", &tenant, plain).await.0, 200);
+
+    // No block over CXP1 either.
+    let w = wire(&node, t.get("look")).await;
+    let r = w.get("data", &[Bytes::from_static(K1)]).await;
+    assert!(
+        matches!(r, Err(TransferError::Refused { status: 403, .. })),
+        "{r:?}"
+    );
+
+    // The page: public, asks for a token here, strict CSP; unknown files are 404.
+    let (st, out) = raw(&node, "GET", "/ui", &[], b"").await;
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(st, 200);
+    assert!(text.contains("data-auth=\"on\""), "{text}");
+    assert!(text.contains("content-security-policy: default-src 'none'; script-src 'self'"));
+    for (path, want) in [("/ui/app.js", 200), ("/ui/app.css", 200), ("/ui/x.js", 404)] {
+        assert_eq!(raw(&node, "GET", path, &[], b"").await.0, want, "{path}");
+    }
+}
+
+/// The overview a viewer (`auth`) gets of the seeded node: the one member, healthy, with
+/// its five blocks and the latency of their five puts, and every tenant's namespaces.
+async fn viewer_overview_counts_every_tenant(node: &Node, auth: &[(&str, &str)]) {
+    let (st, out) = raw(node, "GET", "/v1/overview", auth, b"").await;
     assert_eq!(st, 200);
     let o: ctxpod_wire::types::Overview = serde_json::from_slice(body_of(&out)).expect("overview");
     assert_eq!(o.members.len(), 1);
@@ -865,29 +989,13 @@ async fn a_viewer_sees_the_pod_and_no_block() {
     assert_eq!(puts.count, 5);
     assert_eq!(puts.buckets.len(), s.latency_bounds_s.len());
     assert!(puts.buckets.windows(2).all(|w| w[0] <= w[1]));
-    let (st, out) = raw(&node, "GET", "/v1/namespaces", &auth, b"").await;
-    assert_eq!(st, 200);
-    let l: ctxpod_wire::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
-    assert_eq!(l.namespaces.len(), 4, "{l:?}");
-    // A tenant's list stays its own.
-    let a = format!("Bearer {}", t.get("a-ro"));
-    let (_, out) = raw(
-        &node,
-        "GET",
-        "/v1/namespaces",
-        &[("authorization", &a)],
-        b"",
-    )
-    .await;
-    let l: ctxpod_wire::types::NamespaceList = serde_json::from_slice(body_of(&out)).expect("list");
-    let mut mine: Vec<_> = l.namespaces.iter().map(|n| n.name.as_str()).collect();
-    mine.sort();
-    assert_eq!(mine, ["data", "only-a"]);
+}
 
-    // The planner answers what `ctxpod plan --json` prints for the same arguments; bad
-    // arguments are 400 with the reason, and no file is read for a drive.
+/// `/v1/plan`, asked by `auth`, answers what `ctxpod plan --json` prints for the same
+/// arguments.
+async fn planner_answers_as_the_cli_does(node: &Node, auth: &[(&str, &str)]) {
     let body = br#"{"model":"qwen2.5-72b","sharing":0.4,"rate":7,"input_tokens":3000,"retention_s":120,"drive":"tlc","replication":2}"#;
-    let (st, out) = raw(&node, "POST", "/v1/plan", &auth, body).await;
+    let (st, out) = raw(node, "POST", "/v1/plan", auth, body).await;
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&out));
     let got: serde_json::Value = serde_json::from_slice(body_of(&out)).expect("plan");
     let want = ctxpod_node::plan_args::plan_json(
@@ -908,6 +1016,11 @@ async fn a_viewer_sees_the_pod_and_no_block() {
     // value printed in the last bit; the printed text is what the CLI gives).
     let want: serde_json::Value = serde_json::from_str(&want.to_string()).expect("json");
     assert_eq!(got, want);
+}
+
+/// Bad `/v1/plan` arguments, asked by `auth`, are 400 with the reason; no file is read
+/// for a drive.
+async fn bad_plans_are_400_with_the_reason(node: &Node, auth: &[(&str, &str)]) {
     for (bad, why) in [
         (
             &br#"{"drive":"/etc/passwd","sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1}"#
@@ -938,37 +1051,9 @@ async fn a_viewer_sees_the_pod_and_no_block() {
             "gpu_tflops must be",
         ),
     ] {
-        let (st, out) = raw(&node, "POST", "/v1/plan", &auth, bad).await;
+        let (st, out) = raw(node, "POST", "/v1/plan", auth, bad).await;
         let text = String::from_utf8_lossy(body_of(&out)).to_string();
         assert_eq!(st, 400, "{text}");
         assert!(text.contains(why), "{why}: {text}");
-    }
-
-    // Planning from the live curve reads the node's access pattern: the role `/v1/mrc`
-    // needs (monitor). A tenant may plan, but not from it. (At adc7102 any token could.)
-    let a = format!("Bearer {}", t.get("a-rw"));
-    let tenant = [("authorization", a.as_str())];
-    let live = br#"{"live":true,"input_tokens":512}"#;
-    let (st, out) = raw(&node, "POST", "/v1/plan", &tenant, live).await;
-    assert_eq!(st, 403, "{}", String::from_utf8_lossy(&out));
-    let plain = br#"{"sharing":0.5,"rate":1,"input_tokens":512,"retention_s":60}"#;
-    assert_eq!(raw(&node, "POST", "/v1/plan", &tenant, plain).await.0, 200);
-
-    // No block over CXP1 either.
-    let w = wire(&node, t.get("look")).await;
-    let r = w.get("data", &[Bytes::from_static(K1)]).await;
-    assert!(
-        matches!(r, Err(TransferError::Refused { status: 403, .. })),
-        "{r:?}"
-    );
-
-    // The page: public, asks for a token here, strict CSP; unknown files are 404.
-    let (st, out) = raw(&node, "GET", "/ui", &[], b"").await;
-    let text = String::from_utf8_lossy(&out);
-    assert_eq!(st, 200);
-    assert!(text.contains("data-auth=\"on\""), "{text}");
-    assert!(text.contains("content-security-policy: default-src 'none'; script-src 'self'"));
-    for (path, want) in [("/ui/app.js", 200), ("/ui/app.css", 200), ("/ui/x.js", 404)] {
-        assert_eq!(raw(&node, "GET", path, &[], b"").await.0, want, "{path}");
     }
 }

@@ -86,16 +86,46 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
         &["--capacity", &capacity, "--dram", "16MiB"],
     )
     .await;
-    let mut started_record_bytes = 0u64;
-    let mut recovered = 0u64;
-    let mut acked_all: Vec<(u32, u32)> = Vec::new();
-    let mut acked_bytes = 0u64;
+    let mut run = CrashRun {
+        seed,
+        ..CrashRun::default()
+    };
     for cycle in 0..cycles {
+        let writer = Writer::spawn(node.client.clone(), seed, cycle);
+        let delay = rng.gen_range(5..250);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        node.kill9();
+        let (this, cut) = run.after_the_kill(writer, cycle).await;
+        node.restart().await;
+        run.recovered += node.client.stats().await.expect("stats").recovered_records;
+        let (missing, corrupt) = verify(&node, seed, &this, true).await;
+        let (_, corrupt_cut) = verify(&node, seed, &cut, false).await;
+        assert_eq!(
+            (missing, corrupt + corrupt_cut),
+            (0, 0),
+            "cycle {cycle} (seed {seed}, killed after {delay} ms): {} acked, {} cut short",
+            this.len(),
+            cut.len()
+        );
+    }
+    run.check_the_end(&node, cycles).await;
+}
+
+/// A writer putting a cycle's blocks, four at a time, until one fails (the node was
+/// killed): which it started and which were acknowledged.
+struct Writer {
+    task: tokio::task::JoinHandle<()>,
+    acked: Arc<Mutex<BTreeSet<u32>>>,
+    started: Arc<Mutex<BTreeSet<u32>>>,
+}
+
+impl Writer {
+    /// Starts writing the blocks of `cycle` through `client`.
+    fn spawn(client: ctxpod_client::client::Client, seed: u64, cycle: u32) -> Writer {
         let acked = Arc::new(Mutex::new(BTreeSet::new()));
         let started = Arc::new(Mutex::new(BTreeSet::new()));
-        let client = node.client.clone();
         let (a2, s2) = (acked.clone(), started.clone());
-        let writer = tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut s = futures::stream::iter((0..BLOCKS_PER_CYCLE_MAX).map(|i| {
                 let c = client.clone();
                 let (a, s) = (a2.clone(), s2.clone());
@@ -120,81 +150,102 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
                 }
             }
         });
-        let delay = rng.gen_range(5..250);
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-        node.kill9();
-        let _ = tokio::time::timeout(Duration::from_secs(30), writer).await;
-        let acked: Vec<u32> = acked.lock().iter().copied().collect();
-        let cut: Vec<(u32, u32)> = started
-            .lock()
+        Writer {
+            task,
+            acked,
+            started,
+        }
+    }
+}
+
+/// What the kill loop has seen so far, across cycles.
+#[derive(Default)]
+struct CrashRun {
+    seed: u64,
+    /// Bytes of every record a put was started for.
+    started_record_bytes: u64,
+    /// Records re-indexed from region tails, over all restarts.
+    recovered: u64,
+    /// Every acknowledged durable block: (cycle, index).
+    acked_all: Vec<(u32, u32)>,
+    acked_bytes: u64,
+}
+
+impl CrashRun {
+    /// Waits (30 s at most) for the killed cycle's writer to stop, and accounts for what it
+    /// did: the acknowledged durable blocks (which must be there), and the blocks cut short
+    /// or put `fast` (which may be absent but never wrong).
+    async fn after_the_kill(
+        &mut self,
+        writer: Writer,
+        cycle: u32,
+    ) -> (Vec<(u32, u32)>, Vec<(u32, u32)>) {
+        let seed = self.seed;
+        let _ = tokio::time::timeout(Duration::from_secs(30), writer.task).await;
+        let acked: Vec<u32> = writer.acked.lock().iter().copied().collect();
+        let started = writer.started.lock();
+        let cut = started
             .iter()
             .filter(|i| !acked.contains(i))
-            .map(|&i| (cycle, i))
-            .collect();
-        for &i in started.lock().iter() {
-            started_record_bytes +=
+            .map(|&i| (cycle, i));
+        let fast = acked
+            .iter()
+            .filter(|&&i| durability_of(i) == Durability::Fast)
+            .map(|&i| (cycle, i));
+        let cut: Vec<(u32, u32)> = cut.chain(fast).collect();
+        for &i in started.iter() {
+            self.started_record_bytes +=
                 ctxpod_format::record::record_bytes(spec(seed, cycle, i).2) as u64;
         }
-        node.restart().await;
-        recovered += node.client.stats().await.expect("stats").recovered_records;
         let this: Vec<(u32, u32)> = acked
             .iter()
             .filter(|&&i| durability_of(i) == Durability::Durable)
             .map(|&i| (cycle, i))
             .collect();
-        let cut: Vec<(u32, u32)> = cut
-            .into_iter()
-            .chain(
-                acked
-                    .iter()
-                    .filter(|&&i| durability_of(i) == Durability::Fast)
-                    .map(|&i| (cycle, i)),
-            )
-            .collect();
         for &(c, i) in &this {
-            acked_bytes += spec(seed, c, i).2 as u64;
+            self.acked_bytes += spec(seed, c, i).2 as u64;
         }
-        acked_all.extend(this.iter().copied());
-        let (missing, corrupt) = verify(&node, seed, &this, true).await;
-        let (_, corrupt_cut) = verify(&node, seed, &cut, false).await;
+        self.acked_all.extend(this.iter().copied());
+        (this, cut)
+    }
+
+    /// After all the crashes: every block acknowledged in any cycle is still there, the
+    /// test's premise (no eviction) held, and tail recovery was exercised.
+    async fn check_the_end(&self, node: &Node, cycles: u32) {
+        let (seed, started_record_bytes) = (self.seed, self.started_record_bytes);
+        let (missing, corrupt) = verify(node, seed, &self.acked_all, true).await;
+        let s = node.client.stats().await.expect("stats");
+        eprintln!(
+            "{cycles} of {cycles} crash cycles: {} blocks ({} bytes) acknowledged, {missing} \
+             lost, {corrupt} corrupt reads, {} integrity errors ({started_record_bytes} bytes \
+             of records started)",
+            self.acked_all.len(),
+            self.acked_bytes,
+            s.integrity_errors,
+        );
+        // The premise: everything ever started fits in the regions that fill before the
+        // eviction reserve (at most 4 regions) is touched, each region wasting at most one
+        // largest record.
+        let usable = s.region_bytes * (s.regions_total - 5)
+            - s.regions_total * ctxpod_format::record::record_bytes(BLOCK_BYTES_MAX) as u64;
+        assert!(
+            started_record_bytes < usable,
+            "test sizing: {started_record_bytes} bytes of records may have caused eviction \
+             ({usable} usable)"
+        );
+        let recovered = self.recovered;
+        eprintln!("{recovered} records re-indexed from region tails across the restarts");
+        assert_eq!((missing, corrupt), (0, 0));
+        assert!(recovered > 0, "the crashes never exercised tail recovery");
         assert_eq!(
-            (missing, corrupt + corrupt_cut),
-            (0, 0),
-            "cycle {cycle} (seed {seed}, killed after {delay} ms): {} acked, {} cut short",
-            this.len(),
-            cut.len()
+            s.integrity_errors, 0,
+            "kill -9 must never leave a bad record in the index"
+        );
+        assert!(
+            self.acked_all.len() as u32 > cycles,
+            "the writer acknowledged too little to mean anything"
         );
     }
-    // Every block acknowledged in any cycle is still there after all the crashes.
-    let (missing, corrupt) = verify(&node, seed, &acked_all, true).await;
-    let s = node.client.stats().await.expect("stats");
-    eprintln!(
-        "{cycles} of {cycles} crash cycles: {} blocks ({acked_bytes} bytes) acknowledged, \
-         {missing} lost, {corrupt} corrupt reads, {} integrity errors ({started_record_bytes} bytes \
-         of records started)",
-        acked_all.len(),
-        s.integrity_errors,
-    );
-    // The premise: everything ever started fits in the regions that fill before the eviction
-    // reserve (at most 4 regions) is touched, each region wasting at most one largest record.
-    let usable = s.region_bytes * (s.regions_total - 5)
-        - s.regions_total * ctxpod_format::record::record_bytes(BLOCK_BYTES_MAX) as u64;
-    assert!(
-        started_record_bytes < usable,
-        "test sizing: {started_record_bytes} bytes of records may have caused eviction \
-         ({usable} usable)"
-    );
-    eprintln!("{recovered} records re-indexed from region tails across the restarts");
-    assert_eq!((missing, corrupt), (0, 0));
-    assert!(recovered > 0, "the crashes never exercised tail recovery");
-    assert_eq!(
-        s.integrity_errors, 0,
-        "kill -9 must never leave a bad record in the index"
-    );
-    assert!(
-        acked_all.len() as u32 > cycles,
-        "the writer acknowledged too little to mean anything"
-    );
 }
 
 /// Put entries live in the index without the WAL: after `kill -9` they come back from the

@@ -102,54 +102,9 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
     assert_eq!(stored, (0..3).map(key).collect());
     assert_eq!(got[3], (EventKind::Deleted, key(1)), "{got:?}");
     // The same over HTTP.
-    let mut seen = Vec::new();
-    for _ in 0..4 {
-        let e = tokio::time::timeout(Duration::from_secs(60), http.recv()).await;
-        seen.push(
-            e.expect("an SSE event within a minute")
-                .expect("an SSE event"),
-        );
-    }
-    assert_eq!(
-        seen.iter().filter(|(n, _)| n == "stored").count(),
-        3,
-        "{seen:?}"
-    );
-    assert_eq!(
-        seen[3],
-        (
-            "deleted".to_string(),
-            format!("{{\"key\":\"{}\"}}", hex::encode(key(1)))
-        )
-    );
-    // Churn past the capacity: the first blocks are evicted, and the events say so. The
-    // subscription is read while the churn goes on, as a subscriber that keeps up does
-    // (the client buffers 64 batches; beyond that it counts events as lost).
-    let churn: Vec<(Bytes, Bytes)> = (100..500)
-        .map(|i| (key(i), block(i as u64, 512 << 10)))
-        .collect();
-    let puts = async {
-        for chunk in churn.chunks(16) {
-            c.put("tenant-a", chunk, Durability::Fast)
-                .await
-                .expect("churn put");
-        }
-    };
-    let mut evicted = HashSet::new();
-    let watch = async {
-        while !(evicted.contains(&key(0)) && evicted.contains(&key(2))) {
-            let b = sub.next().await.expect("live");
-            assert_eq!(b.lost, 0, "a subscriber that keeps up loses nothing");
-            for (k, key) in b.events {
-                if k == EventKind::Evicted {
-                    evicted.insert(key);
-                }
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(puts, watch) })
-        .await
-        .expect("eviction events for the first blocks");
+    sse_says_stored_3_then_deleted_1(&mut http).await;
+    // Churn past the capacity: the first blocks are evicted, and the events say so.
+    let evicted = churn_until_0_and_2_are_evicted(&c, &mut sub).await;
     let stats = node.client.stats().await.expect("stats");
     assert!(evicted.len() as u64 <= stats.evicted_blocks);
     // Deleting the namespace ends both streams.
@@ -176,4 +131,66 @@ async fn stored_deleted_and_evicted_keys_reach_subscribers_of_their_namespace_on
         404,
     )
     .await;
+}
+
+/// The next four SSE events: three keys stored, then key 1 deleted.
+async fn sse_says_stored_3_then_deleted_1(
+    http: &mut tokio::sync::mpsc::Receiver<(String, String)>,
+) {
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let e = tokio::time::timeout(Duration::from_secs(60), http.recv()).await;
+        seen.push(
+            e.expect("an SSE event within a minute")
+                .expect("an SSE event"),
+        );
+    }
+    assert_eq!(
+        seen.iter().filter(|(n, _)| n == "stored").count(),
+        3,
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen[3],
+        (
+            "deleted".to_string(),
+            format!("{{\"key\":\"{}\"}}", hex::encode(key(1)))
+        )
+    );
+}
+
+/// Churns 400 blocks of 512 KiB into `tenant-a` through `c` (past the capacity) until `sub`
+/// announced keys 0 and 2 evicted; the keys announced evicted. The subscription is read
+/// while the churn goes on, as a subscriber that keeps up does (the client buffers 64
+/// batches; beyond that it counts events as lost).
+async fn churn_until_0_and_2_are_evicted(
+    c: &ctxpod_client::transfer_client::TransferClient,
+    sub: &mut Subscription,
+) -> HashSet<Bytes> {
+    let churn: Vec<(Bytes, Bytes)> = (100..500)
+        .map(|i| (key(i), block(i as u64, 512 << 10)))
+        .collect();
+    let puts = async {
+        for chunk in churn.chunks(16) {
+            c.put("tenant-a", chunk, Durability::Fast)
+                .await
+                .expect("churn put");
+        }
+    };
+    let mut evicted = HashSet::new();
+    let watch = async {
+        while !(evicted.contains(&key(0)) && evicted.contains(&key(2))) {
+            let b = sub.next().await.expect("live");
+            assert_eq!(b.lost, 0, "a subscriber that keeps up loses nothing");
+            for (k, key) in b.events {
+                if k == EventKind::Evicted {
+                    evicted.insert(key);
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(puts, watch) })
+        .await
+        .expect("eviction events for the first blocks");
+    evicted
 }

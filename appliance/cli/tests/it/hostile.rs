@@ -46,15 +46,7 @@ async fn start() -> Node {
 /// A GET of block `big` from a fresh connection whose source address is 127.0.0.2 (the
 /// attackers are 127.0.0.1): true if it answered 200 with the block's bytes.
 async fn fresh_client_served(node: &Node) -> bool {
-    let addr: std::net::SocketAddr = node
-        .url
-        .trim_start_matches("http://")
-        .parse()
-        .expect("addr");
-    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
-    sock.bind("127.0.0.2:0".parse().expect("addr"))
-        .expect("bind 127.0.0.2");
-    let mut s = sock.connect(addr).await.expect("connect");
+    let mut s = connect_from(node, "127.0.0.2:0").await;
     let req = format!(
         "GET /v1/namespaces/default/blocks/{} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
         hex::encode(b"big")
@@ -69,19 +61,54 @@ async fn fresh_client_served(node: &Node) -> bool {
     back.starts_with(b"HTTP/1.1 200") && back[at + 4..] == content(b"big", BIG)[..]
 }
 
-/// Samples the node's RSS every 20 ms until `stop`; the largest seen.
-fn rss_sampler(
-    pid: u32,
+/// A connection to the node's HTTP listener from the source address `from` (e.g.
+/// `"127.0.0.2:0"`), so that the node sees another peer than the harness's own.
+async fn connect_from(node: &Node, from: &str) -> tokio::net::TcpStream {
+    let addr: std::net::SocketAddr = node
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind(from.parse().expect("addr"))
+        .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+    sock.connect(addr).await.expect("connect")
+}
+
+/// Sends `req` on `s` and flushes it, never to read the answer: a connection to hold.
+async fn sent_unread<S: tokio::io::AsyncWrite + Unpin>(mut s: S, req: &str) -> S {
+    s.write_all(req.as_bytes()).await.expect("write");
+    s.flush().await.expect("flush");
+    s
+}
+
+/// The node's RSS, sampled every 20 ms from [`RssWatch::start`] until [`RssWatch::max`].
+struct RssWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> tokio::task::JoinHandle<u64> {
-    tokio::spawn(async move {
-        let mut max = 0;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            max = max.max(rss_bytes(pid));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        max
-    })
+    sampler: tokio::task::JoinHandle<u64>,
+}
+
+impl RssWatch {
+    /// Starts sampling the RSS of process `pid`.
+    fn start(pid: u32) -> RssWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let until = stop.clone();
+        let sampler = tokio::spawn(async move {
+            let mut max = 0;
+            while !until.load(std::sync::atomic::Ordering::Relaxed) {
+                max = max.max(rss_bytes(pid));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            max
+        });
+        RssWatch { stop, sampler }
+    }
+
+    /// Stops sampling; the largest RSS seen.
+    async fn max(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.await.expect("sampler")
+    }
 }
 
 /// Waits until the node has refused at least one answer for lack of egress budget: the
@@ -108,16 +135,14 @@ async fn wait_for_egress_refusals(node: &Node) -> u64 {
 
 /// Checks the bound and service during an attack already under way; returns a report.
 async fn judge(node: &mut Node, what: &str, asked: u64, base: u64) -> String {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = rss_sampler(node.pid(), stop.clone());
+    let rss = RssWatch::start(node.pid());
     let refused = wait_for_egress_refusals(node).await;
     // Let the node settle under the attack, then a fresh client is served.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let served = fresh_client_served(node).await;
     let ready = node.client.ready().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let max = sampler.await.expect("sampler");
+    let max = rss.max().await;
     let bound = (BUDGETS_MIB + RSS_SLACK_MIB) * MIB;
     let line = format!(
         "{what}: asked for {} GiB; node RSS {} MiB before, {} MiB at most during (bound {} \
@@ -356,10 +381,7 @@ async fn http_batch_gets_that_are_never_read_hold_only_their_budget() {
     let mut held = Vec::new();
     let conns = 64u64;
     for _ in 0..conns {
-        let mut s = node.raw_http().await;
-        s.write_all(req.as_bytes()).await.expect("write");
-        s.flush().await.expect("flush");
-        held.push(s);
+        held.push(sent_unread(node.raw_http().await, &req).await);
     }
     let asked = conns * 8 * BIG as u64;
     judge(&mut node, "HTTP batch/get 8 × 8 MiB, unread", asked, base).await;
@@ -376,21 +398,11 @@ async fn stalling_clients_from_several_addresses_leave_room_for_a_newcomer() {
     let mut node = start().await;
     let base = rss_bytes(node.pid());
     let req = unread_batch_get();
-    let addr: std::net::SocketAddr = node
-        .url
-        .trim_start_matches("http://")
-        .parse()
-        .expect("addr");
     let mut held = Vec::new();
     let conns = 64u64;
     for from in ["127.0.0.3:0", "127.0.0.4:0"] {
         for _ in 0..conns {
-            let sock = tokio::net::TcpSocket::new_v4().expect("socket");
-            sock.bind(from.parse().expect("addr")).expect("bind");
-            let mut s = sock.connect(addr).await.expect("connect");
-            s.write_all(req.as_bytes()).await.expect("write");
-            s.flush().await.expect("flush");
-            held.push(s);
+            held.push(sent_unread(connect_from(&node, from).await, &req).await);
         }
     }
     let asked = 2 * conns * 8 * BIG as u64;
@@ -420,6 +432,118 @@ async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
             Ok(Ok(_)) => {}
         }
     }
+}
+
+/// `n` plain connections to the HTTP listener at `url`, once the node holds them all.
+async fn connections_held(node: &Node, url: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(tokio::net::TcpStream::connect(url).await.expect("connect"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = node.client.metrics().await.expect("metrics");
+        // The harness's own client holds one or two connections too.
+        if counter(&m, "ctxpod_connections{listener=\"http\"} ") > n as u64 {
+            return held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the trickling connections were not held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `per_listener` connections to each listener that say a little and then nothing: a CXP1
+/// hello, half an HTTP request head. Each is watched until the node closes it (see
+/// [`closed_within`]).
+async fn half_open_flood(
+    node: &Node,
+    url: &str,
+    per_listener: usize,
+    started: Instant,
+    within: Duration,
+) -> Vec<tokio::task::JoinHandle<Option<Duration>>> {
+    let mut waits = Vec::new();
+    for _ in 0..per_listener {
+        let mut s = tokio::net::TcpStream::connect(node.transfer_addr())
+            .await
+            .expect("connect");
+        // Refused ones are closed before the hello is answered.
+        let h = ctxpod_wire::proto::Hello {
+            version: ctxpod_wire::proto::VERSION,
+            flags: 0,
+            max_frame_bytes: ctxpod_wire::proto::FRAME_BYTES_MAX,
+        };
+        let _ = s.write_all(&h.encode()).await;
+        waits.push(tokio::spawn(closed_within(s, started, within)));
+    }
+    for _ in 0..per_listener {
+        let mut s = tokio::net::TcpStream::connect(url).await.expect("connect");
+        let _ = s.write_all(b"GET /v1/stats HTTP/1.1\r\nhost: x\r\n").await;
+        waits.push(tokio::spawn(closed_within(s, started, within)));
+    }
+    waits
+}
+
+/// Trickles an endless HTTP request head on each of `conns`, one byte every 300 ms: how
+/// long until the node closed each, or `None` if it was still open 2 s + `slack` after.
+fn trickle_heads(
+    conns: Vec<tokio::net::TcpStream>,
+    slack: Duration,
+) -> Vec<tokio::task::JoinHandle<Option<Duration>>> {
+    let trickle_started = Instant::now();
+    conns
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                let head = b"GET /v1/stats HTTP/1.1\r\nhost: x\r\nx-slow: ";
+                for b in head.iter().chain(std::iter::repeat(&b'a')) {
+                    if s.write_all(&[*b]).await.is_err() {
+                        return Some(trickle_started.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    if trickle_started.elapsed() > Duration::from_secs(2) + slack {
+                        return None;
+                    }
+                }
+                None
+            })
+        })
+        .collect()
+}
+
+/// Waits for every watcher (`what`, for its panic message): when each connection closed.
+async fn all_closed(
+    watchers: Vec<tokio::task::JoinHandle<Option<Duration>>>,
+    what: &str,
+) -> Vec<Option<Duration>> {
+    let mut closed = Vec::new();
+    for w in watchers {
+        closed.push(w.await.expect(what));
+    }
+    closed
+}
+
+/// How many connections were still open, and how long the last closed one took.
+fn still_open_and_last_closed(closed: &[Option<Duration>]) -> (usize, Duration) {
+    let open = closed.iter().filter(|c| c.is_none()).count();
+    let last = closed.iter().flatten().max().copied().unwrap_or_default();
+    (open, last)
+}
+
+/// Connections refused or closed for `why` (`peer`, `idle`), on both listeners together.
+fn refused_on_both_listeners(m: &str, why: &str) -> u64 {
+    ["http", "transfer"]
+        .iter()
+        .map(|l| {
+            counter(
+                m,
+                &format!("ctxpod_connections_refused_total{{listener=\"{l}\",why=\"{why}\"}} "),
+            )
+        })
+        .sum()
 }
 
 fn counter(m: &str, name_and_labels: &str) -> u64 {
@@ -452,97 +576,20 @@ async fn idle_and_half_open_connections_are_let_go() {
     let url = node.url.trim_start_matches("http://").to_string();
     // First the trickling heads (busy, never idle: only the header-read timeout ends them),
     // held by the node before the flood fills the per-peer cap.
-    let mut trickle = Vec::new();
-    for _ in 0..trickling {
-        trickle.push(tokio::net::TcpStream::connect(&url).await.expect("connect"));
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = node.client.metrics().await.expect("metrics");
-        // The harness's own client holds one or two connections too.
-        if counter(&m, "ctxpod_connections{listener=\"http\"} ") > trickling as u64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the trickling connections were not held"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let trickle = connections_held(&node, &url, trickling).await;
     let started = Instant::now();
-    let mut waits = Vec::new();
-    for _ in 0..per_listener {
-        let mut s = tokio::net::TcpStream::connect(node.transfer_addr())
-            .await
-            .expect("connect");
-        // Refused ones are closed before the hello is answered.
-        let h = ctxpod_wire::proto::Hello {
-            version: ctxpod_wire::proto::VERSION,
-            flags: 0,
-            max_frame_bytes: ctxpod_wire::proto::FRAME_BYTES_MAX,
-        };
-        let _ = s.write_all(&h.encode()).await;
-        waits.push(tokio::spawn(closed_within(s, started, timeout + slack)));
-    }
-    for _ in 0..per_listener {
-        let mut s = tokio::net::TcpStream::connect(&url).await.expect("connect");
-        let _ = s.write_all(b"GET /v1/stats HTTP/1.1\r\nhost: x\r\n").await;
-        waits.push(tokio::spawn(closed_within(s, started, timeout + slack)));
-    }
+    let waits = half_open_flood(&node, &url, per_listener, started, timeout + slack).await;
     let opened = started.elapsed();
     let served = fresh_client_served(&node).await;
-    let trickle_started = Instant::now();
-    let trickled: Vec<_> = trickle
-        .into_iter()
-        .map(|mut s| {
-            tokio::spawn(async move {
-                let head = b"GET /v1/stats HTTP/1.1\r\nhost: x\r\nx-slow: ";
-                for b in head.iter().chain(std::iter::repeat(&b'a')) {
-                    if s.write_all(&[*b]).await.is_err() {
-                        return Some(trickle_started.elapsed());
-                    }
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    if trickle_started.elapsed() > Duration::from_secs(2) + slack {
-                        return None;
-                    }
-                }
-                None
-            })
-        })
-        .collect();
+    let trickled = trickle_heads(trickle, slack);
     let rss = rss_bytes(node.pid());
-    let mut closed = Vec::new();
-    for w in waits {
-        closed.push(w.await.expect("reader"));
-    }
-    let mut trickle_closed = Vec::new();
-    for t in trickled {
-        trickle_closed.push(t.await.expect("trickler"));
-    }
+    let closed = all_closed(waits, "reader").await;
+    let trickle_closed = all_closed(trickled, "trickler").await;
     let m = node.client.metrics().await.expect("metrics");
-    let refused_peer = counter(
-        &m,
-        "ctxpod_connections_refused_total{listener=\"http\",why=\"peer\"} ",
-    ) + counter(
-        &m,
-        "ctxpod_connections_refused_total{listener=\"transfer\",why=\"peer\"} ",
-    );
-    let idle = counter(
-        &m,
-        "ctxpod_connections_refused_total{listener=\"http\",why=\"idle\"} ",
-    ) + counter(
-        &m,
-        "ctxpod_connections_refused_total{listener=\"transfer\",why=\"idle\"} ",
-    );
-    let still_open = closed.iter().filter(|c| c.is_none()).count();
-    let slowest = closed.iter().flatten().max().copied().unwrap_or_default();
-    let trickles_open = trickle_closed.iter().filter(|c| c.is_none()).count();
-    let trickle_last = trickle_closed
-        .iter()
-        .flatten()
-        .max()
-        .copied()
-        .unwrap_or_default();
+    let refused_peer = refused_on_both_listeners(&m, "peer");
+    let idle = refused_on_both_listeners(&m, "idle");
+    let (still_open, slowest) = still_open_and_last_closed(&closed);
+    let (trickles_open, trickle_last) = still_open_and_last_closed(&trickle_closed);
     let line = format!(
         "{} idle or half-open sockets ({} refused at the cap), {trickling} trickling: opened \
          in {} ms; {still_open} still open after {} s, the last closed {} ms after the \
@@ -567,8 +614,6 @@ async fn idle_and_half_open_connections_are_let_go() {
     assert!(node.client.ready().await, "{line}");
 }
 
-/// Node `a` of a static pod of two whose member `b` is `fake` (equal capacities), with
-/// extra environment; the fake's server task.
 /// The keys of a `batch/get` request a fake member received.
 fn keys_asked(body: &[u8]) -> Vec<Vec<u8>> {
     let req: serde_json::Value = serde_json::from_slice(body).expect("keys request");
@@ -594,6 +639,8 @@ fn fake_member(
         .route("/v1/namespaces/{ns}/batch/get", batch)
 }
 
+/// Node `a` of a static pod of two whose member `b` is `fake` (equal capacities), with
+/// extra environment; the fake's server task.
 async fn static_pod_with(
     fake: axum::Router,
     envs: &[(&str, &str)],
@@ -770,41 +817,9 @@ async fn forwarded_bodies_are_charged_before_they_are_read() {
 /// member answer whole, and read its own part of a pod batch without any admission.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_answers_are_admitted_before_they_are_fetched() {
-    use axum::routing::{get, post};
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let block = bytes::Bytes::from(vec![5u8; BIG]);
-    let crc = ctxpod_wire::crc32c(&block);
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let fake = {
-        let (block, asked) = (block.clone(), asked.clone());
-        fake_member(
-            // It holds no single block: a GET falls back to the node.
-            get(|| async { axum::http::StatusCode::NOT_FOUND }),
-            post(move |body: bytes::Bytes| {
-                let block = block.clone();
-                asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                async move {
-                    let keys = keys_asked(&body);
-                    // Streamed, so the fake holds one block, not the answer.
-                    let mut head = b"CXB1".to_vec();
-                    head.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-                    let mut parts = vec![bytes::Bytes::from(head)];
-                    for k in &keys {
-                        let mut e = vec![k.len() as u8, 0x03];
-                        e.extend_from_slice(&200u16.to_le_bytes());
-                        e.extend_from_slice(&crc.to_le_bytes());
-                        e.extend_from_slice(&(BIG as u32).to_le_bytes());
-                        e.extend_from_slice(k);
-                        parts.push(e.into());
-                        parts.push(block.clone());
-                    }
-                    axum::body::Body::from_stream(futures::stream::iter(
-                        parts.into_iter().map(Ok::<_, std::io::Error>),
-                    ))
-                }
-            }),
-        )
-    };
+    let fake = member_answering_8mib_a_key(asked.clone());
     let (_dir, node, server) = static_pod_with(fake, &BUDGETS).await;
     // The block a fresh client reads during the attack, stored on the node itself.
     let stored = reqwest::Client::new()
@@ -820,32 +835,8 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
         .expect("put");
     assert!(stored.status().is_success(), "{}", stored.status());
     let base = rss_bytes(node.pid());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = rss_sampler(node.pid(), stop.clone());
-    let keys: Vec<String> = (0..1024u32).map(|i| hex::encode(i.to_be_bytes())).collect();
-    let body = serde_json::json!({ "keys": keys }).to_string();
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/namespaces/default/batch/get", node.url);
-    let attacks: Vec<_> = (0..8)
-        .map(|_| {
-            let (http, url, body) = (http.clone(), url.clone(), body.clone());
-            tokio::spawn(async move {
-                let r = http
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .expect("send");
-                assert_eq!(r.status(), 200);
-                let b = r.bytes().await.expect("answer");
-                let got = ctxpod_wire::frame::decode(&b).expect("a batch frame");
-                let data: usize = got.iter().filter_map(|e| e.data).map(|d| d.len()).sum();
-                assert!(data <= 64 << 20, "an answer of {data} bytes");
-                got.iter().filter(|e| e.status == 502).count()
-            })
-        })
-        .collect();
+    let rss = RssWatch::start(node.pid());
+    let attacks = pod_batch_gets_of_1024_keys(&node, 8);
     // A fresh client is served while the attack runs.
     let deadline = Instant::now() + Duration::from_secs(30);
     while asked.load(std::sync::atomic::Ordering::Relaxed) == 0 {
@@ -858,8 +849,7 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
         refused += a.await.expect("attack");
     }
     let ready = node.client.ready().await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let max = sampler.await.expect("sampler");
+    let max = rss.max().await;
     server.abort();
     let bound = (BUDGETS_MIB + RSS_SLACK_MIB) * MIB;
     let report = format!(
@@ -879,4 +869,71 @@ async fn member_answers_are_admitted_before_they_are_fetched() {
         refused > 0 && asked.load(std::sync::atomic::Ordering::Relaxed) > 0,
         "{report}"
     );
+}
+
+/// A fake member holding no single block (a GET falls back to the node) that answers every
+/// key of a `batch/get` with an 8 MiB block whose CRC is right, whatever its share; counts
+/// the batches it is asked in `asked`.
+fn member_answering_8mib_a_key(
+    asked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> axum::Router {
+    use axum::routing::{get, post};
+    let block = bytes::Bytes::from(vec![5u8; BIG]);
+    let crc = ctxpod_wire::crc32c(&block);
+    fake_member(
+        // It holds no single block: a GET falls back to the node.
+        get(|| async { axum::http::StatusCode::NOT_FOUND }),
+        post(move |body: bytes::Bytes| {
+            let block = block.clone();
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                let keys = keys_asked(&body);
+                // Streamed, so the fake holds one block, not the answer.
+                let mut head = b"CXB1".to_vec();
+                head.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+                let mut parts = vec![bytes::Bytes::from(head)];
+                for k in &keys {
+                    let mut e = vec![k.len() as u8, 0x03];
+                    e.extend_from_slice(&200u16.to_le_bytes());
+                    e.extend_from_slice(&crc.to_le_bytes());
+                    e.extend_from_slice(&(BIG as u32).to_le_bytes());
+                    e.extend_from_slice(k);
+                    parts.push(e.into());
+                    parts.push(block.clone());
+                }
+                axum::body::Body::from_stream(futures::stream::iter(
+                    parts.into_iter().map(Ok::<_, std::io::Error>),
+                ))
+            }
+        }),
+    )
+}
+
+/// `n` concurrent pod `batch/get`s of 1,024 keys through `node`, each read whole: each
+/// answers 200 with at most 64 MiB of data; the number of its entries answered 502.
+fn pod_batch_gets_of_1024_keys(node: &Node, n: usize) -> Vec<tokio::task::JoinHandle<usize>> {
+    let keys: Vec<String> = (0..1024u32).map(|i| hex::encode(i.to_be_bytes())).collect();
+    let body = serde_json::json!({ "keys": keys }).to_string();
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/namespaces/default/batch/get", node.url);
+    (0..n)
+        .map(|_| {
+            let (http, url, body) = (http.clone(), url.clone(), body.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("send");
+                assert_eq!(r.status(), 200);
+                let b = r.bytes().await.expect("answer");
+                let got = ctxpod_wire::frame::decode(&b).expect("a batch frame");
+                let data: usize = got.iter().filter_map(|e| e.data).map(|d| d.len()).sum();
+                assert!(data <= 64 << 20, "an answer of {data} bytes");
+                got.iter().filter(|e| e.status == 502).count()
+            })
+        })
+        .collect()
 }

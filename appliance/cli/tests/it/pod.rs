@@ -13,7 +13,7 @@ use ctxpod_client::pod_client::PodClient;
 use ctxpod_pod::membership::{
     members_prefix, MemberInfo, MemberState, Membership, PodView, Registration,
 };
-use ctxpod_wire::types::NamespaceInfo;
+use ctxpod_wire::types::{Cluster, NamespaceInfo};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -67,6 +67,23 @@ async fn wait_for(m: &Arc<Membership>, secs: u64, what: &str, ok: impl Fn(&PodVi
             ids(&m.view())
         );
         let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), rx.changed()).await;
+    }
+}
+
+/// Calls `check` every `every` until it answers `Ok`, for `bound` at most: a liveness
+/// bound, past which the test fails with `check`'s last `Err`. Its `Ok`.
+async fn poll<T>(
+    bound: Duration,
+    every: Duration,
+    mut check: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + bound;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) => assert!(Instant::now() < deadline, "{why}"),
+        }
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -223,27 +240,19 @@ async fn all_metrics(nodes: &[Node]) -> Vec<String> {
 /// Every node sees a, b and c, healthy, with their advertised addresses, zones and
 /// capacities, from etcd (10 s at most).
 async fn see_all_three_healthy(nodes: &[Node]) {
-    let ids = |c: &ctxpod_wire::types::Cluster| -> Vec<String> {
-        c.members.iter().map(|m| m.id.clone()).collect()
-    };
     for n in nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let c = n.client.cluster().await.unwrap();
-            if ids(&c) == ["a", "b", "c"] && c.members.iter().all(|m| m.health == "ok") {
-                assert_eq!(c.source, "etcd");
-                assert!(c.etcd_up);
-                assert!(c.revision > 0);
-                let me = c.members.iter().find(|m| m.id == c.node_id).unwrap();
-                assert_eq!(me.http, n.url);
-                assert!(me.used_bytes.is_some());
-                assert_eq!(me.zone, format!("z-{}", c.node_id));
-                assert_eq!(me.capacity_bytes, 256 << 20);
-                break;
-            }
-            assert!(Instant::now() < deadline, "{}: {c:?}", n.url);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let c = wait_cluster(n, 10, 100, &n.url, |c| {
+            member_ids(c) == ["a", "b", "c"] && c.members.iter().all(|m| m.health == "ok")
+        })
+        .await;
+        assert_eq!(c.source, "etcd");
+        assert!(c.etcd_up);
+        assert!(c.revision > 0);
+        let me = c.members.iter().find(|m| m.id == c.node_id).unwrap();
+        assert_eq!(me.http, n.url);
+        assert!(me.used_bytes.is_some());
+        assert_eq!(me.zone, format!("z-{}", c.node_id));
+        assert_eq!(me.capacity_bytes, 256 << 20);
     }
 }
 
@@ -266,23 +275,97 @@ async fn three_nodes_form_a_pod_through_etcd() {
     for id in ["a", "b", "c"] {
         nodes.push(pod_node(tmp.path(), id, &config(id)).await);
     }
-    let ids = |c: &ctxpod_wire::types::Cluster| -> Vec<String> {
-        c.members.iter().map(|m| m.id.clone()).collect()
-    };
     see_all_three_healthy(&nodes).await;
-    let metric = |text: &str, name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(f64::NAN)
-    };
     let m = nodes[0].client.metrics().await.unwrap();
-    assert_eq!(metric(&m, "ctxpod_pod_members"), 3.0);
-    assert_eq!(metric(&m, "ctxpod_pod_etcd_up"), 1.0);
+    assert_eq!(series(&m, "ctxpod_pod_members"), 3.0);
+    assert_eq!(series(&m, "ctxpod_pod_etcd_up"), 1.0);
 
     // Any node answers: 300 blocks put through a, one plain HTTP client, land on their
     // placement's first member; every node serves every block.
     let n_blocks = 300u64;
-    let key = |i: u64| format!("blk-{i:04}").into_bytes();
+    let held = put_through_a_served_by_all(&nodes, n_blocks).await;
+    // The pod client routes every request itself: it reads every block and stores 300
+    // more, each on its first-ranked member, and no node forwards any of them.
+    let owned = pod_client_routes_itself(&nodes, &held, n_blocks).await;
+    let on_c = held[2] + owned.get("c").copied().unwrap_or(0);
+    let n_blocks = 2 * n_blocks;
+    // MATCH of a chain spread over the three nodes, through any node: every member is asked
+    // about its own keys; the first missing key stops it.
+    let chain = match_through_any_node(&nodes, n_blocks).await;
+
+    // kill -9 c: no revoke; it leaves the others' views when its 3 s lease runs out.
+    nodes[2].kill9();
+    c_blocks_miss_while_it_is_down(&nodes, &chain, on_c).await;
+    for n in &nodes[..2] {
+        wait_cluster(n, 15, 200, "c still listed", |c| {
+            member_ids(c) == ["a", "b"]
+        })
+        .await;
+    }
+    // c comes back (a new port): it registers again and everyone sees its new address.
+    nodes[2].restart().await;
+    c_rejoins_and_serves_again(&nodes, n_blocks).await;
+
+    // etcd down: the nodes keep serving, with the last view, and say etcd is down.
+    etcd.kill();
+    serves_with_the_last_view_while_etcd_is_down(&nodes[1]).await;
+    // etcd back: the nodes notice, and the view is whole again.
+    etcd.restart();
+    for n in &nodes {
+        wait_cluster(n, 20, 200, &n.url, |c| {
+            c.etcd_up && member_ids(c) == ["a", "b", "c"]
+        })
+        .await;
+    }
+    // A clean stop revokes the lease: the node leaves at once, not after the TTL.
+    nodes[0].stop();
+    let what = "a still listed after a clean stop";
+    wait_cluster(&nodes[1], 2, 100, what, |c| member_ids(c) == ["b", "c"]).await;
+}
+
+/// The value of the series `name` (labels included) in a `/metrics` text; NaN when absent,
+/// so that no expected value, 0 included, matches a missing series.
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// The ids of a `/v1/cluster` answer's members, in its order.
+fn member_ids(c: &Cluster) -> Vec<String> {
+    c.members.iter().map(|m| m.id.clone()).collect()
+}
+
+/// Waits (`secs` at most, asking every `every_ms`) until `node`'s `/v1/cluster` answer
+/// satisfies `ok`; fails with `what` and the last answer. That answer.
+async fn wait_cluster(
+    node: &Node,
+    secs: u64,
+    every_ms: u64,
+    what: &str,
+    ok: impl Fn(&Cluster) -> bool,
+) -> Cluster {
+    let (within, every) = (Duration::from_secs(secs), Duration::from_millis(every_ms));
+    poll(within, every, async || {
+        let c = node.client.cluster().await.unwrap();
+        if ok(&c) {
+            Ok(c)
+        } else {
+            Err(format!("{what}: {c:?}"))
+        }
+    })
+    .await
+}
+
+/// `blk-` block `i`'s key.
+fn blk_key(i: u64) -> Vec<u8> {
+    format!("blk-{i:04}").into_bytes()
+}
+
+/// Puts blocks `0..n` (4 KiB) through node a, a plain HTTP client: each is stored once,
+/// every node holds within 25 % of the mean, and every node serves every block (b by
+/// forwarding reads). How many blocks each node holds.
+async fn put_through_a_served_by_all(nodes: &[Node], n_blocks: u64) -> Vec<u64> {
     for i in 0..n_blocks {
         let data = common::block(i, 4096);
         let crc = ctxpod_wire::crc32c(&data);
@@ -290,7 +373,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
             .client
             .put_with_crc(
                 "default",
-                &key(i),
+                &blk_key(i),
                 data,
                 crc,
                 ctxpod_wire::Durability::Durable,
@@ -299,7 +382,7 @@ async fn three_nodes_form_a_pod_through_etcd() {
             .unwrap();
     }
     let mut held = Vec::new();
-    for n in &nodes {
+    for n in nodes {
         held.push(n.client.stats().await.unwrap().block_count);
     }
     eprintln!("blocks per node: {held:?}");
@@ -316,28 +399,35 @@ async fn three_nodes_form_a_pod_through_etcd() {
             "blocks per node {held:?}, mean {mean:.0}"
         );
     }
-    for n in &nodes {
+    for n in nodes {
         for i in 0..n_blocks {
-            let got = n.client.get("default", &key(i)).await.unwrap();
+            let got = n.client.get("default", &blk_key(i)).await.unwrap();
             assert_eq!(got, Some(common::block(i, 4096)), "block {i} via {}", n.url);
         }
     }
-    let fwd = metric(
+    let fwd = series(
         &nodes[1].client.metrics().await.unwrap(),
         "ctxpod_forwarded_total{outcome=\"read\"}",
     );
     assert!(fwd > 0.0, "b forwarded reads");
-    let on_c = held[2];
+    held
+}
 
-    // The pod client routes every request itself: it reads every block and stores 300
-    // more, each on its first-ranked member, and no node forwards any of them.
-    let before = forwarded(&all_metrics(&nodes).await);
+/// A pod client reads blocks `0..n` and stores `n..2n`, each on its first-ranked member
+/// (the nodes held `held` before), and no node forwards any of them. How many of the new
+/// blocks each member got.
+async fn pod_client_routes_itself(
+    nodes: &[Node],
+    held: &[u64],
+    n_blocks: u64,
+) -> std::collections::HashMap<String, u64> {
+    let before = forwarded(&all_metrics(nodes).await);
     let pc = PodClient::connect(&[nodes[1].url.clone()], &Connect::default())
         .await
         .unwrap();
     assert_eq!(pc.members().len(), 3);
     for i in 0..n_blocks {
-        let got = pc.get("default", &key(i)).await.unwrap();
+        let got = pc.get("default", &blk_key(i)).await.unwrap();
         assert_eq!(
             got,
             Some(common::block(i, 4096)),
@@ -346,45 +436,49 @@ async fn three_nodes_form_a_pod_through_etcd() {
     }
     let mut owned = std::collections::HashMap::<String, u64>::new();
     for i in n_blocks..2 * n_blocks {
-        put_durable(&pc, &key(i), common::block(i, 4096)).await;
+        put_durable(&pc, &blk_key(i), common::block(i, 4096)).await;
         *owned
-            .entry(pc.ranked("default", &key(i))[0].clone())
+            .entry(pc.ranked("default", &blk_key(i))[0].clone())
             .or_default() += 1;
     }
     assert_eq!(
-        forwarded(&all_metrics(&nodes).await),
+        forwarded(&all_metrics(nodes).await),
         before,
         "nothing was forwarded"
     );
-    for (n, (id, h)) in nodes.iter().zip(["a", "b", "c"].iter().zip(&held)) {
+    for (n, (id, h)) in nodes.iter().zip(["a", "b", "c"].iter().zip(held)) {
         let now = n.client.stats().await.unwrap().block_count;
         assert_eq!(now - h, owned.get(*id).copied().unwrap_or(0), "node {id}");
     }
-    let on_c = on_c + owned.get("c").copied().unwrap_or(0);
-    let n_blocks = 2 * n_blocks;
-    // MATCH of a chain spread over the three nodes, through any node: every member is asked
-    // about its own keys; the first missing key stops it.
-    let mut chain: Vec<Vec<u8>> = (0..n_blocks).map(key).collect();
-    for n in &nodes {
+    owned
+}
+
+/// MATCH of the chain of blocks `0..n` through every node finds it whole; with a missing
+/// key at 250, it stops there. The chain.
+async fn match_through_any_node(nodes: &[Node], n_blocks: u64) -> Vec<Vec<u8>> {
+    let mut chain: Vec<Vec<u8>> = (0..n_blocks).map(blk_key).collect();
+    for n in nodes {
         assert_eq!(
             n.client.match_prefix("default", &chain).await.unwrap(),
             n_blocks
         );
     }
     chain.insert(250, b"no-such-block".to_vec());
-    for n in &nodes {
+    for n in nodes {
         assert_eq!(n.client.match_prefix("default", &chain).await.unwrap(), 250);
     }
     chain.remove(250);
+    chain
+}
 
-    // kill -9 c: no revoke; it leaves the others' views when its 3 s lease runs out.
-    nodes[2].kill9();
-    // Meanwhile c's blocks are misses through a and b (c unreachable, the fallback
-    // members do not hold them), never errors; everything else is served.
+/// While c is down (killed, still listed): its `on_c` blocks of `chain` are misses through
+/// a (c unreachable, the fallback members do not hold them), never errors; everything else
+/// is served; MATCH through b stops at c's first block.
+async fn c_blocks_miss_while_it_is_down(nodes: &[Node], chain: &[Vec<u8>], on_c: u64) {
     let mut misses = 0;
     let mut first_miss = None;
-    for i in 0..n_blocks {
-        match nodes[0].client.get("default", &key(i)).await.unwrap() {
+    for i in 0..chain.len() as u64 {
+        match nodes[0].client.get("default", &blk_key(i)).await.unwrap() {
             Some(b) => assert_eq!(b, common::block(i, 4096)),
             None => {
                 misses += 1;
@@ -397,65 +491,43 @@ async fn three_nodes_form_a_pod_through_etcd() {
     assert_eq!(
         nodes[1]
             .client
-            .match_prefix("default", &chain)
+            .match_prefix("default", chain)
             .await
             .unwrap(),
         first_miss.unwrap()
     );
-    for n in &nodes[..2] {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let c = n.client.cluster().await.unwrap();
-            if ids(&c) == ["a", "b"] {
-                break;
-            }
-            assert!(Instant::now() < deadline, "c still listed: {c:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    // c comes back (a new port): it registers again and everyone sees its new address.
-    nodes[2].restart().await;
+}
+
+/// c, restarted on a new port, is listed by a with its new address, healthy; its blocks
+/// (on its own device) are served again through a.
+async fn c_rejoins_and_serves_again(nodes: &[Node], n_blocks: u64) {
     let c_url = nodes[2].url.clone();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let c = nodes[0].client.cluster().await.unwrap();
-        if c.members
+    wait_cluster(&nodes[0], 10, 100, "c did not rejoin", |c| {
+        c.members
             .iter()
             .any(|m| m.id == "c" && m.http == c_url && m.health == "ok")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "c did not rejoin: {c:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Its blocks (on its own device) are served again, through any node.
+    })
+    .await;
     for i in 0..n_blocks {
-        let got = nodes[0].client.get("default", &key(i)).await.unwrap();
+        let got = nodes[0].client.get("default", &blk_key(i)).await.unwrap();
         assert_eq!(
             got,
             Some(common::block(i, 4096)),
             "block {i} after c's return"
         );
     }
+}
 
-    // etcd down: the nodes keep serving, with the last view, and say etcd is down.
-    etcd.kill();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let c = nodes[1].client.cluster().await.unwrap();
-        if !c.etcd_up {
-            assert_eq!(ids(&c), ["a", "b", "c"], "the last known view stays");
-            assert!(c.etcd_last_ok > 0);
-            break;
-        }
-        assert!(Instant::now() < deadline, "etcd down not noticed: {c:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let m = nodes[1].client.metrics().await.unwrap();
-    assert_eq!(metric(&m, "ctxpod_pod_etcd_up"), 0.0);
-    assert_eq!(metric(&m, "ctxpod_pod_members"), 3.0);
-    nodes[1]
-        .client
+/// With etcd down, `node` keeps the last view of a, b and c, says etcd is down in
+/// `/v1/cluster` and its metrics, and still takes a durable put.
+async fn serves_with_the_last_view_while_etcd_is_down(node: &Node) {
+    let c = wait_cluster(node, 15, 200, "etcd down not noticed", |c| !c.etcd_up).await;
+    assert_eq!(member_ids(&c), ["a", "b", "c"], "the last known view stays");
+    assert!(c.etcd_last_ok > 0);
+    let m = node.client.metrics().await.unwrap();
+    assert_eq!(series(&m, "ctxpod_pod_etcd_up"), 0.0);
+    assert_eq!(series(&m, "ctxpod_pod_members"), 3.0);
+    node.client
         .put_with_crc(
             "default",
             b"still-serving",
@@ -465,33 +537,6 @@ async fn three_nodes_form_a_pod_through_etcd() {
         )
         .await
         .expect("a put while etcd is down");
-    // etcd back: the nodes notice, and the view is whole again.
-    etcd.restart();
-    for n in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let c = n.client.cluster().await.unwrap();
-            if c.etcd_up && ids(&c) == ["a", "b", "c"] {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{}: {c:?}", n.url);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    // A clean stop revokes the lease: the node leaves at once, not after the TTL.
-    nodes[0].stop();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let c = nodes[1].client.cluster().await.unwrap();
-        if ids(&c) == ["b", "c"] {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a still listed after a clean stop: {c:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A node alone needs no configuration: a pod of one, itself.
@@ -541,57 +586,31 @@ async fn a_fourth_node_joins_under_load() {
     );
     wait_members(&pc, 3).await;
     let n_blocks = 400u64;
-    let key = |i: u64| format!("join-{i:04}").into_bytes();
     let mut before = Vec::new();
     for i in 0..n_blocks {
-        put_durable(&pc, &key(i), common::block(i, 2048)).await;
-        before.push(pc.ranked("default", &key(i))[0].clone());
+        put_durable(&pc, &join_key(i), common::block(i, 2048)).await;
+        before.push(pc.ranked("default", &join_key(i))[0].clone());
     }
     // Readers, through the pod client and through a plain HTTP client of node a, until told
     // to stop (30 s at most); every miss or error is a failure.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let plain = nodes[0].client.clone();
-    let reader = {
-        let (pc, stop) = (pc.clone(), stop.clone());
-        tokio::spawn(async move {
-            let (mut reads, mut failures) = (0u64, Vec::new());
-            let t0 = Instant::now();
-            'outer: while t0.elapsed() < Duration::from_secs(30) {
-                for i in 0..n_blocks {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break 'outer;
-                    }
-                    let want = common::block(i, 2048);
-                    let k = format!("join-{i:04}").into_bytes();
-                    for got in [pc.get("default", &k).await, plain.get("default", &k).await] {
-                        reads += 1;
-                        if got.as_ref().ok().and_then(|g| g.as_ref()) != Some(&want) {
-                            failures
-                                .push((i, format!("{got:?}").chars().take(80).collect::<String>()));
-                        }
-                    }
-                }
-            }
-            (reads, failures)
-        })
-    };
+    let reader = spawn_join_reader(pc.clone(), plain, stop.clone(), n_blocks);
     nodes.push(pod_node(tmp.path(), "d", &config("d")).await);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        pc.refresh().await.unwrap();
-        let mut all = pc.members().len() == 4;
-        for n in &nodes {
-            all &= n.client.cluster().await.unwrap().members.len() == 4;
-        }
-        if all {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fourth node not seen by everyone"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            pc.refresh().await.unwrap();
+            let mut all = pc.members().len() == 4;
+            for n in &nodes {
+                all &= n.client.cluster().await.unwrap().members.len() == 4;
+            }
+            all.then_some(())
+                .ok_or_else(|| "the fourth node not seen by everyone".to_string())
+        },
+    )
+    .await;
     // Let the readers run over the new view for a while.
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -599,9 +618,83 @@ async fn a_fourth_node_joins_under_load() {
     no_read_failed(reads, &failures);
 
     // Only blocks that now rank d first changed owner: about a quarter of them.
+    only_blocks_ranking_d_first_moved(&pc, &before);
+    // Every block is still read, through the pod client and through every node.
+    for i in 0..n_blocks {
+        assert_eq!(
+            pc.get("default", &join_key(i)).await.unwrap(),
+            Some(common::block(i, 2048))
+        );
+        for n in &nodes {
+            let got = n.client.get("default", &join_key(i)).await.unwrap();
+            assert_eq!(got, Some(common::block(i, 2048)), "block {i} via {}", n.url);
+        }
+    }
+    // MATCH finds the chain whole through any node, the new one included: blocks not yet on
+    // their new first member are found on their previous one.
+    let chain: Vec<Vec<u8>> = (0..n_blocks).map(join_key).collect();
+    for n in &nodes {
+        assert_eq!(
+            n.client.match_prefix("default", &chain).await.unwrap(),
+            n_blocks
+        );
+    }
+    // New writes: the new node takes its share.
+    let d_before = nodes[3].client.stats().await.unwrap().block_count;
+    let mut to_d = 0;
+    for i in n_blocks..n_blocks + 200 {
+        put_durable(&pc, &join_key(i), common::block(i, 2048)).await;
+        to_d += (pc.ranked("default", &join_key(i))[0] == "d") as u64;
+    }
+    assert!(to_d > 0);
+    assert_eq!(
+        nodes[3].client.stats().await.unwrap().block_count - d_before,
+        to_d
+    );
+}
+
+/// `join-` block `i`'s key.
+fn join_key(i: u64) -> Vec<u8> {
+    format!("join-{i:04}").into_bytes()
+}
+
+/// A reader of join blocks `0..n` (2 KiB), through the pod client and through `plain`,
+/// until `stop` (30 s at most): (reads, failures), a failure being a miss or an error.
+fn spawn_join_reader(
+    pc: Arc<PodClient>,
+    plain: ctxpod_client::client::Client,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    n_blocks: u64,
+) -> tokio::task::JoinHandle<(u64, Vec<(u64, String)>)> {
+    tokio::spawn(async move {
+        let (mut reads, mut failures) = (0u64, Vec::new());
+        let t0 = Instant::now();
+        'outer: while t0.elapsed() < Duration::from_secs(30) {
+            for i in 0..n_blocks {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break 'outer;
+                }
+                let want = common::block(i, 2048);
+                let k = join_key(i);
+                for got in [pc.get("default", &k).await, plain.get("default", &k).await] {
+                    reads += 1;
+                    if got.as_ref().ok().and_then(|g| g.as_ref()) != Some(&want) {
+                        failures.push((i, format!("{got:?}").chars().take(80).collect::<String>()));
+                    }
+                }
+            }
+        }
+        (reads, failures)
+    })
+}
+
+/// Of the join blocks whose first-ranked member was `before[i]`, only those that now rank
+/// d (the new node) first changed owner: about a quarter of them.
+fn only_blocks_ranking_d_first_moved(pc: &PodClient, before: &[String]) {
+    let n_blocks = before.len();
     let mut moved = 0;
     for (i, old) in before.iter().enumerate() {
-        let now = pc.ranked("default", &key(i as u64))[0].clone();
+        let now = pc.ranked("default", &join_key(i as u64))[0].clone();
         if &now != old {
             assert_eq!(
                 now, "d",
@@ -615,38 +708,6 @@ async fn a_fourth_node_joins_under_load() {
     assert!(
         (0.15..=0.35).contains(&share),
         "{moved} of {n_blocks} moved"
-    );
-    // Every block is still read, through the pod client and through every node.
-    for i in 0..n_blocks {
-        assert_eq!(
-            pc.get("default", &key(i)).await.unwrap(),
-            Some(common::block(i, 2048))
-        );
-        for n in &nodes {
-            let got = n.client.get("default", &key(i)).await.unwrap();
-            assert_eq!(got, Some(common::block(i, 2048)), "block {i} via {}", n.url);
-        }
-    }
-    // MATCH finds the chain whole through any node, the new one included: blocks not yet on
-    // their new first member are found on their previous one.
-    let chain: Vec<Vec<u8>> = (0..n_blocks).map(key).collect();
-    for n in &nodes {
-        assert_eq!(
-            n.client.match_prefix("default", &chain).await.unwrap(),
-            n_blocks
-        );
-    }
-    // New writes: the new node takes its share.
-    let d_before = nodes[3].client.stats().await.unwrap().block_count;
-    let mut to_d = 0;
-    for i in n_blocks..n_blocks + 200 {
-        put_durable(&pc, &key(i), common::block(i, 2048)).await;
-        to_d += (pc.ranked("default", &key(i))[0] == "d") as u64;
-    }
-    assert!(to_d > 0);
-    assert_eq!(
-        nodes[3].client.stats().await.unwrap().block_count - d_before,
-        to_d
     );
 }
 
@@ -667,9 +728,8 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
             etcd.pod_lines()
         )
     };
-    let ids = ["a", "b", "c"];
     let mut nodes = Vec::new();
-    for id in ids {
+    for id in ["a", "b", "c"] {
         nodes.push(pod_node(tmp.path(), id, &config(id)).await);
     }
     let pc = PodClient::connect(&[nodes[0].url.clone()], &Connect::default())
@@ -678,33 +738,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     wait_members(&pc, 3).await;
     assert_eq!(pc.replication(), 2);
     // A plain HTTP client's puts, sent to one node, are stored twice as well.
-    let count_all = |nodes: &[Node]| {
-        let cs: Vec<_> = nodes.iter().map(|n| n.client.clone()).collect();
-        async move {
-            let mut t = 0;
-            for c in cs {
-                t += c.stats().await.unwrap().block_count;
-            }
-            t
-        }
-    };
-    let before = count_all(&nodes).await;
-    for i in 0..50u64 {
-        let k = format!("plain-{i}").into_bytes();
-        let d = common::block(i, 3000);
-        nodes[0]
-            .client
-            .put_with_crc(
-                "default",
-                &k,
-                d.clone(),
-                ctxpod_wire::crc32c(&d),
-                ctxpod_wire::Durability::Durable,
-            )
-            .await
-            .unwrap();
-    }
-    assert_eq!(count_all(&nodes).await - before, 100, "two copies of each");
+    plain_puts_are_stored_twice(&nodes).await;
     let acked = r2_write(&pc, 0, 100).await;
     assert_eq!(acked, 100);
     // The load: a writer and a reader through the pod client, running across every kill
@@ -712,64 +746,10 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     let pc = Arc::new(pc);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acked_to = Arc::new(std::sync::atomic::AtomicU64::new(acked));
-    let writer = {
-        let (pc, stop, acked_to) = (pc.clone(), stop.clone(), acked_to.clone());
-        tokio::spawn(async move {
-            let t0 = Instant::now();
-            let mut refused = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                && t0.elapsed() < Duration::from_secs(120)
-            {
-                let i = acked_to.load(std::sync::atomic::Ordering::Relaxed);
-                // Bounded: the blocks must fit the nodes' capacity, or eviction (not loss)
-                // would take the oldest. Paced, so every cycle sees writes.
-                if i >= R2_BLOCKS_MAX {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                match r2_put(&pc, "default", i).await {
-                    Ok(_) => acked_to.store(i + 1, std::sync::atomic::Ordering::Relaxed),
-                    // Not acknowledged: retried (the same block) after a moment.
-                    Err(e) => {
-                        refused.push(e.to_string());
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-            refused
-        })
-    };
+    let writer = spawn_r2_writer(pc.clone(), stop.clone(), acked_to.clone());
     let reader = spawn_r2_reader(pc.clone(), stop.clone(), acked_to.clone());
     for cycle in 0..cycles {
-        let victim = cycle % 3;
-        let live = (victim + 1) % 3;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        nodes[victim].kill9();
-        // While it is down (still listed until its lease runs out): writes go on being
-        // acknowledged with two copies, and every acknowledged block reads back, through
-        // the pod client and through a live node.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let upto = acked_to.load(std::sync::atomic::Ordering::Relaxed);
-        r2_check_all(&pc, &nodes[live].client, upto).await;
-        nodes[victim].restart().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            pc.refresh().await.unwrap();
-            let back = pc
-                .members()
-                .iter()
-                .any(|m| m.id == ids[victim] && m.http == nodes[victim].url);
-            if back {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "cycle {cycle}: {} did not rejoin",
-                ids[victim]
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        kill_and_restart_under_load(&mut nodes, cycle, &pc, &acked_to).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let refused = writer.await.unwrap();
@@ -785,7 +765,7 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
     eprintln!("writes not acknowledged (retried): {}", refused.len());
     // Every node now holds a copy of every block it ranks among the first two (read repair
     // put back what it missed while it was down).
-    for (n, id) in nodes.iter().zip(ids) {
+    for (n, id) in nodes.iter().zip(["a", "b", "c"]) {
         let should = (0..acked)
             .filter(|&i| pc.ranked("default", &r2_key(i))[..2].contains(&id.to_string()))
             .count() as u64;
@@ -800,6 +780,111 @@ async fn node_loss_with_two_copies_loses_no_acknowledged_block() {
         "{cycles} kill -9 cycles: {acked} acknowledged blocks, none lost; {} copies repaired",
         pc.repairs()
     );
+}
+
+/// Blocks held by all of `nodes` together.
+async fn blocks_on_all(nodes: &[Node]) -> u64 {
+    let mut t = 0;
+    for n in nodes {
+        t += n.client.stats().await.unwrap().block_count;
+    }
+    t
+}
+
+/// 50 durable puts sent to node a by a plain HTTP client (R = 2): 100 more blocks in the
+/// pod, two copies of each.
+async fn plain_puts_are_stored_twice(nodes: &[Node]) {
+    let before = blocks_on_all(nodes).await;
+    for i in 0..50u64 {
+        let k = format!("plain-{i}").into_bytes();
+        let d = common::block(i, 3000);
+        nodes[0]
+            .client
+            .put_with_crc(
+                "default",
+                &k,
+                d.clone(),
+                ctxpod_wire::crc32c(&d),
+                ctxpod_wire::Durability::Durable,
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        blocks_on_all(nodes).await - before,
+        100,
+        "two copies of each"
+    );
+}
+
+/// A writer through the pod client, until `stop` (120 s at most): r2 block `acked_to` on,
+/// one at a time (paced, at most [`R2_BLOCKS_MAX`]), moving `acked_to` past each block
+/// acknowledged and retrying the others; the refusals.
+fn spawn_r2_writer(
+    pc: Arc<PodClient>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    acked_to: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let t0 = Instant::now();
+        let mut refused = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed)
+            && t0.elapsed() < Duration::from_secs(120)
+        {
+            let i = acked_to.load(std::sync::atomic::Ordering::Relaxed);
+            // Bounded: the blocks must fit the nodes' capacity, or eviction (not loss)
+            // would take the oldest. Paced, so every cycle sees writes.
+            if i >= R2_BLOCKS_MAX {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            match r2_put(&pc, "default", i).await {
+                Ok(_) => acked_to.store(i + 1, std::sync::atomic::Ordering::Relaxed),
+                // Not acknowledged: retried (the same block) after a moment.
+                Err(e) => {
+                    refused.push(e.to_string());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        refused
+    })
+}
+
+/// Cycle `cycle` of the node-loss test: one node (a, b, c in turn) killed with kill -9,
+/// the acknowledged blocks (below `acked_to`) checked meanwhile, then restarted, until the
+/// pod client sees it back at its new address (10 s at most).
+async fn kill_and_restart_under_load(
+    nodes: &mut [Node],
+    cycle: usize,
+    pc: &PodClient,
+    acked_to: &std::sync::atomic::AtomicU64,
+) {
+    let victim = cycle % 3;
+    let live = (victim + 1) % 3;
+    let id = ["a", "b", "c"][victim];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nodes[victim].kill9();
+    // While it is down (still listed until its lease runs out): writes go on being
+    // acknowledged with two copies, and every acknowledged block reads back, through
+    // the pod client and through a live node.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let upto = acked_to.load(std::sync::atomic::Ordering::Relaxed);
+    r2_check_all(pc, &nodes[live].client, upto).await;
+    nodes[victim].restart().await;
+    let url = &nodes[victim].url;
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            pc.refresh().await.unwrap();
+            let back = pc.members().iter().any(|m| m.id == id && &m.http == url);
+            back.then_some(())
+                .ok_or_else(|| format!("cycle {cycle}: {id} did not rejoin"))
+        },
+    )
+    .await;
 }
 
 /// Most blocks the node-loss test writes: about 16 MB per copy, well within 256 MiB nodes.
@@ -1084,18 +1169,15 @@ async fn wait_backfilled(pc: &PodClient, n: &Node, id: &str, keys: &[Vec<u8>]) {
         pc.members().iter().any(|m| m.id == id),
         "{id} is not in the client's view"
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = missing_share(pc, n, id, "default", keys, 2).await;
-        if left == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{id} still misses {left} of its blocks after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    poll(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        async || match missing_share(pc, n, id, "default", keys, 2).await {
+            0 => Ok(()),
+            left => Err(format!("{id} still misses {left} of its blocks after 60 s")),
+        },
+    )
+    .await;
 }
 
 /// Backfill without reads: a node killed while writes went on, then restarted, and a node
@@ -1296,24 +1378,7 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
         .map(|(i, k)| (k.clone(), r2_data(i as u64)))
         .collect();
     for (ns, via, copies) in [("default", 1, 1), ("r2", 2, 2)] {
-        let st = nodes[via]
-            .client
-            .batch_put(ns, &blocks, ctxpod_wire::Durability::Durable)
-            .await
-            .unwrap();
-        assert!(st.iter().all(|s| *s == 201), "{ns}: {st:?}");
-        // Each block is on its first `copies` ranked members and nowhere else.
-        let mut held = Vec::new();
-        for n in &nodes {
-            held.push(held_here(n, ns, &keys).await);
-        }
-        for (i, k) in keys.iter().enumerate() {
-            let ranked = pc.ranked(ns, k);
-            for (j, id) in ["a", "b", "c"].iter().enumerate() {
-                let should = ranked[..copies].contains(&id.to_string());
-                assert_eq!(held[j][i], should, "{ns}: block {i} on {id}");
-            }
-        }
+        batch_put_lands_on_the_first_ranked(&nodes, &pc, (ns, via, copies), &blocks).await;
     }
     let absent: Vec<Vec<u8>> = (0..10)
         .map(|i| format!("absent-{i}").into_bytes())
@@ -1338,42 +1403,7 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
     );
     assert_eq!(nodes[2].client.unpin("r2", &asked).await.unwrap(), 120);
     assert_eq!(nodes[0].client.unpin("r2", &asked).await.unwrap(), 0);
-    // The pod's miss-ratio curve, merged by the node asked from every member's.
-    let pod_curve = nodes[1].client.pod_mrc().await.unwrap();
-    let (mut refs, mut cap) = (0, 0);
-    for n in &nodes {
-        let m = n.client.mrc().await.unwrap();
-        refs += m.references;
-        cap += m.capacity_blocks;
-    }
-    assert!(refs > 0);
-    assert_eq!(
-        (pod_curve.references, pod_curve.capacity_blocks),
-        (refs, cap)
-    );
-    assert_eq!(pod_curve.points.last().unwrap().capacity_blocks, 4 * cap);
-    // The dashboard's overview, asked of any node: every member with its stats, and each
-    // namespace's blocks summed over the members (120 blocks once, and twice in r2).
-    let o = nodes[2].client.overview().await.unwrap();
-    assert_eq!(o.members.len(), 3);
-    let mut blocks = 0;
-    for (m, n) in o.members.iter().zip(&nodes) {
-        assert_eq!(m.health, "ok", "{m:?}");
-        let s = m.stats.as_ref().expect("stats");
-        assert_eq!(s.block_count, n.client.stats().await.unwrap().block_count);
-        blocks += s.block_count;
-    }
-    let ns_blocks = |name: &str| {
-        o.namespaces
-            .iter()
-            .find(|n| n.name == name)
-            .map(|n| n.block_count)
-    };
-    assert_eq!(
-        (ns_blocks("default"), ns_blocks("r2")),
-        (Some(120), Some(240))
-    );
-    assert_eq!(blocks, 360);
+    pod_curve_and_overview_sum_the_members(&nodes).await;
     // With a member down, the R = 2 blocks are still all found, and a batch put still
     // stores two copies (the next member in rank order stands in).
     nodes[2].kill9();
@@ -1396,6 +1426,76 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
         on_a.iter().zip(&on_b).all(|(a, b)| *a && *b),
         "two copies on a and b"
     );
+}
+
+/// A `batch/put` of `blocks` into `ns` sent to node `via` (of a, b, c): every block
+/// stored, each on its first `copies` ranked members and nowhere else.
+async fn batch_put_lands_on_the_first_ranked(
+    nodes: &[Node],
+    pc: &PodClient,
+    (ns, via, copies): (&str, usize, usize),
+    blocks: &[(Vec<u8>, bytes::Bytes)],
+) {
+    let st = nodes[via]
+        .client
+        .batch_put(ns, blocks, ctxpod_wire::Durability::Durable)
+        .await
+        .unwrap();
+    assert!(st.iter().all(|s| *s == 201), "{ns}: {st:?}");
+    // Each block is on its first `copies` ranked members and nowhere else.
+    let keys: Vec<Vec<u8>> = blocks.iter().map(|(k, _)| k.clone()).collect();
+    let mut held = Vec::new();
+    for n in nodes {
+        held.push(held_here(n, ns, &keys).await);
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let ranked = pc.ranked(ns, k);
+        for (j, id) in ["a", "b", "c"].iter().enumerate() {
+            let should = ranked[..copies].contains(&id.to_string());
+            assert_eq!(held[j][i], should, "{ns}: block {i} on {id}");
+        }
+    }
+}
+
+/// The pod's miss-ratio curve and the dashboard's overview, asked of one node, sum every
+/// member's: 120 blocks once in `default` and twice in `r2`.
+async fn pod_curve_and_overview_sum_the_members(nodes: &[Node]) {
+    // The pod's miss-ratio curve, merged by the node asked from every member's.
+    let pod_curve = nodes[1].client.pod_mrc().await.unwrap();
+    let (mut refs, mut cap) = (0, 0);
+    for n in nodes {
+        let m = n.client.mrc().await.unwrap();
+        refs += m.references;
+        cap += m.capacity_blocks;
+    }
+    assert!(refs > 0);
+    assert_eq!(
+        (pod_curve.references, pod_curve.capacity_blocks),
+        (refs, cap)
+    );
+    assert_eq!(pod_curve.points.last().unwrap().capacity_blocks, 4 * cap);
+    // The dashboard's overview, asked of any node: every member with its stats, and each
+    // namespace's blocks summed over the members (120 blocks once, and twice in r2).
+    let o = nodes[2].client.overview().await.unwrap();
+    assert_eq!(o.members.len(), 3);
+    let mut blocks = 0;
+    for (m, n) in o.members.iter().zip(nodes) {
+        assert_eq!(m.health, "ok", "{m:?}");
+        let s = m.stats.as_ref().expect("stats");
+        assert_eq!(s.block_count, n.client.stats().await.unwrap().block_count);
+        blocks += s.block_count;
+    }
+    let ns_blocks = |name: &str| {
+        o.namespaces
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.block_count)
+    };
+    assert_eq!(
+        (ns_blocks("default"), ns_blocks("r2")),
+        (Some(120), Some(240))
+    );
+    assert_eq!(blocks, 360);
 }
 
 /// A pod over mTLS with tokens: nodes reach each other over https (trusting the pod's CA,
@@ -1669,66 +1769,32 @@ async fn forged_member_records_get_no_credential_and_cause_no_wrong_byte() {
     let tls = Impostor::start(Some(&evil_cert)).await;
     let e = etcd.client();
     let prefix = members_prefix("tls");
-    let forged = [
-        (
-            "evil-plain",
-            format!(
-                r#"{{"id":"evil-plain","http":"{}","capacity":1099511627776}}"#,
-                plain.url
-            ),
-        ),
-        (
-            "zz",
-            format!(
-                r#"{{"id":"a","http":"{}","capacity":1099511627776}}"#,
-                tls.url
-            ),
-        ),
-        (
-            "evil-huge",
-            format!(
-                r#"{{"id":"evil-huge","http":"{}","capacity":18446744073709551615}}"#,
-                tls.url
-            ),
-        ),
-        (
-            "evil-tls",
-            format!(
-                r#"{{"id":"evil-tls","http":"{}","capacity":1099511627776}}"#,
-                tls.url
-            ),
-        ),
-    ];
-    for (k, v) in &forged {
+    for (k, v) in &forged_records(&plain.url, &tls.url) {
         e.put(&format!("{prefix}{k}"), v.as_bytes(), None)
             .await
             .unwrap();
     }
     // Every view: the three nodes and evil-tls; three records rejected.
-    let admin = |n: &Node| {
-        ctxpod_client::client::Client::connect(n.url.clone(), &pod.how(&pod.peer_tok)).unwrap()
-    };
     for node in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let ids: Vec<String> = node
-                .client
-                .cluster()
-                .await
-                .unwrap()
-                .members
-                .into_iter()
-                .map(|m| m.id)
-                .collect();
-            let m = admin(node).metrics().await.unwrap();
-            if ids == ["a", "b", "c", "evil-tls"]
-                && metric_of(&m, "ctxpod_pod_member_records_rejected") == 3.0
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{}: view {ids:?}", node.url);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let admin =
+            ctxpod_client::client::Client::connect(node.url.clone(), &pod.how(&pod.peer_tok))
+                .unwrap();
+        poll(
+            Duration::from_secs(10),
+            Duration::from_millis(200),
+            async || {
+                let ids = member_ids(&node.client.cluster().await.unwrap());
+                let m = admin.metrics().await.unwrap();
+                if ids == ["a", "b", "c", "evil-tls"]
+                    && metric_of(&m, "ctxpod_pod_member_records_rejected") == 3.0
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{}: view {ids:?}", node.url))
+                }
+            },
+        )
+        .await;
     }
     nodes[1].client.create_namespace("kv", None).await.unwrap();
     let pc = PodClient::connect(&[nodes[0].url.clone()], &pod.how(&pod.acme_tok))
@@ -1752,6 +1818,37 @@ async fn forged_member_records_get_no_credential_and_cause_no_wrong_byte() {
             assert_eq!(node.client.get("kv", k).await.unwrap(), want, "block {i}");
         }
     }
+    impostors_got_nothing(&plain, &tls, on_evil);
+}
+
+/// The forged member records (name under the pod's prefix, JSON): a plain `http://` URL
+/// in a TLS pod, another node's id, all the placement, and an `https://` server whose
+/// certificate the pod's CA did not sign.
+fn forged_records(plain_url: &str, tls_url: &str) -> [(&'static str, String); 4] {
+    [
+        (
+            "evil-plain",
+            format!(r#"{{"id":"evil-plain","http":"{plain_url}","capacity":1099511627776}}"#),
+        ),
+        (
+            "zz",
+            format!(r#"{{"id":"a","http":"{tls_url}","capacity":1099511627776}}"#),
+        ),
+        (
+            "evil-huge",
+            format!(r#"{{"id":"evil-huge","http":"{tls_url}","capacity":18446744073709551615}}"#),
+        ),
+        (
+            "evil-tls",
+            format!(r#"{{"id":"evil-tls","http":"{tls_url}","capacity":1099511627776}}"#),
+        ),
+    ]
+}
+
+/// The `http://` impostor was never offered a connection; the `https://` one was, but no
+/// handshake with it completed; neither received a byte of HTTP (no credential, no
+/// request). `on_evil`: the blocks ranked on the latter, for the log.
+fn impostors_got_nothing(plain: &Impostor, tls: &Impostor, on_evil: usize) {
     use std::sync::atomic::Ordering::Relaxed;
     assert_eq!(
         plain.connections.load(Relaxed),
@@ -1859,14 +1956,14 @@ async fn a_drained_node_leaves_without_losing_a_block() {
 /// Kills node `i` (of three) and waits (20 s at most) until node 0's view has dropped it.
 async fn kill_until_gone(nodes: &mut [Node], i: usize) {
     nodes[i].kill9();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while nodes[0].client.cluster().await.unwrap().members.len() > 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the killed node's lease did not expire"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_cluster(
+        &nodes[0],
+        20,
+        200,
+        "the killed node's lease did not expire",
+        |c| c.members.len() <= 2,
+    )
+    .await;
 }
 
 /// Deletes reach a member that was down: blocks are deleted through one node while one of
@@ -2082,67 +2179,10 @@ async fn a_frozen_or_killed_member_costs_one_deadline_not_a_hang() {
     );
 
     nodes[0].freeze();
-    let mut slowest = Duration::ZERO;
-    for i in 0..n {
-        let (got, took) = within(one, "an HTTP read", pc.get("r2", &r2_key(i))).await;
-        assert_eq!(got.unwrap(), Some(r2_data(i)), "block {i}");
-        slowest = slowest.max(took);
-    }
-    assert_eq!(pc.down_members(), vec!["a".to_string()]);
-    eprintln!("HTTP reads with a frozen: the slowest took {slowest:?}");
-    let (info, _) = within(
-        one,
-        "a namespace call",
-        pc.on_any_member(|c| async move { c.namespace("r2").await }),
-    )
-    .await;
-    assert_eq!(info.unwrap().replication, Some(2));
-    // Writes go to the members that answer.
-    for i in n..n + 20 {
-        let (r, _) = within(one, "an HTTP put", r2_put(&pc, "r2", i)).await;
-        r.unwrap();
-    }
-    let (got, took) = within(2 * one, "a CXP1 batch read", tp.get("r2", &keys)).await;
-    eprintln!("a CXP1 batch read of {n} blocks with a frozen: {took:?}");
-    for (i, g) in got.unwrap().into_iter().enumerate() {
-        assert_eq!(g.unwrap(), Some(r2_data(i as u64)), "block {i} over CXP1");
-    }
-    let (held, _) = within(one, "a CXP1 prefix match", tp.match_prefix("r2", &keys)).await;
-    assert_eq!(held.unwrap(), n as u32, "the whole chain still hits");
-    let (info, _) = within(
-        one,
-        "a namespace call over the CXP1 pod",
-        tp.on_any_member(|c| async move { c.namespace("r2").await }),
-    )
-    .await;
-    assert_eq!(info.unwrap().replication, Some(2));
+    past_a_frozen_member(&pc, &tp, &keys, one).await;
     // Started with the frozen member as its first seed: up within one deadline.
     let first_frozen = [nodes[0].url.clone(), nodes[1].url.clone()];
-    let (fresh, took) = within(
-        one,
-        "connecting with a frozen first seed",
-        PodClient::connect(&first_frozen, &how),
-    )
-    .await;
-    eprintln!("a pod client up with a frozen first seed in {took:?}");
-    assert_eq!(fresh.unwrap().members().len(), 3);
-    let (fresh, _) = within(
-        one,
-        "a CXP1 pod with a frozen first seed",
-        TransferPod::connect(&first_frozen, &how),
-    )
-    .await;
-    let fresh = fresh.unwrap();
-    // Its first call a prefix match, which meets the frozen member unwarned.
-    let (held, _) = within(
-        2 * one,
-        "its first prefix match",
-        fresh.match_prefix("r2", &keys),
-    )
-    .await;
-    assert_eq!(held.unwrap(), n as u32, "a new client's chain hits too");
-    let (got, _) = within(2 * one, "its first batch read", fresh.get("r2", &keys)).await;
-    assert!(got.unwrap().into_iter().all(|g| g.unwrap().is_some()));
+    fresh_clients_past_a_frozen_first_seed(&first_frozen, &how, &keys, one).await;
 
     // Killed for good (still named by the pod for its lease): refused at once.
     nodes[0].kill9();
@@ -2159,6 +2199,96 @@ async fn a_frozen_or_killed_member_costs_one_deadline_not_a_hang() {
     )
     .await;
     fresh.unwrap();
+}
+
+/// With member a frozen, clients that were up before (`pc` over HTTP, `tp` over CXP1; `keys`
+/// the r2 blocks they wrote) each end every call within its bound (`one` a call): `pc`
+/// reads every block, counts a down, fails a namespace call over past it and writes 20
+/// more blocks; `tp` reads and matches the whole chain and fails a namespace call over.
+async fn past_a_frozen_member(
+    pc: &PodClient,
+    tp: &ctxpod_client::transfer_pod::TransferPod,
+    keys: &[bytes::Bytes],
+    one: Duration,
+) {
+    let n = keys.len() as u64;
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let (got, took) = within(one, "an HTTP read", pc.get("r2", &r2_key(i))).await;
+        assert_eq!(got.unwrap(), Some(r2_data(i)), "block {i}");
+        slowest = slowest.max(took);
+    }
+    assert_eq!(pc.down_members(), vec!["a".to_string()]);
+    eprintln!("HTTP reads with a frozen: the slowest took {slowest:?}");
+    let call = pc.on_any_member(|c| async move { c.namespace("r2").await });
+    two_copies_within(one, "a namespace call", call).await;
+    // Writes go to the members that answer.
+    for i in n..n + 20 {
+        let (r, _) = within(one, "an HTTP put", r2_put(pc, "r2", i)).await;
+        r.unwrap();
+    }
+    let (got, took) = within(2 * one, "a CXP1 batch read", tp.get("r2", keys)).await;
+    eprintln!("a CXP1 batch read of {n} blocks with a frozen: {took:?}");
+    for (i, g) in got.unwrap().into_iter().enumerate() {
+        assert_eq!(g.unwrap(), Some(r2_data(i as u64)), "block {i} over CXP1");
+    }
+    let (held, _) = within(one, "a CXP1 prefix match", tp.match_prefix("r2", keys)).await;
+    assert_eq!(held.unwrap(), n as u32, "the whole chain still hits");
+    let call = tp.on_any_member(|c| async move { c.namespace("r2").await });
+    two_copies_within(one, "a namespace call over the CXP1 pod", call).await;
+}
+
+/// A call for namespace `r2`'s settings, which must end within `one` ([`within`]) and say
+/// two copies of each block.
+async fn two_copies_within<E: std::fmt::Debug>(
+    one: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<NamespaceInfo, E>>,
+) {
+    let (info, _) = within(one, what, call).await;
+    assert_eq!(info.unwrap().replication, Some(2));
+}
+
+/// Clients started with the frozen member first among `seeds` are up within one call's
+/// bound (`one`): a pod client that sees all three members, and a CXP1 pod whose first
+/// calls (a prefix match, which meets the frozen member unwarned, and a batch read of
+/// `keys`) hit every block.
+async fn fresh_clients_past_a_frozen_first_seed(
+    seeds: &[String],
+    how: &Connect,
+    keys: &[bytes::Bytes],
+    one: Duration,
+) {
+    use ctxpod_client::transfer_pod::TransferPod;
+    let (fresh, took) = within(
+        one,
+        "connecting with a frozen first seed",
+        PodClient::connect(seeds, how),
+    )
+    .await;
+    eprintln!("a pod client up with a frozen first seed in {took:?}");
+    assert_eq!(fresh.unwrap().members().len(), 3);
+    let (fresh, _) = within(
+        one,
+        "a CXP1 pod with a frozen first seed",
+        TransferPod::connect(seeds, how),
+    )
+    .await;
+    let fresh = fresh.unwrap();
+    // Its first call a prefix match, which meets the frozen member unwarned.
+    let (held, _) = within(
+        2 * one,
+        "its first prefix match",
+        fresh.match_prefix("r2", keys),
+    )
+    .await;
+    assert_eq!(
+        held.unwrap(),
+        keys.len() as u32,
+        "a new client's chain hits too"
+    );
+    let (got, _) = within(2 * one, "its first batch read", fresh.get("r2", keys)).await;
+    assert!(got.unwrap().into_iter().all(|g| g.unwrap().is_some()));
 }
 
 /// Scrub on a 3-node pod: copies flipped on one member's drive (while it runs) are found by
@@ -2193,79 +2323,90 @@ async fn scrub_repairs_a_bad_copy_from_a_good_one_and_counts_the_lost() {
         )
         .await
         .unwrap();
-    {
-        let dev = common::open_device(&nodes[0].dir);
-        let recs = common::records(&dev);
-        let hb = ctxpod_format::record::HEADER_BYTES as u64;
-        for &i in bad.iter().chain([lone].iter()) {
-            common::flip(&dev, recs[&r2_key(i)].0 + hb + 100);
-        }
-        dev.sync_all().unwrap();
-    }
-    let text = |node: &Node| {
-        let c = node.client.clone();
-        async move { c.metrics().await.unwrap() }
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let m = text(&nodes[0]).await;
-        let (repaired, lost) = (
-            metric_of(&m, "ctxpod_scrub_repaired_total"),
-            metric_of(&m, "ctxpod_scrub_lost_total"),
-        );
-        if repaired >= 3.0 && lost >= 1.0 {
-            assert_eq!((repaired, lost), (3.0, 1.0), "only the flipped copies");
-            assert!(metric_of(&m, "ctxpod_scrub_read_bytes_total") > 0.0);
-            assert!(metric_of(&m, "ctxpod_scrub_last_pass_timestamp_seconds") > 0.0);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "scrub repaired {repaired} and lost {lost} within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    flip_on_drive(&nodes[0], &[bad[0], bad[1], bad[2], lone]);
+    poll(
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+        async || {
+            let m = nodes[0].client.metrics().await.unwrap();
+            let (repaired, lost) = (
+                metric_of(&m, "ctxpod_scrub_repaired_total"),
+                metric_of(&m, "ctxpod_scrub_lost_total"),
+            );
+            if repaired >= 3.0 && lost >= 1.0 {
+                assert_eq!((repaired, lost), (3.0, 1.0), "only the flipped copies");
+                assert!(metric_of(&m, "ctxpod_scrub_read_bytes_total") > 0.0);
+                assert!(metric_of(&m, "ctxpod_scrub_last_pass_timestamp_seconds") > 0.0);
+                return Ok(());
+            }
+            Err(format!(
+                "scrub repaired {repaired} and lost {lost} within 60 s"
+            ))
+        },
+    )
+    .await;
     // The others' passes find nothing bad.
     for other in &nodes[1..] {
-        common::eventually(
-            Duration::from_secs(30),
-            "a scrub pass on b and c",
-            async || {
-                let m = text(other).await;
-                metric_of(&m, "ctxpod_scrub_records_total{outcome=\"good\"}") > 0.0
-            },
-        )
-        .await;
-        let m = text(other).await;
-        assert_eq!(
-            metric_of(&m, "ctxpod_scrub_records_total{outcome=\"bad\"}"),
-            0.0
-        );
-        assert_eq!(metric_of(&m, "ctxpod_scrub_repaired_total"), 0.0);
+        scrub_finds_nothing_bad(other).await;
     }
     // From a's own flash, after a restart: every block it held, byte-exact; the lost one a
     // miss.
     nodes[0].kill9();
     nodes[0].restart().await;
-    let routed = |key: Vec<u8>, ns: &'static str| {
-        nodes[0]
-            .request(
-                reqwest::Method::GET,
-                &format!("/v1/namespaces/{ns}/blocks/{}", hex::encode(key)),
-            )
-            .header(ctxpod_wire::HEADER_ROUTED, "test")
-            .send()
-    };
     for i in (0..n).filter(|&i| held[i as usize]) {
-        let r = routed(r2_key(i), "r2").await.unwrap();
+        let r = routed_get(&nodes[0], "r2", &r2_key(i)).await;
         assert_eq!(r.status(), 200, "block {i} on a");
         assert_eq!(r.bytes().await.unwrap(), r2_data(i), "block {i} on a");
     }
-    let r = routed(r2_key(lone), "default").await.unwrap();
+    let r = routed_get(&nodes[0], "default", &r2_key(lone)).await;
     assert_eq!(r.status(), 404, "the lost block is a miss, not wrong bytes");
     for i in 0..n {
         assert_eq!(pc.get("r2", &r2_key(i)).await.unwrap(), Some(r2_data(i)));
     }
+}
+
+/// Flips a byte in the data of each of r2 blocks `blocks` on `node`'s drive (it may run
+/// meanwhile), synced.
+fn flip_on_drive(node: &Node, blocks: &[u64]) {
+    let dev = common::open_device(&node.dir);
+    let recs = common::records(&dev);
+    let hb = ctxpod_format::record::HEADER_BYTES as u64;
+    for &i in blocks {
+        common::flip(&dev, recs[&r2_key(i)].0 + hb + 100);
+    }
+    dev.sync_all().unwrap();
+}
+
+/// `node`'s scrub passes (one at least, within 30 s) find no bad record and repair nothing.
+async fn scrub_finds_nothing_bad(node: &Node) {
+    let text = async || node.client.metrics().await.unwrap();
+    common::eventually(
+        Duration::from_secs(30),
+        "a scrub pass on b and c",
+        async || {
+            let m = text().await;
+            metric_of(&m, "ctxpod_scrub_records_total{outcome=\"good\"}") > 0.0
+        },
+    )
+    .await;
+    let m = text().await;
+    assert_eq!(
+        metric_of(&m, "ctxpod_scrub_records_total{outcome=\"bad\"}"),
+        0.0
+    );
+    assert_eq!(metric_of(&m, "ctxpod_scrub_repaired_total"), 0.0);
+}
+
+/// `node`'s own copy of `key` in `ns` (asked as routed: no forwarding, no fan-out).
+async fn routed_get(node: &Node, ns: &str, key: &[u8]) -> reqwest::Response {
+    node.request(
+        reqwest::Method::GET,
+        &format!("/v1/namespaces/{ns}/blocks/{}", hex::encode(key)),
+    )
+    .header(ctxpod_wire::HEADER_ROUTED, "test")
+    .send()
+    .await
+    .unwrap()
 }
 
 /// Re-replication: R = 2 on three nodes holding 1,000 blocks; c is killed for good and
@@ -2351,13 +2492,7 @@ async fn flip_then_scrub(node: &Node, pc: &PodClient, i: u64) {
     let repaired = |m: &str| metric_of(m, "ctxpod_scrub_repaired_total");
     let before = repaired(&node.client.metrics().await.unwrap());
     let t0 = Instant::now();
-    {
-        let dev = common::open_device(&node.dir);
-        let recs = common::records(&dev);
-        let hb = ctxpod_format::record::HEADER_BYTES as u64;
-        common::flip(&dev, recs[&r2_key(i)].0 + hb + 100);
-        dev.sync_all().unwrap();
-    }
+    flip_on_drive(node, &[i]);
     common::eventually(
         Duration::from_secs(60),
         "scrub repairs the flipped copy",
@@ -2368,15 +2503,7 @@ async fn flip_then_scrub(node: &Node, pc: &PodClient, i: u64) {
         "scrub: the flipped copy of block {i} repaired {:.1?} after the flip",
         t0.elapsed()
     );
-    let r = node
-        .request(
-            reqwest::Method::GET,
-            &format!("/v1/namespaces/default/blocks/{}", hex::encode(r2_key(i))),
-        )
-        .header(ctxpod_wire::HEADER_ROUTED, "test")
-        .send()
-        .await
-        .unwrap();
+    let r = routed_get(node, "default", &r2_key(i)).await;
     assert_eq!(r.status(), 200, "the repaired copy on {}", node.url);
     assert_eq!(r.bytes().await.unwrap(), r2_data(i), "the repaired copy");
     assert_eq!(
@@ -2445,21 +2572,7 @@ async fn kill_9_during_repair_loses_nothing_and_resurrects_nothing() {
     // `ctxpod repair --wait` returns once a pass on each member, begun after it asked,
     // found nothing to copy: then every block has its two copies.
     let t0 = Instant::now();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
-        .args([
-            "repair",
-            "--wait",
-            "--timeout",
-            "90",
-            "--addr",
-            &nodes[1].url,
-        ])
-        .output()
-        .await
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ctxpod repair --wait: {said}");
-    assert!(said.contains("found nothing to copy"), "{said}");
+    let said = ctxpod_repair_wait(&nodes[1].url).await;
     assert_eq!(
         lacking(&nodes[..2], &live_keys).await,
         [0, 0],
@@ -2470,28 +2583,12 @@ async fn kill_9_during_repair_loses_nothing_and_resurrects_nothing() {
         t0.elapsed(),
         said.trim().rsplit('\r').next().unwrap_or_default()
     );
-    let deleted_keys: Vec<Vec<u8>> = deleted.iter().map(|&i| r2_key(i)).collect();
-    for node in &nodes[..2] {
-        let held = held_here(node, "default", &deleted_keys).await;
-        assert!(
-            !held.contains(&true),
-            "a deleted block is back on {}",
-            node.url
-        );
-    }
+    no_deleted_block_held(&nodes[..2], &deleted).await;
     for (k, d) in &live {
         let got = pc.get("default", k).await.unwrap();
         assert_eq!(got.as_ref(), Some(d), "block {}", hex::encode(k));
         for node in &nodes[..2] {
-            let r = node
-                .request(
-                    reqwest::Method::GET,
-                    &format!("/v1/namespaces/default/blocks/{}", hex::encode(k)),
-                )
-                .header(ctxpod_wire::HEADER_ROUTED, "test")
-                .send()
-                .await
-                .unwrap();
+            let r = routed_get(node, "default", k).await;
             assert_eq!(
                 r.bytes().await.unwrap(),
                 d,
@@ -2506,6 +2603,33 @@ async fn kill_9_during_repair_loses_nothing_and_resurrects_nothing() {
             pc.get("default", &r2_key(i)).await.unwrap(),
             None,
             "deleted block {i}"
+        );
+    }
+}
+
+/// Runs `ctxpod repair --wait` (90 s at most) against the node at `addr`, which must
+/// succeed and say a pass found nothing to copy; what it said (its stderr).
+async fn ctxpod_repair_wait(addr: &str) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"))
+        .args(["repair", "--wait", "--timeout", "90", "--addr", addr])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "ctxpod repair --wait: {said}");
+    assert!(said.contains("found nothing to copy"), "{said}");
+    said
+}
+
+/// None of blocks `deleted` (r2 keys) is held by any of `nodes` itself.
+async fn no_deleted_block_held(nodes: &[Node], deleted: &[u64]) {
+    let deleted_keys: Vec<Vec<u8>> = deleted.iter().map(|&i| r2_key(i)).collect();
+    for node in nodes {
+        let held = held_here(node, "default", &deleted_keys).await;
+        assert!(
+            !held.contains(&true),
+            "a deleted block is back on {}",
+            node.url
         );
     }
 }

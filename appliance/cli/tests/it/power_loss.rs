@@ -62,9 +62,9 @@ fn run_seed(seed: u64, conc: usize) -> Outcome {
     // Power goes at a command somewhere in the run (or after it, if the run issues fewer);
     // in the second half when the run is there to evict.
     let cut_at = if evicting {
-        ops as u64 / 2 + rng.below(ops as u64)
+        ops / 2 + rng.below(ops)
     } else {
-        1 + rng.below(ops as u64 * 3 / 2)
+        1 + rng.below(ops * 3 / 2)
     };
     let plan = FaultPlan {
         seed,
@@ -79,112 +79,18 @@ fn run_seed(seed: u64, conc: usize) -> Outcome {
         plan,
         false,
     ));
-    let mut ledger: BTreeMap<Vec<u8>, (usize, Fate)> = BTreeMap::new();
-    let mut out = Outcome::default();
+    let mut run = SeedRun {
+        seed,
+        conc,
+        max_len,
+        ops,
+        rng,
+        ledger: BTreeMap::new(),
+        out: Outcome::default(),
+    };
 
     // Life 1: the workload, until the first operation the power cut fails.
-    let on_flash = life(async {
-        // Power may go while the node formats the device: then there is nothing to check
-        // but that the next start works.
-        let Ok(node) = try_open_on_sim(&cfg, &dev).await else {
-            return None;
-        };
-        for i in 0..ops {
-            let roll = rng.below(100);
-            let acked: Vec<Vec<u8>> = ledger
-                .iter()
-                .filter(|(_, (_, f))| matches!(f, Fate::Durable | Fate::Fast))
-                .map(|(k, _)| k.clone())
-                .collect();
-            let ok = if roll < 70 || acked.is_empty() {
-                // `conc` puts at once (one when replaying exactly): several records per
-                // group commit, batches in the pipeline together.
-                let puts: Vec<(Vec<u8>, usize, Durability)> = if conc == 1 {
-                    let key = format!("s{seed}-{i}").into_bytes();
-                    let len = 1 + rng.below(max_len) as usize;
-                    let d = if roll < 55 {
-                        Durability::Durable
-                    } else {
-                        Durability::Fast
-                    };
-                    vec![(key, len, d)]
-                } else {
-                    (0..conc)
-                        .map(|j| {
-                            let key = format!("s{seed}-{i}-{j}").into_bytes();
-                            let len = 1 + rng.below(max_len) as usize;
-                            let d = if rng.below(4) > 0 {
-                                Durability::Durable
-                            } else {
-                                Durability::Fast
-                            };
-                            (key, len, d)
-                        })
-                        .collect()
-                };
-                let results =
-                    futures::future::join_all(puts.iter().map(|(key, len, d)| {
-                        node.put("default", key, content(key, *len), None, *d)
-                    }))
-                    .await;
-                let mut all_ok = true;
-                for ((key, len, d), r) in puts.into_iter().zip(results) {
-                    let fate = match (&r, d) {
-                        (Ok(_), Durability::Durable) => Fate::Durable,
-                        (Ok(_), Durability::Fast) => Fate::Fast,
-                        (Err(_), _) => Fate::Unknown,
-                    };
-                    all_ok &= r.is_ok();
-                    ledger.insert(key, (len, fate));
-                }
-                all_ok
-            } else if roll < 82 {
-                let key = acked[rng.below(acked.len() as u64) as usize].clone();
-                let r = node.delete("default", &key).await;
-                let e = ledger.get_mut(&key).expect("in the ledger");
-                e.1 = match r {
-                    Ok(true) => Fate::Deleted,
-                    // Evicted already (or a fast put lost): nothing to delete.
-                    Ok(false) => e.1,
-                    Err(_) => Fate::Unknown,
-                };
-                r.is_ok()
-            } else {
-                let key = acked[rng.below(acked.len() as u64) as usize].clone();
-                let len = ledger[&key].0;
-                match node.get("default", &key).await {
-                    Ok(Some((b, _))) => {
-                        if b != content(&key, len) {
-                            out.corrupt += 1;
-                            out.failures.push(format!(
-                                "{}: wrong bytes before the cut",
-                                String::from_utf8_lossy(&key)
-                            ));
-                        }
-                        true
-                    }
-                    Ok(None) => true,
-                    Err(_) => false,
-                }
-            };
-            if !ok {
-                break;
-            }
-            out.ops_done += 1;
-        }
-        if dev.is_powered() {
-            dev.power_cut();
-        }
-        out.evicted = node.stats().evicted_blocks;
-        // What the node that lost power held in its index: absent there means deleted or
-        // evicted by policy, never lost.
-        let on_flash: BTreeMap<Vec<u8>, bool> = ledger
-            .keys()
-            .map(|k| (k.clone(), node.on_flash("default", k).unwrap_or(false)))
-            .collect();
-        Some((node, on_flash))
-    });
-    let on_flash = match on_flash {
+    let on_flash = match life(run.workload(&cfg, &dev)) {
         Some((node, on_flash)) => {
             drop(node);
             on_flash
@@ -195,60 +101,238 @@ fn run_seed(seed: u64, conc: usize) -> Outcome {
     // Life 2: recovery from what the drive kept, then the checks.
     dev.power_on();
     dev.set_plan(FaultPlan::none());
-    life(async {
-        let node = open_on_sim(&cfg, &dev).await;
-        for (key, &(len, fate)) in &ledger {
+    life(run.recover_and_check(&cfg, &dev, &on_flash));
+    run.out.trace_hash = dev.trace_hash();
+    run.out
+}
+
+/// One seed's run: the workload's random choices, the fate of every key it touched, and
+/// what the checks found.
+struct SeedRun {
+    seed: u64,
+    /// Puts at a time (one when replaying exactly).
+    conc: usize,
+    /// The largest block put.
+    max_len: u64,
+    /// Operations in the workload (fewer if the power cut stops it).
+    ops: u64,
+    rng: Rng,
+    /// Key → (length, fate).
+    ledger: BTreeMap<Vec<u8>, (usize, Fate)>,
+    out: Outcome,
+}
+
+impl SeedRun {
+    /// Life 1: the workload on a node on `dev`, one operation at a time, until the first
+    /// operation the power cut fails; then the power is cut if it was not yet. The node
+    /// (to drop only once the runtime is gone) and, for each key, whether its index held it
+    /// on flash; `None` if power went while the node formatted the device.
+    async fn workload(
+        &mut self,
+        cfg: &ctxpod_format::config::Config,
+        dev: &Arc<SimDevice>,
+    ) -> Option<(ctxpod_engine::Engine, BTreeMap<Vec<u8>, bool>)> {
+        // Power may go while the node formats the device: then there is nothing to check
+        // but that the next start works.
+        let Ok(node) = try_open_on_sim(cfg, dev).await else {
+            return None;
+        };
+        for i in 0..self.ops {
+            let roll = self.rng.below(100);
+            let acked: Vec<Vec<u8>> = self
+                .ledger
+                .iter()
+                .filter(|(_, (_, f))| matches!(f, Fate::Durable | Fate::Fast))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let ok = if roll < 70 || acked.is_empty() {
+                let puts = self.choose_puts(i, roll);
+                self.put(&node, puts).await
+            } else if roll < 82 {
+                let key = acked[self.rng.below(acked.len() as u64) as usize].clone();
+                self.delete(&node, key).await
+            } else {
+                let key = acked[self.rng.below(acked.len() as u64) as usize].clone();
+                self.get(&node, key).await
+            };
+            if !ok {
+                break;
+            }
+            self.out.ops_done += 1;
+        }
+        if dev.is_powered() {
+            dev.power_cut();
+        }
+        self.out.evicted = node.stats().evicted_blocks;
+        // What the node that lost power held in its index: absent there means deleted or
+        // evicted by policy, never lost.
+        let on_flash: BTreeMap<Vec<u8>, bool> = self
+            .ledger
+            .keys()
+            .map(|k| (k.clone(), node.on_flash("default", k).unwrap_or(false)))
+            .collect();
+        Some((node, on_flash))
+    }
+
+    /// The puts of operation `i` (`roll` is its roll): `conc` at once (one when replaying
+    /// exactly), several records per group commit, batches in the pipeline together.
+    fn choose_puts(&mut self, i: u64, roll: u64) -> Vec<(Vec<u8>, usize, Durability)> {
+        let (seed, max_len) = (self.seed, self.max_len);
+        if self.conc == 1 {
+            let key = format!("s{seed}-{i}").into_bytes();
+            let len = 1 + self.rng.below(max_len) as usize;
+            let d = if roll < 55 {
+                Durability::Durable
+            } else {
+                Durability::Fast
+            };
+            return vec![(key, len, d)];
+        }
+        (0..self.conc)
+            .map(|j| {
+                let key = format!("s{seed}-{i}-{j}").into_bytes();
+                let len = 1 + self.rng.below(max_len) as usize;
+                let d = if self.rng.below(4) > 0 {
+                    Durability::Durable
+                } else {
+                    Durability::Fast
+                };
+                (key, len, d)
+            })
+            .collect()
+    }
+
+    /// Puts `puts` at once and records their fates; whether all were acknowledged.
+    async fn put(
+        &mut self,
+        node: &ctxpod_engine::Engine,
+        puts: Vec<(Vec<u8>, usize, Durability)>,
+    ) -> bool {
+        let results = futures::future::join_all(
+            puts.iter()
+                .map(|(key, len, d)| node.put("default", key, content(key, *len), None, *d)),
+        )
+        .await;
+        let mut all_ok = true;
+        for ((key, len, d), r) in puts.into_iter().zip(results) {
+            let fate = match (&r, d) {
+                (Ok(_), Durability::Durable) => Fate::Durable,
+                (Ok(_), Durability::Fast) => Fate::Fast,
+                (Err(_), _) => Fate::Unknown,
+            };
+            all_ok &= r.is_ok();
+            self.ledger.insert(key, (len, fate));
+        }
+        all_ok
+    }
+
+    /// Deletes `key` and records its fate; whether the delete was answered.
+    async fn delete(&mut self, node: &ctxpod_engine::Engine, key: Vec<u8>) -> bool {
+        let r = node.delete("default", &key).await;
+        let e = self.ledger.get_mut(&key).expect("in the ledger");
+        e.1 = match r {
+            Ok(true) => Fate::Deleted,
+            // Evicted already (or a fast put lost): nothing to delete.
+            Ok(false) => e.1,
+            Err(_) => Fate::Unknown,
+        };
+        r.is_ok()
+    }
+
+    /// Reads `key` back before the cut (wrong bytes are a failure); whether it was answered.
+    async fn get(&mut self, node: &ctxpod_engine::Engine, key: Vec<u8>) -> bool {
+        let len = self.ledger[&key].0;
+        match node.get("default", &key).await {
+            Ok(Some((b, _))) => {
+                if b != content(&key, len) {
+                    self.out.corrupt += 1;
+                    self.out.failures.push(format!(
+                        "{}: wrong bytes before the cut",
+                        String::from_utf8_lossy(&key)
+                    ));
+                }
+                true
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Life 2: a node recovered from what `dev` kept; every key of the ledger is checked
+    /// against its fate (`on_flash`: whether the node that lost power held it), and the
+    /// node must take a put again.
+    async fn recover_and_check(
+        &mut self,
+        cfg: &ctxpod_format::config::Config,
+        dev: &Arc<SimDevice>,
+        on_flash: &BTreeMap<Vec<u8>, bool>,
+    ) {
+        let node = open_on_sim(cfg, dev).await;
+        for (key, &(len, fate)) in &self.ledger {
             let name = String::from_utf8_lossy(key).into_owned();
-            let got = node.get("default", key).await;
-            let got = match got {
+            let got = match node.get("default", key).await {
                 Ok(g) => g.map(|(b, _)| b),
                 Err(e) => {
-                    out.failures
+                    self.out
+                        .failures
                         .push(format!("{name}: get failed after recovery: {e}"));
                     continue;
                 }
             };
-            if let Some(b) = &got {
-                if *b != content(key, len) {
-                    out.corrupt += 1;
-                    out.failures
-                        .push(format!("{name}: wrong bytes after recovery"));
-                }
-            }
-            match fate {
-                Fate::Durable if on_flash.get(key) == Some(&true) => {
-                    out.acked_durable_checked += 1;
-                    if got.is_none() {
-                        out.lost += 1;
-                        out.failures
-                            .push(format!("{name}: acknowledged durable, lost"));
-                    }
-                }
-                Fate::Deleted if got.is_some() => {
-                    out.resurrected += 1;
-                    out.failures.push(format!("{name}: deleted, came back"));
-                }
-                _ => {}
-            }
+            let held = on_flash.get(key) == Some(&true);
+            judge_recovered(&mut self.out, (&name, key, len), got, fate, held);
         }
         // The recovered node takes writes again.
-        let key = format!("s{seed}-after").into_bytes();
+        let key = format!("s{}-after", self.seed).into_bytes();
         let data = content(&key, 70_000);
         let put = node
             .put("default", &key, data.clone(), None, Durability::Durable)
             .await;
         let back = node.get("default", &key).await;
         if put.is_err() || back.ok().flatten().map(|(b, _)| b) != Some(data) {
-            out.failures
+            self.out
+                .failures
                 .push("the recovered node did not take a put and give it back".into());
         }
         let s = node.stats();
-        out.integrity_errors = s.integrity_errors;
-        out.recovered_records = s.recovered_records;
+        self.out.integrity_errors = s.integrity_errors;
+        self.out.recovered_records = s.recovered_records;
         node.shutdown().await;
-    });
-    out.trace_hash = dev.trace_hash();
-    out
+    }
+}
+
+/// Counts into `out` what recovery made of a key of the ledger, `(name, key, len)`: `got`
+/// after recovery, against its `fate` before the cut and whether the node that lost power
+/// `held` it on flash.
+fn judge_recovered(
+    out: &mut Outcome,
+    (name, key, len): (&str, &[u8], usize),
+    got: Option<bytes::Bytes>,
+    fate: Fate,
+    held: bool,
+) {
+    if let Some(b) = &got {
+        if *b != content(key, len) {
+            out.corrupt += 1;
+            out.failures
+                .push(format!("{name}: wrong bytes after recovery"));
+        }
+    }
+    match fate {
+        Fate::Durable if held => {
+            out.acked_durable_checked += 1;
+            if got.is_none() {
+                out.lost += 1;
+                out.failures
+                    .push(format!("{name}: acknowledged durable, lost"));
+            }
+        }
+        Fate::Deleted if got.is_some() => {
+            out.resurrected += 1;
+            out.failures.push(format!("{name}: deleted, came back"));
+        }
+        _ => {}
+    }
 }
 
 #[test]

@@ -9,21 +9,7 @@ use std::path::Path;
 
 /// S3 credentials made by `ctxpod token create --s3 --dir <dir>`: (access key id, secret).
 fn s3_credentials(dir: &Path, id: &str, role: &str, tenant: Option<&str>) -> (String, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"));
-    cmd.args([
-        "token", "create", "--s3", "--id", id, "--role", role, "--dir",
-    ])
-    .arg(dir);
-    if let Some(t) = tenant {
-        cmd.args(["--tenant", t]);
-    }
-    let out = cmd.output().expect("ctxpod token create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let text = crate::tls::token_create(dir, &["--s3"], id, role, tenant);
     let field = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name))
@@ -44,14 +30,17 @@ fn s3_url(node: &Node) -> String {
 
 /// An `aws-sdk-s3` client of the node with its default settings, path-style.
 fn client(node: &Node, ak: &str, sk: &str) -> aws_sdk_s3::Client {
-    let conf = aws_sdk_s3::Config::builder()
+    aws_sdk_s3::Client::from_conf(client_config(node, ak, sk).build())
+}
+
+/// The configuration of [`client`], to build on.
+fn client_config(node: &Node, ak: &str, sk: &str) -> aws_sdk_s3::config::Builder {
+    aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(s3_url(node))
         .force_path_style(true)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new(ak, sk, None, None, "ctxpod"))
-        .build();
-    aws_sdk_s3::Client::from_conf(conf)
 }
 
 /// A node with auth on and the S3 door, and S3 credentials of tenants `a` and `b`.
@@ -99,16 +88,55 @@ async fn put(
         .await
 }
 
-/// The error code of a GetObject that fails.
-async fn get_refused(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> String {
-    let e = s3
-        .get_object()
+/// Creates bucket `name`, which must succeed.
+async fn create_bucket(s3: &aws_sdk_s3::Client, name: &str) {
+    s3.create_bucket()
+        .bucket(name)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create bucket {name}: {e:?}"));
+}
+
+/// A GetObject of `key`, of `range` (`bytes=…`) if one is given.
+async fn get_object(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    range: Option<&str>,
+) -> Result<
+    aws_sdk_s3::operation::get_object::GetObjectOutput,
+    aws_sdk_s3::error::SdkError<aws_sdk_s3::operation::get_object::GetObjectError>,
+> {
+    s3.get_object()
         .bucket(bucket)
         .key(key)
+        .set_range(range.map(str::to_string))
         .send()
+        .await
+}
+
+/// The body of a GetObject's answer, whole.
+async fn body_of(got: aws_sdk_s3::operation::get_object::GetObjectOutput) -> bytes::Bytes {
+    got.body.collect().await.expect("body").into_bytes()
+}
+
+/// The error code of a GetObject that fails.
+async fn get_refused(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> String {
+    let e = get_object(s3, bucket, key, None)
         .await
         .expect_err("refused");
     code(&e)
+}
+
+/// Checks that `bucket` holds no object: nothing was stored.
+async fn assert_bucket_empty(s3: &aws_sdk_s3::Client, bucket: &str) {
+    let listed = s3
+        .list_objects_v2()
+        .bucket(bucket)
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(listed.key_count(), Some(0), "nothing was stored");
 }
 
 fn code<E: aws_sdk_s3::error::ProvideErrorMetadata>(e: &E) -> String {
@@ -120,107 +148,15 @@ async fn the_aws_sdk_stores_and_reads_blocks_byte_for_byte() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
     let s3 = client(&node, &ak, &sk);
-    s3.create_bucket()
-        .bucket("kvbm")
-        .send()
-        .await
-        .expect("create bucket");
+    create_bucket(&s3, "kvbm").await;
     s3.head_bucket()
         .bucket("kvbm")
         .send()
         .await
         .expect("head bucket");
-    // KVBM's layout: keys of 16 hex digits; in-memory bodies (one signed payload, a CRC32
-    // header) of 1 B to the 8 MiB block limit.
-    let sizes = [1usize, 65_536, 1 << 20, 8 << 20];
-    for (i, &n) in sizes.iter().enumerate() {
-        let data = common::block(i as u64, n);
-        let key = format!("{:016x}", 0xa5a5_0000_u64 + i as u64);
-        let stored = put(&s3, "kvbm", &key, ByteStream::from(data.to_vec()))
-            .await
-            .unwrap_or_else(|e| panic!("put {n}: {e:?}"));
-        let etag = stored.e_tag().expect("an ETag").to_string();
-        let got = s3
-            .get_object()
-            .bucket("kvbm")
-            .key(&key)
-            .send()
-            .await
-            .expect("get");
-        assert_eq!(got.e_tag(), Some(etag.as_str()));
-        let body = got.body.collect().await.expect("body").into_bytes();
-        assert_eq!(body, data, "{n} bytes back");
-        let head = s3
-            .head_object()
-            .bucket("kvbm")
-            .key(&key)
-            .send()
-            .await
-            .expect("head");
-        assert_eq!(head.content_length(), Some(n as i64));
-        assert_eq!(head.e_tag(), Some(etag.as_str()));
-    }
-    // A streamed body of known size: aws-chunked, signed chunks, a trailing CRC32.
-    let file = dir.path().join("block.bin");
-    let data = common::block(77, 3 << 20);
-    std::fs::write(&file, &data).expect("write");
-    s3.put_object()
-        .bucket("kvbm")
-        .key("streamed")
-        .body(ByteStream::from_path(&file).await.expect("from path"))
-        .send()
-        .await
-        .expect("a chunked put");
-    let got = s3
-        .get_object()
-        .bucket("kvbm")
-        .key("streamed")
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(got.body.collect().await.expect("body").into_bytes(), data);
-    // And with a CRC32C the node checks itself.
-    s3.put_object()
-        .bucket("kvbm")
-        .key("crc32c")
-        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32C)
-        .body(ByteStream::from(data.to_vec()))
-        .send()
-        .await
-        .expect("a put with a CRC32C");
-    // Ranged GETs, as KVBM reads a layer's part of a block.
-    let key = format!("{:016x}", 0xa5a5_0002_u64);
-    let whole = common::block(2, 1 << 20);
-    for (range, want) in [
-        ("bytes=0-0", &whole[..1]),
-        ("bytes=4096-8191", &whole[4096..8192]),
-        ("bytes=1048000-", &whole[1_048_000..]),
-        ("bytes=-100", &whole[whole.len() - 100..]),
-    ] {
-        let got = s3
-            .get_object()
-            .bucket("kvbm")
-            .key(&key)
-            .range(range)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{range}: {e:?}"));
-        assert_eq!(got.content_length(), Some(want.len() as i64), "{range}");
-        assert_eq!(
-            &got.body.collect().await.expect("body").into_bytes()[..],
-            want,
-            "{range}"
-        );
-    }
-    let e = s3
-        .get_object()
-        .bucket("kvbm")
-        .key(&key)
-        .range("bytes=2000000-2000001")
-        .send()
-        .await
-        .expect_err("past the end");
-    assert_eq!(code(&e), "InvalidRange");
+    in_memory_bodies_round_trip(&s3).await;
+    streamed_and_crc32c_bodies_are_stored(&s3, dir.path()).await;
+    ranged_gets_answer_their_bytes(&s3).await;
     // HEAD for existence; misses are NoSuchKey / NotFound, a bucket nobody has NoSuchBucket.
     let e = s3
         .head_object()
@@ -235,9 +171,88 @@ async fn the_aws_sdk_stores_and_reads_blocks_byte_for_byte() {
     );
     assert_eq!(get_refused(&s3, "kvbm", "nope").await, "NoSuchKey");
     assert_eq!(get_refused(&s3, "none", "k").await, "NoSuchBucket");
-    // Listing: by prefix, a page at a time, and folded by a delimiter.
+    listings_page_and_fold(&s3).await;
+    deletes_of_one_and_many_keys(&s3).await;
+}
+
+/// KVBM's layout: keys of 16 hex digits; in-memory bodies (one signed payload, a CRC32
+/// header) of 1 B to the 8 MiB block limit, each read back (GET and HEAD) with its ETag.
+async fn in_memory_bodies_round_trip(s3: &aws_sdk_s3::Client) {
+    let sizes = [1usize, 65_536, 1 << 20, 8 << 20];
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = common::block(i as u64, n);
+        let key = format!("{:016x}", 0xa5a5_0000_u64 + i as u64);
+        let stored = put(s3, "kvbm", &key, ByteStream::from(data.to_vec()))
+            .await
+            .unwrap_or_else(|e| panic!("put {n}: {e:?}"));
+        let etag = stored.e_tag().expect("an ETag").to_string();
+        let got = get_object(s3, "kvbm", &key, None).await.expect("get");
+        assert_eq!(got.e_tag(), Some(etag.as_str()));
+        assert_eq!(body_of(got).await, data, "{n} bytes back");
+        let head = s3
+            .head_object()
+            .bucket("kvbm")
+            .key(&key)
+            .send()
+            .await
+            .expect("head");
+        assert_eq!(head.content_length(), Some(n as i64));
+        assert_eq!(head.e_tag(), Some(etag.as_str()));
+    }
+}
+
+/// A streamed body of known size (aws-chunked, signed chunks, a trailing CRC32) reads back;
+/// a put with a CRC32C, which the node checks itself, is stored.
+async fn streamed_and_crc32c_bodies_are_stored(s3: &aws_sdk_s3::Client, dir: &Path) {
+    let file = dir.join("block.bin");
+    let data = common::block(77, 3 << 20);
+    std::fs::write(&file, &data).expect("write");
+    s3.put_object()
+        .bucket("kvbm")
+        .key("streamed")
+        .body(ByteStream::from_path(&file).await.expect("from path"))
+        .send()
+        .await
+        .expect("a chunked put");
+    let got = get_object(s3, "kvbm", "streamed", None).await.expect("get");
+    assert_eq!(body_of(got).await, data);
+    // And with a CRC32C the node checks itself.
+    s3.put_object()
+        .bucket("kvbm")
+        .key("crc32c")
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32C)
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect("a put with a CRC32C");
+}
+
+/// Ranged GETs, as KVBM reads a layer's part of a block; one past the end is InvalidRange.
+async fn ranged_gets_answer_their_bytes(s3: &aws_sdk_s3::Client) {
+    let key = format!("{:016x}", 0xa5a5_0002_u64);
+    let whole = common::block(2, 1 << 20);
+    for (range, want) in [
+        ("bytes=0-0", &whole[..1]),
+        ("bytes=4096-8191", &whole[4096..8192]),
+        ("bytes=1048000-", &whole[1_048_000..]),
+        ("bytes=-100", &whole[whole.len() - 100..]),
+    ] {
+        let got = get_object(s3, "kvbm", &key, Some(range))
+            .await
+            .unwrap_or_else(|e| panic!("{range}: {e:?}"));
+        assert_eq!(got.content_length(), Some(want.len() as i64), "{range}");
+        assert_eq!(&body_of(got).await[..], want, "{range}");
+    }
+    let e = get_object(s3, "kvbm", &key, Some("bytes=2000000-2000001"))
+        .await
+        .expect_err("past the end");
+    assert_eq!(code(&e), "InvalidRange");
+}
+
+/// Listing: by prefix, a page at a time, and folded by a delimiter.
+async fn listings_page_and_fold(s3: &aws_sdk_s3::Client) {
     for k in ["dir/a", "dir/b", "dir/sub/c", "dir/sub/d", "other"] {
-        put(&s3, "kvbm", k, ByteStream::from(k.as_bytes().to_vec()))
+        put(s3, "kvbm", k, ByteStream::from(k.as_bytes().to_vec()))
             .await
             .expect("put");
     }
@@ -282,19 +297,19 @@ async fn the_aws_sdk_stores_and_reads_blocks_byte_for_byte() {
         (objects, prefixes),
         (vec!["dir/a", "dir/b"], vec!["dir/sub/"])
     );
-    // Deletes: one, many (absent keys are deleted too), then the empty bucket.
-    s3.delete_object()
-        .bucket("kvbm")
-        .key("other")
-        .send()
-        .await
-        .expect("delete");
-    s3.delete_object()
-        .bucket("kvbm")
-        .key("other")
-        .send()
-        .await
-        .expect("delete again");
+}
+
+/// Deletes: one (twice), many (absent keys are deleted too); then the bucket, refused while
+/// blocks are left in it.
+async fn deletes_of_one_and_many_keys(s3: &aws_sdk_s3::Client) {
+    for what in ["delete", "delete again"] {
+        s3.delete_object()
+            .bucket("kvbm")
+            .key("other")
+            .send()
+            .await
+            .expect(what);
+    }
     let del = aws_sdk_s3::types::Delete::builder()
         .set_objects(Some(
             ["dir/a", "dir/b", "dir/sub/c", "dir/sub/d", "never"]
@@ -334,11 +349,7 @@ async fn bad_puts_are_refused_and_store_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
     let s3 = client(&node, &ak, &sk);
-    s3.create_bucket()
-        .bucket("kvbm")
-        .send()
-        .await
-        .expect("create bucket");
+    create_bucket(&s3, "kvbm").await;
     let big = vec![7u8; (8 << 20) + 1];
     let e = put(&s3, "kvbm", "big", ByteStream::from(big))
         .await
@@ -374,13 +385,7 @@ async fn bad_puts_are_refused_and_store_nothing() {
     .await
     .expect_err("a key over 128 bytes");
     assert_eq!(code(&e), "KeyTooLongError", "{e:?}");
-    let listed = s3
-        .list_objects_v2()
-        .bucket("kvbm")
-        .send()
-        .await
-        .expect("list");
-    assert_eq!(listed.key_count(), Some(0), "nothing was stored");
+    assert_bucket_empty(&s3, "kvbm").await;
     // The node serves on.
     put(&s3, "kvbm", "fine", ByteStream::from(data.to_vec()))
         .await
@@ -395,11 +400,7 @@ async fn signatures_and_tenants_are_enforced() {
     let (node, [(ak, sk), (bk, bs)]) = node_with_s3_tokens(dir.path()).await;
     let a = client(&node, &ak, &sk);
     let b = client(&node, &bk, &bs);
-    a.create_bucket()
-        .bucket("mine")
-        .send()
-        .await
-        .expect("a's bucket");
+    create_bucket(&a, "mine").await;
     put(&a, "mine", "k", ByteStream::from_static(b"a's bytes"))
         .await
         .expect("put");
@@ -415,104 +416,72 @@ async fn signatures_and_tenants_are_enforced() {
     );
     // b's "mine" is b's own namespace: a's is out of reach.
     assert_eq!(get_refused(&b, "mine", "k").await, "NoSuchBucket");
-    b.create_bucket()
-        .bucket("theirs")
-        .send()
+    create_bucket(&b, "theirs").await;
+    assert_eq!(bucket_names(&a).await, ["mine"]);
+    assert_eq!(bucket_names(&b).await, ["theirs"]);
+    presigned_urls_are_checked(&node, &a).await;
+}
+
+/// The buckets `s3`'s ListBuckets shows.
+async fn bucket_names(s3: &aws_sdk_s3::Client) -> Vec<String> {
+    let l = s3.list_buckets().send().await.expect("list");
+    l.buckets()
+        .iter()
+        .filter_map(|b| b.name().map(str::to_string))
+        .collect()
+}
+
+/// A presigned URL of a GET of `mine/k` by `s3`, valid for as long as `config` says.
+async fn presigned_get(
+    s3: &aws_sdk_s3::Client,
+    config: aws_sdk_s3::presigning::PresigningConfig,
+) -> String {
+    s3.get_object()
+        .bucket("mine")
+        .key("k")
+        .presigned(config)
         .await
-        .expect("b's bucket");
-    let names = |l: aws_sdk_s3::operation::list_buckets::ListBucketsOutput| {
-        l.buckets()
-            .iter()
-            .filter_map(|b| b.name().map(str::to_string))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        names(a.list_buckets().send().await.expect("list")),
-        ["mine"]
-    );
-    assert_eq!(
-        names(b.list_buckets().send().await.expect("list")),
-        ["theirs"]
-    );
-    // Presigned GETs: valid, then tampered, then expired.
+        .expect("presign")
+        .uri()
+        .to_string()
+}
+
+/// The status a plain GET of `url` is answered.
+async fn status_of_get(http: &reqwest::Client, url: &str) -> u16 {
+    http.get(url).send().await.expect("get").status().as_u16()
+}
+
+/// Presigned GETs of `a`'s block `mine/k`: valid, then tampered, then expired; one valid
+/// for a week; and no signature at all.
+async fn presigned_urls_are_checked(node: &Node, a: &aws_sdk_s3::Client) {
     let presign = |secs| {
         aws_sdk_s3::presigning::PresigningConfig::expires_in(std::time::Duration::from_secs(secs))
             .expect("presigning")
     };
-    let url = a
-        .get_object()
-        .bucket("mine")
-        .key("k")
-        .presigned(presign(60))
-        .await
-        .expect("presign")
-        .uri()
-        .to_string();
+    let url = presigned_get(a, presign(60)).await;
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let http = reqwest::Client::new();
     let r = http.get(&url).send().await.expect("get");
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(&r.bytes().await.expect("body")[..], b"a's bytes");
     let tampered = url.replace("/mine/k", "/mine/K");
-    assert_eq!(
-        http.get(&tampered)
-            .send()
-            .await
-            .expect("get")
-            .status()
-            .as_u16(),
-        403
-    );
-    let short = a
-        .get_object()
-        .bucket("mine")
-        .key("k")
-        .presigned(presign(1))
-        .await
-        .expect("presign")
-        .uri()
-        .to_string();
+    assert_eq!(status_of_get(&http, &tampered).await, 403);
+    let short = presigned_get(a, presign(1)).await;
     common::eventually(
         std::time::Duration::from_secs(10),
         "the presigned URL expires",
-        async || {
-            http.get(&short)
-                .send()
-                .await
-                .expect("get")
-                .status()
-                .as_u16()
-                == 403
-        },
+        async || status_of_get(&http, &short).await == 403,
     )
     .await;
     let week = aws_sdk_s3::presigning::PresigningConfig::builder()
         .expires_in(std::time::Duration::from_secs(7 * 24 * 3600))
         .build()
         .expect("presigning");
-    let ok = a
-        .get_object()
-        .bucket("mine")
-        .key("k")
-        .presigned(week)
-        .await
-        .expect("presign");
-    assert_eq!(
-        http.get(ok.uri())
-            .send()
-            .await
-            .expect("get")
-            .status()
-            .as_u16(),
-        200
-    );
+    let ok = presigned_get(a, week).await;
+    assert_eq!(status_of_get(&http, &ok).await, 200);
     // No signature at all.
-    let anon = http
-        .get(format!("{}/mine/k", s3_url(&node)))
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(anon.status().as_u16(), 403);
+    let anon = format!("{}/mine/k", s3_url(node));
+    assert_eq!(status_of_get(&http, &anon).await, 403);
 }
 
 /// With authentication off (the embedded loopback default) any credentials act as the
@@ -561,22 +530,13 @@ async fn requests_outside_the_clock_skew_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
     let now = client(&node, &ak, &sk);
-    now.create_bucket()
-        .bucket("kvbm")
-        .send()
-        .await
-        .expect("bucket");
+    create_bucket(&now, "kvbm").await;
     let then = std::time::SystemTime::now() - std::time::Duration::from_secs(20 * 60);
     // A client whose clock is 20 minutes behind; the SDK learns the skew from a refusal
     // and signs again with the server's clock, so each request gets a client of its own,
     // and no retry.
     let stale = || {
-        let conf = aws_sdk_s3::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .endpoint_url(s3_url(&node))
-            .force_path_style(true)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new(&ak, &sk, None, None, "ctxpod"))
+        let conf = client_config(&node, &ak, &sk)
             .time_source(aws_smithy_async::time::StaticTimeSource::new(then))
             .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
             .build();
@@ -597,13 +557,7 @@ async fn requests_outside_the_clock_skew_are_refused() {
         .await
         .expect_err("a stale signature");
     assert_eq!(code(&e), "RequestTimeTooSkewed", "{e:?}");
-    let listed = now
-        .list_objects_v2()
-        .bucket("kvbm")
-        .send()
-        .await
-        .expect("list");
-    assert_eq!(listed.key_count(), Some(0), "nothing was stored");
+    assert_bucket_empty(&now, "kvbm").await;
 }
 
 /// Raw bytes a client may send (authentication off, so that no signature stands in the
@@ -625,21 +579,7 @@ async fn hostile_requests_get_s3_errors_and_store_nothing() {
         "not xml at all",
         "<Delete></Nope>",
     ] {
-        use base64::Engine as _;
-        let sha = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, body.as_bytes());
-        let r = send(reqwest::Method::POST, "/default?delete")
-            .header("x-amz-content-sha256", "UNSIGNED-PAYLOAD")
-            .header(
-                "x-amz-checksum-sha256",
-                base64::engine::general_purpose::STANDARD.encode(sha.as_ref()),
-            )
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(r.status().as_u16(), 400, "{body}");
-        let text = r.text().await.expect("body");
-        assert!(text.contains("<Code>MalformedXML</Code>"), "{body}: {text}");
+        malformed_xml_is_refused(send(reqwest::Method::POST, "/default?delete"), body).await;
     }
     // A huge header: refused before any handler.
     let r = send(reqwest::Method::GET, "/default/k")
@@ -651,38 +591,14 @@ async fn hostile_requests_get_s3_errors_and_store_nothing() {
         "a 1 MiB header is refused"
     );
     // A body announced over the limit: EntityTooLarge at once.
-    let mut s = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
-    s.write_all(
-        format!(
-            "PUT /default/big HTTP/1.1\r\nhost: {addr}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n\
-             content-length: {}\r\n\r\n",
-            64 << 20
-        )
-        .as_bytes(),
-    )
-    .await
-    .expect("write");
+    let mut s = raw_unsigned_put(&addr, "big", 64 << 20, "").await;
     let mut answer = vec![0u8; 4096];
     let n = s.read(&mut answer).await.expect("read");
     let answer = String::from_utf8_lossy(&answer[..n]).to_string();
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("EntityTooLarge"), "{answer}");
     // A body shorter than its Content-Length, then the client stops sending.
-    let mut s = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
-    s.write_all(
-        format!(
-            "PUT /default/short HTTP/1.1\r\nhost: {addr}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n\
-             content-length: 100000\r\n\r\n{}",
-            "x".repeat(50_000)
-        )
-        .as_bytes(),
-    )
-    .await
-    .expect("write");
+    let mut s = raw_unsigned_put(&addr, "short", 100_000, &"x".repeat(50_000)).await;
     s.shutdown().await.expect("half-close");
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest).await;
@@ -701,6 +617,49 @@ async fn hostile_requests_get_s3_errors_and_store_nothing() {
         .await
         .expect("a good put");
     assert!(!metrics_have_5xx(&node).await, "no 5xx was answered");
+}
+
+/// Checks that a DeleteObjects `req` whose `body` is malformed XML (with the checksum S3
+/// requires of its body) is answered 400 MalformedXML.
+async fn malformed_xml_is_refused(req: reqwest::RequestBuilder, body: &str) {
+    use base64::Engine as _;
+    let sha = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, body.as_bytes());
+    let r = req
+        .header("x-amz-content-sha256", "UNSIGNED-PAYLOAD")
+        .header(
+            "x-amz-checksum-sha256",
+            base64::engine::general_purpose::STANDARD.encode(sha.as_ref()),
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 400, "{body}");
+    let text = r.text().await.expect("body");
+    assert!(text.contains("<Code>MalformedXML</Code>"), "{body}: {text}");
+}
+
+/// A raw connection to the S3 door at `addr` on which an unsigned PutObject of
+/// `default/<key>` announcing `content_length` bytes was sent, with `body` (which may be
+/// shorter).
+async fn raw_unsigned_put(
+    addr: &str,
+    key: &str,
+    content_length: usize,
+    body: &str,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!(
+            "PUT /default/{key} HTTP/1.1\r\nhost: {addr}\r\nx-amz-content-sha256: \
+             UNSIGNED-PAYLOAD\r\ncontent-length: {content_length}\r\n\r\n{body}"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    s
 }
 
 /// Whether the node answered any S3 request with an internal error.

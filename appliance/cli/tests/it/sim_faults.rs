@@ -374,8 +374,6 @@ fn offload_engine_faults_fail_only_their_request() {
 /// moving a record stopped all writes: read-only after 329 of 1024 puts, across restarts.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_sectors_cost_their_records_only() {
-    const CAP: u64 = 96 << 20;
-    const CHURN_BLOCK: usize = 1 << 20;
     let mut report = Vec::new();
     for (profile, rate) in [("tlc", 0.001), ("tlc", 0.01), ("qlc", 0.001), ("qlc", 0.01)] {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -393,65 +391,14 @@ async fn bad_sectors_cost_their_records_only() {
         ];
         let mut node = Node::start(&dir.path().join("n"), &args).await;
         // `/readyz`, asked every 20 ms for the whole run.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let poll = {
-            let (c, stop) = (node.client.clone(), stop.clone());
-            tokio::spawn(async move {
-                let (mut asked, mut not_ready) = (0u64, 0u64);
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    asked += 1;
-                    not_ready += !c.ready().await as u64;
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                (asked, not_ready)
-            })
-        };
-        let c = &node.client;
-        let hot: Vec<Vec<u8>> = (0..40).map(|i| format!("hot{i}").into_bytes()).collect();
-        let pinned: Vec<Vec<u8>> = (0..20).map(|i| format!("pin{i}").into_bytes()).collect();
-        for k in hot.iter().chain(&pinned) {
-            c.put("default", k, content(k, 64 << 10), Durability::Durable)
-                .await
-                .expect("put hot or pinned");
-        }
-        assert_eq!(c.pin("default", &pinned, 600_000).await.expect("pin"), 20);
-        let (mut puts, mut accepted, mut wrong, mut get_errors) = (0u64, 0u64, 0u64, 0u64);
-        let check = |k: &[u8], got: Option<bytes::Bytes>| -> u64 {
-            got.is_some_and(|b| b != content(k, 64 << 10)) as u64
-        };
-        for i in 0..(4 * CAP) as usize / CHURN_BLOCK {
-            let k = format!("churn{i}").into_bytes();
-            puts += 1;
-            let r = c
-                .put("default", &k, content(&k, CHURN_BLOCK), Durability::Fast)
-                .await;
-            accepted += r.is_ok() as u64;
-            if i % 8 == 0 {
-                for k in &hot {
-                    match c.get("default", k).await {
-                        Ok(got) => wrong += check(k, got),
-                        Err(_) => get_errors += 1,
-                    }
-                }
-            }
-        }
-        let mut pinned_left = 0;
-        for k in &pinned {
-            match c.get("default", k).await {
-                Ok(got) => {
-                    pinned_left += got.is_some() as u64;
-                    wrong += check(k, got);
-                }
-                Err(_) => get_errors += 1,
-            }
-        }
-        let s = c.stats().await.expect("stats");
+        let readyz = ReadyzPoll::start(&node);
+        let churn = churn_with_hot_and_pinned_blocks(&node.client).await;
+        let s = node.client.stats().await.expect("stats");
         assert!(
             node.client.ready().await,
             "{profile} {rate}: ready after the churn"
         );
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (asked, not_ready) = poll.await.expect("poll");
+        let (asked, not_ready) = readyz.stop().await;
         node.restart().await;
         let after = content(b"after", 4096);
         node.client
@@ -459,6 +406,13 @@ async fn bad_sectors_cost_their_records_only() {
             .await
             .expect("writable after a restart");
         assert!(node.client.ready().await, "ready after a restart");
+        let Churn {
+            puts,
+            accepted,
+            wrong,
+            get_errors,
+            pinned_left,
+        } = churn;
         let line = format!(
             "sim:{profile}, {:.1} % uncorrectable reads: {accepted} of {puts} puts accepted, \
              /readyz 200 {} of {asked}, {wrong} wrong bytes, {get_errors} read errors, \
@@ -487,4 +441,99 @@ async fn bad_sectors_cost_their_records_only() {
         report.push(line);
     }
     eprintln!("{}", report.join("\n"));
+}
+
+/// A node's `/readyz`, asked every 20 ms from [`ReadyzPoll::start`] until
+/// [`ReadyzPoll::stop`].
+struct ReadyzPoll {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    poll: tokio::task::JoinHandle<(u64, u64)>,
+}
+
+impl ReadyzPoll {
+    fn start(node: &Node) -> ReadyzPoll {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let poll = {
+            let (c, stop) = (node.client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut asked, mut not_ready) = (0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    asked += 1;
+                    not_ready += !c.ready().await as u64;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                (asked, not_ready)
+            })
+        };
+        ReadyzPoll { stop, poll }
+    }
+
+    /// Stops asking: (times asked, times not ready).
+    async fn stop(self) -> (u64, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.poll.await.expect("poll")
+    }
+}
+
+/// What [`churn_with_hot_and_pinned_blocks`] saw.
+struct Churn {
+    puts: u64,
+    accepted: u64,
+    /// Reads answered with wrong bytes.
+    wrong: u64,
+    get_errors: u64,
+    /// Pinned blocks still there after the churn.
+    pinned_left: u64,
+}
+
+/// 40 hot blocks (read every 8 puts) and 20 pinned ones, then 4× the capacity of 1 MiB
+/// `fast` puts through `c`; the pinned blocks are read at the end.
+async fn churn_with_hot_and_pinned_blocks(c: &ctxpod_client::client::Client) -> Churn {
+    const CAP: u64 = 96 << 20;
+    const CHURN_BLOCK: usize = 1 << 20;
+    let hot: Vec<Vec<u8>> = (0..40).map(|i| format!("hot{i}").into_bytes()).collect();
+    let pinned: Vec<Vec<u8>> = (0..20).map(|i| format!("pin{i}").into_bytes()).collect();
+    for k in hot.iter().chain(&pinned) {
+        c.put("default", k, content(k, 64 << 10), Durability::Durable)
+            .await
+            .expect("put hot or pinned");
+    }
+    assert_eq!(c.pin("default", &pinned, 600_000).await.expect("pin"), 20);
+    let (mut puts, mut accepted, mut wrong, mut get_errors) = (0u64, 0u64, 0u64, 0u64);
+    let check = |k: &[u8], got: Option<bytes::Bytes>| -> u64 {
+        got.is_some_and(|b| b != content(k, 64 << 10)) as u64
+    };
+    for i in 0..(4 * CAP) as usize / CHURN_BLOCK {
+        let k = format!("churn{i}").into_bytes();
+        puts += 1;
+        let r = c
+            .put("default", &k, content(&k, CHURN_BLOCK), Durability::Fast)
+            .await;
+        accepted += r.is_ok() as u64;
+        if i % 8 == 0 {
+            for k in &hot {
+                match c.get("default", k).await {
+                    Ok(got) => wrong += check(k, got),
+                    Err(_) => get_errors += 1,
+                }
+            }
+        }
+    }
+    let mut pinned_left = 0;
+    for k in &pinned {
+        match c.get("default", k).await {
+            Ok(got) => {
+                pinned_left += got.is_some() as u64;
+                wrong += check(k, got);
+            }
+            Err(_) => get_errors += 1,
+        }
+    }
+    Churn {
+        puts,
+        accepted,
+        wrong,
+        get_errors,
+        pinned_left,
+    }
 }

@@ -4,8 +4,10 @@
 use crate::common;
 
 use common::{block, flip, open_device, put_all, put_durable, records, Node};
-use ctxpod_format::record::HEADER_BYTES;
+use ctxpod_client::client::Client;
+use ctxpod_format::record::{RecordHeader, HEADER_BYTES};
 use ctxpod_wire::Durability;
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 
 #[tokio::test]
@@ -161,8 +163,7 @@ async fn a_replaced_device_file_is_refused() {
 }
 
 /// Every record of the device, in device order (all generations of a key).
-fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod_format::record::RecordHeader)> {
-    use ctxpod_format::record::RecordHeader;
+fn all_records(dev: &std::fs::File) -> Vec<(u64, RecordHeader)> {
     let len = dev.metadata().expect("metadata").len();
     let mut out = Vec::new();
     let mut buf = vec![0u8; HEADER_BYTES];
@@ -188,8 +189,6 @@ fn all_records(dev: &std::fs::File) -> Vec<(u64, ctxpod_format::record::RecordHe
 /// counts as an integrity error: 0 plaintext bytes are released. Donor blocks stay readable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_tamper_cases_release_no_plaintext() {
-    use ctxpod_format::record::RecordHeader;
-    use rand::{Rng, SeedableRng};
     let cases: usize = common::env_or("CTXPOD_TAMPER_CASES", 10_000);
     let seed = common::seed_from_env("CTXPOD_TEST_SEED", 5);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -211,168 +210,17 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
     a.create_namespace("data", None).await.expect("ns");
     a.create_namespace("other", None).await.expect("ns");
     b.create_namespace("data", None).await.expect("ns");
-    const LEN: usize = 1000;
-    let victim = |i: usize| format!("v{i:06}").into_bytes();
-    let content = |k: &[u8], generation: u8| {
-        let mut d = common::content(k, LEN).to_vec();
-        d[0] ^= generation;
-        bytes::Bytes::from(d)
-    };
-    const KINDS: usize = 13;
     let all: Vec<Vec<u8>> = (0..cases).map(victim).collect();
-    // Batches of up to 1000; entries answered 503 (the write queue was full) are sent again.
-    let store = |blocks: Vec<(Vec<u8>, bytes::Bytes)>| {
-        let a = &a;
-        async move {
-            let mut left = blocks;
-            for _ in 0..1000 {
-                if left.is_empty() {
-                    return;
-                }
-                let st = a
-                    .batch_put("data", &left, Durability::Fast)
-                    .await
-                    .expect("batch put");
-                assert!(st.iter().all(|&s| s == 201 || s == 503), "{st:?}");
-                left = common::answered_busy(left, st);
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            panic!("the node stayed busy");
-        }
-    };
-    for chunk in all.chunks(1000) {
-        store(chunk.iter().map(|k| (k.clone(), content(k, 1))).collect()).await;
-    }
-    // Older generations: the kind-11 victims are deleted and stored again.
-    let regen: Vec<Vec<u8>> = all
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| i % KINDS == 11)
-        .map(|(_, k)| k.clone())
-        .collect();
-    for k in &regen {
-        assert!(a.delete("data", k).await.expect("delete"));
-    }
-    for chunk in regen.chunks(1000) {
-        store(chunk.iter().map(|k| (k.clone(), content(k, 2))).collect()).await;
-    }
-    // (namespace, of tenant b, key)
-    let donors: Vec<(&str, bool, Vec<u8>)> = (0..32)
-        .flat_map(|j| {
-            [
-                ("data", false, format!("da{j:03}").into_bytes()),
-                ("other", false, format!("oa{j:03}").into_bytes()),
-                ("data", true, format!("ob{j:03}").into_bytes()),
-            ]
-        })
-        .collect();
-    for (ns, of_b, k) in &donors {
-        let c = if *of_b { &b } else { &a };
-        c.put(ns, k, content(k, 0), Durability::Durable)
-            .await
-            .expect("donor");
-    }
+    store_victims(&a, &all).await;
+    let donors = store_donors(&a, &b).await;
     node.stop();
 
     let dev = open_device(&data_dir);
-    let recs = all_records(&dev);
-    // Per key: (offset, header) of its current (newest) and oldest record.
-    let mut newest: std::collections::HashMap<Vec<u8>, (u64, RecordHeader)> = Default::default();
-    let mut oldest: std::collections::HashMap<Vec<u8>, (u64, RecordHeader)> = Default::default();
-    for (at, h) in recs {
-        let n = newest.entry(h.key.clone()).or_insert((at, h.clone()));
-        if h.seq > n.1.seq {
-            *n = (at, h.clone());
-        }
-        let o = oldest.entry(h.key.clone()).or_insert((at, h.clone()));
-        if h.seq < o.1.seq {
-            *o = (at, h);
-        }
-    }
-    let hb = HEADER_BYTES as u64;
-    let sealed = (LEN + ctxpod_format::record::TAG_BYTES) as u64;
-    let read = |at: u64, n: u64| {
-        let mut v = vec![0u8; n as usize];
-        dev.read_exact_at(&mut v, at).expect("read");
-        v
-    };
-    let write_header = |at: u64, h: &RecordHeader| {
-        let mut buf = vec![0u8; HEADER_BYTES];
-        h.encode(&mut buf);
-        dev.write_all_at(&buf, at).expect("write");
-    };
-    let other_ns_id = newest[&b"oa000".to_vec()].1.ns_id;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut per_kind = [0usize; KINDS];
+    let mut tamper = Tamperer::new(&dev, seed);
     for (i, k) in all.iter().enumerate() {
-        let (at, h) = newest[k].clone();
-        let kind = i % KINDS;
-        let donor = |prefix: &str, rng: &mut rand::rngs::StdRng| {
-            newest[&format!("{prefix}{:03}", rng.gen_range(0..32)).into_bytes()].0
-        };
-        match kind {
-            0 => flip(&dev, at + hb + rng.gen_range(0..LEN as u64)),
-            1 => flip(&dev, at + hb + LEN as u64 + rng.gen_range(0..16)),
-            2 => flip(&dev, at + 32 + rng.gen_range(0..12)),
-            3 => flip(&dev, at + rng.gen_range(0..hb)),
-            4 => write_header(
-                at,
-                &RecordHeader {
-                    key_id: h.key_id + 1,
-                    ..h.clone()
-                },
-            ),
-            5 => write_header(
-                at,
-                &RecordHeader {
-                    len: h.len - 1 - rng.gen_range(0..16),
-                    ..h.clone()
-                },
-            ),
-            6 => write_header(
-                at,
-                &RecordHeader {
-                    ns_id: other_ns_id,
-                    ..h.clone()
-                },
-            ),
-            7 => dev
-                .write_all_at(&read(donor("da", &mut rng), 4096), at)
-                .expect("copy"),
-            8..=10 => {
-                let prefix = ["da", "oa", "ob"][kind - 8];
-                let from = donor(prefix, &mut rng);
-                dev.write_all_at(&read(from + hb, sealed), at + hb)
-                    .expect("copy");
-            }
-            12 => {
-                write_header(
-                    at,
-                    &RecordHeader {
-                        plaintext: true,
-                        ..h.clone()
-                    },
-                );
-                let mut body = content(k, 1).to_vec();
-                body.extend_from_slice(&[0u8; ctxpod_format::record::TAG_BYTES]);
-                dev.write_all_at(&body, at + hb).expect("forge");
-            }
-            _ => {
-                let (old_at, old) = oldest[k].clone();
-                assert!(
-                    old.seq < h.seq,
-                    "an older generation of {k:?} is on the device"
-                );
-                if rng.gen() {
-                    dev.write_all_at(&read(old_at, 4096), at).expect("replay");
-                } else {
-                    dev.write_all_at(&read(old_at + hb, sealed), at + hb)
-                        .expect("replay");
-                }
-            }
-        }
-        per_kind[kind] += 1;
+        tamper.damage(i % KINDS, k);
     }
+    let per_kind = tamper.per_kind;
     dev.sync_all().expect("sync");
     drop(dev);
 
@@ -401,11 +249,236 @@ async fn ten_thousand_tamper_cases_release_no_plaintext() {
         let c = if *of_b { &b } else { &a };
         assert_eq!(
             c.get(ns, k).await.expect("get"),
-            Some(content(k, 0)),
+            Some(victim_content(k, 0)),
             "donor intact"
         );
     }
     eprintln!("{cases} tamper cases rejected, by kind: {per_kind:?}");
+}
+
+/// The length of every block of [`ten_thousand_tamper_cases_release_no_plaintext`].
+const TAMPER_LEN: usize = 1000;
+/// The ways a record is damaged there (see [`Tamperer::damage`]).
+const KINDS: usize = 13;
+
+/// The key of tamper victim `i`.
+fn victim(i: usize) -> Vec<u8> {
+    format!("v{i:06}").into_bytes()
+}
+
+/// The contents of block `k` in its `generation` (the first byte differs between
+/// generations, so that a replayed older one is told apart).
+fn victim_content(k: &[u8], generation: u8) -> bytes::Bytes {
+    let mut d = common::content(k, TAMPER_LEN).to_vec();
+    d[0] ^= generation;
+    bytes::Bytes::from(d)
+}
+
+/// Stores `blocks` in namespace `data` through `a`, in one batch; entries answered 503
+/// (the write queue was full) are sent again.
+async fn store_retrying(a: &Client, blocks: Vec<(Vec<u8>, bytes::Bytes)>) {
+    let mut left = blocks;
+    for _ in 0..1000 {
+        if left.is_empty() {
+            return;
+        }
+        let st = a
+            .batch_put("data", &left, Durability::Fast)
+            .await
+            .expect("batch put");
+        assert!(st.iter().all(|&s| s == 201 || s == 503), "{st:?}");
+        left = common::answered_busy(left, st);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("the node stayed busy");
+}
+
+/// Stores every victim (generation 1) in batches of up to 1000, then gives the kind-11
+/// victims an older generation on the device: deleted and stored again (generation 2).
+async fn store_victims(a: &Client, all: &[Vec<u8>]) {
+    for chunk in all.chunks(1000) {
+        store_retrying(
+            a,
+            chunk
+                .iter()
+                .map(|k| (k.clone(), victim_content(k, 1)))
+                .collect(),
+        )
+        .await;
+    }
+    // Older generations: the kind-11 victims are deleted and stored again.
+    let regen: Vec<Vec<u8>> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % KINDS == 11)
+        .map(|(_, k)| k.clone())
+        .collect();
+    for k in &regen {
+        assert!(a.delete("data", k).await.expect("delete"));
+    }
+    for chunk in regen.chunks(1000) {
+        store_retrying(
+            a,
+            chunk
+                .iter()
+                .map(|k| (k.clone(), victim_content(k, 2)))
+                .collect(),
+        )
+        .await;
+    }
+}
+
+/// Stores the donor blocks whose records are copied over victims: 32 each in tenant a's
+/// `data` (`da…`) and `other` (`oa…`), and tenant b's `data` (`ob…`). Each as
+/// (namespace, of tenant b, key).
+async fn store_donors(a: &Client, b: &Client) -> Vec<(&'static str, bool, Vec<u8>)> {
+    let donors: Vec<(&str, bool, Vec<u8>)> = (0..32)
+        .flat_map(|j| {
+            [
+                ("data", false, format!("da{j:03}").into_bytes()),
+                ("other", false, format!("oa{j:03}").into_bytes()),
+                ("data", true, format!("ob{j:03}").into_bytes()),
+            ]
+        })
+        .collect();
+    for (ns, of_b, k) in &donors {
+        let c = if *of_b { b } else { a };
+        c.put(ns, k, victim_content(k, 0), Durability::Durable)
+            .await
+            .expect("donor");
+    }
+    donors
+}
+
+/// Per key: (offset, header) of its current (newest) and its oldest record on the device.
+type RecordsByKey = HashMap<Vec<u8>, (u64, RecordHeader)>;
+
+/// Damages records on a stopped node's device, one tamper case at a time.
+struct Tamperer<'a> {
+    dev: &'a std::fs::File,
+    newest: RecordsByKey,
+    oldest: RecordsByKey,
+    /// The id of tenant a's other namespace, for headers claiming it.
+    other_ns_id: u32,
+    rng: rand::rngs::StdRng,
+    /// How many cases of each kind were made.
+    per_kind: [usize; KINDS],
+}
+
+impl<'a> Tamperer<'a> {
+    fn new(dev: &'a std::fs::File, seed: u64) -> Self {
+        use rand::SeedableRng;
+        let mut newest = RecordsByKey::default();
+        let mut oldest = RecordsByKey::default();
+        for (at, h) in all_records(dev) {
+            let n = newest.entry(h.key.clone()).or_insert((at, h.clone()));
+            if h.seq > n.1.seq {
+                *n = (at, h.clone());
+            }
+            let o = oldest.entry(h.key.clone()).or_insert((at, h.clone()));
+            if h.seq < o.1.seq {
+                *o = (at, h);
+            }
+        }
+        let other_ns_id = newest[&b"oa000".to_vec()].1.ns_id;
+        Tamperer {
+            dev,
+            newest,
+            oldest,
+            other_ns_id,
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            per_kind: [0; KINDS],
+        }
+    }
+
+    fn read(&self, at: u64, n: u64) -> Vec<u8> {
+        let mut v = vec![0u8; n as usize];
+        self.dev.read_exact_at(&mut v, at).expect("read");
+        v
+    }
+
+    fn write_header(&self, at: u64, h: &RecordHeader) {
+        let mut buf = vec![0u8; HEADER_BYTES];
+        h.encode(&mut buf);
+        self.dev.write_all_at(&buf, at).expect("write");
+    }
+
+    /// The offset of a random donor's record among those whose key starts with `prefix`.
+    fn donor(&mut self, prefix: &str) -> u64 {
+        use rand::Rng;
+        self.newest[&format!("{prefix}{:03}", self.rng.gen_range(0..32)).into_bytes()].0
+    }
+
+    /// Damages the current record of victim `k` in the way `kind` (0..[`KINDS`]) says.
+    fn damage(&mut self, kind: usize, k: &[u8]) {
+        use rand::Rng;
+        let dev = self.dev;
+        let (at, h) = self.newest[k].clone();
+        let hb = HEADER_BYTES as u64;
+        let sealed = (TAMPER_LEN + ctxpod_format::record::TAG_BYTES) as u64;
+        let len = TAMPER_LEN as u64;
+        match kind {
+            0 => flip(dev, at + hb + self.rng.gen_range(0..len)),
+            1 => flip(dev, at + hb + len + self.rng.gen_range(0..16)),
+            2 => flip(dev, at + 32 + self.rng.gen_range(0..12)),
+            3 => flip(dev, at + self.rng.gen_range(0..hb)),
+            4 => self.write_header(
+                at,
+                &RecordHeader {
+                    key_id: h.key_id + 1,
+                    ..h.clone()
+                },
+            ),
+            5 => {
+                let len = h.len - 1 - self.rng.gen_range(0..16);
+                self.write_header(at, &RecordHeader { len, ..h.clone() })
+            }
+            6 => self.write_header(
+                at,
+                &RecordHeader {
+                    ns_id: self.other_ns_id,
+                    ..h.clone()
+                },
+            ),
+            7 => {
+                let from = self.donor("da");
+                dev.write_all_at(&self.read(from, 4096), at).expect("copy")
+            }
+            8..=10 => {
+                let prefix = ["da", "oa", "ob"][kind - 8];
+                let from = self.donor(prefix);
+                dev.write_all_at(&self.read(from + hb, sealed), at + hb)
+                    .expect("copy");
+            }
+            12 => {
+                self.write_header(
+                    at,
+                    &RecordHeader {
+                        plaintext: true,
+                        ..h.clone()
+                    },
+                );
+                let mut body = victim_content(k, 1).to_vec();
+                body.extend_from_slice(&[0u8; ctxpod_format::record::TAG_BYTES]);
+                dev.write_all_at(&body, at + hb).expect("forge");
+            }
+            _ => {
+                let (old_at, old) = self.oldest[k].clone();
+                assert!(
+                    old.seq < h.seq,
+                    "an older generation of {k:?} is on the device"
+                );
+                if self.rng.gen() {
+                    dev.write_all_at(&self.read(old_at, 4096), at)
+                        .expect("replay");
+                } else {
+                    dev.write_all_at(&self.read(old_at + hb, sealed), at + hb)
+                        .expect("replay");
+                }
+            }
+        }
+        self.per_kind[kind] += 1;
+    }
 }
 
 /// A node formatted with `encrypt_at_rest = false` stores bodies as received (the device

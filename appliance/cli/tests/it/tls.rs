@@ -111,20 +111,7 @@ async fn mtls_maps_certificates_to_tenants_and_refuses_bad_ones() {
             how(client_tls(&stranger_ca, Some(&good))),
         ),
     ] {
-        let c = Client::connect(node.url.clone(), &h).expect("client");
-        let r = c.namespaces().await;
-        assert!(
-            matches!(&r, Err(e) if e.status().is_none()),
-            "{what}: HTTP got {:?}",
-            r.map(|_| ())
-        );
-        let t = TransferClient::connect_with(&node.transfer_addr(), &h).await;
-        match t {
-            Err(_) => {}
-            // TLS 1.3: the client may finish its side before the node refuses the
-            // certificate; the first request then fails.
-            Ok(t) => assert!(t.ping().await.is_err(), "{what}: CXP1 ping went through"),
-        }
+        refused_in_the_handshake(&node, what, &h).await;
     }
     let plain = Client::new(node.url.replace("https://", "http://"));
     assert!(
@@ -141,6 +128,25 @@ async fn mtls_maps_certificates_to_tenants_and_refuses_bad_ones() {
     assert!(https_ok(&node.url, &a).await);
 }
 
+/// Checks that a client connecting the way `h` says (`what`) is refused during the TLS
+/// handshake by both listeners: no HTTP status, no CXP1 request answered.
+async fn refused_in_the_handshake(node: &Node, what: &str, h: &Connect) {
+    let c = Client::connect(node.url.clone(), h).expect("client");
+    let r = c.namespaces().await;
+    assert!(
+        matches!(&r, Err(e) if e.status().is_none()),
+        "{what}: HTTP got {:?}",
+        r.map(|_| ())
+    );
+    let t = TransferClient::connect_with(&node.transfer_addr(), h).await;
+    match t {
+        Err(_) => {}
+        // TLS 1.3: the client may finish its side before the node refuses the
+        // certificate; the first request then fails.
+        Ok(t) => assert!(t.ping().await.is_err(), "{what}: CXP1 ping went through"),
+    }
+}
+
 async fn handshake_failures(node: &Node) -> u64 {
     let m = node.client.metrics().await.expect("metrics");
     m.lines()
@@ -152,6 +158,35 @@ async fn handshake_failures(node: &Node) -> u64 {
 fn sighup(node: &Node) {
     // SAFETY: signalling the child process the test started.
     unsafe { libc::kill(node.pid() as i32, libc::SIGHUP) };
+}
+
+/// Copies the certificate and key of `from` over those of `to`, written aside and renamed
+/// in, the way a Secret update lands.
+fn install(from: &Files, to: &Files) {
+    for (from, to) in [(&from.cert, &to.cert), (&from.key, &to.key)] {
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(from, &tmp).expect("copy");
+        std::fs::rename(&tmp, to).expect("rename");
+    }
+}
+
+/// Waits (asking every `every`) until a client trusting `ca` alone is served over HTTPS;
+/// fails with `what` after `within`.
+async fn served_under(node: &Node, ca: &Ca, within: Duration, every: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while !https_ok(&node.url, &how(client_tls(ca, None))).await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Checks that block `x` reads back over the CXP1 connection `wire`.
+async fn x_reads_back(wire: &TransferClient) {
+    let got = wire
+        .get("default", &[Bytes::from_static(b"x")])
+        .await
+        .expect("get");
+    assert_eq!(got, vec![Some(block(3, 10_000))]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,15 +202,7 @@ async fn certificates_reload_without_dropping_connections() {
         cert: live.join("tls.crt"),
         key: live.join("tls.key"),
     };
-    let install = |f: &Files| {
-        // Written aside and renamed in, the way a Secret update lands.
-        for (from, to) in [(&f.cert, &server.cert), (&f.key, &server.key)] {
-            let tmp = to.with_extension("tmp");
-            std::fs::copy(from, &tmp).expect("copy");
-            std::fs::rename(&tmp, to).expect("rename");
-        }
-    };
-    install(&s1);
+    install(&s1, &server);
     let node = Node::start_configured(
         &dir.path().join("n"),
         &["--capacity", "256MiB"],
@@ -194,13 +221,10 @@ async fn certificates_reload_without_dropping_connections() {
     assert!(keep.namespaces().await.is_ok());
 
     // SIGHUP: certificate 2 is served to new connections at once.
-    install(&ca2.server(&pki, "node2"));
+    install(&ca2.server(&pki, "node2"), &server);
     sighup(&node);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !https_ok(&node.url, &only(&ca2)).await {
-        assert!(Instant::now() < deadline, "certificate 2 never served");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (secs_20, ms_50) = (Duration::from_secs(20), Duration::from_millis(50));
+    served_under(&node, &ca2, secs_20, ms_50, "certificate 2 never served").await;
     assert!(
         !https_ok(&node.url, &only(&ca1)).await,
         "certificate 1 still served"
@@ -214,23 +238,16 @@ async fn certificates_reload_without_dropping_connections() {
             .is_ok()
     );
     // The connections made before the reload go on.
-    let got = wire
-        .get("default", &[Bytes::from_static(b"x")])
-        .await
-        .expect("get");
-    assert_eq!(got, vec![Some(block(3, 10_000))]);
+    x_reads_back(&wire).await;
     assert!(
         keep.namespaces().await.is_ok(),
         "the kept-alive HTTP connection"
     );
 
     // A file change without a signal is picked up too (checked every 2 s).
-    install(&ca3.server(&pki, "node3"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !https_ok(&node.url, &only(&ca3)).await {
-        assert!(Instant::now() < deadline, "certificate 3 never served");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    install(&ca3.server(&pki, "node3"), &server);
+    let (secs_30, ms_100) = (Duration::from_secs(30), Duration::from_millis(100));
+    served_under(&node, &ca3, secs_30, ms_100, "certificate 3 never served").await;
     // A broken file is refused and the node keeps serving the last good certificate.
     std::fs::write(&server.cert, "not a certificate").expect("write");
     sighup(&node);
@@ -241,11 +258,7 @@ async fn certificates_reload_without_dropping_connections() {
         "{}",
         node.log()
     );
-    let got = wire
-        .get("default", &[Bytes::from_static(b"x")])
-        .await
-        .expect("get");
-    assert_eq!(got, vec![Some(block(3, 10_000))]);
+    x_reads_back(&wire).await;
     let m = Client::connect(node.url.clone(), &only(&ca3))
         .expect("client")
         .metrics()
@@ -258,25 +271,38 @@ async fn certificates_reload_without_dropping_connections() {
     );
 }
 
+/// `ctxpod token create <extra> --id <id> --role <role> --dir <dir> [--tenant <tenant>]`,
+/// which must succeed: what it printed. (The S3 suite makes its credentials with it too.)
+pub(crate) fn token_create(
+    dir: &Path,
+    extra: &[&str],
+    id: &str,
+    role: &str,
+    tenant: Option<&str>,
+) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"));
+    cmd.args(["token", "create"])
+        .args(extra)
+        .args(["--id", id, "--role", role, "--dir"])
+        .arg(dir);
+    if let Some(t) = tenant {
+        cmd.args(["--tenant", t]);
+    }
+    let out = cmd.output().expect("ctxpod token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_files_reload_on_sighup() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tokens = dir.path().join("tokens");
     let make = |id: &str, role: &str, tenant: Option<&str>| -> String {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ctxpod"));
-        cmd.args(["token", "create", "--id", id, "--role", role, "--dir"])
-            .arg(&tokens);
-        if let Some(t) = tenant {
-            cmd.args(["--tenant", t]);
-        }
-        let out = cmd.output().expect("ctxpod token create");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .expect("utf-8")
+        token_create(&tokens, &[], id, role, tenant)
             .trim()
             .to_string()
     };

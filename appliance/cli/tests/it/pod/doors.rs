@@ -66,22 +66,7 @@ impl Door {
                 Ok(mut v) => Ok(v.remove(0).1),
                 Err(e) => Err(status_of(&e)),
             },
-            Door::S3(s3) => {
-                let r = s3
-                    .get_object()
-                    .bucket(ns)
-                    .key(std::str::from_utf8(key).expect("ASCII keys"))
-                    .send()
-                    .await;
-                match r {
-                    Ok(o) => Ok(Some(o.body.collect().await.expect("body").into_bytes())),
-                    Err(e) => match e.raw_response().map(|r| r.status().as_u16()) {
-                        Some(404) => Ok(None),
-                        Some(s) => Err(format!("refused {s}")),
-                        None => Err(format!("failed: {e:?}")),
-                    },
-                }
-            }
+            Door::S3(s3) => s3_get(s3, ns, key).await,
         };
         match got {
             Ok(Some(b)) if b == *want => "hit".into(),
@@ -108,22 +93,7 @@ impl Door {
                 Ok(v) => status(v[0]),
                 Err(e) => status_of(&e),
             },
-            Door::S3(s3) => {
-                let r = s3
-                    .put_object()
-                    .bucket(ns)
-                    .key(std::str::from_utf8(key).expect("ASCII keys"))
-                    .body(data.into())
-                    .send()
-                    .await;
-                match r {
-                    Ok(_) => "stored".into(),
-                    Err(e) => match e.raw_response().map(|r| r.status().as_u16()) {
-                        Some(s) => format!("refused {s}"),
-                        None => format!("failed: {e:?}"),
-                    },
-                }
-            }
+            Door::S3(s3) => s3_put(s3, ns, key, data).await,
         }
     }
 
@@ -142,19 +112,46 @@ impl Door {
             },
             // No batch delete: a batch client deletes through the node, one block.
             Door::Forward(c) | Door::Batch(c) => done(c.delete(ns, key).await),
-            Door::S3(s3) => {
-                let r = s3
-                    .delete_object()
-                    .bucket(ns)
-                    .key(std::str::from_utf8(key).expect("ASCII keys"))
-                    .send()
-                    .await;
-                match r {
-                    Ok(_) => "done".into(),
-                    Err(e) => format!("failed: {e:?}"),
-                }
-            }
+            Door::S3(s3) => s3_delete(s3, ns, key).await,
         }
+    }
+}
+
+/// A table key as an S3 object key (the table's keys are ASCII).
+fn object_key(key: &[u8]) -> &str {
+    std::str::from_utf8(key).expect("ASCII keys")
+}
+
+/// The S3 door's GET of `key` in bucket `ns`: its bytes, none (404), or why not.
+async fn s3_get(s3: &aws_sdk_s3::Client, ns: &str, key: &[u8]) -> Result<Option<Bytes>, String> {
+    match s3.get_object().bucket(ns).key(object_key(key)).send().await {
+        Ok(o) => Ok(Some(o.body.collect().await.expect("body").into_bytes())),
+        Err(e) => match e.raw_response().map(|r| r.status().as_u16()) {
+            Some(404) => Ok(None),
+            Some(s) => Err(format!("refused {s}")),
+            None => Err(format!("failed: {e:?}")),
+        },
+    }
+}
+
+/// The S3 door's PUT of `data` as `key` in bucket `ns`, as the table spells its answer.
+async fn s3_put(s3: &aws_sdk_s3::Client, ns: &str, key: &[u8], data: Bytes) -> String {
+    let put = s3.put_object().bucket(ns).key(object_key(key));
+    match put.body(data.into()).send().await {
+        Ok(_) => "stored".into(),
+        Err(e) => match e.raw_response().map(|r| r.status().as_u16()) {
+            Some(s) => format!("refused {s}"),
+            None => format!("failed: {e:?}"),
+        },
+    }
+}
+
+/// The S3 door's DELETE of `key` in bucket `ns`, as the table spells its answer.
+async fn s3_delete(s3: &aws_sdk_s3::Client, ns: &str, key: &[u8]) -> String {
+    let delete = s3.delete_object().bucket(ns).key(object_key(key));
+    match delete.send().await {
+        Ok(_) => "done".into(),
+        Err(e) => format!("failed: {e:?}"),
     }
 }
 
@@ -272,55 +269,18 @@ async fn every_door_gives_the_same_answers_to_the_pods_scenarios() {
         );
     }
     wait_views(&nodes, 3).await;
-    create_replicated(&nodes[0], NS, 2).await;
-    nodes[0]
-        .client
-        .create_namespace_with(
-            SMALL,
-            &ctxpod_wire::types::CreateNamespace {
-                quota_bytes: Some(1 << 20),
-                replication: Some(2),
-            },
-        )
-        .await
-        .unwrap();
-    let seeds: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    create_namespaces(&nodes[0]).await;
     let urls: Vec<(String, String)> = ["a", "b", "c"]
         .iter()
         .zip(&nodes)
         .map(|(id, n)| (id.to_string(), n.url.clone()))
         .collect();
+    let seeds: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let pc = PodClient::connect(&seeds, &Connect::default())
         .await
         .unwrap();
     wait_members(&pc, 3).await;
-    let s3_addr = std::fs::read_to_string(nodes[0].dir.join("ctxpod.s3.addr")).unwrap();
-    let s3 = aws_sdk_s3::Client::from_conf(
-        aws_sdk_s3::Config::builder()
-            .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
-            .endpoint_url(format!("http://{}", s3_addr.trim()))
-            .force_path_style(true)
-            .region(aws_sdk_s3::config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_s3::config::Credentials::new(
-                "k", "s", None, None, "t",
-            ))
-            .build(),
-    );
-    let doors = [
-        Door::Http(
-            PodClient::connect(&seeds, &Connect::default())
-                .await
-                .unwrap(),
-        ),
-        Door::Cxp1(
-            TransferPod::connect(&seeds, &Connect::default())
-                .await
-                .unwrap(),
-        ),
-        Door::Forward(Client::connect(&nodes[0].url, &Connect::default()).unwrap()),
-        Door::Batch(Client::connect(&nodes[0].url, &Connect::default()).unwrap()),
-        Door::S3(s3),
-    ];
+    let doors = open_doors(&seeds, &nodes[0]).await;
 
     // Every row's state, for every door, before anything runs (the rows of the second
     // phase on keys whose first member is c, the member killed then).
@@ -343,30 +303,9 @@ async fn every_door_gives_the_same_answers_to_the_pods_scenarios() {
         }
         for (d, r, key, data) in &keys {
             let row = &rows[*r];
-            if row["phase"].as_str() != phase {
-                continue;
-            }
-            let door = &doors[*d];
-            let ns = row["namespace"].as_str().unwrap_or(NS);
-            for step in row["steps"].as_array().unwrap() {
-                let (op, want) = (step[0].as_str().unwrap(), step[1].as_str().unwrap());
-                let got = match op {
-                    "get" => door.get(ns, key, data).await,
-                    "put" => door.put(ns, key, data.clone()).await,
-                    "put_large" => {
-                        let big = Bytes::from(vec![7u8; large]);
-                        door.put(ns, key, big).await
-                    }
-                    "delete" => door.delete(ns, key).await,
-                    op => panic!("unknown op {op}"),
-                };
-                if got != want {
-                    failures.push(format!(
-                        "{}: {:?}: {op} answered {got:?}, the table says {want:?}",
-                        door.name(),
-                        row["name"].as_str().unwrap()
-                    ));
-                }
+            if row["phase"].as_str() == phase {
+                let door = &doors[*d];
+                failures.extend(run_row(door, row, key, data, large).await);
             }
         }
     }
@@ -376,4 +315,79 @@ async fn every_door_gives_the_same_answers_to_the_pods_scenarios() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The table's namespaces, created through `node`: `NS` (two copies of each block) and
+/// `SMALL` (two copies, 1 MiB of quota).
+async fn create_namespaces(node: &Node) {
+    create_replicated(node, NS, 2).await;
+    node.client
+        .create_namespace_with(
+            SMALL,
+            &ctxpod_wire::types::CreateNamespace {
+                quota_bytes: Some(1 << 20),
+                replication: Some(2),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// Every door of the pod of `seeds`, the plain and S3 ones through node `a`.
+async fn open_doors(seeds: &[String], a: &Node) -> [Door; 5] {
+    let s3_addr = std::fs::read_to_string(a.dir.join("ctxpod.s3.addr")).unwrap();
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::Config::builder()
+            .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+            .endpoint_url(format!("http://{}", s3_addr.trim()))
+            .force_path_style(true)
+            .region(aws_sdk_s3::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_s3::config::Credentials::new(
+                "k", "s", None, None, "t",
+            ))
+            .build(),
+    );
+    [
+        Door::Http(
+            PodClient::connect(seeds, &Connect::default())
+                .await
+                .unwrap(),
+        ),
+        Door::Cxp1(
+            TransferPod::connect(seeds, &Connect::default())
+                .await
+                .unwrap(),
+        ),
+        Door::Forward(Client::connect(&a.url, &Connect::default()).unwrap()),
+        Door::Batch(Client::connect(&a.url, &Connect::default()).unwrap()),
+        Door::S3(s3),
+    ]
+}
+
+/// Runs `row`'s steps through `door` on `key` (staged with `data`; `large`: the size of
+/// `put_large`'s block): one line per answer that differs from the table's.
+async fn run_row(door: &Door, row: &Value, key: &[u8], data: &Bytes, large: usize) -> Vec<String> {
+    let ns = row["namespace"].as_str().unwrap_or(NS);
+    let mut failures = Vec::new();
+    for step in row["steps"].as_array().unwrap() {
+        let (op, want) = (step[0].as_str().unwrap(), step[1].as_str().unwrap());
+        let got = match op {
+            "get" => door.get(ns, key, data).await,
+            "put" => door.put(ns, key, data.clone()).await,
+            "put_large" => {
+                let big = Bytes::from(vec![7u8; large]);
+                door.put(ns, key, big).await
+            }
+            "delete" => door.delete(ns, key).await,
+            op => panic!("unknown op {op}"),
+        };
+        if got != want {
+            failures.push(format!(
+                "{}: {:?}: {op} answered {got:?}, the table says {want:?}",
+                door.name(),
+                row["name"].as_str().unwrap()
+            ));
+        }
+    }
+    failures
 }
