@@ -211,43 +211,90 @@ fn run(a: RunArgs) -> Result<(), String> {
     });
     let secs = (dev.now_ns() - t0) as f64 / 1e9;
     lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * p) as usize)
-            .map_or(0.0, |&v| v as f64 / 1e3)
+    let m = Measured {
+        n,
+        errors,
+        secs,
+        lat,
+        before,
+        after: dev.stats(),
+        e: dev.endurance(),
     };
-    let after = dev.stats();
-    let host = after.wear.host_bytes_written - before.wear.host_bytes_written;
-    let nand = after.wear.nand_bytes_written - before.wear.nand_bytes_written;
-    let e = dev.endurance();
-    let out = serde_json::json!({
+    let out = result_json(&a, &profile, &m);
+    if a.json {
+        println!("{out}");
+        return Ok(());
+    }
+    print_text(&a, &profile, &m, &out);
+    Ok(())
+}
+
+/// What a run measured: `n` commands, their errors and sorted latencies (ns) over `secs`
+/// of virtual time, the device's statistics before and after, its endurance.
+struct Measured {
+    n: u64,
+    errors: u64,
+    secs: f64,
+    lat: Vec<u64>,
+    before: ctxpod_firmware_sim::SimStats,
+    after: ctxpod_firmware_sim::SimStats,
+    e: ctxpod_firmware_sim::Endurance,
+}
+
+impl Measured {
+    /// Latency percentile `p`, in µs (0 without commands).
+    fn pct(&self, p: f64) -> f64 {
+        self.lat
+            .get(((self.lat.len() as f64 - 1.0) * p) as usize)
+            .map_or(0.0, |&v| v as f64 / 1e3)
+    }
+
+    /// Host bytes written during the run.
+    fn host(&self) -> u64 {
+        self.after.wear.host_bytes_written - self.before.wear.host_bytes_written
+    }
+
+    /// NAND bytes written during the run.
+    fn nand(&self) -> u64 {
+        self.after.wear.nand_bytes_written - self.before.wear.nand_bytes_written
+    }
+}
+
+/// The run's result as JSON (`--json` prints it; the text report reads its rates).
+fn result_json(a: &RunArgs, profile: &Profile, m: &Measured) -> serde_json::Value {
+    let (host, nand, secs, n) = (m.host(), m.nand(), m.secs, m.n);
+    let (before, after) = (&m.before, &m.after);
+    serde_json::json!({
         "profile": profile.name,
         "workload": workload_name(a.workload),
         "block_bytes": a.block,
         "qd": a.qd,
         "ops": n,
-        "errors": errors,
+        "errors": m.errors,
         "virtual_seconds": secs,
         "gb_per_s": (n * a.block) as f64 / secs / 1e9,
         "iops": n as f64 / secs,
-        "latency_us": { "p50": pct(0.5), "p99": pct(0.99), "p999": pct(0.999) },
+        "latency_us": { "p50": m.pct(0.5), "p99": m.pct(0.99), "p999": m.pct(0.999) },
         "write_amplification": if host > 0 { nand as f64 / host as f64 } else { 0.0 },
         "gc_relocated_bytes": after.wear.gc_relocated_bytes - before.wear.gc_relocated_bytes,
         "erases": after.wear.erases,
         "pe_cycles_max": after.wear.pe_cycles_max,
-        "endurance": e,
+        "endurance": m.e,
         "rated_tbw_bytes": profile.rated_tbw_bytes(),
         "faults": after.faults,
-    });
-    if a.json {
-        println!("{out}");
-        return Ok(());
-    }
+    })
+}
+
+/// The run's result as text on stdout.
+fn print_text(a: &RunArgs, profile: &Profile, m: &Measured, out: &serde_json::Value) {
+    let (host, nand, e) = (m.host(), m.nand(), &m.e);
+    let (before, after) = (&m.before, &m.after);
     println!(
         "{} on {} ({} GiB simulated), {} × {} KiB at QD{}",
         workload_name(a.workload),
         profile.name,
         a.device_bytes >> 30,
-        n,
+        m.n,
         a.block >> 10,
         a.qd
     );
@@ -255,14 +302,14 @@ fn run(a: RunArgs) -> Result<(), String> {
         "  {:.3} GB/s, {:.0} IOPS over {:.3} s of virtual time; {} errors",
         out["gb_per_s"].as_f64().unwrap_or(0.0),
         out["iops"].as_f64().unwrap_or(0.0),
-        secs,
-        errors
+        m.secs,
+        m.errors
     );
     println!(
         "  latency p50 {:.0} µs, p99 {:.0} µs, p99.9 {:.0} µs",
-        pct(0.5),
-        pct(0.99),
-        pct(0.999)
+        m.pct(0.5),
+        m.pct(0.99),
+        m.pct(0.999)
     );
     if host > 0 {
         println!(
@@ -282,7 +329,6 @@ fn run(a: RunArgs) -> Result<(), String> {
             profile.rated_tbw_bytes() / 1e15
         );
     }
-    Ok(())
 }
 
 fn workload_name(w: Workload) -> &'static str {

@@ -78,115 +78,152 @@ where
     t.elapsed().as_secs_f64()
 }
 
+/// The three doors into the node, one client each; `path` picks one: `s3`, `http` or
+/// (anything else) `cxp1`.
+struct Doors {
+    s3: aws_sdk_s3::Client,
+    http: Client,
+    wire: TransferClient,
+}
+
+const NS: &str = "bench";
+
+impl Doors {
+    /// Connects a client to each door (the S3 one with the `aws-sdk-s3` defaults).
+    async fn connect(a: &Args) -> Doors {
+        let conf = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(&a.s3)
+            .force_path_style(true)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new(&a.ak, &a.sk, None, None, "bench"))
+            .build();
+        let s3 = aws_sdk_s3::Client::from_conf(conf);
+        let how = Connect {
+            token: Some(a.token.clone()),
+            tls: None,
+            ..Default::default()
+        };
+        let http = Client::connect(a.http.clone(), &how).expect("HTTP client");
+        let wire = TransferClient::connect_with(&a.transfer, &how)
+            .await
+            .expect("CXP1 client");
+        Doors { s3, http, wire }
+    }
+
+    /// Stores block `d` as `k` through `path`.
+    async fn put(&self, path: &str, k: String, d: Bytes) {
+        match path {
+            "s3" => {
+                self.s3
+                    .put_object()
+                    .bucket(NS)
+                    .key(&k)
+                    .body(ByteStream::from(d))
+                    .send()
+                    .await
+                    .expect("S3 put");
+            }
+            "http" => {
+                self.http
+                    .put(NS, k.as_bytes(), d, Durability::Durable)
+                    .await
+                    .expect("HTTP put");
+            }
+            _ => {
+                let st = self
+                    .wire
+                    .put(NS, &[(Bytes::from(k), d)], Durability::Durable)
+                    .await
+                    .expect("CXP1 put");
+                assert!(st[0] == 201 || st[0] == 200, "CXP1 put: {st:?}");
+            }
+        }
+    }
+
+    /// Fetches block `k` through `path`: its length.
+    async fn get(&self, path: &str, k: String) -> usize {
+        match path {
+            "s3" => self
+                .s3
+                .get_object()
+                .bucket(NS)
+                .key(&k)
+                .send()
+                .await
+                .expect("S3 get")
+                .body
+                .collect()
+                .await
+                .expect("S3 body")
+                .into_bytes()
+                .len(),
+            "http" => self
+                .http
+                .get(NS, k.as_bytes())
+                .await
+                .expect("HTTP get")
+                .expect("held")
+                .len(),
+            _ => self
+                .wire
+                .get(NS, &[Bytes::from(k)])
+                .await
+                .expect("CXP1 get")[0]
+                .as_ref()
+                .expect("held")
+                .len(),
+        }
+    }
+}
+
+/// PUTs then GETs `a.count` blocks of `size` bytes through each door and prints a row per
+/// door, then the S3/HTTP ratio of GET bandwidth.
+async fn bench_size(a: &Args, doors: &Doors, size: usize) {
+    let data: Vec<Bytes> = (0..a.count)
+        .map(|i| ctxpod_testkit::block((size + i) as u64, size))
+        .collect();
+    let gb = (size * a.count) as f64 / 1e9;
+    let key = |path: &str, i: usize| format!("{path}-{size}-{i:06}");
+    let mut get_gbps = HashMap::new();
+    for path in ["s3", "http", "cxp1"] {
+        let put = timed(a.count, a.concurrency, |i| {
+            doors.put(path, key(path, i), data[i].clone())
+        })
+        .await;
+        let get = timed(a.count, a.concurrency, |i| {
+            let (k, want) = (key(path, i), data[i].len());
+            async move {
+                let n = doors.get(path, k).await;
+                assert_eq!(n, want);
+            }
+        })
+        .await;
+        get_gbps.insert(path, gb / get);
+        println!(
+            "{size},{path},{:.3},{:.3},{:.0}",
+            gb / put,
+            gb / get,
+            a.count as f64 / get
+        );
+    }
+    println!(
+        "{size},s3_get/http_get,{:.2}",
+        get_gbps["s3"] / get_gbps["http"]
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let a = args();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let conf = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .endpoint_url(&a.s3)
-        .force_path_style(true)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(&a.ak, &a.sk, None, None, "bench"))
-        .build();
-    let s3 = aws_sdk_s3::Client::from_conf(conf);
-    let how = Connect {
-        token: Some(a.token.clone()),
-        tls: None,
-        ..Default::default()
-    };
-    let http = Client::connect(a.http.clone(), &how).expect("HTTP client");
-    let wire = TransferClient::connect_with(&a.transfer, &how)
-        .await
-        .expect("CXP1 client");
-    let ns = "bench";
-    let _ = s3.create_bucket().bucket(ns).send().await;
+    let doors = Doors::connect(&a).await;
+    let _ = doors.s3.create_bucket().bucket(NS).send().await;
     println!(
         "size_bytes,path,put_gbps,get_gbps,get_ops_per_s ({} blocks, {} in flight)",
         a.count, a.concurrency
     );
     for &size in &a.sizes {
-        let data: Vec<Bytes> = (0..a.count)
-            .map(|i| ctxpod_testkit::block((size + i) as u64, size))
-            .collect();
-        let gb = (size * a.count) as f64 / 1e9;
-        let key = |path: &str, i: usize| format!("{path}-{size}-{i:06}");
-        let mut get_gbps = HashMap::new();
-        for path in ["s3", "http", "cxp1"] {
-            let put = timed(a.count, a.concurrency, |i| {
-                let (k, d) = (key(path, i), data[i].clone());
-                let (s3, http, wire) = (&s3, &http, &wire);
-                async move {
-                    match path {
-                        "s3" => {
-                            s3.put_object()
-                                .bucket(ns)
-                                .key(&k)
-                                .body(ByteStream::from(d))
-                                .send()
-                                .await
-                                .expect("S3 put");
-                        }
-                        "http" => {
-                            http.put(ns, k.as_bytes(), d, Durability::Durable)
-                                .await
-                                .expect("HTTP put");
-                        }
-                        _ => {
-                            let st = wire
-                                .put(ns, &[(Bytes::from(k), d)], Durability::Durable)
-                                .await
-                                .expect("CXP1 put");
-                            assert!(st[0] == 201 || st[0] == 200, "CXP1 put: {st:?}");
-                        }
-                    }
-                }
-            })
-            .await;
-            let get = timed(a.count, a.concurrency, |i| {
-                let (k, want) = (key(path, i), data[i].len());
-                let (s3, http, wire) = (&s3, &http, &wire);
-                async move {
-                    let n = match path {
-                        "s3" => s3
-                            .get_object()
-                            .bucket(ns)
-                            .key(&k)
-                            .send()
-                            .await
-                            .expect("S3 get")
-                            .body
-                            .collect()
-                            .await
-                            .expect("S3 body")
-                            .into_bytes()
-                            .len(),
-                        "http" => http
-                            .get(ns, k.as_bytes())
-                            .await
-                            .expect("HTTP get")
-                            .expect("held")
-                            .len(),
-                        _ => wire.get(ns, &[Bytes::from(k)]).await.expect("CXP1 get")[0]
-                            .as_ref()
-                            .expect("held")
-                            .len(),
-                    };
-                    assert_eq!(n, want);
-                }
-            })
-            .await;
-            get_gbps.insert(path, gb / get);
-            println!(
-                "{size},{path},{:.3},{:.3},{:.0}",
-                gb / put,
-                gb / get,
-                a.count as f64 / get
-            );
-        }
-        println!(
-            "{size},s3_get/http_get,{:.2}",
-            get_gbps["s3"] / get_gbps["http"]
-        );
+        bench_size(&a, &doors, size).await;
     }
 }

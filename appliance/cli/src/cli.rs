@@ -419,49 +419,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ctxpod_node::serve::serve(cfg).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Put { t, key, file, fast } => {
-            let key = parse_key(&key)?;
-            let mut data = Vec::new();
-            if file.as_os_str() == "-" {
-                std::io::stdin().read_to_end(&mut data)?;
-            } else {
-                data = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
-            }
-            let d = if fast {
-                Durability::Fast
-            } else {
-                Durability::Durable
-            };
-            let n = data.len();
-            let out = t
-                .creds
-                .http(&t.addr)?
-                .put(&t.ns, &key, Bytes::from(data), d)
-                .await?;
-            let what = match out {
-                PutOutcome::Created => "stored",
-                PutOutcome::Exists => "already stored",
-            };
-            eprintln!("{what}: {n} bytes");
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Get { t, key, output } => {
-            let key = parse_key(&key)?;
-            match t.creds.http(&t.addr)?.get(&t.ns, &key).await? {
-                Some(b) => {
-                    match output {
-                        Some(p) => std::fs::write(&p, &b)
-                            .with_context(|| format!("write {}", p.display()))?,
-                        None => std::io::stdout().write_all(&b)?,
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => {
-                    eprintln!("not found");
-                    Ok(ExitCode::from(4))
-                }
-            }
-        }
+        Cmd::Put { t, key, file, fast } => put(&t, &key, &file, fast).await,
+        Cmd::Get { t, key, output } => get(&t, &key, output).await,
         Cmd::Drain {
             addr,
             creds,
@@ -474,57 +433,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             wait,
             timeout,
         } => repair(&addr, &creds, wait, std::time::Duration::from_secs(timeout)).await,
-        Cmd::Stat { t } => {
-            let s = t.creds.http(&t.addr)?.stats().await?;
-            println!("{}", serde_json::to_string_pretty(&s)?);
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Stat { t } => stat(&t).await,
         Cmd::Ns {
             t,
             create,
             delete,
             quota,
-        } => {
-            let c = t.creds.http(&t.addr)?;
-            if create {
-                let info = c.create_namespace(&t.ns, quota.map(|q| q.0)).await?;
-                println!("{}", serde_json::to_string_pretty(&info)?);
-            } else if delete {
-                c.delete_namespace(&t.ns).await?;
-                eprintln!("deleted namespace {}", t.ns);
-            } else {
-                println!("{}", serde_json::to_string_pretty(&c.namespaces().await?)?);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => ns(&t, create, delete, quota).await,
         Cmd::Bench(args) => {
             init_logging("warn");
             ctxpod_tools::bench::run(args).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Plan { args, addr, creds } => {
-            let live = if args.live {
-                Some(creds.http(&addr)?.pod_mrc().await?)
-            } else {
-                None
-            };
-            ctxpod_node::plan_args::run(&args, live.as_ref())?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Plan { args, addr, creds } => plan(&args, &addr, &creds).await,
         Cmd::Replay { t, args } => {
             let c = t.creds.http(&t.addr)?;
             ctxpod_tools::replay::run(&c, Some(t.creds.connect()?), &t.ns, &args).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Match { t, keys } => {
-            let keys = keys
-                .iter()
-                .map(|k| parse_key(k).map(Bytes::from))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let c = t.creds.wire(&t.transfer).await?;
-            println!("{}", c.match_prefix(&t.ns, &keys).await?);
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Match { t, keys } => match_chain(&t, &keys).await,
         Cmd::Prefetch {
             t,
             keys,
@@ -533,25 +460,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_len,
             output,
         } => prefetch(t, keys, &policy, deadline_ms, max_len, output).await,
-        Cmd::Events { t, count } => {
-            let c = t.creds.wire(&t.transfer).await?;
-            let mut sub = c.subscribe(&t.ns).await?;
-            let mut seen = 0u64;
-            while let Some(b) = sub.next().await {
-                if b.lost > 0 {
-                    println!("lost {}", b.lost);
-                }
-                for (kind, key) in b.events {
-                    println!("{} {}", kind.name(), hex::encode(&key));
-                    seen += 1;
-                    if count.is_some_and(|c| seen >= c) {
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                }
-            }
-            eprintln!("the subscription ended (namespace deleted or connection closed)");
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Events { t, count } => events(&t, count).await,
         Cmd::Token {
             cmd:
                 TokenCmd::Create {
@@ -561,66 +470,216 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     s3,
                     dir,
                 },
-        } => {
-            anyhow::ensure!(
-                ctxpod_wire::proto::Role::parse(&role).is_some(),
-                "--role must be admin, viewer, tenant-rw or tenant-ro"
-            );
-            anyhow::ensure!(
-                (role == "admin" || role == "viewer") == tenant.is_none(),
-                "a tenant role needs --tenant; an admin or a viewer has none"
-            );
-            if let Some(t) = &tenant {
-                ctxpod_wire::namespace::check_tenant_name(t)?;
-            }
-            let (token, hash) = ctxpod_node::auth::new_token(&id).map_err(anyhow::Error::msg)?;
-            let tenant_line = tenant
-                .as_ref()
-                .map(|t| format!("tenant = \"{t}\"\n"))
-                .unwrap_or_default();
-            let s3_secret = s3.then(ctxpod_node::auth::new_s3_secret);
-            let s3_line = s3_secret
-                .as_ref()
-                .map(|k| format!("s3_secret = \"{}\"\n", k.as_str()))
-                .unwrap_or_default();
-            let entry = format!("role = \"{role}\"\n{tenant_line}hash = \"{hash}\"\n{s3_line}");
-            match dir {
-                Some(d) => {
-                    use std::os::unix::fs::OpenOptionsExt;
-                    std::fs::create_dir_all(&d)?;
-                    let path = d.join(&id);
-                    let mut f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .open(&path)
-                        .with_context(|| format!("create {}", path.display()))?;
-                    f.write_all(entry.as_bytes())?;
-                    eprintln!("wrote {} (send the node SIGHUP to load it)", path.display());
-                }
-                None => eprintln!("[[auth.tokens]]\nid = \"{id}\"\n{entry}"),
-            }
-            println!("{}", &*token);
-            if let Some(k) = &s3_secret {
-                println!("aws_access_key_id = {id}");
-                println!("aws_secret_access_key = {}", k.as_str());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => token_create(&id, &role, tenant.as_deref(), s3, dir.as_deref()),
         Cmd::Hash {
             block_size,
             salt,
             lora,
             tokens,
-        } => {
-            anyhow::ensure!(block_size > 0, "--block-size must be at least 1");
-            let seed = block_hash::salt_hash(salt.as_deref(), lora.as_deref());
-            for h in block_hash::sequence_hashes(&tokens, block_size, seed) {
-                println!("{}", hex::encode(block_hash::key_of(h)));
+        } => hash(block_size, salt.as_deref(), lora.as_deref(), &tokens),
+    }
+}
+
+/// Parses lowercase-hex keys, in order, as the wire takes them.
+fn parse_keys(keys: &[String]) -> anyhow::Result<Vec<Bytes>> {
+    keys.iter().map(|k| parse_key(k).map(Bytes::from)).collect()
+}
+
+/// `ctxpod put`: stores a block read from `file` (`-`: stdin).
+async fn put(
+    t: &Target,
+    key: &str,
+    file: &std::path::Path,
+    fast: bool,
+) -> anyhow::Result<ExitCode> {
+    let key = parse_key(key)?;
+    let mut data = Vec::new();
+    if file.as_os_str() == "-" {
+        std::io::stdin().read_to_end(&mut data)?;
+    } else {
+        data = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
+    }
+    let d = if fast {
+        Durability::Fast
+    } else {
+        Durability::Durable
+    };
+    let n = data.len();
+    let out = t
+        .creds
+        .http(&t.addr)?
+        .put(&t.ns, &key, Bytes::from(data), d)
+        .await?;
+    let what = match out {
+        PutOutcome::Created => "stored",
+        PutOutcome::Exists => "already stored",
+    };
+    eprintln!("{what}: {n} bytes");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod get`: fetches a block to `output` (or stdout); exit code 4 when it is not found.
+async fn get(t: &Target, key: &str, output: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let key = parse_key(key)?;
+    match t.creds.http(&t.addr)?.get(&t.ns, &key).await? {
+        Some(b) => {
+            match output {
+                Some(p) => {
+                    std::fs::write(&p, &b).with_context(|| format!("write {}", p.display()))?
+                }
+                None => std::io::stdout().write_all(&b)?,
             }
             Ok(ExitCode::SUCCESS)
         }
+        None => {
+            eprintln!("not found");
+            Ok(ExitCode::from(4))
+        }
     }
+}
+
+/// `ctxpod stat`: prints the node's statistics as JSON.
+async fn stat(t: &Target) -> anyhow::Result<ExitCode> {
+    let s = t.creds.http(&t.addr)?.stats().await?;
+    println!("{}", serde_json::to_string_pretty(&s)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod plan`: sizes a pod, from the pod's live hit-ratio curve with `--live`.
+async fn plan(
+    args: &ctxpod_node::plan_args::PlanArgs,
+    addr: &str,
+    creds: &Creds,
+) -> anyhow::Result<ExitCode> {
+    let live = if args.live {
+        Some(creds.http(addr)?.pod_mrc().await?)
+    } else {
+        None
+    };
+    ctxpod_node::plan_args::run(args, live.as_ref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod match`: prints how many leading keys of the chain the node holds.
+async fn match_chain(t: &Wire, keys: &[String]) -> anyhow::Result<ExitCode> {
+    let keys = parse_keys(keys)?;
+    let c = t.creds.wire(&t.transfer).await?;
+    println!("{}", c.match_prefix(&t.ns, &keys).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod ns`: lists namespaces, or creates (`create`) or deletes (`delete`) `t.ns`.
+async fn ns(
+    t: &Target,
+    create: bool,
+    delete: bool,
+    quota: Option<ByteSize>,
+) -> anyhow::Result<ExitCode> {
+    let c = t.creds.http(&t.addr)?;
+    if create {
+        let info = c.create_namespace(&t.ns, quota.map(|q| q.0)).await?;
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else if delete {
+        c.delete_namespace(&t.ns).await?;
+        eprintln!("deleted namespace {}", t.ns);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&c.namespaces().await?)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod events`: prints a namespace's KV events until the subscription ends or `count`.
+async fn events(t: &Wire, count: Option<u64>) -> anyhow::Result<ExitCode> {
+    let c = t.creds.wire(&t.transfer).await?;
+    let mut sub = c.subscribe(&t.ns).await?;
+    let mut seen = 0u64;
+    while let Some(b) = sub.next().await {
+        if b.lost > 0 {
+            println!("lost {}", b.lost);
+        }
+        for (kind, key) in b.events {
+            println!("{} {}", kind.name(), hex::encode(&key));
+            seen += 1;
+            if count.is_some_and(|c| seen >= c) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+    eprintln!("the subscription ended (namespace deleted or connection closed)");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ctxpod token create`: makes a token (and with `s3` an S3 secret) and prints or writes
+/// the node's entry for it.
+fn token_create(
+    id: &str,
+    role: &str,
+    tenant: Option<&str>,
+    s3: bool,
+    dir: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        ctxpod_wire::proto::Role::parse(role).is_some(),
+        "--role must be admin, viewer, tenant-rw or tenant-ro"
+    );
+    anyhow::ensure!(
+        (role == "admin" || role == "viewer") == tenant.is_none(),
+        "a tenant role needs --tenant; an admin or a viewer has none"
+    );
+    if let Some(t) = tenant {
+        ctxpod_wire::namespace::check_tenant_name(t)?;
+    }
+    let (token, hash) = ctxpod_node::auth::new_token(id).map_err(anyhow::Error::msg)?;
+    let tenant_line = tenant
+        .map(|t| format!("tenant = \"{t}\"\n"))
+        .unwrap_or_default();
+    let s3_secret = s3.then(ctxpod_node::auth::new_s3_secret);
+    let s3_line = s3_secret
+        .as_ref()
+        .map(|k| format!("s3_secret = \"{}\"\n", k.as_str()))
+        .unwrap_or_default();
+    let entry = format!("role = \"{role}\"\n{tenant_line}hash = \"{hash}\"\n{s3_line}");
+    match dir {
+        Some(d) => write_token_entry(d, id, &entry)?,
+        None => eprintln!("[[auth.tokens]]\nid = \"{id}\"\n{entry}"),
+    }
+    println!("{}", &*token);
+    if let Some(k) = &s3_secret {
+        println!("aws_access_key_id = {id}");
+        println!("aws_secret_access_key = {}", k.as_str());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a token's entry as `<dir>/<id>` (mode 0600, never over an existing file).
+fn write_token_entry(dir: &std::path::Path, id: &str, entry: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(id);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("create {}", path.display()))?;
+    f.write_all(entry.as_bytes())?;
+    eprintln!("wrote {} (send the node SIGHUP to load it)", path.display());
+    Ok(())
+}
+
+/// `ctxpod hash`: prints the chained block hashes of `tokens` as keys.
+fn hash(
+    block_size: usize,
+    salt: Option<&str>,
+    lora: Option<&str>,
+    tokens: &[u32],
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(block_size > 0, "--block-size must be at least 1");
+    let seed = block_hash::salt_hash(salt, lora);
+    for h in block_hash::sequence_hashes(tokens, block_size, seed) {
+        println!("{}", hex::encode(block_hash::key_of(h)));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn prefetch(
@@ -641,10 +700,7 @@ async fn prefetch(
         p => anyhow::bail!("unknown policy {p:?} (best-effort, wait-complete, timeout)"),
     };
     let slot = max_len.0.clamp(1, ctxpod_wire::BLOCK_BYTES_MAX as u64) as usize;
-    let raw = keys
-        .iter()
-        .map(|k| parse_key(k).map(Bytes::from))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let raw = parse_keys(&keys)?;
     let c = t.creds.wire(&t.transfer).await?;
     let region = Region::new(slot * raw.len())?;
     c.register_region(&region).await?;

@@ -148,25 +148,7 @@ pub fn capacity_for(points: &[(f64, f64)], target: f64) -> Option<f64> {
 }
 
 pub fn plan(i: &PlanInput) -> Result<Plan, String> {
-    let positive = [
-        ("requests_per_s", i.requests_per_s),
-        ("mean_input_tokens", i.mean_input_tokens),
-        ("write_amplification", i.write_amplification),
-        ("gpu_flops", i.gpu_flops),
-        ("gpu_mfu", i.gpu_mfu),
-        ("node.usable_fraction", i.node.usable_fraction),
-    ];
-    for (name, v) in positive {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(format!("{name} must be a positive number"));
-        }
-    }
-    if i.tokens_per_block == 0 || i.replication == 0 || i.node.drives == 0 || i.node.nics == 0 {
-        return Err("tokens_per_block, replication, drives and nics must be at least 1".into());
-    }
-    if !(0.0..=1.0).contains(&i.target_hit_ratio) || i.retention_s < 0.0 {
-        return Err("target_hit_ratio must be within 0..=1 and retention_s not negative".into());
-    }
+    check_input(i)?;
     let mut notes = Vec::new();
     let kv = i.model.kv_bytes_per_token();
     let block = kv.saturating_mul(i.tokens_per_block);
@@ -175,39 +157,7 @@ pub fn plan(i: &PlanInput) -> Result<Plan, String> {
         .ceil()
         .max(1.0);
     let blocks_per_s = i.requests_per_s * blocks_per_request;
-    let (hit, mut capacity_blocks) = match &i.reuse {
-        Reuse::Curve {
-            points,
-            at_requests_per_s,
-        } => {
-            if points.is_empty() || *at_requests_per_s <= 0.0 {
-                return Err(
-                    "a reuse curve needs points and the request rate it was measured at".into(),
-                );
-            }
-            let scale = i.requests_per_s / at_requests_per_s;
-            match capacity_for(points, i.target_hit_ratio) {
-                Some(c) => (i.target_hit_ratio, c * scale),
-                None => {
-                    let (c, h) = *points.last().expect("not empty");
-                    notes.push(format!(
-                        "the reuse tops out at a hit ratio of {h:.3}: planned for that, not {:.3}",
-                        i.target_hit_ratio
-                    ));
-                    (h, c * scale)
-                }
-            }
-        }
-        Reuse::Sharing { ratio } => {
-            if !(0.0..=1.0).contains(ratio) {
-                return Err("the sharing ratio must be within 0..=1".into());
-            }
-            if i.retention_s == 0.0 {
-                return Err("a sharing ratio needs a retention time".into());
-            }
-            (*ratio, 0.0)
-        }
-    };
+    let (hit, mut capacity_blocks) = hit_and_capacity(i, &mut notes)?;
     // What is written in the retention time must fit.
     let written_blocks_per_s = blocks_per_s * (1.0 - hit);
     let for_retention = written_blocks_per_s * i.retention_s;
@@ -269,6 +219,70 @@ pub fn plan(i: &PlanInput) -> Result<Plan, String> {
         gpus_saved: flops / (i.gpu_flops * i.gpu_mfu),
         notes,
     })
+}
+
+/// Refuses inputs the arithmetic cannot take: rates and shares not positive, counts of 0,
+/// a target hit ratio outside 0..=1, a negative retention.
+fn check_input(i: &PlanInput) -> Result<(), String> {
+    let positive = [
+        ("requests_per_s", i.requests_per_s),
+        ("mean_input_tokens", i.mean_input_tokens),
+        ("write_amplification", i.write_amplification),
+        ("gpu_flops", i.gpu_flops),
+        ("gpu_mfu", i.gpu_mfu),
+        ("node.usable_fraction", i.node.usable_fraction),
+    ];
+    for (name, v) in positive {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("{name} must be a positive number"));
+        }
+    }
+    if i.tokens_per_block == 0 || i.replication == 0 || i.node.drives == 0 || i.node.nics == 0 {
+        return Err("tokens_per_block, replication, drives and nics must be at least 1".into());
+    }
+    if !(0.0..=1.0).contains(&i.target_hit_ratio) || i.retention_s < 0.0 {
+        return Err("target_hit_ratio must be within 0..=1 and retention_s not negative".into());
+    }
+    Ok(())
+}
+
+/// The hit ratio the reuse allows (the target, or a curve's top with a note) and the
+/// capacity in blocks it needs at the planned rate (0 for a sharing ratio: the retention
+/// time sizes that).
+fn hit_and_capacity(i: &PlanInput, notes: &mut Vec<String>) -> Result<(f64, f64), String> {
+    match &i.reuse {
+        Reuse::Curve {
+            points,
+            at_requests_per_s,
+        } => {
+            if points.is_empty() || *at_requests_per_s <= 0.0 {
+                return Err(
+                    "a reuse curve needs points and the request rate it was measured at".into(),
+                );
+            }
+            let scale = i.requests_per_s / at_requests_per_s;
+            Ok(match capacity_for(points, i.target_hit_ratio) {
+                Some(c) => (i.target_hit_ratio, c * scale),
+                None => {
+                    let (c, h) = *points.last().expect("not empty");
+                    notes.push(format!(
+                        "the reuse tops out at a hit ratio of {h:.3}: planned for that, not {:.3}",
+                        i.target_hit_ratio
+                    ));
+                    (h, c * scale)
+                }
+            })
+        }
+        Reuse::Sharing { ratio } => {
+            if !(0.0..=1.0).contains(ratio) {
+                return Err("the sharing ratio must be within 0..=1".into());
+            }
+            if i.retention_s == 0.0 {
+                return Err("a sharing ratio needs a retention time".into());
+            }
+            Ok((*ratio, 0.0))
+        }
+    }
 }
 
 #[cfg(test)]

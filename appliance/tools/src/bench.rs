@@ -25,11 +25,13 @@ use std::time::{Duration, Instant};
 mod baseline;
 mod nodes;
 mod pod;
+mod repair;
 mod scale;
 mod sizes;
 use baseline::fio_baseline;
 use nodes::{Node, PerfRecord};
 use pod::pod_bench;
+use repair::repair_bench;
 use scale::scale_check;
 use sizes::{compare_transfer, measure_size, median, Limits};
 
@@ -108,6 +110,19 @@ pub struct BenchArgs {
     /// Copies of each block in the `--pod` benchmark.
     #[arg(long, default_value_t = 1)]
     pub pod_replication: usize,
+    /// Repair benchmark instead of the size phases: a pod of three over a real etcd
+    /// (started for the run), R = 2, `--bytes` of blocks of the first `--sizes`; one member
+    /// killed for good, and the time until every block has two copies again, the bytes
+    /// copied and the copy rate, with reads checked byte for byte meanwhile.
+    #[arg(long)]
+    pub repair: bool,
+    /// `pod.backfill_bytes_per_s` of the `--repair` pod (per node; the default is the
+    /// node's own default).
+    #[arg(long, default_value = "64MiB")]
+    pub repair_rate: ByteSize,
+    /// `pod.repair_grace_s` of the `--repair` pod.
+    #[arg(long, default_value_t = 0)]
+    pub repair_grace: u64,
     /// Record a system-wide CPU profile (`perf record -a`, node and bench client together)
     /// of every timed phase into this folder, one `<phase>-<size>.data` file each; read one
     /// with `perf report -i FILE --sort pid,dso,sym`. Needs `perf` on the PATH.
@@ -264,53 +279,24 @@ async fn phase(
         ByteSize(size as u64)
     );
     let client = &node.client;
-    let transfer: Vec<std::sync::Arc<TransferClient>> = if cxp1 {
-        let addr = node
-            .transfer
-            .as_deref()
-            .context("the node has no transfer listener")?;
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            v.push(std::sync::Arc::new(
-                TransferClient::connect_with(addr, &node.how).await?,
-            ));
-        }
-        v
+    let transfer = if cxp1 {
+        transfer_clients(node).await?
     } else {
         Vec::new()
     };
-    let perf = match &node.perf {
-        Some(dir) if what != "warm-up" => {
-            let p = PerfRecord::start(dir, what, size)?;
-            // perf needs a moment to open its events on every CPU before the phase starts.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            Some(p)
-        }
-        _ => None,
-    };
+    let perf = start_perf(node, what, size).await?;
     // The blocks are made before the CPU mark: making test data is not the client's cost.
-    let pool: Vec<(Bytes, u32)> = (0..POOL)
-        .map(|i| {
-            let b = block(i, size);
-            let crc = ctxpod_wire::crc32c(&b);
-            (b, crc)
-        })
-        .collect();
+    let pool = block_pool(size);
     let cpu0 = CpuMark::now(node);
     let t = Instant::now();
     let mut lat = Vec::with_capacity(n as usize);
-    let put = what.starts_with("PUT");
+    let kind = RequestKind::of(what, batch, size);
     // `fast` puts store a second set of blocks (keys n..2n), acknowledged before their
     // flush; the GET phases read the durable set.
-    let fast = what.starts_with("PUT fast");
-    let (base, durability) = if fast {
-        (n, Durability::Fast)
+    let base = if matches!(kind.durability, Durability::Fast) {
+        n
     } else {
-        (0, Durability::Durable)
-    };
-    let wire_durability = match durability {
-        Durability::Fast => ctxpod_wire::proto::Durability::Fast,
-        Durability::Durable => ctxpod_wire::proto::Durability::Durable,
+        0
     };
     let requests = n.div_ceil(batch as u64);
     let mut s = futures::stream::iter((0..requests).map(|r| {
@@ -318,64 +304,14 @@ async fn phase(
         let tc = transfer.get(r as usize % 4).cloned();
         let first = r * batch as u64;
         let idx: Vec<u64> = (first..(first + batch as u64).min(n)).collect();
-        let blocks: Vec<(Vec<u8>, Bytes, u32)> = idx
+        let blocks: Vec<PhaseBlock> = idx
             .iter()
             .map(|&i| {
                 let (data, crc) = pool[(i % POOL) as usize].clone();
                 (key(size, base + i), data, crc)
             })
             .collect();
-        async move {
-            let t = Instant::now();
-            let wrong =
-                |i: usize| format!("block {} of {size} bytes came back wrong", first + i as u64);
-            if let Some(tc) = tc {
-                if put {
-                    let entries: Vec<(Bytes, Bytes)> = blocks
-                        .into_iter()
-                        .map(|(k, d, _)| (Bytes::from(k), d))
-                        .collect();
-                    let st = tc.put("default", &entries, wire_durability).await?;
-                    ensure!(
-                        st.iter().all(|&s| s == 201 || s == 200),
-                        "put of blocks from {first}: statuses {st:?}"
-                    );
-                } else {
-                    let keys: Vec<Bytes> = blocks
-                        .iter()
-                        .map(|(k, _, _)| Bytes::from(k.clone()))
-                        .collect();
-                    let got = tc.get("default", &keys).await?;
-                    for (i, (g, (_, d, _))) in got.iter().zip(&blocks).enumerate() {
-                        ensure!(g.as_deref() == Some(&d[..]), "{}", wrong(i));
-                    }
-                }
-            } else if batch == 1 {
-                let (k, data, crc) = blocks.into_iter().next().context("a block")?;
-                if put {
-                    c.put_with_crc("default", &k, data.clone(), crc, durability)
-                        .await?;
-                } else {
-                    let got = c.get("default", &k).await?;
-                    ensure!(got.as_deref() == Some(&data[..]), "{}", wrong(0));
-                }
-            } else if put {
-                let entries: Vec<(Vec<u8>, Bytes)> =
-                    blocks.into_iter().map(|(k, d, _)| (k, d)).collect();
-                let st = c.batch_put("default", &entries, durability).await?;
-                ensure!(
-                    st.iter().all(|&s| s == 201 || s == 200),
-                    "batch put of blocks from {first}: statuses {st:?}"
-                );
-            } else {
-                let keys: Vec<Vec<u8>> = blocks.iter().map(|(k, _, _)| k.clone()).collect();
-                let got = c.batch_get("default", &keys).await?;
-                for (i, ((_, g), (_, d, _))) in got.iter().zip(&blocks).enumerate() {
-                    ensure!(g.as_deref() == Some(&d[..]), "{}", wrong(i));
-                }
-            }
-            anyhow::Ok(t.elapsed())
-        }
+        request(c, tc, kind, first, blocks)
     }))
     .buffer_unordered(conc);
     let mut progress = Progress::new(&format!("{what}, {}", ByteSize(size as u64)), requests);
@@ -396,6 +332,171 @@ async fn phase(
     let mut r = row(&what, size as u64, n * size as u64, elapsed, lat);
     cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
+}
+
+/// A block of a phase's request: its key, its bytes and their CRC32C.
+type PhaseBlock = (Vec<u8>, Bytes, u32);
+
+/// The distinct blocks of `size` bytes (with their CRC32C) a phase cycles through.
+fn block_pool(size: usize) -> Vec<(Bytes, u32)> {
+    (0..POOL)
+        .map(|i| {
+            let b = block(i, size);
+            let crc = ctxpod_wire::crc32c(&b);
+            (b, crc)
+        })
+        .collect()
+}
+
+/// The 4 CXP1 connections a `cxp1` phase spreads its requests over.
+async fn transfer_clients(node: &Node) -> anyhow::Result<Vec<std::sync::Arc<TransferClient>>> {
+    let addr = node
+        .transfer
+        .as_deref()
+        .context("the node has no transfer listener")?;
+    let mut v = Vec::new();
+    for _ in 0..4 {
+        v.push(std::sync::Arc::new(
+            TransferClient::connect_with(addr, &node.how).await?,
+        ));
+    }
+    Ok(v)
+}
+
+/// Starts `perf record` for a timed phase when `--perf` asks for it (never for warm-up).
+async fn start_perf(node: &Node, what: &str, size: usize) -> anyhow::Result<Option<PerfRecord>> {
+    Ok(match &node.perf {
+        Some(dir) if what != "warm-up" => {
+            let p = PerfRecord::start(dir, what, size)?;
+            // perf needs a moment to open its events on every CPU before the phase starts.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Some(p)
+        }
+        _ => None,
+    })
+}
+
+/// What every request of a phase does: put or get, how many blocks each, how durable.
+#[derive(Clone, Copy)]
+struct RequestKind {
+    put: bool,
+    batch: usize,
+    size: usize,
+    durability: Durability,
+}
+
+impl RequestKind {
+    /// The requests of phase `what` (a `PUT…` phase puts; `PUT fast…` acknowledges early).
+    fn of(what: &str, batch: usize, size: usize) -> RequestKind {
+        let durability = if what.starts_with("PUT fast") {
+            Durability::Fast
+        } else {
+            Durability::Durable
+        };
+        RequestKind {
+            put: what.starts_with("PUT"),
+            batch,
+            size,
+            durability,
+        }
+    }
+
+    /// The complaint about block `first + i` of a request read back wrong.
+    fn wrong(&self, first: u64, i: usize) -> String {
+        format!(
+            "block {} of {} bytes came back wrong",
+            first + i as u64,
+            self.size
+        )
+    }
+}
+
+/// One request of a phase, over CXP1 when `tc` is given, else HTTP: its latency.
+async fn request(
+    c: Client,
+    tc: Option<std::sync::Arc<TransferClient>>,
+    kind: RequestKind,
+    first: u64,
+    blocks: Vec<PhaseBlock>,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    match tc {
+        Some(tc) => wire_request(&tc, kind, first, blocks).await?,
+        None => http_request(&c, kind, first, blocks).await?,
+    }
+    anyhow::Ok(t.elapsed())
+}
+
+/// A request of a `cxp1` phase: one batch PUT or GET over the transfer protocol.
+async fn wire_request(
+    tc: &TransferClient,
+    kind: RequestKind,
+    first: u64,
+    blocks: Vec<PhaseBlock>,
+) -> anyhow::Result<()> {
+    if kind.put {
+        let wire_durability = match kind.durability {
+            Durability::Fast => ctxpod_wire::proto::Durability::Fast,
+            Durability::Durable => ctxpod_wire::proto::Durability::Durable,
+        };
+        let entries: Vec<(Bytes, Bytes)> = blocks
+            .into_iter()
+            .map(|(k, d, _)| (Bytes::from(k), d))
+            .collect();
+        let st = tc.put("default", &entries, wire_durability).await?;
+        ensure!(
+            st.iter().all(|&s| s == 201 || s == 200),
+            "put of blocks from {first}: statuses {st:?}"
+        );
+    } else {
+        let keys: Vec<Bytes> = blocks
+            .iter()
+            .map(|(k, _, _)| Bytes::from(k.clone()))
+            .collect();
+        let got = tc.get("default", &keys).await?;
+        for (i, (g, (_, d, _))) in got.iter().zip(&blocks).enumerate() {
+            ensure!(g.as_deref() == Some(&d[..]), "{}", kind.wrong(first, i));
+        }
+    }
+    Ok(())
+}
+
+/// A request of an `http` phase: one PUT or GET, or with a batch above 1 a batch PUT or GET.
+async fn http_request(
+    c: &Client,
+    kind: RequestKind,
+    first: u64,
+    blocks: Vec<PhaseBlock>,
+) -> anyhow::Result<()> {
+    let durability = kind.durability;
+    if kind.batch == 1 {
+        let (k, data, crc) = blocks.into_iter().next().context("a block")?;
+        if kind.put {
+            c.put_with_crc("default", &k, data.clone(), crc, durability)
+                .await?;
+        } else {
+            let got = c.get("default", &k).await?;
+            ensure!(
+                got.as_deref() == Some(&data[..]),
+                "{}",
+                kind.wrong(first, 0)
+            );
+        }
+    } else if kind.put {
+        let entries: Vec<(Vec<u8>, Bytes)> = blocks.into_iter().map(|(k, d, _)| (k, d)).collect();
+        let st = c.batch_put("default", &entries, durability).await?;
+        ensure!(
+            st.iter().all(|&s| s == 201 || s == 200),
+            "batch put of blocks from {first}: statuses {st:?}"
+        );
+    } else {
+        let keys: Vec<Vec<u8>> = blocks.iter().map(|(k, _, _)| k.clone()).collect();
+        let got = c.batch_get("default", &keys).await?;
+        for (i, ((_, g), (_, d, _))) in got.iter().zip(&blocks).enumerate() {
+            ensure!(g.as_deref() == Some(&d[..]), "{}", kind.wrong(first, i));
+        }
+    }
+    Ok(())
 }
 
 /// Progress of a long phase on stderr: a line redrawn in place on a terminal, a line every
@@ -466,7 +567,39 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if !a.pod.is_empty() {
         return pod_bench(&a).await;
     }
+    if a.repair {
+        return repair_bench(&a).await;
+    }
     ensure!(a.repeat > 0, "--repeat must be at least 1");
+    let mut rows = limit_rows(&a);
+    if let Some(fio) = fio_baseline(&a.dir, a.device_bytes.0) {
+        rows.extend(fio);
+    }
+    for run in 1..=a.repeat {
+        measure_run(&a, run, &mut rows).await?;
+    }
+    for r in rows.iter_mut() {
+        r.blocks_per_s = r.gb_per_s * 1e9 / r.size.max(1) as f64;
+    }
+    let limits = Limits::of(&rows);
+    for r in rows.iter_mut().filter(|r| r.run > 0) {
+        if let Some((name, gb)) = limits.bound_of(r) {
+            r.of_bound = Some(r.gb_per_s / gb);
+            r.bound = Some(name);
+        }
+    }
+    print_rows(&rows);
+    if a.repeat > 1 {
+        print_medians(&rows, a.repeat);
+    }
+    if let Some(p) = &a.json {
+        write_json_lines(p, &rows)?;
+    }
+    Ok(())
+}
+
+/// The rows of the machine's limits (`--limits-bytes`; none when 0).
+fn limit_rows(a: &BenchArgs) -> Vec<Row> {
     let mut rows = Vec::new();
     if a.limits_bytes.0 > 0 {
         eprintln!("measuring the machine's limits ({} each)", a.limits_bytes);
@@ -479,51 +612,63 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             });
         }
     }
-    if let Some(fio) = fio_baseline(&a.dir, a.device_bytes.0) {
-        rows.extend(fio);
-    }
-    for run in 1..=a.repeat {
-        for device in &a.devices {
-            if a.protocol == "compare" {
-                let first = rows.len();
-                compare_transfer(&a, device, &mut rows).await?;
-                rows[first..].iter_mut().for_each(|r| {
-                    r.run = run;
-                    r.device = device.clone();
-                });
-                continue;
-            }
-            for size in &a.sizes {
-                let first = rows.len();
-                measure_size(&a, size.0 as usize, device, &mut rows).await?;
-                let label = match a.protocol.as_str() {
-                    "http" => device.clone(),
-                    p => format!("{device} over {p}"),
-                };
-                rows[first..].iter_mut().for_each(|r| {
-                    r.run = run;
-                    r.device = label.clone();
-                });
-            }
+    rows
+}
+
+/// Run number `run` of the measurement: every device, every size (or the comparison),
+/// its rows appended to `rows` and labelled with the run and the device.
+async fn measure_run(a: &BenchArgs, run: u32, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    for device in &a.devices {
+        if a.protocol == "compare" {
+            let first = rows.len();
+            compare_transfer(a, device, rows).await?;
+            rows[first..].iter_mut().for_each(|r| {
+                r.run = run;
+                r.device = device.clone();
+            });
+            continue;
+        }
+        for size in &a.sizes {
+            let first = rows.len();
+            measure_size(a, size.0 as usize, device, rows).await?;
+            let label = match a.protocol.as_str() {
+                "http" => device.clone(),
+                p => format!("{device} over {p}"),
+            };
+            rows[first..].iter_mut().for_each(|r| {
+                r.run = run;
+                r.device = label.clone();
+            });
         }
     }
-    for r in rows.iter_mut() {
-        r.blocks_per_s = r.gb_per_s * 1e9 / r.size.max(1) as f64;
+    Ok(())
+}
+
+/// A CPU-seconds-per-GiB cell: blank when unknown.
+fn fmt_cpu(v: Option<f64>) -> String {
+    v.map_or(String::new(), |v| format!("{v:.2}"))
+}
+
+/// A fraction as a percentage cell: blank when unknown.
+fn fmt_pct(v: Option<f64>) -> String {
+    v.map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
+}
+
+/// The "of bound" cell: the fraction of the named bound, blank without either.
+fn fmt_bound(bound: &Option<String>, of_bound: Option<f64>) -> String {
+    match (bound, of_bound) {
+        (Some(b), Some(f)) => format!("{:.0} % of {b}", f * 100.0),
+        _ => String::new(),
     }
-    let limits = Limits::of(&rows);
-    for r in rows.iter_mut().filter(|r| r.run > 0) {
-        if let Some((name, gb)) = limits.bound_of(r) {
-            r.of_bound = Some(r.gb_per_s / gb);
-            r.bound = Some(name);
-        }
-    }
+}
+
+/// Prints every row as a Markdown table on stdout.
+fn print_rows(rows: &[Row]) {
     println!(
         "| run | device | what | block | ops | GB/s | blocks/s | p50 ms | p99 ms | p999 ms | of device | of bound | node CPU s/GiB | client CPU s/GiB |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let cpu = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
-    let pct = |v: Option<f64>| v.map_or(String::new(), |f| format!("{:.0} %", f * 100.0));
-    for r in &rows {
+    for r in rows {
         println!(
             "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.run,
@@ -536,56 +681,46 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.p50_ms,
             r.p99_ms,
             r.p999_ms,
-            pct(r.of_device),
-            match (&r.bound, r.of_bound) {
-                (Some(b), Some(f)) => format!("{:.0} % of {b}", f * 100.0),
-                _ => String::new(),
-            },
-            cpu(r.node_cpu_s_per_gib),
-            cpu(r.client_cpu_s_per_gib)
+            fmt_pct(r.of_device),
+            fmt_bound(&r.bound, r.of_bound),
+            fmt_cpu(r.node_cpu_s_per_gib),
+            fmt_cpu(r.client_cpu_s_per_gib)
         );
     }
-    if a.repeat > 1 {
-        println!();
-        println!("Medians of {} runs:", a.repeat);
-        println!();
-        println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | of bound | node CPU s/GiB |");
-        println!("|---|---|---|---|---|---|---|---|---|");
-        let mut seen: Vec<(String, String, u64)> = Vec::new();
-        for r in rows.iter().filter(|r| r.run > 0) {
-            let id = (r.device.clone(), r.what.clone(), r.size);
-            if seen.contains(&id) {
-                continue;
-            }
-            seen.push(id);
-            let same: Vec<&Row> = rows
-                .iter()
-                .filter(|o| {
-                    o.run > 0 && o.device == r.device && o.what == r.what && o.size == r.size
-                })
-                .collect();
-            let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
-            println!(
-                "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} |",
-                r.device,
-                r.what,
-                ByteSize(r.size),
-                med(&|r| Some(r.gb_per_s)).unwrap_or(0.0),
-                med(&|r| Some(r.p50_ms)).unwrap_or(0.0),
-                med(&|r| Some(r.p99_ms)).unwrap_or(0.0),
-                pct(med(&|r| r.of_device)),
-                match (&r.bound, med(&|r| r.of_bound)) {
-                    (Some(b), Some(f)) => format!("{:.0} % of {b}", f * 100.0),
-                    _ => String::new(),
-                },
-                cpu(med(&|r| r.node_cpu_s_per_gib))
-            );
+}
+
+/// Prints the medians over the `repeat` runs of each (device, what, size), as a table.
+fn print_medians(rows: &[Row], repeat: u32) {
+    println!();
+    println!("Medians of {} runs:", repeat);
+    println!();
+    println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | of bound | node CPU s/GiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut seen: Vec<(String, String, u64)> = Vec::new();
+    for r in rows.iter().filter(|r| r.run > 0) {
+        let id = (r.device.clone(), r.what.clone(), r.size);
+        if seen.contains(&id) {
+            continue;
         }
+        seen.push(id);
+        let same: Vec<&Row> = rows
+            .iter()
+            .filter(|o| o.run > 0 && o.device == r.device && o.what == r.what && o.size == r.size)
+            .collect();
+        let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
+        println!(
+            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} |",
+            r.device,
+            r.what,
+            ByteSize(r.size),
+            med(&|r| Some(r.gb_per_s)).unwrap_or(0.0),
+            med(&|r| Some(r.p50_ms)).unwrap_or(0.0),
+            med(&|r| Some(r.p99_ms)).unwrap_or(0.0),
+            fmt_pct(med(&|r| r.of_device)),
+            fmt_bound(&r.bound, med(&|r| r.of_bound)),
+            fmt_cpu(med(&|r| r.node_cpu_s_per_gib))
+        );
     }
-    if let Some(p) = &a.json {
-        write_json_lines(p, &rows)?;
-    }
-    Ok(())
 }
 
 /// `rows` as JSON lines in `path` (`--json`).

@@ -236,25 +236,7 @@ pub async fn replay(
     args: &ReplayArgs,
     mut progress: impl FnMut(usize, &ReplayReport),
 ) -> anyhow::Result<ReplayReport> {
-    let block = match args.block_bytes {
-        Some(b) => b.0,
-        None => ctxpod_plan::model::shape(&args.model)
-            .map_err(|e| anyhow::anyhow!(e))?
-            .block_bytes(args.tokens_per_block),
-    };
-    anyhow::ensure!(
-        (1..=BLOCK_BYTES_REPLAY_MAX).contains(&block),
-        "blocks of {block} bytes: a replayed block is 1 byte to {BLOCK_BYTES_REPLAY_MAX}"
-    );
-    let part_max = args
-        .part_bytes
-        .map_or(ctxpod_wire::BLOCK_BYTES_MAX as u64, |b| b.0);
-    anyhow::ensure!(
-        (1..=ctxpod_wire::BLOCK_BYTES_MAX as u64).contains(&part_max),
-        "--part-bytes {part_max}: a part is 1 byte to {}",
-        ctxpod_wire::BLOCK_BYTES_MAX
-    );
-    let parts = Parts::new(block as usize, part_max as usize);
+    let (block, parts) = block_parts(args)?;
     // Parts per batch: within the batch limits of count and bytes.
     let per_batch = (ctxpod_wire::BATCH_BODY_BYTES_MAX / 2 / parts.part)
         .clamp(1, ctxpod_wire::BATCH_ENTRIES_MAX);
@@ -271,6 +253,14 @@ pub async fn replay(
             Some((t, region))
         }
         None => None,
+    };
+    let rp = Replayer {
+        client,
+        pf,
+        ns,
+        parts,
+        per_batch,
+        dur,
     };
     let before = client.stats().await?;
     let mut r = ReplayReport {
@@ -290,78 +280,17 @@ pub async fn replay(
         }
         let keys: Vec<Vec<u8>> = req.hash_ids.iter().map(|&h| key_of(h)).collect();
         let t = Instant::now();
-        let mut matched = 0usize;
-        for chunk in keys.chunks(ctxpod_wire::MATCH_KEYS_MAX) {
-            let m = client.match_prefix(ns, chunk).await? as usize;
-            matched += m;
-            if m < chunk.len() {
-                break;
-            }
-        }
+        let matched = rp.match_len(&keys).await?;
         t_match.push(t.elapsed().as_secs_f64() * 1e3);
-        // The matched prefix, every part of each block fetched and checked; a block with a
-        // part evicted since the MATCH ends the prefix there.
         let mut hits = 0usize;
         if matched > 0 {
             let t = Instant::now();
-            let wanted: Vec<(usize, usize)> = (0..matched)
-                .flat_map(|b| (0..parts.parts).map(move |k| (b, k)))
-                .collect();
-            'get: for chunk in wanted.chunks(per_batch) {
-                let ks: Vec<Vec<u8>> = chunk
-                    .iter()
-                    .map(|&(b, k)| parts.key(req.hash_ids[b], k))
-                    .collect();
-                let got = fetch(client, pf.as_ref(), ns, &ks, parts.part).await?;
-                let complete = got.len() == chunk.len();
-                for (&(b, k), d) in chunk.iter().zip(got) {
-                    let id = req.hash_ids[b];
-                    anyhow::ensure!(
-                        d == parts.bytes(id, k),
-                        "block {id} (part {k}) read back with other bytes than were stored"
-                    );
-                    r.bytes_read += d.len() as u64;
-                    if k + 1 == parts.parts {
-                        hits = b + 1;
-                    }
-                }
-                if !complete {
-                    break 'get;
-                }
-            }
+            hits = rp.fetch_prefix(&req.hash_ids, matched, &mut r).await?;
             t_get.push(t.elapsed().as_secs_f64() * 1e3);
         }
         if hits < keys.len() {
             let t = Instant::now();
-            let missing: Vec<(u64, usize)> = req.hash_ids[hits..]
-                .iter()
-                .flat_map(|&h| (0..parts.parts).map(move |k| (h, k)))
-                .collect();
-            for chunk in missing.chunks(per_batch) {
-                let mut todo: Vec<(u64, usize)> = chunk.to_vec();
-                // A busy node (503) is asked again after a pause, as an engine would.
-                for attempt in 0.. {
-                    let blocks: Vec<(Vec<u8>, Bytes)> = todo
-                        .iter()
-                        .map(|&(h, k)| (parts.key(h, k), parts.bytes(h, k)))
-                        .collect();
-                    let st = client.batch_put(ns, &blocks, dur).await?;
-                    let mut busy = Vec::new();
-                    for (&(h, k), (s, (_, d))) in todo.iter().zip(st.iter().zip(&blocks)) {
-                        match *s {
-                            200 | 201 => r.bytes_written += d.len() as u64,
-                            503 if attempt < PUT_ATTEMPTS => busy.push((h, k)),
-                            s => anyhow::bail!("put of block {h} (part {k}) answered {s}"),
-                        }
-                    }
-                    if busy.is_empty() {
-                        break;
-                    }
-                    r.busy_retries += busy.len() as u64;
-                    tokio::time::sleep(Duration::from_millis(50 << attempt.min(4))).await;
-                    todo = busy;
-                }
-            }
+            rp.put_rest(&req.hash_ids[hits..], &mut r).await?;
             t_put.push(t.elapsed().as_secs_f64() * 1e3);
         }
         r.requests += 1;
@@ -387,6 +316,140 @@ pub async fn replay(
     r.write_amplification = ctxpod_wire::types::write_amplification(dev, user);
     r.drive_writes = dev as f64 / after.capacity_bytes.max(1) as f64;
     Ok(r)
+}
+
+/// The size of a replayed block (`--block-bytes`, or the model's) and how it is cut into
+/// parts of at most `--part-bytes`, both checked against their limits.
+fn block_parts(args: &ReplayArgs) -> anyhow::Result<(u64, Parts)> {
+    let block = match args.block_bytes {
+        Some(b) => b.0,
+        None => ctxpod_plan::model::shape(&args.model)
+            .map_err(|e| anyhow::anyhow!(e))?
+            .block_bytes(args.tokens_per_block),
+    };
+    anyhow::ensure!(
+        (1..=BLOCK_BYTES_REPLAY_MAX).contains(&block),
+        "blocks of {block} bytes: a replayed block is 1 byte to {BLOCK_BYTES_REPLAY_MAX}"
+    );
+    let part_max = args
+        .part_bytes
+        .map_or(ctxpod_wire::BLOCK_BYTES_MAX as u64, |b| b.0);
+    anyhow::ensure!(
+        (1..=ctxpod_wire::BLOCK_BYTES_MAX as u64).contains(&part_max),
+        "--part-bytes {part_max}: a part is 1 byte to {}",
+        ctxpod_wire::BLOCK_BYTES_MAX
+    );
+    Ok((block, Parts::new(block as usize, part_max as usize)))
+}
+
+/// What each request of a replay is sent with: the node, the prefetch region when
+/// `--prefetch`, how blocks are cut into parts and parts into batches, the durability.
+struct Replayer<'a> {
+    client: &'a Client,
+    pf: Option<(TransferClient, Region)>,
+    ns: &'a str,
+    parts: Parts,
+    per_batch: usize,
+    dur: Durability,
+}
+
+impl Replayer<'_> {
+    /// MATCH of a request's chain, in chunks of at most `MATCH_KEYS_MAX` keys: how many
+    /// leading keys the node holds.
+    async fn match_len(&self, keys: &[Vec<u8>]) -> anyhow::Result<usize> {
+        let mut matched = 0usize;
+        for chunk in keys.chunks(ctxpod_wire::MATCH_KEYS_MAX) {
+            let m = self.client.match_prefix(self.ns, chunk).await? as usize;
+            matched += m;
+            if m < chunk.len() {
+                break;
+            }
+        }
+        Ok(matched)
+    }
+
+    /// The matched prefix, every part of each block fetched and checked; a block with a
+    /// part evicted since the MATCH ends the prefix there. The blocks that came back whole.
+    async fn fetch_prefix(
+        &self,
+        hash_ids: &[u64],
+        matched: usize,
+        r: &mut ReplayReport,
+    ) -> anyhow::Result<usize> {
+        let parts = self.parts;
+        let mut hits = 0usize;
+        let wanted: Vec<(usize, usize)> = (0..matched)
+            .flat_map(|b| (0..parts.parts).map(move |k| (b, k)))
+            .collect();
+        for chunk in wanted.chunks(self.per_batch) {
+            let ks: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|&(b, k)| parts.key(hash_ids[b], k))
+                .collect();
+            let got = fetch(self.client, self.pf.as_ref(), self.ns, &ks, parts.part).await?;
+            let complete = got.len() == chunk.len();
+            for (&(b, k), d) in chunk.iter().zip(got) {
+                let id = hash_ids[b];
+                anyhow::ensure!(
+                    d == parts.bytes(id, k),
+                    "block {id} (part {k}) read back with other bytes than were stored"
+                );
+                r.bytes_read += d.len() as u64;
+                if k + 1 == parts.parts {
+                    hits = b + 1;
+                }
+            }
+            if !complete {
+                break;
+            }
+        }
+        Ok(hits)
+    }
+
+    /// PUTs every part of the blocks `hash_ids` (the request's misses), a batch at a time.
+    async fn put_rest(&self, hash_ids: &[u64], r: &mut ReplayReport) -> anyhow::Result<()> {
+        let parts = self.parts;
+        let missing: Vec<(u64, usize)> = hash_ids
+            .iter()
+            .flat_map(|&h| (0..parts.parts).map(move |k| (h, k)))
+            .collect();
+        for chunk in missing.chunks(self.per_batch) {
+            self.put_batch(chunk.to_vec(), r).await?;
+        }
+        Ok(())
+    }
+
+    /// PUTs one batch of parts (block hash id, part): a busy node (503) is asked again
+    /// after a pause, as an engine would, up to [`PUT_ATTEMPTS`] times.
+    async fn put_batch(
+        &self,
+        mut todo: Vec<(u64, usize)>,
+        r: &mut ReplayReport,
+    ) -> anyhow::Result<()> {
+        let parts = self.parts;
+        for attempt in 0.. {
+            let blocks: Vec<(Vec<u8>, Bytes)> = todo
+                .iter()
+                .map(|&(h, k)| (parts.key(h, k), parts.bytes(h, k)))
+                .collect();
+            let st = self.client.batch_put(self.ns, &blocks, self.dur).await?;
+            let mut busy = Vec::new();
+            for (&(h, k), (s, (_, d))) in todo.iter().zip(st.iter().zip(&blocks)) {
+                match *s {
+                    200 | 201 => r.bytes_written += d.len() as u64,
+                    503 if attempt < PUT_ATTEMPTS => busy.push((h, k)),
+                    s => anyhow::bail!("put of block {h} (part {k}) answered {s}"),
+                }
+            }
+            if busy.is_empty() {
+                break;
+            }
+            r.busy_retries += busy.len() as u64;
+            tokio::time::sleep(Duration::from_millis(50 << attempt.min(4))).await;
+            todo = busy;
+        }
+        Ok(())
+    }
 }
 
 /// `ctxpod replay`: reads the trace, replays it with a progress line on stderr, prints the

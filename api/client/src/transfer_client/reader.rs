@@ -26,6 +26,7 @@ pub(crate) async fn read_loop(mut input: FrameInput<Rd>, shared: Arc<Shared>) {
 /// Bytes of a `Push` body before its data.
 pub(crate) const PUSH_HEAD_BYTES: usize = 4 + 2 + 4 + 8 + 4;
 
+/// Reads one frame and hands it on: `false` when the connection ended cleanly.
 pub(crate) async fn read_one(
     input: &mut FrameInput<Rd>,
     shared: &Shared,
@@ -35,60 +36,7 @@ pub(crate) async fn read_one(
     };
     let id = header.request_id;
     if header.op == Op::Push {
-        if body_len < PUSH_HEAD_BYTES {
-            return Err(proto::ProtoError::Truncated(Op::Push).into());
-        }
-        let h = input.take(PUSH_HEAD_BYTES).await?;
-        let index = u32::from_le_bytes(h[0..4].try_into().expect("4")) as usize;
-        let st = u16::from_le_bytes(h[4..6].try_into().expect("2"));
-        let crc = u32::from_le_bytes(h[6..10].try_into().expect("4"));
-        let offset = u64::from_le_bytes(h[10..18].try_into().expect("8"));
-        let len = u32::from_le_bytes(h[18..22].try_into().expect("4")) as usize;
-        if body_len != PUSH_HEAD_BYTES + len {
-            return Err(proto::ProtoError::Trailing(Op::Push, body_len).into());
-        }
-        let ticket = match shared.streams.lock().expect("streams").get(&id) {
-            Some(Stream::Prefetch(t)) => Some(t.clone()),
-            _ => None,
-        };
-        let Some(t) = ticket else {
-            input.skip(len).await?;
-            return Ok(true);
-        };
-        let slot = t.ranges.get(index).copied();
-        let pending = t
-            .progress
-            .borrow()
-            .blocks
-            .get(index)
-            .is_some_and(|b| !b.is_final());
-        let state = match slot {
-            Some((off, max))
-                if pending && st == status::OK && off == offset && len as u64 <= max =>
-            {
-                // SAFETY: the range is reserved by this live ticket and the entry has not
-                // landed, so nobody holds a slice of it (module docs of `region`).
-                let dst = unsafe { t.region.slice_mut(offset, len) };
-                input.read_into(dst).await?;
-                if ctxpod_wire::crc32c(dst) == crc {
-                    BlockState::Landed { len: len as u32 }
-                } else {
-                    BlockState::Corrupt
-                }
-            }
-            _ => {
-                input.skip(len).await?;
-                if st == status::OK {
-                    // Data that does not match what was asked for is not used.
-                    BlockState::Corrupt
-                } else {
-                    BlockState::Missed { status: st }
-                }
-            }
-        };
-        if pending {
-            t.progress.send_modify(|p| p.set(index, state));
-        }
+        read_push(input, shared, id, body_len).await?;
         return Ok(true);
     }
     let body = input.take(body_len).await?;
@@ -131,4 +79,100 @@ pub(crate) async fn read_one(
         }
     }
     Ok(true)
+}
+
+/// The head of a `Push` body: which entry of the ticket, its status, the CRC32C of its
+/// data, where in the region it goes, and how many bytes follow.
+#[derive(Clone, Copy)]
+struct PushHead {
+    index: usize,
+    st: u16,
+    crc: u32,
+    offset: u64,
+    len: usize,
+}
+
+/// Reads a `Push` frame of request `id` (the head already read): its data straight into
+/// the ticket's region when it is what the entry asked for, else skipped; the entry's
+/// state set when it was still pending.
+async fn read_push(
+    input: &mut FrameInput<Rd>,
+    shared: &Shared,
+    id: u64,
+    body_len: usize,
+) -> Result<(), InputError> {
+    if body_len < PUSH_HEAD_BYTES {
+        return Err(proto::ProtoError::Truncated(Op::Push).into());
+    }
+    let h = input.take(PUSH_HEAD_BYTES).await?;
+    let head = PushHead {
+        index: u32::from_le_bytes(h[0..4].try_into().expect("4")) as usize,
+        st: u16::from_le_bytes(h[4..6].try_into().expect("2")),
+        crc: u32::from_le_bytes(h[6..10].try_into().expect("4")),
+        offset: u64::from_le_bytes(h[10..18].try_into().expect("8")),
+        len: u32::from_le_bytes(h[18..22].try_into().expect("4")) as usize,
+    };
+    if body_len != PUSH_HEAD_BYTES + head.len {
+        return Err(proto::ProtoError::Trailing(Op::Push, body_len).into());
+    }
+    let ticket = match shared.streams.lock().expect("streams").get(&id) {
+        Some(Stream::Prefetch(t)) => Some(t.clone()),
+        _ => None,
+    };
+    let Some(t) = ticket else {
+        input.skip(head.len).await?;
+        return Ok(());
+    };
+    let pending = t
+        .progress
+        .borrow()
+        .blocks
+        .get(head.index)
+        .is_some_and(|b| !b.is_final());
+    let state = land_push(input, &t, &head, pending).await?;
+    if pending {
+        t.progress.send_modify(|p| p.set(head.index, state));
+    }
+    Ok(())
+}
+
+/// The data of a push: read into the region when the entry is `pending` and the push
+/// matches its slot (status OK, its offset, within its length) and checked against the
+/// CRC32C, else skipped. The entry's new state.
+async fn land_push(
+    input: &mut FrameInput<Rd>,
+    t: &TicketState,
+    head: &PushHead,
+    pending: bool,
+) -> Result<BlockState, InputError> {
+    let PushHead {
+        index,
+        st,
+        crc,
+        offset,
+        len,
+    } = *head;
+    let slot = t.ranges.get(index).copied();
+    Ok(match slot {
+        Some((off, max)) if pending && st == status::OK && off == offset && len as u64 <= max => {
+            // SAFETY: the range is reserved by this live ticket and the entry has not
+            // landed, so nobody holds a slice of it (module docs of `region`).
+            let dst = unsafe { t.region.slice_mut(offset, len) };
+            input.read_into(dst).await?;
+            if ctxpod_wire::crc32c(dst) == crc {
+                BlockState::Landed { len: len as u32 }
+            } else {
+                BlockState::Corrupt
+            }
+        }
+        _ => {
+            input.skip(len).await?;
+            if st == status::OK {
+                // Data that does not match what was asked for is not used.
+                BlockState::Corrupt
+            } else {
+                BlockState::Missed { status: st }
+            }
+        }
+    })
 }

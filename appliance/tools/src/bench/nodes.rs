@@ -159,6 +159,27 @@ pub(crate) struct PodNode {
     pub(crate) dir: PathBuf,
 }
 
+impl PodNode {
+    /// Starts a pod member on `dir` with the configuration written beside it
+    /// (`<dir>.toml`), its HTTP API on 127.0.0.1:`http` and CXP1 on 127.0.0.1:`transfer`.
+    pub(crate) fn spawn(
+        dir: PathBuf,
+        http: u16,
+        transfer: u16,
+        capacity: u64,
+        dram: u64,
+    ) -> anyhow::Result<PodNode> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(dir.with_extension("toml"))
+            .args(["--listen", &format!("127.0.0.1:{http}")])
+            .args(["--transfer-listen", &format!("127.0.0.1:{transfer}")]);
+        let child = spawn_serve(cmd, &dir, capacity, dram)?;
+        Ok(PodNode { child, dir })
+    }
+}
+
 impl Drop for PodNode {
     fn drop(&mut self) {
         let _ = terminate(&mut self.child);

@@ -1,6 +1,6 @@
 //! `--pod`: a pod of nodes with etcd, measured through the pod client.
 
-use super::nodes::{spawn_serve, PodNode};
+use super::nodes::PodNode;
 use super::*;
 use ctxpod_testkit::{free_port, poll_until};
 
@@ -37,58 +37,7 @@ pub(crate) async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
             "--pod-replication {} exceeds a pod of {count}",
             a.pod_replication
         );
-        // Each node holds its share of the copies, with room to spare; DRAM for all of it
-        // (the GET phase reads from the DRAM tier: what the pod serves, not the disk).
-        let per_node = total * a.pod_replication as u64 / count as u64;
-        let capacity = (per_node * 2 + (1 << 30)).next_multiple_of(1 << 20);
-        let dram = per_node + per_node / 4 + (64 << 20);
-        let ports: Vec<(u16, u16)> = (0..count)
-            .map(|_| Ok((free_port()?, free_port()?)))
-            .collect::<anyhow::Result<_>>()?;
-        let members: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (h, t))| {
-                format!(
-                    "  {{ id = \"n{i}\", http = \"http://127.0.0.1:{h}\", transfer = \"127.0.0.1:{t}\", capacity = {capacity} }},\n"
-                )
-            })
-            .collect();
-        let mut nodes = Vec::new();
-        for (i, (h, t)) in ports.iter().enumerate() {
-            let dir = a.dir.join(format!("pod{count}-n{i}"));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir)?;
-            let cfg = dir.with_extension("toml");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "[pod]\nnode_id = \"n{i}\"\nreplication = {}\nmembers = [\n{members}]\n",
-                    a.pod_replication
-                ),
-            )?;
-            let mut cmd = Command::new(std::env::current_exe()?);
-            cmd.arg("serve")
-                .arg("--config")
-                .arg(&cfg)
-                .args(["--listen", &format!("127.0.0.1:{h}")])
-                .args(["--transfer-listen", &format!("127.0.0.1:{t}")]);
-            let child = spawn_serve(cmd, &dir, capacity, dram)?;
-            nodes.push(PodNode { child, dir });
-        }
-        let urls: Vec<String> = ports
-            .iter()
-            .map(|(h, _)| format!("http://127.0.0.1:{h}"))
-            .collect();
-        for (node, url) in nodes.iter().zip(&urls) {
-            let c = Client::new(url.clone());
-            let every = Duration::from_millis(20);
-            ensure!(
-                poll_until(Duration::from_secs(60), every, async || c.ready().await).await,
-                "node {} not ready within 60 s",
-                node.dir.display()
-            );
-        }
+        let (nodes, urls) = start_pod(a, count, total).await?;
         let pc = std::sync::Arc::new(PodClient::connect(&urls, &Default::default()).await?);
         let cpu = |nodes: &[PodNode]| -> f64 {
             nodes.iter().filter_map(|n| cpu_seconds(n.child.id())).sum()
@@ -108,20 +57,7 @@ pub(crate) async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
             let mut lat = Vec::with_capacity(n as usize);
             let mut s = futures::stream::iter((0..n).map(|i| {
                 let (pc, data) = (pc.clone(), pool[(i % POOL) as usize].clone());
-                async move {
-                    let t = Instant::now();
-                    let k = key(size, i);
-                    if what.starts_with("GET") {
-                        let got = pc.get("default", &k).await?;
-                        ensure!(
-                            got.as_deref() == Some(&data[..]),
-                            "block {i} came back wrong"
-                        );
-                    } else {
-                        pc.put("default", &k, data, Durability::Durable).await?;
-                    }
-                    anyhow::Ok(t.elapsed())
-                }
+                pod_request(pc, what, size, i, data)
             }))
             .buffer_unordered(a.concurrency);
             while let Some(r) = s.next().await {
@@ -154,9 +90,96 @@ pub(crate) async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
         }
         drop(nodes);
     }
+    print_pod_rows(&rows);
+    if let Some(p) = &a.json {
+        write_json_lines(p, &rows)?;
+    }
+    Ok(())
+}
+
+/// One request of a pod phase: GET block `i` of `size` bytes and check it is `data`, or PUT
+/// it durably; its latency.
+async fn pod_request(
+    pc: std::sync::Arc<ctxpod_client::pod_client::PodClient>,
+    what: &str,
+    size: usize,
+    i: u64,
+    data: Bytes,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let k = key(size, i);
+    if what.starts_with("GET") {
+        let got = pc.get("default", &k).await?;
+        ensure!(
+            got.as_deref() == Some(&data[..]),
+            "block {i} came back wrong"
+        );
+    } else {
+        pc.put("default", &k, data, Durability::Durable).await?;
+    }
+    anyhow::Ok(t.elapsed())
+}
+
+/// Starts a pod of `count` nodes on loopback (static membership) sized for `total` bytes of
+/// blocks, and waits until every node is ready: the nodes and their HTTP URLs.
+async fn start_pod(
+    a: &BenchArgs,
+    count: usize,
+    total: u64,
+) -> anyhow::Result<(Vec<PodNode>, Vec<String>)> {
+    // Each node holds its share of the copies, with room to spare; DRAM for all of it
+    // (the GET phase reads from the DRAM tier: what the pod serves, not the disk).
+    let per_node = total * a.pod_replication as u64 / count as u64;
+    let capacity = (per_node * 2 + (1 << 30)).next_multiple_of(1 << 20);
+    let dram = per_node + per_node / 4 + (64 << 20);
+    let ports: Vec<(u16, u16)> = (0..count)
+        .map(|_| Ok((free_port()?, free_port()?)))
+        .collect::<anyhow::Result<_>>()?;
+    let members: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (h, t))| {
+            format!(
+                "  {{ id = \"n{i}\", http = \"http://127.0.0.1:{h}\", transfer = \"127.0.0.1:{t}\", capacity = {capacity} }},\n"
+            )
+        })
+        .collect();
+    let mut nodes = Vec::new();
+    for (i, (h, t)) in ports.iter().enumerate() {
+        let dir = a.dir.join(format!("pod{count}-n{i}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let cfg = dir.with_extension("toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[pod]\nnode_id = \"n{i}\"\nreplication = {}\nmembers = [\n{members}]\n",
+                a.pod_replication
+            ),
+        )?;
+        nodes.push(PodNode::spawn(dir, *h, *t, capacity, dram)?);
+    }
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|(h, _)| format!("http://127.0.0.1:{h}"))
+        .collect();
+    for (node, url) in nodes.iter().zip(&urls) {
+        let c = Client::new(url.clone());
+        let every = Duration::from_millis(20);
+        ensure!(
+            poll_until(Duration::from_secs(60), every, async || c.ready().await).await,
+            "node {} not ready within 60 s",
+            node.dir.display()
+        );
+    }
+    Ok((nodes, urls))
+}
+
+/// Prints the `--pod` rows as a Markdown table on stdout.
+fn print_pod_rows(rows: &[PodRow]) {
     println!("| nodes | R | phase | block | GB/s (aggregate) | p50 ms | p99 ms | nodes' CPU s/GiB | blocks per node | max / mean |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
+    for r in rows {
         println!(
             "| {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:?} | {:.3} |",
             r.nodes,
@@ -171,8 +194,4 @@ pub(crate) async fn pod_bench(a: &BenchArgs) -> anyhow::Result<()> {
             r.skew
         );
     }
-    if let Some(p) = &a.json {
-        write_json_lines(p, &rows)?;
-    }
-    Ok(())
 }

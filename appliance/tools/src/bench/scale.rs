@@ -76,74 +76,13 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
             ));
         }
         let data = block(7, size);
-        const BATCH: u64 = 256;
-        let t = Instant::now();
-        let mut loaded = 0u64;
-        let mut next_report = n / 20;
-        let mut s = futures::stream::iter((0..n.div_ceil(BATCH)).map(|b| {
-            let tc = tcs[b as usize % tcs.len()].clone();
-            let data = data.clone();
-            async move {
-                let mut left: Vec<(Bytes, Bytes)> = (b * BATCH..((b + 1) * BATCH).min(n))
-                    .map(|i| (scale_key(i), data.clone()))
-                    .collect();
-                let count = left.len() as u64;
-                // Entries answered 503 (the node's write queue was full) are sent again.
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while !left.is_empty() {
-                    let st = tc
-                        .put("default", &left, ctxpod_wire::proto::Durability::Fast)
-                        .await?;
-                    ensure!(
-                        st.iter().all(|&s| s == 201 || s == 200 || s == 503),
-                        "scale load: statuses {st:?}"
-                    );
-                    left = answered_busy(left, st);
-                    if !left.is_empty() {
-                        ensure!(
-                            Instant::now() < deadline,
-                            "scale load: the node stayed busy"
-                        );
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                }
-                anyhow::Ok(count)
-            }
-        }))
-        .buffer_unordered(4);
-        while let Some(r) = s.next().await {
-            loaded += r?;
-            if loaded >= next_report {
-                eprintln!(
-                    "scale {n}: {loaded} blocks stored ({:.0} %, {:.0} blocks/s)",
-                    loaded as f64 * 100.0 / n as f64,
-                    loaded as f64 / t.elapsed().as_secs_f64()
-                );
-                next_report += n / 20;
-            }
-        }
-        drop(s);
-        // One durable put: every fast one before it is then on the device too.
-        tcs[0]
-            .put(
-                "default",
-                &[(scale_key(n), data.clone())],
-                ctxpod_wire::proto::Durability::Durable,
-            )
-            .await?;
-        let load_s = t.elapsed().as_secs_f64();
+        let load_s = scale_load(&tcs, n, &data).await?;
         // Latency: one GET at a time of uniformly random stored keys (the DRAM tier holds
         // 16 MiB, so nearly every one is an index lookup and a device read).
-        let mut rng = 0x2545_F491_4F6C_DD1Du64;
-        let mut pick = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut pick = Pick(0x2545_F491_4F6C_DD1Du64);
         let mut lat = Vec::with_capacity(5000);
         for _ in 0..5000 {
-            let i = pick();
+            let i = pick.next(n);
             let t = Instant::now();
             let got = tcs[0].get("default", &[scale_key(i)]).await?;
             lat.push(t.elapsed());
@@ -155,23 +94,8 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
         lat.sort();
         // Throughput: `--concurrency` GETs at once.
         let gets = 20_000u64;
-        let keys: Vec<u64> = (0..gets).map(|_| pick()).collect();
-        let t = Instant::now();
-        let mut s = futures::stream::iter(keys.into_iter().enumerate().map(|(j, i)| {
-            let tc = tcs[j % tcs.len()].clone();
-            let data = data.clone();
-            async move {
-                let got = tc.get("default", &[scale_key(i)]).await?;
-                ensure!(got[0] == Some(data), "scale: block {i} came back wrong");
-                anyhow::Ok(())
-            }
-        }))
-        .buffer_unordered(a.concurrency);
-        while let Some(r) = s.next().await {
-            r?;
-        }
-        drop(s);
-        let get_ops_per_s = gets as f64 / t.elapsed().as_secs_f64();
+        let keys: Vec<u64> = (0..gets).map(|_| pick.next(n)).collect();
+        let get_ops_per_s = scale_get_throughput(&tcs, keys, &data, a.concurrency).await?;
         let rss = rss_bytes(node.child.id()).unwrap_or(0);
         let row = ScaleRow {
             blocks: n,
@@ -199,9 +123,128 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
         node.stop()?;
         let _ = std::fs::remove_dir_all(&data_dir);
     }
-    println!("| blocks indexed | block | load blocks/s | GET p50 µs (1 at a time) | GET p99 µs | GET/s (concurrency {}) | node RSS | RSS growth per 1M blocks | index on disk |", a.concurrency);
+    print_scale_rows(&out, a.concurrency);
+    if let Some(p) = &a.json {
+        write_json_lines(p, &out)?;
+    }
+    Ok(())
+}
+
+/// The uniformly random block numbers a scale check reads (xorshift64, fixed seed).
+struct Pick(u64);
+
+impl Pick {
+    /// The next block number below `n`.
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Loads blocks 0..n (each `data`) in fast batches over `tcs`, then one durable put: the
+/// seconds it took.
+async fn scale_load(
+    tcs: &[std::sync::Arc<TransferClient>],
+    n: u64,
+    data: &Bytes,
+) -> anyhow::Result<f64> {
+    const BATCH: u64 = 256;
+    let t = Instant::now();
+    let mut loaded = 0u64;
+    let mut next_report = n / 20;
+    let mut s = futures::stream::iter((0..n.div_ceil(BATCH)).map(|b| {
+        let tc = tcs[b as usize % tcs.len()].clone();
+        let left: Vec<(Bytes, Bytes)> = (b * BATCH..((b + 1) * BATCH).min(n))
+            .map(|i| (scale_key(i), data.clone()))
+            .collect();
+        put_until_taken(tc, left)
+    }))
+    .buffer_unordered(4);
+    while let Some(r) = s.next().await {
+        loaded += r?;
+        if loaded >= next_report {
+            eprintln!(
+                "scale {n}: {loaded} blocks stored ({:.0} %, {:.0} blocks/s)",
+                loaded as f64 * 100.0 / n as f64,
+                loaded as f64 / t.elapsed().as_secs_f64()
+            );
+            next_report += n / 20;
+        }
+    }
+    drop(s);
+    // One durable put: every fast one before it is then on the device too.
+    tcs[0]
+        .put(
+            "default",
+            &[(scale_key(n), data.clone())],
+            ctxpod_wire::proto::Durability::Durable,
+        )
+        .await?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Puts a batch fast, sending again the entries answered 503 (the node's write queue was
+/// full) for up to 60 s: how many entries the batch had.
+async fn put_until_taken(
+    tc: std::sync::Arc<TransferClient>,
+    mut left: Vec<(Bytes, Bytes)>,
+) -> anyhow::Result<u64> {
+    let count = left.len() as u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !left.is_empty() {
+        let st = tc
+            .put("default", &left, ctxpod_wire::proto::Durability::Fast)
+            .await?;
+        ensure!(
+            st.iter().all(|&s| s == 201 || s == 200 || s == 503),
+            "scale load: statuses {st:?}"
+        );
+        left = answered_busy(left, st);
+        if !left.is_empty() {
+            ensure!(
+                Instant::now() < deadline,
+                "scale load: the node stayed busy"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    anyhow::Ok(count)
+}
+
+/// GETs `keys` over `tcs`, `concurrency` at once, every one checked against `data`: GETs
+/// per second.
+async fn scale_get_throughput(
+    tcs: &[std::sync::Arc<TransferClient>],
+    keys: Vec<u64>,
+    data: &Bytes,
+    concurrency: usize,
+) -> anyhow::Result<f64> {
+    let gets = keys.len() as u64;
+    let t = Instant::now();
+    let mut s = futures::stream::iter(keys.into_iter().enumerate().map(|(j, i)| {
+        let tc = tcs[j % tcs.len()].clone();
+        let data = data.clone();
+        async move {
+            let got = tc.get("default", &[scale_key(i)]).await?;
+            ensure!(got[0] == Some(data), "scale: block {i} came back wrong");
+            anyhow::Ok(())
+        }
+    }))
+    .buffer_unordered(concurrency);
+    while let Some(r) = s.next().await {
+        r?;
+    }
+    drop(s);
+    Ok(gets as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Prints the scale rows as a Markdown table on stdout, and the p50 growth over the run.
+fn print_scale_rows(out: &[ScaleRow], concurrency: usize) {
+    println!("| blocks indexed | block | load blocks/s | GET p50 µs (1 at a time) | GET p99 µs | GET/s (concurrency {}) | node RSS | RSS growth per 1M blocks | index on disk |", concurrency);
     println!("|---|---|---|---|---|---|---|---|---|");
-    for r in &out {
+    for r in out {
         println!(
             "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
             r.blocks,
@@ -225,10 +268,6 @@ pub(crate) async fn scale_check(a: &BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(p) = &a.json {
-        write_json_lines(p, &out)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

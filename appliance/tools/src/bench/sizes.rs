@@ -98,33 +98,7 @@ pub(crate) async fn measure_size(
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
     let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1, a.batch).await?;
     put_fast.of_device = Some(put_fast.gb_per_s / dev_w.gb_per_s);
-    let s = node.client.stats().await?;
-    let m = node.client.metrics().await?;
-    let metric = |name: &str| {
-        m.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let commits = metric("ctxpod_group_commit_blocks_count").max(1.0);
-    eprintln!(
-        "  engine {} direct={} device write amplification {:.4}; {} group commits, {:.1} \
-         blocks and {:.2} ms each on average",
-        s.io_engine,
-        s.direct_io,
-        s.write_amplification,
-        commits,
-        metric("ctxpod_group_commit_blocks_sum") / commits,
-        metric("ctxpod_group_commit_duration_seconds_sum") / commits * 1e3
-    );
-    eprintln!(
-        "  device flush {:.2} ms, index commit {:.2} ms on average",
-        metric("ctxpod_device_flush_duration_seconds_sum")
-            / metric("ctxpod_device_flush_duration_seconds_count").max(1.0)
-            * 1e3,
-        metric("ctxpod_index_commit_duration_seconds_sum")
-            / metric("ctxpod_index_commit_duration_seconds_count").max(1.0)
-            * 1e3
-    );
+    print_write_path_stats(&node).await?;
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
     let mut cold = phase(
@@ -169,6 +143,39 @@ pub(crate) async fn measure_size(
         cold.of_device.unwrap_or(0.0) * 100.0
     );
     rows.extend([dev_w, dev_r, put, put_fast, cold, hot]);
+    Ok(())
+}
+
+/// After the PUT phases: the node's I/O engine, write amplification and its group commit,
+/// device flush and index commit averages, on stderr.
+async fn print_write_path_stats(node: &Node) -> anyhow::Result<()> {
+    let s = node.client.stats().await?;
+    let m = node.client.metrics().await?;
+    let metric = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let commits = metric("ctxpod_group_commit_blocks_count").max(1.0);
+    eprintln!(
+        "  engine {} direct={} device write amplification {:.4}; {} group commits, {:.1} \
+         blocks and {:.2} ms each on average",
+        s.io_engine,
+        s.direct_io,
+        s.write_amplification,
+        commits,
+        metric("ctxpod_group_commit_blocks_sum") / commits,
+        metric("ctxpod_group_commit_duration_seconds_sum") / commits * 1e3
+    );
+    eprintln!(
+        "  device flush {:.2} ms, index commit {:.2} ms on average",
+        metric("ctxpod_device_flush_duration_seconds_sum")
+            / metric("ctxpod_device_flush_duration_seconds_count").max(1.0)
+            * 1e3,
+        metric("ctxpod_index_commit_duration_seconds_sum")
+            / metric("ctxpod_index_commit_duration_seconds_count").max(1.0)
+            * 1e3
+    );
     Ok(())
 }
 
