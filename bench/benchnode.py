@@ -4,6 +4,7 @@ caller's, ready when /readyz answers 200."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -16,13 +17,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node(binary: str, data_dir: str, capacity: str = "4GiB", dram: str = "2GiB") -> tuple[subprocess.Popen, str]:
-    """The node process and its HTTP URL; raises SystemExit if it is not ready within 60 s."""
+def start_node(
+    binary: str, data_dir: str, capacity: str = "4GiB", dram: str = "2GiB", log=None
+) -> tuple[subprocess.Popen, str]:
+    """The node process and its HTTP URL (its output to `log`, an open file, or nowhere);
+    raises SystemExit if it is not ready within 60 s."""
     port, tport = free_port(), free_port()
     node = subprocess.Popen(
         [binary, "serve", "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
          "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", capacity, "--dram", dram],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, CTXPOD_ZERO_FILL="false"))
+        stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL,
+        env=dict(os.environ, CTXPOD_ZERO_FILL="false"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -33,5 +38,18 @@ def start_node(binary: str, data_dir: str, capacity: str = "4GiB", dram: str = "
             pass
         if time.monotonic() > deadline or node.poll() is not None:
             node.kill()
+            node.wait()
             raise SystemExit(f"the node ({binary}) did not start within 60 s")
         time.sleep(0.1)
+
+
+def stop_node(node: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM (the node flushes and exits), then SIGKILL past `timeout` seconds."""
+    if node.poll() is not None:
+        return
+    node.send_signal(signal.SIGTERM)
+    try:
+        node.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        node.kill()
+        node.wait()

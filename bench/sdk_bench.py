@@ -28,25 +28,16 @@ import hashlib
 import mmap
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.environ.get("PEERS", os.path.join(here, "..", "..", "shared", "bench-peers")))
 import benchlib  # noqa: E402
+from benchnode import start_node, stop_node  # noqa: E402
 
 import ctxpod  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def key_of(k: str) -> bytes:
@@ -69,26 +60,11 @@ class SdkAdapter(benchlib.Adapter):
 
     def setup(self, max_size, max_batch):
         self.dir = tempfile.mkdtemp(prefix="ctxpod-sdk-bench-", dir=self.a.data_root)
-        port, tport = free_port(), free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, CTXPOD_ZERO_FILL="false")
         self.log = open(self.a.server_log or os.devnull, "w")
-        self.node = subprocess.Popen(
-            [self.a.ctxpod_bin, "serve", "--data-dir", self.dir, "--listen", f"127.0.0.1:{port}",
-             "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", self.a.capacity,
-             "--dram", self.a.dram],
-            stdout=self.log, stderr=self.log, env=env,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(url + "/readyz", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.node.poll() is not None:
-                raise SystemExit("the node did not start (see --server-log)")
-            time.sleep(0.1)
+        try:
+            self.node, url = start_node(self.a.ctxpod_bin, self.dir, self.a.capacity, self.a.dram, log=self.log)
+        except SystemExit:
+            raise SystemExit("the node did not start (see --server-log)")
         self.store = ctxpod.Store.connect(url, namespace="default")
         if self.a.api == "zerocopy":
             self.slot = max_size
@@ -155,12 +131,7 @@ class SdkAdapter(benchlib.Adapter):
             self.store.close()
             self.store = None
         if self.node is not None:
-            self.node.send_signal(signal.SIGTERM)
-            try:
-                self.node.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.node.kill()
-                self.node.wait()
+            stop_node(self.node, timeout=20)
             self.node = None
             shutil.rmtree(self.dir, ignore_errors=True)
 

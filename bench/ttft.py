@@ -29,14 +29,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -46,6 +42,7 @@ import transformers
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "api" / "python" / "tests"))
 import ctxpod  # noqa: E402
+from benchnode import start_node, stop_node  # noqa: E402
 from kvcache_util import (  # noqa: E402
     Layout, block_hashes, build_cache, entries, match, prefetch, prefill, store_kv, tiny_llama,
 )
@@ -61,46 +58,20 @@ def default_bin() -> str:
     return "ctxpod"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OwnNode:
     """A `ctxpod serve` of this run's own, stopped by stop()."""
 
     def __init__(self, binary: str, capacity: str, dram: str) -> None:
         self.dir = tempfile.mkdtemp(prefix="ctxpod-ttft-")
-        port, tport = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{port}"
         self.log = open(Path(self.dir) / "node.log", "w")
-        env = dict(os.environ, CTXPOD_ZERO_FILL="false")
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--data-dir", f"{self.dir}/data", "--listen", f"127.0.0.1:{port}",
-             "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", capacity, "--dram", dram],
-            stdout=self.log, stderr=self.log, env=env,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(self.url + "/readyz", timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit(f"the node did not come up; its log: {self.dir}/node.log")
-            time.sleep(0.1)
+        try:
+            self.proc, self.url = start_node(binary, f"{self.dir}/data", capacity, dram, log=self.log)
+        except SystemExit:
+            self.log.close()
+            raise SystemExit(f"the node did not come up; its log: {self.dir}/node.log")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_node(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -232,6 +232,23 @@ impl Registry {
     }
 
     /// The registered buffer holding `[ptr, ptr + size)`, and the offset in it.
+    /// [`Registry::find`], and the buffer's guard checked once per call (`checked` holds
+    /// the ids already checked): a moved tensor is refused before anything is sent.
+    pub(crate) fn find_checked(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        size: usize,
+        checked: &mut Vec<u32>,
+    ) -> PyResult<(Arc<Held>, usize)> {
+        let (held, offset) = self.find(ptr, size)?;
+        if !checked.contains(&held.id) {
+            held.check(py)?;
+            checked.push(held.id);
+        }
+        Ok((held, offset))
+    }
+
     pub(crate) fn find(&self, ptr: usize, size: usize) -> PyResult<(Arc<Held>, usize)> {
         let held = self.held.lock().expect("registry");
         let end = ptr

@@ -269,17 +269,11 @@ impl Store {
         sizes: Vec<usize>,
         durable: bool,
     ) -> PyResult<Vec<u16>> {
-        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
-            return Err(invalid("keys, ptrs and sizes must have the same length"));
-        }
+        same_lengths(&keys, &ptrs, &sizes)?;
         let mut blocks = Vec::with_capacity(keys.len());
         let mut checked: Vec<u32> = Vec::new();
         for ((k, ptr), len) in keys.into_iter().zip(ptrs).zip(sizes) {
-            let (held, _) = self.buffers.find(ptr, len)?;
-            if !checked.contains(&held.id) {
-                held.check(py)?;
-                checked.push(held.id);
-            }
+            let (held, _) = self.buffers.find_checked(py, ptr, len, &mut checked)?;
             blocks.push((Bytes::from(k), lent(ptr, len, Keep::Held(held))));
         }
         self.store(py, ns, blocks, durable)
@@ -344,9 +338,7 @@ impl Store {
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
-        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
-            return Err(invalid("keys, ptrs and sizes must have the same length"));
-        }
+        same_lengths(&keys, &ptrs, &sizes)?;
         let (entries, landings) = self.entries(py, keys, ptrs, sizes)?;
         let opts = PrefetchOptions {
             policy: Policy::WaitComplete,
@@ -503,9 +495,7 @@ impl Store {
         deadline_ms: Option<u64>,
         lease_ms: u64,
     ) -> PyResult<Ticket> {
-        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
-            return Err(invalid("keys, ptrs and sizes must have the same length"));
-        }
+        same_lengths(&keys, &ptrs, &sizes)?;
         let policy = Policy::parse(policy).ok_or_else(|| {
             invalid(format!(
                 "policy {policy:?}: one of best_effort, wait_complete, timeout"
@@ -589,11 +579,7 @@ impl Store {
         for (i, ((k, p), s)) in keys.into_iter().zip(ptrs).zip(sizes).enumerate() {
             let max_len = u32::try_from(s)
                 .map_err(|_| invalid(format!("an entry of {s} bytes is over 4 GiB")))?;
-            let (held, offset) = self.buffers.find(p, s)?;
-            if held.guarded() && !checked.contains(&held.id) {
-                held.check(py)?;
-                checked.push(held.id);
-            }
+            let (held, offset) = self.buffers.find_checked(py, p, s, &mut checked)?;
             entries.push((
                 held.target().clone(),
                 PrefetchEntry {
@@ -645,4 +631,12 @@ impl Store {
         })
         .map_err(error)
     }
+}
+
+/// Fails unless keys, pointers and sizes pair up one to one.
+fn same_lengths(keys: &[Vec<u8>], ptrs: &[usize], sizes: &[usize]) -> PyResult<()> {
+    if keys.len() != ptrs.len() || keys.len() != sizes.len() {
+        return Err(invalid("keys, ptrs and sizes must have the same length"));
+    }
+    Ok(())
 }
