@@ -50,8 +50,10 @@ def metadata(model: str) -> LMCacheMetadata:
 class Backends:
     """LMCache's LocalCPUBackend and RemoteBackend (plugin "ctxpod"), on a loop thread."""
 
-    def __init__(self, url: str, model: str = "acme/llama-tiny", **extra) -> None:
-        self.cfg, self.md = config(url, **extra), metadata(model)
+    def __init__(self, url: str, model: str = "acme/llama-tiny", ctx=None, **extra) -> None:
+        """``ctx``: a ConnectorContext whose configuration and metadata to use instead."""
+        self.cfg, self.md = (config(url, **extra), metadata(model)) if ctx is None else (ctx.config, ctx.metadata)
+        self.tokens = CHUNK if ctx is None else ctx.metadata.chunk_size
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -63,7 +65,8 @@ class Backends:
     def key(self, h: int) -> CacheEngineKey:
         return CacheEngineKey(self.md.model_name, 1, 0, h, torch.bfloat16)
 
-    def chunk(self, seed: int, tokens: int = CHUNK):
+    def chunk(self, seed: int, tokens: int | None = None):
+        tokens = self.tokens if tokens is None else tokens
         obj = self.local.allocate(self.md.get_shapes(tokens), self.md.get_dtypes())
         assert obj is not None
         g = torch.Generator().manual_seed(seed)
@@ -233,6 +236,53 @@ def test_bad_settings_are_refused_with_the_setting_named(node):
     ctx = ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, md, "ctxpod")
     with pytest.raises(ctxpod.InvalidRequest, match="set `url`"):
         plugin.CtxpodConnectorAdapter().create_connector(ctx)
+
+
+# Llama-3-8B's KV cache: 32 layers, K and V, 8 KV heads of 128 dims, bf16: 128 KiB a token.
+LLAMA3_8B_LAYERS, LLAMA3_8B_HEADS, LLAMA3_8B_DIM = 32, 8, 128
+
+
+def llama3_8b_context(url: str, chunk_size: int, **extra):
+    """LMCache's context for building the plugin's connector for Llama-3-8B's KV at
+    ``chunk_size`` tokens a chunk (the docs' configuration otherwise)."""
+    from lmcache.v1.storage_backend.connector import ConnectorContext
+
+    d = yaml.safe_load(doc_snippet("lmcache-config").replace("http://10.0.0.5:7400", url))
+    d.update(chunk_size=chunk_size, max_local_cpu_size=0.05, lmcache_instance_id="t")
+    d["extra_config"].update(extra)
+    md = LMCacheMetadata(
+        model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
+        local_worker_id=0, kv_dtype=torch.bfloat16, chunk_size=chunk_size,
+        kv_shape=(LLAMA3_8B_LAYERS, 2, chunk_size, LLAMA3_8B_HEADS, LLAMA3_8B_DIM),
+    )
+    cfg = LMCacheEngineConfig.from_dict(d)
+    return ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, md, "ctxpod")
+
+
+def test_a_chunk_over_the_value_limit_is_refused_when_lmcache_builds_the_connector(node):
+    """LMCache's default chunk_size (256) of Llama-3-8B's KV is 32 MiB, over the SDK's value
+    limit: the connector refuses to be built, naming the sizes and the chunk_size that fits,
+    instead of letting every put be refused later and every lookup miss (issue #34)."""
+    with pytest.raises(ctxpod.InvalidRequest) as e:
+        plugin.CtxpodConnectorAdapter().create_connector(llama3_8b_context(node.http, 256))
+    said = str(e.value)
+    assert f"{32 * 2**20 + 28} bytes" in said and "chunk_size 256" in said
+    assert f"{ctxpod.BLOCK_BYTES_MAX}-byte value limit" in said
+    # 63 tokens: 63 x 128 KiB + the 28-byte header; without the header, 64.
+    assert "at most 63 tokens" in said
+    with pytest.raises(ctxpod.InvalidRequest, match="at most 64 tokens"):
+        plugin.CtxpodConnectorAdapter().create_connector(
+            llama3_8b_context(node.http, 256, save_chunk_meta=False))
+    # A chunk size that fits builds, and LMCache's backends store and read back a full
+    # 4 MiB chunk of that shape byte for byte.
+    b = Backends(node.http, ctx=llama3_8b_context(node.http, 32))
+    try:
+        obj, data = b.chunk(8)
+        assert len(data) == 32 * 128 * 1024
+        b.put([b.key(8)], [obj])
+        assert b.read([b.key(8)])[0][0] == data
+    finally:
+        b.close()
 
 
 def test_a_wrong_token_is_refused(auth_node):

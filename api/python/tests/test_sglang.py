@@ -31,22 +31,23 @@ DTYPE = torch.bfloat16
 ENGINE_PAGE = 64
 
 
-def host_pool(layout: str = "page_first", page: int = PAGE) -> MHATokenToKVPoolHost:
+def host_pool(layout: str = "page_first", page: int = PAGE, layers: int = LAYERS, heads: int = HEADS,
+              dim: int = DIM, tokens: int = TOKENS) -> MHATokenToKVPoolHost:
     """A host pool on the CPU, as SGLang builds it from a device pool's buffer info."""
-    k = tuple(torch.zeros(TOKENS + page, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
-    v = tuple(torch.zeros(TOKENS + page, HEADS, DIM, dtype=DTYPE) for _ in range(LAYERS))
+    k = tuple(torch.zeros(tokens + page, heads, dim, dtype=DTYPE) for _ in range(layers))
+    v = tuple(torch.zeros(tokens + page, heads, dim, dtype=DTYPE) for _ in range(layers))
 
     def table(ts):
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
 
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=table(k), v_data_ptrs=table(v), layout=KVBufferLayout.NHD),
-        page_size=page, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=DTYPE, device=torch.device("cpu"),
+        page_size=page, head_num=heads, head_dim=dim, v_head_dim=dim, dtype=DTYPE, device=torch.device("cpu"),
     )
     with host_memory_budget_scope(1 << 40):
         pool = MHATokenToKVPoolHost(
             info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
-            device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS - 1,
+            device_capacity_tokens=tokens, start_layer=0, end_layer=layers - 1,
         )
     pool._keep = (k, v)
     return pool
@@ -174,6 +175,38 @@ def test_timeout_policy_and_bad_settings(node, pool):
         backend(node.http, pool, prefetch_policy="timeout")
     with pytest.raises(ctxpod.InvalidRequest, match="layout 'layer_first' is not supported"):
         backend(node.http, host_pool("layer_first"))
+
+
+def test_pages_over_the_value_limit_are_refused_when_the_host_pool_registers(node):
+    """Real model pages at SGLang's usual page sizes (issue #34): Llama-3-8B's K (or V) of a
+    page of 64 or 128 tokens is 4 or 8 MiB, a block each, and is stored byte for byte;
+    Llama-3-70B's (80 layers) is 10 or 20 MiB, over the SDK's value limit: the backend
+    refuses the host pool, naming the sizes and the page size that fits, instead of letting
+    every page be refused later and every lookup miss."""
+    for page in (64, 128):
+        pool = host_pool(page=page, layers=32, heads=8, dim=128, tokens=page)
+        b = backend(node.http, pool, model="meta-llama/Meta-Llama-3-8B")
+        try:
+            keys = page_hashes(1, f"llama3-8b-{page}")
+            src = pool.alloc(page)
+            g = torch.Generator().manual_seed(page)
+            data = pool.get_data_page(int(src[0]), flat=False)
+            data.copy_(torch.randn(data.shape, generator=g).to(DTYPE))
+            want = pool.get_data_page(int(src[0])).view(torch.uint8).numpy().tobytes()
+            assert len(want) == 2 * page * 32 * 8 * 128 * 2
+            assert b.batch_set_v1(keys, src) == [True]
+            dst = pool.alloc(page)
+            assert b.batch_get_v1(keys, dst) == [True]
+            assert pool.get_data_page(int(dst[0])).view(torch.uint8).numpy().tobytes() == want
+        finally:
+            b.close()
+    for page, fits in ((64, 51), (128, 51)):
+        pool = host_pool(page=page, layers=80, heads=8, dim=128, tokens=page)
+        with pytest.raises(ctxpod.InvalidRequest) as e:
+            backend(node.http, pool, model="meta-llama/Meta-Llama-3-70B")
+        said = str(e.value)
+        assert f"block of {page * 80 * 8 * 128 * 2} bytes per part" in said
+        assert f"{ctxpod.BLOCK_BYTES_MAX}-byte value limit" in said and f"--page-size {fits} or less" in said
 
 
 def test_a_read_only_token_reads_but_cannot_store(auth_node, pool):

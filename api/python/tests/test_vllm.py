@@ -35,20 +35,22 @@ CHUNKS = 8
 STEP = ScheduleEndContext(new_req_ids=[], preempted_req_ids=())
 
 
-def manager(url: str, model: str = "acme/llama-tiny", extra: dict | None = None):
+def manager(url: str, model: str = "acme/llama-tiny", extra: dict | None = None, *,
+            block_bytes: int = ROW, blocks_per_chunk: int = 1, chunks: int = CHUNKS):
     """vLLM's tiering manager, built from the docs' kv_connector_extra_config (``extra``:
-    more settings of the ctxpod tier's entry)."""
+    more settings of the ctxpod tier's entry); a chunk is ``blocks_per_chunk`` GPU blocks of
+    16 tokens, ``block_bytes`` each."""
     kv = json.loads(doc_snippet("vllm-kv-transfer-config").replace("http://10.0.0.5:7400", url))
     kv["kv_connector_extra_config"]["secondary_tiers"][0].update(extra or {})
-    extra = dict(kv["kv_connector_extra_config"], cpu_bytes_to_use=CHUNKS * ROW)
+    extra = dict(kv["kv_connector_extra_config"], cpu_bytes_to_use=chunks * block_bytes * blocks_per_chunk)
     cfg = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layers.0", "layers.1"), group_id=0),),
-        worker_kv_bytes_per_block=ROW,
+        worker_kv_bytes_per_block=block_bytes,
         enable_kv_cache_events=False,
         extra_config=extra,
         engine_id=f"ctxpod-test-{uuid.uuid4().hex[:8]}",
         model=OffloadingModelConfig(name=model, dtype="bfloat16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        cache=OffloadingCacheConfig(tokens_per_hash=16 * blocks_per_chunk, blocks_per_chunk=blocks_per_chunk),
         parallel=OffloadingParallelConfig(
             rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
             data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
@@ -82,7 +84,7 @@ def store(mgr, tier, keys, seed: int) -> list[bytes]:
     rows = np.asarray(mgr.primary_tier.get_kv_memoryview())
     data = []
     for c in out.store_spec.chunk_ids:
-        row = os.urandom(ROW)
+        row = os.urandom(tier.block_size_bytes)
         rows[int(c)] = np.frombuffer(row, dtype=np.int8)
         data.append(row)
     mgr.complete_store(keys, ctx, success=True)
@@ -90,6 +92,18 @@ def store(mgr, tier, keys, seed: int) -> list[bytes]:
           "the cascade to ctxpod")
     mgr.on_request_finished(ctx)
     return data
+
+
+def promote(mgr, keys, data: list[bytes], req_id: str) -> ReqContext:
+    """A new request of ``mgr``'s engine finds ``keys`` (through ctxpod) and loads them into
+    its CPU tier, row for row ``data``; the request's context (its load not yet completed)."""
+    ctx = ReqContext(req_id=req_id)
+    mgr.on_new_request(ctx)
+    drive(mgr, lambda: all(mgr.lookup(k, ctx) is LookupResult.HIT for k in keys), "the promotion from ctxpod")
+    spec = mgr.prepare_load(keys, ctx)
+    rows = np.asarray(mgr.primary_tier.get_kv_memoryview())
+    assert [rows[int(c)].tobytes() for c in spec.chunk_ids] == data
+    return ctx
 
 
 def test_chunks_cascade_to_ctxpod_and_are_promoted_into_another_engine(node):
@@ -100,12 +114,7 @@ def test_chunks_cascade_to_ctxpod_and_are_promoted_into_another_engine(node):
         data = store(a, ta, keys, 1)
         assert ta.space.namespace == tb.space.namespace
         # Engine b has an empty CPU tier: its lookups find the chunks in ctxpod.
-        ctx = ReqContext(req_id="load")
-        b.on_new_request(ctx)
-        drive(b, lambda: all(b.lookup(k, ctx) is LookupResult.HIT for k in keys), "the promotion from ctxpod")
-        spec = b.prepare_load(keys, ctx)
-        rows = np.asarray(b.primary_tier.get_kv_memoryview())
-        assert [rows[int(c)].tobytes() for c in spec.chunk_ids] == data
+        ctx = promote(b, keys, data, "load")
         assert tb.stats["loaded_chunks"] == 4
         b.complete_load(keys, ctx)
         # Keys nobody stored end as a miss (after the batched async lookup answers).
@@ -147,6 +156,34 @@ def test_a_chunk_held_already_is_not_sent_again(node):
             b.shutdown()
     finally:
         a.shutdown()
+
+
+def test_a_chunk_over_the_value_limit_is_refused_when_vllm_builds_the_tier(node):
+    """Real model chunks (issue #34): Llama-3-70B's KV of one 16-token GPU block is 5 MiB
+    (80 layers, K and V, 8 heads of 128 dims, bf16); offloaded 4 blocks a chunk (64 tokens)
+    a chunk is 20 MiB, over the SDK's value limit: vLLM's build of the tier fails, saying
+    why, instead of every chunk being refused later and every lookup missing. One block a
+    chunk (5 MiB) builds, and such chunks cascade to the pod and are promoted into another
+    engine's CPU tier byte for byte."""
+    from ctxpod import BLOCK_BYTES_MAX, InvalidRequest
+
+    block = 80 * 16 * 2 * 8 * 128 * 2
+    with pytest.raises(InvalidRequest) as e:
+        manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=block, blocks_per_chunk=4, chunks=2)
+    said = str(e.value)
+    assert f"{4 * block} bytes" in said and f"{BLOCK_BYTES_MAX}-byte value limit" in said, said
+    a, ta = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=block, chunks=2)
+    b, tb = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=block, chunks=2)
+    try:
+        assert ta.block_size_bytes == block
+        keys = chunk_keys(2)
+        data = store(a, ta, keys, 70)
+        ctx = promote(b, keys, data, "load-70b")
+        b.complete_load(keys, ctx)
+        b.on_request_finished(ctx)
+    finally:
+        a.shutdown()
+        b.shutdown()
 
 
 def test_bad_settings_are_refused(node):
