@@ -306,14 +306,18 @@ impl Ledgers {
     async fn released_now(&self, ns: &Namespace) -> Result<(), EngineError> {
         let lock = self.lock(&ns.name);
         let _one = lock.lock().await;
+        let keep = ns.used_bytes() + ns.pending_bytes();
+        if ns.grant().is_none_or(|g| g <= keep) {
+            return Ok(());
+        }
+        // Lowered here before the ledger is: this member never holds more than the ledger
+        // grants it, whatever etcd answers. A put needing more waits on the lock above.
+        ns.set_grant(keep);
+        // The ledger is written until it says so: another member's write first (two
+        // holders of a deleted block give back at once) is read again and shrunk again.
+        // (Before, the retry saw the lowered local grant and gave up, leaving the ledger
+        // full: the room freed by a delete was anyone's only after the next one.)
         for _ in 0..CAS_TRIES {
-            let keep = ns.used_bytes() + ns.pending_bytes();
-            if ns.grant().is_none_or(|g| g <= keep) {
-                return Ok(());
-            }
-            // Lowered here before the ledger is: this member never holds more than the
-            // ledger grants it, whatever etcd answers.
-            ns.set_grant(keep);
             let (ledger, rev) = self.read(&ns.name).await?;
             let Some(l) = shrink(&ledger, &self.me, ns.incarnation().unwrap_or(0), keep) else {
                 return Ok(());
