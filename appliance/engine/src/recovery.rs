@@ -19,22 +19,24 @@ use crate::crypto::{self, AeadKey};
 use crate::device::{self, AlignedBuf, Device, IO_ALIGN_BYTES};
 use crate::metrics::Metrics;
 use crate::offload::OffloadEngine;
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use ctxpod_format::config::Config;
 use ctxpod_format::record::{self, RecordHeader};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+mod format;
+mod kek;
+use format::{check_superblock, geometry_for, write_superblock, zero_fill};
+use kek::load_or_create_kek;
+pub(super) use kek::{read_kek, rewrap_deks};
 
 /// 2: region metadata carries the tail epoch.
 pub const FORMAT_VERSION: u32 = 2;
 /// Bytes before region 0: the device superblock lives in the first 4 KiB.
 pub const DATA_OFFSET_BYTES: u64 = 1 << 20;
-const SUPERBLOCK_MAGIC: &[u8; 8] = b"CTXPODDV";
 /// Bits of the "recently read" table (512 KiB of memory).
 const READ_BITS: usize = 1 << 22;
 
@@ -387,189 +389,6 @@ pub(super) async fn reopen_after_no_space(
         ns.blocks.store(0, Ordering::Relaxed);
     }
     reconcile_blocks(&core.index, g, &regions, &namespaces, c)
-}
-
-fn geometry_for(cfg: &Config) -> anyhow::Result<Geometry> {
-    let region_bytes = cfg.region_bytes();
-    let capacity = cfg.capacity.0;
-    let regions = capacity.saturating_sub(DATA_OFFSET_BYTES) / region_bytes;
-    ensure!(
-        regions >= 4,
-        "capacity {} holds {regions} regions of {region_bytes} bytes; at least 4 are needed \
-         (raise --capacity or lower region_bytes)",
-        cfg.capacity
-    );
-    ensure!(regions <= u32::MAX as u64, "too many regions");
-    Ok(Geometry {
-        format_version: FORMAT_VERSION,
-        capacity_bytes: capacity,
-        region_bytes,
-        data_offset: DATA_OFFSET_BYTES,
-        regions: regions as u32,
-        plaintext_at_rest: !cfg.encrypt_at_rest,
-    })
-}
-
-/// The KEK file holds 64 hex digits (or 32 raw bytes). Created 0600 on first start.
-fn load_or_create_kek(path: &Path) -> anyhow::Result<crypto::KeyBytes> {
-    if !path.exists() {
-        let key = crypto::random_key();
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .with_context(|| format!("create key-encryption key {}", path.display()))?;
-        writeln!(
-            f,
-            "{}",
-            zeroize::Zeroizing::new(hex::encode(key.as_slice())).as_str()
-        )?;
-        f.sync_all()?;
-        tracing::info!(path = %path.display(), "created a new key-encryption key (mode 0600)");
-    }
-    read_kek(path)
-}
-
-/// Reads a KEK file: 64 hex digits or 32 raw bytes.
-pub(super) fn read_kek(path: &Path) -> anyhow::Result<crypto::KeyBytes> {
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("key-encryption key {}", path.display()))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        tracing::warn!(path = %path.display(), "key-encryption key file is readable by group or others");
-    }
-    let raw = zeroize::Zeroizing::new(
-        std::fs::read(path)
-            .with_context(|| format!("read key-encryption key {}", path.display()))?,
-    );
-    let text = zeroize::Zeroizing::new(String::from_utf8_lossy(&raw).into_owned());
-    let key: [u8; 32] = if let Ok(k) = hex::decode(text.trim()).map(zeroize::Zeroizing::new) {
-        k.as_slice()
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("key-encryption key {} is not 32 bytes", path.display()))?
-    } else {
-        raw.as_slice().try_into().map_err(|_| {
-            anyhow::anyhow!(
-                "key-encryption key {} must be 64 hex digits or 32 bytes",
-                path.display()
-            )
-        })?
-    };
-    Ok(crypto::KeyBytes::new(key))
-}
-
-/// Writes zeros over the regions of a new file-backed device. A preallocated file's extents
-/// are "unwritten" until first written, so every flush after a first write would also have
-/// to commit filesystem metadata; written once, later flushes are the device's alone
-/// (PostgreSQL zero-fills WAL segments for the same reason). Progress is logged.
-async fn zero_fill(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
-    use futures::StreamExt;
-    const CHUNK_BYTES: u64 = 8 << 20;
-    let end = g.data_offset + g.regions as u64 * g.region_bytes;
-    let chunks: Vec<u64> = (g.data_offset..end).step_by(CHUNK_BYTES as usize).collect();
-    let total = chunks.len();
-    tracing::info!(
-        bytes = end - g.data_offset,
-        "zero-filling the new device file"
-    );
-    let started = std::time::Instant::now();
-    let mut writes = futures::stream::iter(chunks.into_iter().map(|off| {
-        let n = CHUNK_BYTES.min(end - off) as usize;
-        dev.write_at(AlignedBuf::zeroed(n), off)
-    }))
-    .buffer_unordered(8);
-    let mut done = 0;
-    while let Some((_, r)) = writes.next().await {
-        r.context("zero-fill the device file")?;
-        done += 1;
-        if done * 10 / total != (done - 1) * 10 / total {
-            tracing::info!(
-                percent = done * 100 / total,
-                "zero-filling the new device file"
-            );
-        }
-    }
-    drop(writes);
-    dev.flush()
-        .await
-        .context("flush the zero-filled device file")?;
-    tracing::info!(
-        seconds = started.elapsed().as_secs_f64(),
-        "device file zero-filled"
-    );
-    Ok(())
-}
-
-fn superblock_bytes(g: &Geometry) -> anyhow::Result<AlignedBuf> {
-    let mut buf = AlignedBuf::zeroed(IO_ALIGN_BYTES);
-    let json = serde_json::to_vec(g)?;
-    ensure!(json.len() + 16 <= IO_ALIGN_BYTES, "superblock too large");
-    buf[..8].copy_from_slice(SUPERBLOCK_MAGIC);
-    buf[8..12].copy_from_slice(&(json.len() as u32).to_le_bytes());
-    buf[16..16 + json.len()].copy_from_slice(&json);
-    let crc = crc32c::crc32c(&buf[..IO_ALIGN_BYTES - 4]);
-    buf[IO_ALIGN_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
-    Ok(buf)
-}
-
-async fn write_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
-    let (_, r) = dev.write_at(superblock_bytes(g)?, 0).await;
-    r.context("write device superblock")?;
-    dev.flush().await.context("flush device superblock")?;
-    Ok(())
-}
-
-async fn check_superblock(dev: &dyn Device, g: &Geometry) -> anyhow::Result<()> {
-    let mut errors = 0;
-    let Some(buf) = read_retrying(dev, IO_ALIGN_BYTES, 0, &mut errors).await else {
-        bail!("the device superblock could not be read ({TAIL_READ_TRIES} tries)");
-    };
-    let want = superblock_bytes(g)?;
-    if buf[..] != want[..] {
-        bail!(
-            "the device does not carry this node's superblock: it was replaced, recreated or \
-             damaged; refusing to serve blocks from it (move the index away to start afresh)"
-        );
-    }
-    Ok(())
-}
-
-/// Re-wraps under `kek`, in one synced write, every data key that only `previous` unwraps
-/// (a KEK rotation, online or finished at start); how many.
-pub(super) fn rewrap_deks(
-    index: &Index,
-    kek: &AeadKey,
-    previous: Option<&AeadKey>,
-) -> anyhow::Result<usize> {
-    let Some(previous) = previous else {
-        return Ok(0);
-    };
-    let cf_keys = index.cf(index::CF_KEYS);
-    let mut wb = rocksdb::WriteBatch::default();
-    let mut n = 0;
-    for item in index.db.iterator_cf(cf_keys, rocksdb::IteratorMode::Start) {
-        let (k, wrapped) = item?;
-        if k.len() != 8 {
-            continue;
-        }
-        let ns_id = u32::from_be_bytes(k[..4].try_into()?);
-        let key_id = u32::from_be_bytes(k[4..8].try_into()?);
-        if crypto::unwrap_dek(kek, ns_id, key_id, &wrapped).is_ok() {
-            continue;
-        }
-        let dek = crypto::unwrap_dek(previous, ns_id, key_id, &wrapped).map_err(|_| {
-            anyhow::anyhow!(
-                "data key {key_id} of namespace id {ns_id} unwraps with neither the \
-                 key-encryption key nor the previous one"
-            )
-        })?;
-        wb.put_cf(cf_keys, &k, crypto::wrap_dek(kek, ns_id, key_id, &dek));
-        n += 1;
-    }
-    if n > 0 {
-        index.write(wb, index::WriteMode::Wal { sync: true })?;
-    }
-    Ok(n)
 }
 
 fn load_namespaces(index: &Index, kek: &AeadKey) -> anyhow::Result<HashMap<u32, Arc<Namespace>>> {
