@@ -28,3 +28,13 @@ pub use process::{du, free_port, poll_until, rss_bytes};
 /// the Rust clients, the node's forwarding and batches, the S3 door and the Python SDK
 /// must give the same answers to the same rows.
 pub const POD_SCENARIOS_JSON: &str = include_str!("../pod_scenarios.json");
+
+/// The value of the series `name` (with its labels, as printed) in a Prometheus `/metrics`
+/// text; 0 when absent.
+pub fn metric_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}

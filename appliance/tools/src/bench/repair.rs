@@ -17,7 +17,7 @@ use super::nodes::PodNode;
 use super::*;
 use ctxpod_client::pod_client::PodClient;
 use ctxpod_testkit::etcd::EtcdServer;
-use ctxpod_testkit::{free_port, poll_until};
+use ctxpod_testkit::{free_port, metric_of, poll_until};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -87,18 +87,11 @@ async fn start_members(
     Ok((nodes, clients, urls))
 }
 
-/// A metric's value in a Prometheus text page (0 when absent).
-fn metric(page: &str, name: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Bytes a and b have copied by backfill so far.
 async fn copied(clients: &[Client]) -> anyhow::Result<f64> {
     let mut sum = 0.0;
     for c in clients {
-        sum += metric(&c.metrics().await?, "ctxpod_backfill_copied_bytes_total");
+        sum += metric_of(&c.metrics().await?, "ctxpod_backfill_copied_bytes_total");
     }
     Ok(sum)
 }

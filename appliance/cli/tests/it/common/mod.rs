@@ -339,15 +339,7 @@ impl Drop for Node {
     }
 }
 
-/// The value of the series `name` (with its labels, as printed) in a `/metrics` text; 0
-/// when absent.
-pub fn metric_of(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
+pub use ctxpod_testkit::metric_of;
 
 /// Bytes used by the files under `dir` (allocated blocks, like `du`).
 pub fn du(dir: &Path) -> u64 {
