@@ -77,8 +77,15 @@ pub mod types;
 /// The OpenAPI 3.0.3 document of HTTP API v1.
 pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 
-/// Largest block body a node accepts, in bytes (8 MiB). Larger bodies answer 413.
+/// Largest body stored as one record (8 MiB): larger values are stored as a sequence of
+/// extents (up to the node's `value_bytes_max`).
 pub const BLOCK_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Bytes of each extent of a large value but its last (4 MiB).
+pub const EXTENT_BYTES: usize = 4 * 1024 * 1024;
+/// Highest `value_bytes_max` a node may be configured with (1 GiB).
+pub const VALUE_BYTES_MAX: u64 = 1 << 30;
+/// `value_bytes_max` of a node that names none (256 MiB).
+pub const VALUE_BYTES_MAX_DEFAULT: u64 = 256 << 20;
 /// Longest key, in bytes (keys travel as lowercase hex, so twice this in characters).
 pub const KEY_BYTES_MAX: usize = 128;
 /// Most entries in one batch request (get, put, match, pin).

@@ -58,6 +58,17 @@ pub fn block_aad(ns_id: u32, key_id: u32, key: &[u8]) -> Vec<u8> {
     aad
 }
 
+/// The associated data of an extent of a large value: a block's, then the value's sequence
+/// number and the extent's index, so that no extent can stand in for another (of another
+/// value, of another generation of this one, or at another place in it).
+pub fn extent_aad(ns_id: u32, key_id: u32, key: &[u8], value_seq: u64, index: u32) -> Vec<u8> {
+    let mut aad = block_aad(ns_id, key_id, key);
+    aad.extend_from_slice(b"/extent");
+    aad.extend_from_slice(&value_seq.to_le_bytes());
+    aad.extend_from_slice(&index.to_le_bytes());
+    aad
+}
+
 /// Encrypts `in_out` in place; returns the tag.
 pub fn seal(key: &AeadKey, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8]) -> [u8; 16] {
     let tag = key

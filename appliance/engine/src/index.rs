@@ -2,8 +2,8 @@
 //!
 //! | CF | key | value |
 //! |---|---|---|
-//! | `blocks` | ns_id (u32 BE) ‖ key | [`BlockLoc`] (40 bytes) |
-//! | `by_region` | region (u32 BE) ‖ offset (u32 BE) | ns_id ‖ key (the `blocks` key) |
+//! | `blocks` | ns_id (u32 BE) ‖ key | [`BlockLoc`] (40 bytes), or a large value's manifest (its [`BlockLoc`] head, then its [`ExtentLoc`]s) |
+//! | `by_region` | region (u32 BE) ‖ offset (u32 BE) | ns_id ‖ key (the `blocks` key), one per record or extent |
 //! | `regions` | region (u32 BE) | [`RegionMeta`] (16 bytes) |
 //! | `namespaces` | name | [`NsMeta`] (JSON) |
 //! | `keys` | ns_id (u32 BE) ‖ key_id (u32 BE) | wrapped DEK |
@@ -60,6 +60,80 @@ pub struct BlockLoc {
     pub seq: u64,
     /// When the block was stored (ms since the Unix epoch).
     pub stored_ms: u64,
+    /// 0 for a block held in one record; for a large value, the number of its extents
+    /// ([`Manifest`]). The head of a manifest says of the value as a whole: `len` and
+    /// `crc32c` are the whole value's, `seq` the value's sequence number, `record_len` the
+    /// device bytes of all its extents, `region`/`offset` its first extent's.
+    pub extents: u32,
+}
+
+/// One extent of a large value: where its record lives and what it must contain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtentLoc {
+    pub region: u32,
+    pub offset: u32,
+    pub record_len: u32,
+    pub len: u32,
+    pub crc32c: u32,
+    /// The extent record's own sequence number (its nonce).
+    pub seq: u64,
+}
+
+impl ExtentLoc {
+    pub const BYTES: usize = 28;
+}
+
+/// A large value in the index: its head and its extents, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    pub head: BlockLoc,
+    pub extents: Vec<ExtentLoc>,
+}
+
+impl Manifest {
+    /// Bytes of the count that follows the head.
+    const COUNT_BYTES: usize = 4;
+
+    pub fn encode(&self) -> Vec<u8> {
+        debug_assert_eq!(self.head.extents as usize, self.extents.len());
+        let mut b = Vec::with_capacity(
+            BlockLoc::BYTES + Self::COUNT_BYTES + self.extents.len() * ExtentLoc::BYTES,
+        );
+        b.extend_from_slice(&self.head.encode());
+        b.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        for x in &self.extents {
+            b.extend_from_slice(&x.region.to_le_bytes());
+            b.extend_from_slice(&x.offset.to_le_bytes());
+            b.extend_from_slice(&x.record_len.to_le_bytes());
+            b.extend_from_slice(&x.len.to_le_bytes());
+            b.extend_from_slice(&x.crc32c.to_le_bytes());
+            b.extend_from_slice(&x.seq.to_le_bytes());
+        }
+        b
+    }
+
+    /// A `blocks` value as a manifest (`None`: a block of one record).
+    pub fn decode(b: &[u8]) -> anyhow::Result<Option<Manifest>> {
+        let head = BlockLoc::decode(b)?;
+        if head.extents == 0 {
+            return Ok(None);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let mut extents = Vec::with_capacity(head.extents as usize);
+        let mut o = BlockLoc::BYTES + Self::COUNT_BYTES;
+        for _ in 0..head.extents {
+            extents.push(ExtentLoc {
+                region: u32_at(o),
+                offset: u32_at(o + 4),
+                record_len: u32_at(o + 8),
+                len: u32_at(o + 12),
+                crc32c: u32_at(o + 16),
+                seq: u64::from_le_bytes(b[o + 20..o + 28].try_into().expect("8 bytes")),
+            });
+            o += ExtentLoc::BYTES;
+        }
+        Ok(Some(Manifest { head, extents }))
+    }
 }
 
 impl BlockLoc {
@@ -78,13 +152,29 @@ impl BlockLoc {
         b
     }
 
+    /// The 40-byte head of an entry (a block's whole entry, a manifest's head). The head
+    /// of a manifest encodes as a block's would: [`Manifest::encode`] writes the rest.
     pub fn decode(b: &[u8]) -> anyhow::Result<BlockLoc> {
-        anyhow::ensure!(
-            b.len() == Self::BYTES,
-            "block location of {} bytes",
-            b.len()
-        );
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let extents = if b.len() == Self::BYTES {
+            0
+        } else {
+            anyhow::ensure!(
+                b.len() > Self::BYTES + Manifest::COUNT_BYTES
+                    && (b.len() - Self::BYTES - Manifest::COUNT_BYTES)
+                        .is_multiple_of(ExtentLoc::BYTES),
+                "block location of {} bytes",
+                b.len()
+            );
+            let n = u32_at(Self::BYTES);
+            anyhow::ensure!(
+                n as usize * ExtentLoc::BYTES == b.len() - Self::BYTES - Manifest::COUNT_BYTES
+                    && n > 0,
+                "a manifest of {n} extents in {} bytes",
+                b.len()
+            );
+            n
+        };
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         Ok(BlockLoc {
             region: u32_at(0),
@@ -95,6 +185,7 @@ impl BlockLoc {
             key_id: u32_at(20),
             seq: u64_at(24),
             stored_ms: u64_at(32),
+            extents,
         })
     }
 }
@@ -305,6 +396,18 @@ impl Index {
         }
     }
 
+    /// A large value's manifest (`None`: absent, or a block of one record).
+    pub fn get_manifest(&self, bkey: &[u8]) -> anyhow::Result<Option<Manifest>> {
+        match self
+            .db
+            .get_pinned_cf(self.cf(CF_BLOCKS), bkey)
+            .context("read block index")?
+        {
+            Some(v) => Manifest::decode(&v),
+            None => Ok(None),
+        }
+    }
+
     /// Looks up many block keys in one call.
     pub fn multi_get_blocks(&self, bkeys: &[Vec<u8>]) -> anyhow::Result<Vec<Option<BlockLoc>>> {
         let cf = self.cf(CF_BLOCKS);
@@ -347,8 +450,27 @@ mod tests {
             key_id: 1,
             seq: 1 << 40,
             stored_ms: 17,
+            extents: 0,
         };
         assert_eq!(BlockLoc::decode(&l.encode()).expect("decodes"), l);
+        let x = |i: u32| ExtentLoc {
+            region: i,
+            offset: 4096 * i,
+            record_len: 8192,
+            len: 5000 + i,
+            crc32c: i,
+            seq: (1 << 40) + i as u64,
+        };
+        let m = Manifest {
+            head: BlockLoc { extents: 3, ..l },
+            extents: vec![x(0), x(1), x(2)],
+        };
+        let enc = m.encode();
+        assert_eq!(BlockLoc::decode(&enc).expect("head"), m.head);
+        assert_eq!(Manifest::decode(&enc).expect("decodes"), Some(m));
+        assert_eq!(Manifest::decode(&l.encode()).expect("a block"), None);
+        assert!(BlockLoc::decode(&enc[..enc.len() - 1]).is_err());
+        assert!(BlockLoc::decode(&enc[..BlockLoc::BYTES + 4]).is_err());
         let r = RegionMeta {
             state: RegionState::Sealed,
             write_ptr: 77 * 4096,

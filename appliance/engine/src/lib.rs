@@ -23,7 +23,9 @@ pub mod presence;
 mod put;
 mod read;
 mod recovery;
+mod value;
 mod writer;
+pub use value::{piece_len, ValueReader, ValueWriter, VALUE_READ_BYTES_MAX, VALUE_WRITE_BYTES_MAX};
 
 use crate::crypto::AeadKey;
 use crate::device::{AlignedBuf, Device};
@@ -479,11 +481,31 @@ fn check_plaintext(plain: Bytes, crc: u32) -> Verified {
 /// with a key only sealed ones: rewriting the header's flag (its CRC is not keyed) cannot
 /// make an encrypting node release a body it did not authenticate.
 fn open_record(
-    mut buf: AlignedBuf,
+    buf: AlignedBuf,
     dek: Option<&AeadKey>,
     ns_id: u32,
     key: &[u8],
     loc: &BlockLoc,
+) -> Result<Bytes, String> {
+    open_record_of(buf, dek, (ns_id, key), loc, None)
+}
+
+/// The associated data a record is sealed under: a block's, or an extent's.
+fn record_aad(ns_id: u32, key_id: u32, key: &[u8], extent: Option<record::ExtentOf>) -> Vec<u8> {
+    match extent {
+        None => crypto::block_aad(ns_id, key_id, key),
+        Some(x) => crypto::extent_aad(ns_id, key_id, key, x.value_seq, x.index),
+    }
+}
+
+/// [`open_record`] of a block (`extent` `None`) or of the extent `extent` of a large value
+/// (whose `loc` then describes that extent's record).
+fn open_record_of(
+    mut buf: AlignedBuf,
+    dek: Option<&AeadKey>,
+    (ns_id, key): (u32, &[u8]),
+    loc: &BlockLoc,
+    extent: Option<record::ExtentOf>,
 ) -> Result<Bytes, String> {
     let h = match RecordHeader::decode(&buf) {
         Ok(h) => h,
@@ -495,6 +517,7 @@ fn open_record(
         || h.crc32c != loc.crc32c
         || h.seq != loc.seq
         || h.key_id != loc.key_id
+        || h.extent != extent
         || !record::nonce_matches(h.seq, &h.nonce)
     {
         return Err("record header does not match the index".into());
@@ -502,7 +525,7 @@ fn open_record(
     let len = h.len as usize;
     match (dek, h.plaintext) {
         (Some(dek), false) => {
-            let aad = crypto::block_aad(ns_id, h.key_id, key);
+            let aad = record_aad(ns_id, h.key_id, key, extent);
             match crypto::open(
                 dek,
                 h.nonce,
@@ -616,6 +639,7 @@ impl StagedBlock {
         key: &[u8],
         (seq, salt): (u64, [u8; 4]),
         crc: u32,
+        extent: Option<record::ExtentOf>,
     ) -> AlignedBuf {
         let len = self.len;
         let nonce = record::nonce_for(seq, salt);
@@ -623,7 +647,7 @@ impl StagedBlock {
             Some(dek) => crypto::seal(
                 dek,
                 nonce,
-                &crypto::block_aad(ns_id, key_id, key),
+                &record_aad(ns_id, key_id, key, extent),
                 &mut self.buf[HEADER_BYTES..HEADER_BYTES + len],
             ),
             None => [0; TAG_BYTES],
@@ -640,6 +664,7 @@ impl StagedBlock {
             region_epoch: 0,
             key: key.to_vec(),
             plaintext: dek.is_none(),
+            extent,
         }
         .encode(&mut self.buf[..HEADER_BYTES]);
         self.buf
@@ -800,3 +825,6 @@ mod tests;
 
 #[cfg(test)]
 mod coherence_tests;
+
+#[cfg(test)]
+mod value_tests;

@@ -38,7 +38,7 @@ impl Engine {
         // Counted from here until the writer answered, so the pod's ledger is asked for
         // every byte on its way.
         let _pending = (existing.is_none() && ns.quota_bytes().is_some())
-            .then(|| Pending::new(&ns, len as u64));
+            .then(|| Pending::new(ns.clone(), len as u64));
         if existing.is_none() {
             self.check_quota(&ns, len).await?;
         }
@@ -69,11 +69,13 @@ impl Engine {
             let record = if self.core.geometry.plaintext_at_rest {
                 // Nothing to seal: the header is written here, with no trip to the AEAD
                 // engine.
-                staged.seal(ns_id, (key_id, None), &key2, (seq, salt), crc)
+                staged.seal(ns_id, (key_id, None), &key2, (seq, salt), crc, None)
             } else {
                 self.core
                     .offload
-                    .aead(move || staged.seal(ns_id, (key_id, Some(&dek)), &key2, (seq, salt), crc))
+                    .aead(move || {
+                        staged.seal(ns_id, (key_id, Some(&dek)), &key2, (seq, salt), crc, None)
+                    })
                     .await?
             };
             PutPrep::Record(crc, record)
@@ -110,11 +112,7 @@ impl Engine {
     /// Refuses a put once the node failed (it accepts no writes) or when the staged body is
     /// incomplete.
     fn check_writable(&self, staged: &StagedBlock) -> Result<()> {
-        if self.core.failed.load(Ordering::SeqCst) {
-            return Err(EngineError::Internal(anyhow::anyhow!(
-                "the node failed a device write or flush and accepts no writes"
-            )));
-        }
+        self.check_not_failed()?;
         if !staged.is_complete() {
             return Err(EngineError::Invalid(
                 "the block's body is incomplete".into(),
@@ -123,9 +121,19 @@ impl Engine {
         Ok(())
     }
 
+    /// Refuses a write once the node failed (it accepts no writes).
+    pub(crate) fn check_not_failed(&self) -> Result<()> {
+        if self.core.failed.load(Ordering::SeqCst) {
+            return Err(EngineError::Internal(anyhow::anyhow!(
+                "the node failed a device write or flush and accepts no writes"
+            )));
+        }
+        Ok(())
+    }
+
     /// A new block of `len` bytes within its namespace's quota, if it has one: refused at
     /// once past the quota, otherwise asked of the pod's ledger (when there is one).
-    async fn check_quota(&self, ns: &Arc<Namespace>, len: usize) -> Result<()> {
+    pub(crate) async fn check_quota(&self, ns: &Arc<Namespace>, len: usize) -> Result<()> {
         if let Some(q) = ns.quota_bytes() {
             if ns.used_bytes.load(Ordering::Relaxed) + len as u64 > q {
                 return Err(EngineError::Quota(format!(
@@ -142,7 +150,7 @@ impl Engine {
 
     /// A put of a block that exists (`loc`): `Exists` if the body is the same (once durable,
     /// when `durability` asks for it), `Conflict` otherwise.
-    async fn confirm_existing(
+    pub(crate) async fn confirm_existing(
         &self,
         loc: &BlockLoc,
         crc: u32,
@@ -164,7 +172,7 @@ impl Engine {
     }
 
     /// A new block stored: announced, and its bytes counted as written by users.
-    fn count_stored(&self, bkey: &[u8], len: usize) {
+    pub(crate) fn count_stored(&self, bkey: &[u8], len: usize) {
         self.core.events.block(bkey, events::KvEventKind::Stored);
         self.core
             .counters
@@ -202,16 +210,16 @@ impl Engine {
 }
 
 /// A new block's bytes counted in [`Namespace::pending_bytes`] while it is on its way.
-struct Pending<'a>(&'a Namespace, u64);
+pub(crate) struct Pending(Arc<Namespace>, u64);
 
-impl<'a> Pending<'a> {
-    fn new(ns: &'a Namespace, len: u64) -> Pending<'a> {
+impl Pending {
+    pub(crate) fn new(ns: Arc<Namespace>, len: u64) -> Pending {
         ns.pending_bytes.fetch_add(len, Ordering::SeqCst);
         Pending(ns, len)
     }
 }
 
-impl Drop for Pending<'_> {
+impl Drop for Pending {
     fn drop(&mut self) {
         self.0.pending_bytes.fetch_sub(self.1, Ordering::SeqCst);
     }

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A record's check on the read path.
-enum Checked {
+pub(crate) enum Checked {
     Good(Bytes),
     Corrupt,
     Moved,
@@ -74,9 +74,7 @@ impl Engine {
         })
     }
 
-    /// A record read from flash and checked (header identity against the index, AES-GCM
-    /// tag, CRC32C): its plaintext, or corrupt (quarantined: out of the index, announced as
-    /// evicted, counted), or moved while it was read (no verdict).
+    /// A record read from flash and checked: see [`read_checked`].
     async fn read_checked(
         &self,
         ns: &Arc<Namespace>,
@@ -84,75 +82,20 @@ impl Engine {
         bkey: &[u8],
         loc: BlockLoc,
     ) -> Result<Checked> {
-        let c = &self.core;
-        let Some(dek) = ns.opening_key(loc.key_id, c.geometry.plaintext_at_rest) else {
-            return Err(
-                anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into(),
-            );
-        };
-        // Not zeroed: the read overwrites the whole buffer or fails (short transfers are
-        // resubmitted), and whatever it held before cannot pass the header's identity check
-        // against the index and the AEAD (or CRC32C) check.
-        let buf = AlignedBuf::reused(loc.record_len as usize);
-        let (buf, r) = c
-            .device
-            .read_at(buf, c.dev_offset(loc.region, loc.offset))
-            .await;
-        r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
-        c.metrics.device_read_bytes.inc_by(loc.record_len as u64);
-        let (ns_id, key2) = (ns.id, key.to_vec());
-        let opened = match dek {
-            // A plaintext node's read checks only the header here: no trip to the AEAD
-            // engine.
-            None => open_record(buf, None, ns_id, &key2, &loc),
-            Some(dek) => {
-                c.offload
-                    .aead(move || open_record(buf, Some(&dek), ns_id, &key2, &loc))
-                    .await?
-            }
-        };
-        let verdict = match opened {
-            Ok(plain) => {
-                c.offload
-                    .crc(move || check_plaintext(plain, loc.crc32c))
-                    .await?
-            }
-            Err(why) => Verified::Bad(why),
-        };
-        match verdict {
-            Verified::Ok(b) => Ok(Checked::Good(b)),
-            Verified::Bad(why) => {
-                // The record may have been moved or its region reclaimed while we read it:
-                // only a record the index still points at is corrupt.
-                if c.index.get_block(bkey)? != Some(loc) {
-                    return Ok(Checked::Moved);
-                }
-                {
-                    c.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
-                    c.metrics.integrity_errors.inc();
-                    tracing::warn!(
-                        namespace = %ns.name,
-                        key = %ctxpod_wire::key::KeyDisplay(key),
-                        region = loc.region,
-                        offset = loc.offset,
-                        "integrity check failed ({why}); block quarantined and answered as a miss"
-                    );
-                    // Answered once the quarantine is in the index: a put of the block
-                    // made after this miss (read repair, scrub's repair) must not find
-                    // the bad entry still there and take it for its own copy (an
-                    // `Exists` that the quarantine then removes).
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let quarantine = WriteCmd::Quarantine {
-                        bkey: bkey.to_vec(),
-                        loc,
-                    };
-                    if self.send(quarantine).is_ok() && self.send(WriteCmd::Barrier(tx)).is_ok() {
-                        let _ = rx.await;
-                    }
-                }
-                Ok(Checked::Corrupt)
-            }
+        if loc.extents > 0 {
+            return Err(EngineError::TooLarge(format!(
+                "a value of {} bytes in {} extents is read extent by extent (Engine::open_value)",
+                loc.len, loc.extents
+            )));
         }
+        read_checked_record(
+            &self.core,
+            &self.writer_tx,
+            (ns, key, bkey),
+            (loc, loc),
+            None,
+        )
+        .await
     }
 
     /// Scrub: re-reads the block's record from flash (never from DRAM, not counted as a
@@ -165,6 +108,9 @@ impl Engine {
         let Some(loc) = self.core.index.get_block(&bkey)? else {
             return Ok(Scrubbed::Gone);
         };
+        if loc.extents > 0 {
+            return self.scrub_value(&ns, key, loc).await;
+        }
         Ok(match self.read_checked(&ns, key, &bkey, loc).await? {
             Checked::Good(_) => Scrubbed::Good {
                 record_bytes: loc.record_len as u64,
@@ -174,6 +120,29 @@ impl Engine {
             },
             Checked::Moved => Scrubbed::Gone,
         })
+    }
+
+    /// Scrub of a large value (`head`: its manifest's head): every extent read back and
+    /// checked; the first bad one quarantines the whole value.
+    async fn scrub_value(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        head: BlockLoc,
+    ) -> Result<Scrubbed> {
+        let record_bytes = head.record_len as u64;
+        let Some(mut r) = self.open_extents(ns, key, None)? else {
+            return Ok(Scrubbed::Gone);
+        };
+        loop {
+            match r.next_piece().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(Scrubbed::Good { record_bytes }),
+                Err(EngineError::Integrity(_)) => return Ok(Scrubbed::Bad { record_bytes }),
+                Err(EngineError::NotFound(_)) => return Ok(Scrubbed::Gone),
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Whether the block is present, without reading it: what a GET would find (the DRAM
@@ -336,5 +305,87 @@ impl Engine {
         }
         let ns = self.ns(ns)?;
         Ok(self.core.presence.leading(ns.id, &chain) as u64)
+    }
+}
+
+/// A record read from flash and checked (header identity against the index, AES-GCM tag,
+/// CRC32C): its plaintext, or corrupt (the index entry `entry` quarantined: out of the
+/// index, announced as evicted, counted), or moved while it was read (no verdict). `rec`
+/// is the record: the block's own entry, or for an extent of a large value (`extent`), that
+/// extent's (then `entry` is the value's manifest head, and a bad extent quarantines the
+/// whole value).
+pub(crate) async fn read_checked_record(
+    c: &Arc<Core>,
+    writer_tx: &tokio::sync::mpsc::Sender<WriteCmd>,
+    (ns, key, bkey): (&Arc<Namespace>, &[u8], &[u8]),
+    (rec, entry): (BlockLoc, BlockLoc),
+    extent: Option<record::ExtentOf>,
+) -> Result<Checked> {
+    let Some(dek) = ns.opening_key(rec.key_id, c.geometry.plaintext_at_rest) else {
+        return Err(anyhow::anyhow!("no data key {} for namespace {}", rec.key_id, ns.name).into());
+    };
+    // Not zeroed: the read overwrites the whole buffer or fails (short transfers are
+    // resubmitted), and whatever it held before cannot pass the header's identity check
+    // against the index and the AEAD (or CRC32C) check.
+    let buf = AlignedBuf::reused(rec.record_len as usize);
+    let (buf, r) = c
+        .device
+        .read_at(buf, c.dev_offset(rec.region, rec.offset))
+        .await;
+    r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", rec.region))?;
+    c.metrics.device_read_bytes.inc_by(rec.record_len as u64);
+    let (ns_id, key2) = (ns.id, key.to_vec());
+    let opened = match dek {
+        // A plaintext node's read checks only the header here: no trip to the AEAD
+        // engine.
+        None => open_record_of(buf, None, (ns_id, &key2), &rec, extent),
+        Some(dek) => {
+            c.offload
+                .aead(move || open_record_of(buf, Some(&dek), (ns_id, &key2), &rec, extent))
+                .await?
+        }
+    };
+    let verdict = match opened {
+        Ok(plain) => {
+            c.offload
+                .crc(move || check_plaintext(plain, rec.crc32c))
+                .await?
+        }
+        Err(why) => Verified::Bad(why),
+    };
+    match verdict {
+        Verified::Ok(b) => Ok(Checked::Good(b)),
+        Verified::Bad(why) => {
+            // The record may have been moved or its region reclaimed while we read it:
+            // only a record the index still points at is corrupt.
+            if c.index.get_block(bkey)? != Some(entry) {
+                return Ok(Checked::Moved);
+            }
+            c.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
+            c.metrics.integrity_errors.inc();
+            tracing::warn!(
+                namespace = %ns.name,
+                key = %ctxpod_wire::key::KeyDisplay(key),
+                region = rec.region,
+                offset = rec.offset,
+                extent = extent.map(|x| x.index),
+                "integrity check failed ({why}); block quarantined and answered as a miss"
+            );
+            // Answered once the quarantine is in the index: a put of the block made after
+            // this miss (read repair, scrub's repair) must not find the bad entry still
+            // there and take it for its own copy (an `Exists` that the quarantine then
+            // removes).
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let quarantine = WriteCmd::Quarantine {
+                bkey: bkey.to_vec(),
+                loc: entry,
+            };
+            if writer_tx.try_send(quarantine).is_ok()
+                && writer_tx.try_send(WriteCmd::Barrier(tx)).is_ok()
+            {
+                let _ = rx.await;
+            }
+            Ok(Checked::Corrupt)
+        }
     }
 }

@@ -321,6 +321,12 @@ fn count_tail_scan(counters: &Counters, metrics: &Metrics, scan: &TailScan) {
             "re-indexed records past the last checkpoint from the open region's tail"
         );
     }
+    if scan.extents > 0 {
+        tracing::info!(
+            extents = scan.extents,
+            "stepped over extents of large values never published in the open region's tail"
+        );
+    }
 }
 
 /// Gives every open region's tail `epoch` (a sequence number never handed out before), in
@@ -457,18 +463,29 @@ fn reconcile_blocks(
     let mut dropped = 0u64;
     for item in index.db.iterator_cf(cf, rocksdb::IteratorMode::Start) {
         let (k, v) = item?;
+        // A record is right if it lies within its region's committed bytes; a large value
+        // if every one of its extents does.
+        let committed = |region: u32, offset: u32, record_len: u32| {
+            let Some(m) = regions.get(region as usize) else {
+                return false;
+            };
+            let end = offset as u64 + record_len as u64;
+            match m.state {
+                RegionState::Free => false,
+                RegionState::Open => end <= m.write_ptr as u64,
+                RegionState::Sealed => end <= g.region_bytes,
+            }
+        };
         let ok = k.len() > 4
-            && BlockLoc::decode(&v).is_ok_and(|loc| {
-                let Some(m) = regions.get(loc.region as usize) else {
-                    return false;
-                };
-                let end = loc.offset as u64 + loc.record_len as u64;
-                match m.state {
-                    RegionState::Free => false,
-                    RegionState::Open => end <= m.write_ptr as u64,
-                    RegionState::Sealed => end <= g.region_bytes,
-                }
-            });
+            && match index::Manifest::decode(&v) {
+                Ok(None) => BlockLoc::decode(&v)
+                    .is_ok_and(|loc| committed(loc.region, loc.offset, loc.record_len)),
+                Ok(Some(m)) => m
+                    .extents
+                    .iter()
+                    .all(|x| committed(x.region, x.offset, x.record_len)),
+                Err(_) => false,
+            };
         let ns = (k.len() > 4)
             .then(|| u32::from_be_bytes(k[..4].try_into().expect("4 bytes")))
             .and_then(|id| namespaces.get(&id));
@@ -476,7 +493,8 @@ fn reconcile_blocks(
             (true, Some(ns)) => {
                 let loc = BlockLoc::decode(&v)?;
                 debug_assert!(
-                    loc.record_len as usize == record::record_bytes(loc.len as usize),
+                    loc.extents > 0
+                        || loc.record_len as usize == record::record_bytes(loc.len as usize),
                     "an index entry's record length is that of its block's record"
                 );
                 ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
@@ -549,6 +567,15 @@ async fn recover_open_tail(
         let record_len = record::record_bytes(h.len as usize) as u64;
         if h.region_epoch != m.tail_epoch || pos + record_len > end {
             break;
+        }
+        if h.extent.is_some() {
+            // An extent of a large value is indexed only by its value's manifest, written
+            // in a checkpoint once every extent is durable: one in the tail belongs to a
+            // value never published (or published since the checkpoint's write pointer,
+            // which covers it). Either way nothing to index: the scan steps over it.
+            scan.extents += 1;
+            pos += record_len;
+            continue;
         }
         let Some(dek) = namespaces
             .get(&h.ns_id)
@@ -625,6 +652,7 @@ fn tail_loc(r: usize, pos: u64, record_len: u64, h: &RecordHeader) -> BlockLoc {
         key_id: h.key_id,
         seq: h.seq,
         stored_ms: super::now_ms(),
+        extents: 0,
     }
 }
 
@@ -664,6 +692,8 @@ pub(super) struct TailScan {
     pub media_errors: u64,
     /// Records with a sound header whose body failed its checks (skipped).
     pub bad_records: u64,
+    /// Extents of large values stepped over (indexed by their manifests, if published).
+    pub extents: u64,
 }
 
 /// Reads at start-up (the superblock, the open region's tail) are tried this many times

@@ -37,7 +37,10 @@ use tokio::sync::{mpsc, oneshot};
 
 mod eviction;
 mod pipeline;
+mod removals;
+mod values;
 use pipeline::committer;
+pub(crate) use values::{ExtentReq, Placed, PublishReq};
 
 pub(crate) struct PutReq {
     pub ns: Arc<Namespace>,
@@ -53,6 +56,10 @@ pub(crate) struct PutReq {
 
 pub(crate) enum WriteCmd {
     Put(PutReq),
+    /// Write one extent of a large value (no index entry: see [`WriteCmd::Publish`]).
+    Extent(ExtentReq),
+    /// Make a large value whose extents are written visible: its manifest into the index.
+    Publish(PublishReq),
     Delete {
         ns: Arc<Namespace>,
         bkey: Vec<u8>,
@@ -74,6 +81,7 @@ pub(crate) enum WriteCmd {
 
 enum Reply {
     Put(oneshot::Sender<Result<PutStatus>>, Result<PutStatus>),
+    Extent(oneshot::Sender<Result<Placed>>, Placed),
     Delete(oneshot::Sender<Result<bool>>, bool),
     Done(oneshot::Sender<Result<()>>),
 }
@@ -82,6 +90,7 @@ impl Reply {
     fn send_ok(self) {
         match self {
             Reply::Put(tx, r) => drop(tx.send(r)),
+            Reply::Extent(tx, p) => drop(tx.send(Ok(p))),
             Reply::Delete(tx, r) => drop(tx.send(Ok(r))),
             Reply::Done(tx) => drop(tx.send(Ok(()))),
         }
@@ -94,6 +103,7 @@ impl Reply {
     fn send_error(self, e: impl Fn() -> EngineError) {
         match self {
             Reply::Put(tx, _) => drop(tx.send(Err(e()))),
+            Reply::Extent(tx, _) => drop(tx.send(Err(e()))),
             Reply::Delete(tx, _) => drop(tx.send(Err(e()))),
             Reply::Done(tx) => drop(tx.send(Err(e()))),
         }
@@ -186,6 +196,15 @@ struct Staged {
     first_record: Option<(u32, u32)>,
     forget: Vec<Vec<u8>>,
     forget_ns: Vec<u32>,
+}
+
+/// A new block or value as [`Writer::admit_new`] checks it.
+struct NewPut<'a> {
+    ns: &'a Namespace,
+    bkey: &'a [u8],
+    len: u32,
+    crc: u32,
+    durability: Durability,
 }
 
 /// The column families a batch writes: blocks, by-region, quarantine.
@@ -282,6 +301,7 @@ impl Writer {
                         break;
                     }
                     WriteCmd::Put(ref p) => bytes += p.record.len(),
+                    WriteCmd::Extent(ref x) => bytes += x.record.len(),
                     _ => {}
                 }
                 cmds.push(cmd);
@@ -502,6 +522,8 @@ impl Writer {
         for cmd in cmds {
             match cmd {
                 WriteCmd::Put(p) => self.stage_put(&mut b, cfs, p),
+                WriteCmd::Extent(x) => self.stage_extent(&mut b, x),
+                WriteCmd::Publish(p) => self.stage_publish(&mut b, cfs, p),
                 WriteCmd::Delete { ns, bkey, reply } => {
                     self.stage_delete(&mut b, cfs, ns, bkey, reply);
                 }
@@ -579,39 +601,17 @@ impl Writer {
     /// lookup failed, quota, no free region) or is there already; otherwise placed in the
     /// open region, indexed into the batch and queued for writing.
     fn stage_put(&mut self, b: &mut Staged, cfs: BatchCfs<'_>, mut p: PutReq) {
-        if p.ns.deleted.load(Ordering::SeqCst) {
-            let _ = p.reply.send(Err(EngineError::NotFound(format!(
-                "namespace {:?} was deleted",
-                p.ns.name
-            ))));
-            return;
-        }
-        let existing = match self.lookup(&b.pending, &p.bkey) {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = p.reply.send(Err(e.into()));
-                return;
-            }
+        let new = NewPut {
+            ns: &p.ns,
+            bkey: &p.bkey,
+            len: p.len,
+            crc: p.crc,
+            durability: p.durability,
         };
-        if let Some(loc) = existing {
-            b.sync |= p.durability == Durability::Durable;
-            let r = if loc.crc32c == p.crc && loc.len == p.len {
-                Ok(PutStatus::Exists)
-            } else {
-                Err(EngineError::Conflict)
-            };
-            b.replies.push(Reply::Put(p.reply, r));
+        let Some(reply) = self.admit_new(b, new, p.reply) else {
             return;
-        }
-        if let Some(q) = p.ns.limit() {
-            if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
-                let _ = p.reply.send(Err(EngineError::Quota(format!(
-                    "namespace {} is at its quota",
-                    p.ns.name
-                ))));
-                return;
-            }
-        }
+        };
+        p.reply = reply;
         let (region, offset) = match self.alloc(p.record.len()) {
             Ok(Some(place)) => place,
             Ok(None) => {
@@ -640,6 +640,51 @@ impl Writer {
         b.replies.push(Reply::Put(p.reply, Ok(PutStatus::Created)));
     }
 
+    /// What every new block or value passes in the writer: its namespace not deleted, its
+    /// key not held (else `Exists` or `Conflict` answered), its namespace's quota. The
+    /// reply back when the put may go on; `None` when it was answered.
+    fn admit_new(
+        &self,
+        b: &mut Staged,
+        p: NewPut<'_>,
+        reply: oneshot::Sender<Result<PutStatus>>,
+    ) -> Option<oneshot::Sender<Result<PutStatus>>> {
+        if p.ns.deleted.load(Ordering::SeqCst) {
+            let _ = reply.send(Err(EngineError::NotFound(format!(
+                "namespace {:?} was deleted",
+                p.ns.name
+            ))));
+            return None;
+        }
+        let existing = match self.lookup(&b.pending, p.bkey) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                return None;
+            }
+        };
+        if let Some(loc) = existing {
+            b.sync |= p.durability == Durability::Durable;
+            let r = if loc.crc32c == p.crc && loc.len == p.len {
+                Ok(PutStatus::Exists)
+            } else {
+                Err(EngineError::Conflict)
+            };
+            b.replies.push(Reply::Put(reply, r));
+            return None;
+        }
+        if let Some(q) = p.ns.limit() {
+            if p.ns.used_bytes.load(Ordering::Relaxed) + p.len as u64 > q {
+                let _ = reply.send(Err(EngineError::Quota(format!(
+                    "namespace {} is at its quota",
+                    p.ns.name
+                ))));
+                return None;
+            }
+        }
+        Some(reply)
+    }
+
     /// The index entry of a put placed at (`region`, `offset`); its record's header gets
     /// that region's tail epoch.
     fn stamp_record(&self, p: &mut PutReq, region: u32, offset: u32) -> BlockLoc {
@@ -652,6 +697,7 @@ impl Writer {
             key_id: p.key_id,
             seq: p.seq,
             stored_ms: super::now_ms(),
+            extents: 0,
         };
         record::stamp_region_epoch(
             &mut p.record[..record::HEADER_BYTES],
@@ -668,78 +714,6 @@ impl Writer {
             "a record's header, as written, decodes to what the index says of it"
         );
         loc
-    }
-
-    /// A delete of the batch: the block leaves the index (a checkpoint), answered whether
-    /// it was there.
-    fn stage_delete(
-        &self,
-        b: &mut Staged,
-        cfs: BatchCfs<'_>,
-        ns: Arc<Namespace>,
-        bkey: Vec<u8>,
-        reply: oneshot::Sender<Result<bool>>,
-    ) {
-        match self.lookup(&b.pending, &bkey) {
-            Ok(Some(loc)) => {
-                b.wb.delete_cf(cfs.0, &bkey);
-                self.core.presence.remove(&bkey);
-                b.needs_checkpoint = true;
-                self.account(&ns, loc.len, false);
-                b.forget.push(bkey.clone());
-                b.pending.insert(bkey, None);
-                b.replies.push(Reply::Delete(reply, true));
-            }
-            Ok(None) => b.replies.push(Reply::Delete(reply, false)),
-            Err(e) => drop(reply.send(Err(e.into()))),
-        }
-    }
-
-    /// A quarantine of the batch: the block moves to the quarantine (a checkpoint) if the
-    /// index still points at the record that failed its checks.
-    fn stage_quarantine(&self, b: &mut Staged, cfs: BatchCfs<'_>, bkey: Vec<u8>, loc: BlockLoc) {
-        if let Ok(Some(cur)) = self.lookup(&b.pending, &bkey) {
-            if cur == loc {
-                b.wb.delete_cf(cfs.0, &bkey);
-                self.core.presence.remove(&bkey);
-                b.wb.put_cf(cfs.2, &bkey, loc.encode());
-                b.needs_checkpoint = true;
-                self.account_bkey(&bkey, loc.len);
-                // Gone from this node as surely as an evicted block: KV
-                // block managers drop it from their view.
-                self.core.events.block(&bkey, KvEventKind::Evicted);
-                b.forget.push(bkey.clone());
-                b.pending.insert(bkey, None);
-            }
-        }
-    }
-
-    /// A namespace drop of the batch: its blocks, keys and name leave the index (a
-    /// checkpoint, synced), its counts are taken off the node's.
-    fn stage_drop_namespace(
-        &self,
-        b: &mut Staged,
-        cfs: BatchCfs<'_>,
-        ns: Arc<Namespace>,
-        reply: oneshot::Sender<Result<()>>,
-    ) {
-        ns.deleted.store(true, Ordering::SeqCst);
-        let lo = ns.id.to_be_bytes();
-        let hi = (ns.id + 1).to_be_bytes();
-        b.wb.delete_range_cf(cfs.0, lo, hi);
-        self.core.presence.drop_namespace(ns.id);
-        b.forget_ns.push(ns.id);
-        b.needs_checkpoint = true;
-        b.wb.delete_range_cf(self.core.index.cf(index::CF_KEYS), lo, hi);
-        b.wb.delete_cf(self.core.index.cf(index::CF_NAMESPACES), &ns.name);
-        b.pending.retain(|k, _| k[..4] != lo);
-        let c = &self.core.counters;
-        c.live_bytes
-            .fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-        c.blocks
-            .fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-        b.sync = true;
-        b.replies.push(Reply::Done(reply));
     }
 
     /// Submits the batch's record writes, durable ones (`RWF_DSYNC`) when `durable`;
@@ -783,6 +757,8 @@ fn reply_failed(cmd: WriteCmd) {
     };
     match cmd {
         WriteCmd::Put(p) => drop(p.reply.send(Err(e()))),
+        WriteCmd::Extent(x) => drop(x.reply.send(Err(e()))),
+        WriteCmd::Publish(p) => drop(p.reply.send(Err(e()))),
         WriteCmd::Delete { reply, .. } => drop(reply.send(Err(e()))),
         WriteCmd::DropNamespace { reply, .. } => drop(reply.send(Err(e()))),
         WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),

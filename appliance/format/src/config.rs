@@ -214,6 +214,9 @@ pub struct Config {
     pub group_commit_max_blocks: usize,
     /// Most payload bytes in one group commit.
     pub group_commit_max_bytes: ByteSize,
+    /// Largest value the node stores (8 MiB..=1 GiB): values over 8 MiB are stored as
+    /// sequences of 4 MiB extents, streamed through every door.
+    pub value_bytes_max: ByteSize,
     /// Worker threads of each offload engine (CRC32C, AES-GCM); 0 = one per CPU.
     pub offload_threads: usize,
     /// Jobs queued for each offload engine; more answer 503.
@@ -595,6 +598,7 @@ impl Default for Config {
             write_queue_depth: 512,
             group_commit_max_blocks: 256,
             group_commit_max_bytes: ByteSize(32 << 20),
+            value_bytes_max: ByteSize(ctxpod_wire::VALUE_BYTES_MAX_DEFAULT),
             offload_threads: 0,
             offload_queue_depth: 4096,
             offload_inline: false,
@@ -712,6 +716,11 @@ impl Config {
         anyhow::ensure!(
             self.group_commit_max_bytes.0 >= ctxpod_wire::BLOCK_BYTES_MAX as u64,
             "group_commit_max_bytes must hold at least one largest block (8 MiB)"
+        );
+        anyhow::ensure!(
+            (ctxpod_wire::BLOCK_BYTES_MAX as u64..=ctxpod_wire::VALUE_BYTES_MAX)
+                .contains(&self.value_bytes_max.0),
+            "value_bytes_max must be within 8MiB..=1GiB"
         );
         let t = &self.tls;
         anyhow::ensure!(

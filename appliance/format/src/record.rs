@@ -11,7 +11,7 @@
 //! | 0 | 4 | magic `CXPR` |
 //! | 4 | 2 | format version (1) |
 //! | 6 | 1 | key length (1..=128) |
-//! | 7 | 1 | flags: bit 0 = plaintext (a node formatted with `encrypt_at_rest = false`) |
+//! | 7 | 1 | flags: bit 0 = plaintext (a node formatted with `encrypt_at_rest = false`); bit 1 = extent of a large value |
 //! | 8 | 4 | namespace id |
 //! | 12 | 4 | data-key id (generation of the namespace's DEK) |
 //! | 16 | 4 | plaintext length |
@@ -19,7 +19,8 @@
 //! | 24 | 8 | write sequence number (unique per node, never reused) |
 //! | 32 | 12 | AES-GCM nonce: sequence number (8) ‖ the writing incarnation's random salt (4) |
 //! | 44 | 8 | region epoch: the `open_seq` of the region the record was written into |
-//! | 52 | 12 | reserved, zero |
+//! | 52 | 8 | an extent's value sequence number (the value's generation), else zero |
+//! | 60 | 4 | an extent's index within its value, else zero |
 //! | 64 | 128 | key, zero padded |
 //! | 192 | 60 | reserved, zero |
 //! | 252 | 4 | CRC32C of bytes 0..252 |
@@ -32,6 +33,13 @@
 //! A plaintext record (flag bit 0) has the same layout: the body is stored as received and
 //! the tag bytes are zero; its integrity rests on the header CRC and the body's CRC32C. A
 //! node reads only records of the mode it was formatted with.
+//!
+//! A value larger than one record (`ctxpod_wire::BLOCK_BYTES_MAX`) is stored as a sequence of
+//! **extent** records (flag bit 1), each with its own sequence number (so its own nonce), tag
+//! and CRC32C, and all carrying the value's sequence number and their index in it, which the
+//! AEAD binds too: an extent cannot be taken for another value's, another generation's, or
+//! another place in the same value. An extent is never indexed on its own: the value becomes
+//! visible when its manifest (the list of its extents) is written to the index.
 
 use crate::IO_ALIGN_BYTES;
 
@@ -42,6 +50,17 @@ pub const TAG_BYTES: usize = 16;
 pub const NONCE_BYTES: usize = 12;
 /// Header flag: the body is not encrypted.
 pub const FLAG_PLAINTEXT: u8 = 1;
+/// Header flag: the record is one extent of a large value.
+pub const FLAG_EXTENT: u8 = 2;
+
+/// Which part of which value an extent record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentOf {
+    /// The value's sequence number: one per stored value (its generation).
+    pub value_seq: u64,
+    /// The extent's place in the value, from 0.
+    pub index: u32,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -56,6 +75,8 @@ pub struct RecordHeader {
     pub key: Vec<u8>,
     /// The body is stored unencrypted (flag bit 0).
     pub plaintext: bool,
+    /// The record is an extent of a large value (flag bit 1).
+    pub extent: Option<ExtentOf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -109,6 +130,11 @@ impl RecordHeader {
         h[4..6].copy_from_slice(&RECORD_VERSION.to_le_bytes());
         h[6] = self.key.len() as u8;
         h[7] = if self.plaintext { FLAG_PLAINTEXT } else { 0 };
+        if let Some(x) = self.extent {
+            h[7] |= FLAG_EXTENT;
+            h[52..60].copy_from_slice(&x.value_seq.to_le_bytes());
+            h[60..64].copy_from_slice(&x.index.to_le_bytes());
+        }
         h[8..12].copy_from_slice(&self.ns_id.to_le_bytes());
         h[12..16].copy_from_slice(&self.key_id.to_le_bytes());
         h[16..20].copy_from_slice(&self.len.to_le_bytes());
@@ -140,7 +166,7 @@ impl RecordHeader {
         let len = le32(16);
         if key_len == 0
             || key_len > 128
-            || h[7] & !FLAG_PLAINTEXT != 0
+            || h[7] & !(FLAG_PLAINTEXT | FLAG_EXTENT) != 0
             || len as usize > ctxpod_wire::BLOCK_BYTES_MAX
         {
             return Err(RecordError::BadField);
@@ -155,6 +181,10 @@ impl RecordHeader {
             region_epoch: u64::from_le_bytes(h[44..52].try_into().expect("8 bytes")),
             key: h[64..64 + key_len].to_vec(),
             plaintext: h[7] & FLAG_PLAINTEXT != 0,
+            extent: (h[7] & FLAG_EXTENT != 0).then(|| ExtentOf {
+                value_seq: u64::from_le_bytes(h[52..60].try_into().expect("8 bytes")),
+                index: le32(60),
+            }),
         })
     }
 }
@@ -174,6 +204,7 @@ mod tests {
             region_epoch: 0,
             key: vec![1, 2, 3],
             plaintext: false,
+            extent: None,
         }
     }
 
@@ -195,6 +226,33 @@ mod tests {
     }
 
     #[test]
+    fn an_extent_round_trips_and_its_place_is_covered_by_the_header_crc() {
+        let mut buf = [0u8; HEADER_BYTES];
+        let x = RecordHeader {
+            extent: Some(ExtentOf {
+                value_seq: 1 << 33,
+                index: 7,
+            }),
+            ..sample()
+        };
+        x.encode(&mut buf);
+        assert_eq!(buf[7], FLAG_EXTENT);
+        assert_eq!(RecordHeader::decode(&buf), Ok(x.clone()));
+        for byte in 52..64 {
+            let mut b = buf;
+            b[byte] ^= 1;
+            assert_eq!(RecordHeader::decode(&b), Err(RecordError::BadHeaderCrc));
+        }
+        let plain = RecordHeader {
+            plaintext: true,
+            ..x
+        };
+        plain.encode(&mut buf);
+        assert_eq!(buf[7], FLAG_EXTENT | FLAG_PLAINTEXT);
+        assert_eq!(RecordHeader::decode(&buf), Ok(plain));
+    }
+
+    #[test]
     fn the_plaintext_flag_round_trips_and_other_flags_are_refused() {
         let mut buf = [0u8; HEADER_BYTES];
         let plain = RecordHeader {
@@ -204,7 +262,7 @@ mod tests {
         plain.encode(&mut buf);
         assert_eq!(buf[7], FLAG_PLAINTEXT);
         assert_eq!(RecordHeader::decode(&buf), Ok(plain));
-        for flags in 2..=255u8 {
+        for flags in 4..=255u8 {
             buf[7] = flags;
             let crc = crc32c::crc32c(&buf[..252]);
             buf[252..256].copy_from_slice(&crc.to_le_bytes());

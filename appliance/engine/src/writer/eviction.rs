@@ -1,6 +1,8 @@
 //! Eviction: free regions kept ahead of the writer (`ensure_free`), the oldest sealed region
 //! reclaimed, its recently read and leased records moved rather than dropped (a region
-//! mostly leased is kept in place).
+//! mostly leased is kept in place). A large value with an extent in the region is evicted
+//! whole (its other extents become dead space where they lie), unless it is leased: then
+//! the region is kept in place.
 
 use super::*;
 
@@ -39,7 +41,18 @@ impl Writer {
         let cf_br = idx.cf(index::CF_BY_REGION);
         let lo = by_region_key(r, 0);
         let hi = by_region_key(r + 1, 0);
-        let live = live_records(idx, r, &lo, &hi)?;
+        let (live, values) = live_records(idx, r, &lo, &hi)?;
+        // A large value is evicted whole; one under a lease keeps every region holding one
+        // of its extents in place (its extents are never moved).
+        if values.iter().any(|(bkey, _)| core.leases.is_pinned(bkey)) {
+            self.sealed.push_back(r);
+            core.metrics.reclaim_skipped.inc();
+            tracing::debug!(
+                region = r,
+                "region holds an extent of a leased value: kept in place"
+            );
+            return Ok(());
+        }
         let budget = core.geometry.region_bytes / 2;
         // Each record's lease, asked once.
         let pinned: Vec<bool> = live
@@ -69,6 +82,10 @@ impl Writer {
         for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
             self.reclaim_record(&core, r, bkey, loc, pinned, &mut st)
                 .await?;
+        }
+        for (bkey, head) in values {
+            self.evict_entry(&mut st.wb, &bkey, &head);
+            st.gone.push(bkey);
         }
         let Reclaim {
             mut wb,
@@ -201,15 +218,21 @@ struct Reclaim {
     gone: Vec<Vec<u8>>,
 }
 
+/// A block key and its index entry (a large value's: the manifest's head).
+type Entry = (Vec<u8>, BlockLoc);
+
 /// The index entries of region `r` (its by-region keys from `lo` to `hi`) that still point
-/// at their records there.
+/// at their records there: blocks, and (apart, each once, by its manifest's head) large
+/// values with at least one extent there.
 fn live_records(
     idx: &index::Index,
     r: u32,
     lo: &[u8],
     hi: &[u8],
-) -> anyhow::Result<Vec<(Vec<u8>, BlockLoc)>> {
-    let mut live: Vec<(Vec<u8>, BlockLoc)> = Vec::new();
+) -> anyhow::Result<(Vec<Entry>, Vec<Entry>)> {
+    let mut live: Vec<Entry> = Vec::new();
+    let mut values: Vec<Entry> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let iter = idx.db.iterator_cf(
         idx.cf(index::CF_BY_REGION),
         rocksdb::IteratorMode::From(lo, rocksdb::Direction::Forward),
@@ -220,13 +243,28 @@ fn live_records(
             break;
         }
         let offset = u32::from_be_bytes(k[4..8].try_into()?);
-        if let Some(loc) = idx.get_block(&bkey)? {
-            if loc.region == r && loc.offset == offset {
-                live.push((bkey.to_vec(), loc));
+        let Some(v) = idx.db.get_pinned_cf(idx.cf(index::CF_BLOCKS), &bkey)? else {
+            continue;
+        };
+        match index::Manifest::decode(&v)? {
+            None => {
+                let loc = BlockLoc::decode(&v)?;
+                if loc.region == r && loc.offset == offset {
+                    live.push((bkey.to_vec(), loc));
+                }
+            }
+            Some(m) => {
+                let here = m
+                    .extents
+                    .iter()
+                    .any(|x| x.region == r && x.offset == offset);
+                if here && seen.insert(bkey.to_vec()) {
+                    values.push((bkey.to_vec(), m.head));
+                }
             }
         }
     }
-    Ok(live)
+    Ok((live, values))
 }
 
 /// A record to move at reclaim that the device could not read: logged and counted.

@@ -34,6 +34,9 @@ pub(crate) async fn put_block(
     st.refuse_deleted_copy(&h, &ns, &key)?;
     let declared = content_length(&h);
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
+    if let Some(len) = declared.filter(|&l| l > ctxpod_wire::BLOCK_BYTES_MAX) {
+        return put_value(&st, (&ns, &key), len as u64, body, (crc, dur)).await;
+    }
     let _permit = st.admit_body(
         declared
             .unwrap_or(ctxpod_wire::BLOCK_BYTES_MAX)
@@ -55,6 +58,25 @@ pub(crate) async fn put_block(
     }
 }
 
+/// A PUT of a value over one record (`len` bytes, announced): streamed into the engine
+/// extent by extent ([`ctxpod_engine::ValueWriter`]), holding at most
+/// [`ctxpod_engine::VALUE_WRITE_BYTES_MAX`] of the ingest budget, never the whole value.
+async fn put_value(
+    st: &AppState,
+    (ns, key): (&str, &[u8]),
+    len: u64,
+    body: Body,
+    (crc, dur): (Option<u32>, ctxpod_wire::Durability),
+) -> ApiResult<StatusCode> {
+    let _permit = st.admit_body((len as usize).min(ctxpod_engine::VALUE_WRITE_BYTES_MAX))?;
+    let mut w = st.engine.begin_value(ns, key, len, dur).await?;
+    super::input::read_value_into(body, &mut w, &st.metrics.received_bytes).await?;
+    match w.finish(crc).await? {
+        PutStatus::Created => Ok(StatusCode::CREATED),
+        PutStatus::Exists => Ok(StatusCode::OK),
+    }
+}
+
 pub(crate) async fn get_block(
     BlockCall { st, p, ns, key }: BlockCall,
     Peer(peer): Peer,
@@ -65,6 +87,10 @@ pub(crate) async fn get_block(
     let Some(len) = st.engine.block_len(&ns, &key)? else {
         return Err(not_found());
     };
+    if len > ctxpod_wire::BLOCK_BYTES_MAX {
+        let client = crate::budget::Client::at(peer, &p);
+        return get_value(&st, client, (&ns, &key), len).await;
+    }
     let permits = st
         .admit_egress(crate::budget::Client::at(peer, &p), len)
         .await?;
@@ -89,6 +115,79 @@ pub(crate) async fn get_block(
         }
         None => Err(not_found()),
     }
+}
+
+/// A GET of a value over one record: streamed out extent by extent as the client takes
+/// it, holding at most [`ctxpod_engine::VALUE_READ_BYTES_MAX`] of the egress budget (the
+/// client's share, so a slow reader holds its own share only).
+async fn get_value(
+    st: &AppState,
+    client: Option<crate::budget::Client>,
+    (ns, key): (&str, &[u8]),
+    len: usize,
+) -> ApiResult<Response> {
+    let permits = st
+        .admit_egress(client, len.min(ctxpod_engine::VALUE_READ_BYTES_MAX))
+        .await?;
+    let Some(reader) = st.engine.open_value(ns, key, None).await? else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such block",
+        ));
+    };
+    let (len, crc) = (reader.len(), reader.crc32c());
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (
+                header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
+                ctxpod_wire::crc32c_hex(crc),
+            ),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        body_streaming(reader, permits, st.metrics.sent_bytes.clone()),
+    )
+        .into_response())
+}
+
+/// A response body that reads `reader` piece by piece as the connection takes it (each
+/// piece cut into [`BODY_PIECE_BYTES`] slices), holding `permits` until its end. A piece
+/// that fails its checks ends the body early: the client sees a body shorter than its
+/// Content-Length (and a CRC32C that does not match), never wrong bytes.
+pub(crate) fn body_streaming(
+    reader: ctxpod_engine::ValueReader,
+    permits: Vec<crate::budget::Permit>,
+    sent: prometheus::IntCounter,
+) -> Body {
+    struct St {
+        reader: ctxpod_engine::ValueReader,
+        piece: Bytes,
+        _permits: Vec<crate::budget::Permit>,
+        sent: prometheus::IntCounter,
+    }
+    let state = St {
+        reader,
+        piece: Bytes::new(),
+        _permits: permits,
+        sent,
+    };
+    Body::from_stream(futures::stream::unfold(state, |mut s| async move {
+        if s.piece.is_empty() {
+            match s.reader.next_piece().await {
+                Ok(Some(p)) => s.piece = p,
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::warn!("a streamed value ends early: {e}");
+                    return Some((Err(std::io::Error::other(e.to_string())), s));
+                }
+            }
+        }
+        let n = s.piece.len().min(BODY_PIECE_BYTES);
+        let out = s.piece.split_to(n);
+        s.sent.inc_by(n as u64);
+        Some((Ok::<_, std::io::Error>(out), s))
+    }))
 }
 
 /// The caller's address, when the listener gave it.

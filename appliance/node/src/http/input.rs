@@ -120,6 +120,45 @@ pub(crate) async fn read_into(mut body: Body, staged: &mut StagedBlock) -> ApiRe
     Ok(())
 }
 
+/// Receives a value's body of exactly its announced length into `w`, piece by piece: each
+/// piece is staged as it arrives and handed to the engine whole, so at most one piece (and
+/// the engine's extents in flight) is held.
+pub(crate) async fn read_value_into(
+    mut body: Body,
+    w: &mut ctxpod_engine::ValueWriter<'_>,
+    received: &prometheus::IntCounter,
+) -> ApiResult<()> {
+    use http_body_util::BodyExt;
+    let mut staged: Option<StagedBlock> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
+        let Ok(mut data) = frame.into_data() else {
+            continue;
+        };
+        received.inc_by(data.len() as u64);
+        while !data.is_empty() {
+            let want = w.next_piece_len();
+            if want == 0 {
+                return Err(ApiError::invalid("body longer than its Content-Length"));
+            }
+            let s = match &mut staged {
+                Some(s) => s,
+                None => staged.insert(StagedBlock::new(want)?),
+            };
+            let room = s.len() - s.payload().len();
+            s.append(&data.split_to(room.min(data.len())));
+            if s.is_complete() {
+                let full = staged.take().expect("a piece is being staged");
+                w.write_piece(full).await?;
+            }
+        }
+    }
+    if w.next_piece_len() > 0 {
+        return Err(ApiError::invalid("body shorter than its Content-Length"));
+    }
+    Ok(())
+}
+
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     h: &HeaderMap,
     body: Body,

@@ -1,0 +1,578 @@
+//! Values of any size up to the node's `value_bytes_max`, streamed in and out piece by
+//! piece. A value of at most `BLOCK_BYTES_MAX` is one record, as a block always was; a
+//! larger one is a sequence of `EXTENT_BYTES` extents (`format::record`), written as they
+//! arrive (a few in flight) and published at the end as one manifest in the index
+//! (`writer::values`): it is visible whole or not at all, whatever crashes when. A read
+//! checks every extent it gives out and reads a few ahead; a range read touches only the
+//! extents it needs. Neither side ever holds more than a few extents of a value.
+
+use super::*;
+use crate::index::{ExtentLoc, Manifest};
+use crate::read::{read_checked_record, Checked};
+use crate::writer::{ExtentReq, Placed, PublishReq};
+use ctxpod_wire::{BLOCK_BYTES_MAX, EXTENT_BYTES};
+use std::collections::VecDeque;
+
+/// Extents of one value being written (sealed, queued or being written) at once.
+const EXTENTS_IN_FLIGHT: usize = 4;
+/// Extents of one value a reader reads ahead of what it gave out.
+const EXTENTS_READ_AHEAD: usize = 2;
+/// The most memory one value's write holds: its extents in flight and the one being
+/// received. What a door charges a large PUT against its ingest budget.
+pub const VALUE_WRITE_BYTES_MAX: usize = (EXTENTS_IN_FLIGHT + 1) * EXTENT_BYTES;
+/// The most memory one value's read holds: its extents read ahead and the one being sent.
+/// What a door charges a large GET against its egress budget.
+pub const VALUE_READ_BYTES_MAX: usize = (EXTENTS_READ_AHEAD + 1) * EXTENT_BYTES;
+
+/// Bytes of the piece of a value of `len` bytes that starts at `received`: the whole value
+/// when it is one record, otherwise an extent (the last one shorter); 0 once complete.
+pub fn piece_len(len: u64, received: u64) -> usize {
+    let rest = len.saturating_sub(received);
+    if len <= BLOCK_BYTES_MAX as u64 {
+        rest as usize
+    } else {
+        rest.min(EXTENT_BYTES as u64) as usize
+    }
+}
+
+/// A value being stored: [`Engine::begin_value`], then [`ValueWriter::write_piece`] for
+/// every piece ([`ValueWriter::next_piece_len`] bytes each, staged as the door receives
+/// them), then [`ValueWriter::finish`]. Dropped before `finish`, nothing of it is visible.
+pub struct ValueWriter<'a> {
+    engine: &'a Engine,
+    ns: Arc<Namespace>,
+    key: Vec<u8>,
+    bkey: Vec<u8>,
+    len: u64,
+    durability: Durability,
+    received: u64,
+    /// CRC32C of the pieces received so far.
+    crc: u32,
+    state: WriterState,
+}
+
+enum WriterState {
+    /// The value fits one record: its body, once staged, is put at `finish`.
+    Single(Option<StagedBlock>),
+    /// The key holds a value already: the body is only checksummed, to answer `Exists` or
+    /// `Conflict` at `finish` without writing it again.
+    Existing(BlockLoc),
+    Extents(Box<Extents>),
+}
+
+struct Extents {
+    value_seq: u64,
+    key_id: u32,
+    dek: Option<Arc<AeadKey>>,
+    /// Extents written, in order, with the epochs of their regions.
+    done: Vec<(ExtentLoc, u64)>,
+    /// Extents handed to the writer, oldest first: what each must be, and its answer.
+    in_flight: VecDeque<(ExtentLoc, oneshot::Receiver<Result<Placed>>)>,
+    /// The value's bytes, counted against its namespace's quota until published.
+    _pending: Option<put::Pending>,
+}
+
+impl Engine {
+    /// Starts storing a value of `len` bytes under `key`; refuses an empty one, one over
+    /// the node's `value_bytes_max`, and one over its namespace's quota, before any byte
+    /// of it is written.
+    pub async fn begin_value(
+        &self,
+        ns: &str,
+        key: &[u8],
+        len: u64,
+        durability: Durability,
+    ) -> Result<ValueWriter<'_>> {
+        Self::check_key(key)?;
+        self.check_not_failed()?;
+        let max = self.core.cfg.value_bytes_max.0;
+        if len > max {
+            return Err(EngineError::TooLarge(format!(
+                "value of {len} bytes is over the node's value limit of {max} bytes \
+                 (value_bytes_max)"
+            )));
+        }
+        if len == 0 {
+            return Err(EngineError::Invalid("empty block".into()));
+        }
+        let ns = self.ns(ns)?;
+        let bkey = block_key(ns.id, key);
+        let state = match self.core.index.get_block(&bkey)? {
+            Some(loc) => WriterState::Existing(loc),
+            None if len <= BLOCK_BYTES_MAX as u64 => WriterState::Single(None),
+            None => WriterState::Extents(Box::new(self.new_extents(&ns, len).await?)),
+        };
+        if !matches!(state, WriterState::Single(_)) {
+            // A one-record value is referenced by its put.
+            self.reference(&bkey, len as usize);
+        }
+        Ok(ValueWriter {
+            engine: self,
+            ns,
+            key: key.to_vec(),
+            bkey,
+            len,
+            durability,
+            received: 0,
+            crc: 0,
+            state,
+        })
+    }
+
+    /// A large value's write state: its quota asked for, its sequence number (its
+    /// generation, bound into every extent) and data key taken.
+    async fn new_extents(&self, ns: &Arc<Namespace>, len: u64) -> Result<Extents> {
+        let pending = ns
+            .quota_bytes()
+            .is_some()
+            .then(|| put::Pending::new(ns.clone(), len));
+        self.check_quota(ns, len as usize).await?;
+        let value_seq = self.core.next_seq()?;
+        self.rotate_if_worn(ns, value_seq).await?;
+        let (key_id, dek) = ns
+            .current_key()
+            .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
+        Ok(Extents {
+            value_seq,
+            key_id,
+            dek: (!self.core.geometry.plaintext_at_rest).then_some(dek),
+            done: Vec::new(),
+            in_flight: VecDeque::new(),
+            _pending: pending,
+        })
+    }
+}
+
+impl ValueWriter<'_> {
+    /// The value's length.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Never true: an empty value is refused at [`Engine::begin_value`].
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of the next piece to stage (0: every piece was written).
+    pub fn next_piece_len(&self) -> usize {
+        piece_len(self.len, self.received)
+    }
+
+    /// Takes the next piece of the value, staged whole; a piece of a large value is sealed
+    /// and handed to the writer at once (this waits while `EXTENTS_IN_FLIGHT` are).
+    pub async fn write_piece(&mut self, piece: StagedBlock) -> Result<()> {
+        let want = self.next_piece_len();
+        if !piece.is_complete() || piece.len() != want {
+            return Err(EngineError::Invalid(format!(
+                "a piece of {} bytes ({} received) where the value's next piece is {want} bytes",
+                piece.len(),
+                piece.payload().len()
+            )));
+        }
+        self.crc = crc32c::crc32c_combine(self.crc, piece.crc, piece.len());
+        let offset = self.received;
+        self.received += piece.len() as u64;
+        match &mut self.state {
+            WriterState::Single(slot) => *slot = Some(piece),
+            WriterState::Existing(_) => {}
+            WriterState::Extents(x) => {
+                let index = (offset / EXTENT_BYTES as u64) as u32;
+                let engine = self.engine;
+                let (ns, key) = (&self.ns, &self.key);
+                engine.send_extent(ns, key, x, index, piece).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes the value: every byte received and (when `client_crc` is given) its
+    /// CRC32C matching, every extent written; then it becomes visible (`Created`), or is
+    /// found there already with the same bytes (`Exists`) or other ones (`Conflict`).
+    pub async fn finish(self, client_crc: Option<u32>) -> Result<PutStatus> {
+        if self.received != self.len {
+            return Err(EngineError::Invalid(format!(
+                "the value ended after {} of its {} bytes",
+                self.received, self.len
+            )));
+        }
+        let crc = self.crc;
+        if client_crc.is_some_and(|c| c != crc) {
+            return Err(EngineError::Integrity(format!(
+                "body CRC32C is {crc:08x}, not the {:08x} the client sent",
+                client_crc.unwrap_or_default()
+            )));
+        }
+        let e = self.engine;
+        match self.state {
+            WriterState::Single(piece) => {
+                let piece = piece.expect("a complete one-record value has its piece");
+                e.put_staged(&self.ns.name, &self.key, piece, Some(crc), self.durability)
+                    .await
+            }
+            WriterState::Existing(loc) => {
+                e.confirm_existing(&loc, crc, self.len as usize, self.durability)
+                    .await
+            }
+            WriterState::Extents(mut x) => {
+                while let Some(front) = x.in_flight.pop_front() {
+                    x.done.push(settle(front).await?);
+                }
+                let status = e
+                    .publish_value(self.ns.clone(), self.bkey.clone(), *x, (self.len, crc))
+                    .await?;
+                if status == PutStatus::Created {
+                    e.count_stored(&self.bkey, self.len as usize);
+                }
+                Ok(status)
+            }
+        }
+    }
+}
+
+/// An extent's answer from the writer: where it was written, and its region's epoch.
+async fn settle(
+    (mut loc, rx): (ExtentLoc, oneshot::Receiver<Result<Placed>>),
+) -> Result<(ExtentLoc, u64)> {
+    let placed = rx
+        .await
+        .map_err(|_| anyhow::anyhow!("writer stopped before answering"))??;
+    loc.region = placed.region;
+    loc.offset = placed.offset;
+    Ok((loc, placed.open_seq))
+}
+
+impl Engine {
+    /// Seals extent `index` of a large value and hands it to the writer, first waiting for
+    /// the oldest extent in flight when `EXTENTS_IN_FLIGHT` are.
+    async fn send_extent(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        x: &mut Extents,
+        index: u32,
+        piece: StagedBlock,
+    ) -> Result<()> {
+        while x.in_flight.len() >= EXTENTS_IN_FLIGHT {
+            let front = x.in_flight.pop_front().expect("extents in flight");
+            x.done.push(settle(front).await?);
+        }
+        let seq = self.core.next_seq()?;
+        let (len, crc) = (piece.len(), piece.crc);
+        let of = record::ExtentOf {
+            value_seq: x.value_seq,
+            index,
+        };
+        let (ns_id, key_id, salt) = (ns.id, x.key_id, self.core.nonce_salt);
+        let record = match x.dek.clone() {
+            None => piece.seal(ns_id, (key_id, None), key, (seq, salt), crc, Some(of)),
+            Some(dek) => {
+                let key = key.to_vec();
+                self.core
+                    .offload
+                    .aead(move || {
+                        piece.seal(
+                            ns_id,
+                            (key_id, Some(&dek)),
+                            &key,
+                            (seq, salt),
+                            crc,
+                            Some(of),
+                        )
+                    })
+                    .await?
+            }
+        };
+        let loc = ExtentLoc {
+            region: 0,
+            offset: 0,
+            record_len: record.len() as u32,
+            len: len as u32,
+            crc32c: crc,
+            seq,
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = WriteCmd::Extent(ExtentReq {
+            ns: ns.clone(),
+            record,
+            reply: tx,
+        });
+        // Waits for room in the writer's queue rather than answering busy: the value's
+        // earlier extents are already written.
+        self.writer_tx
+            .send(cmd)
+            .await
+            .map_err(|_| anyhow::anyhow!("writer stopped"))?;
+        x.in_flight.push_back((loc, rx));
+        Ok(())
+    }
+
+    /// Hands a large value's manifest to the writer and waits for its answer.
+    async fn publish_value(
+        &self,
+        ns: Arc<Namespace>,
+        bkey: Vec<u8>,
+        x: Extents,
+        (len, crc): (u64, u32),
+    ) -> Result<PutStatus> {
+        let (extents, epochs): (Vec<ExtentLoc>, Vec<u64>) = x.done.into_iter().unzip();
+        let first = extents[0];
+        let head = BlockLoc {
+            region: first.region,
+            offset: first.offset,
+            record_len: extents.iter().map(|e| e.record_len).sum(),
+            len: len as u32,
+            crc32c: crc,
+            key_id: x.key_id,
+            seq: x.value_seq,
+            stored_ms: now_ms(),
+            extents: extents.len() as u32,
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = WriteCmd::Publish(PublishReq {
+            ns,
+            bkey,
+            manifest: Manifest { head, extents },
+            epochs,
+            durability: Durability::Durable,
+            reply: tx,
+        });
+        self.writer_tx
+            .send(cmd)
+            .await
+            .map_err(|_| anyhow::anyhow!("writer stopped"))?;
+        rx.await
+            .map_err(|_| anyhow::anyhow!("writer stopped before answering"))?
+    }
+}
+
+/// A value being read: [`Engine::open_value`], then [`ValueReader::next_piece`] until
+/// `None`. Every piece given out was checked; a piece that fails its checks ends the read
+/// with an error and quarantines the whole value.
+pub struct ValueReader {
+    len: u64,
+    crc32c: u32,
+    stored_ms: u64,
+    body: ReadBody,
+}
+
+enum ReadBody {
+    /// A value of one record, already read and checked (or served from DRAM): the part of
+    /// it still to give out.
+    Single(Option<Bytes>),
+    Extents(Box<ExtentReads>),
+}
+
+struct ExtentReads {
+    core: Arc<Core>,
+    writer_tx: mpsc::Sender<WriteCmd>,
+    ns: Arc<Namespace>,
+    key: Vec<u8>,
+    bkey: Vec<u8>,
+    manifest: Manifest,
+    /// The byte range still to give out.
+    pos: u64,
+    end: u64,
+    /// The next extent to start reading.
+    next: usize,
+    /// Reads started, in order: each extent's index and its read.
+    ahead: VecDeque<(usize, tokio::task::JoinHandle<Result<Checked>>)>,
+}
+
+impl Drop for ExtentReads {
+    fn drop(&mut self) {
+        for (_, h) in &self.ahead {
+            h.abort();
+        }
+    }
+}
+
+impl Engine {
+    /// Opens a value for reading (`None`: absent, counted as a miss), the byte range
+    /// `range` of it (the whole value when `None`; clamped to the value). A value of one
+    /// record is read (or taken from DRAM) here; a large one extent by extent, as it is
+    /// given out, only the extents that hold the range.
+    pub async fn open_value(
+        &self,
+        ns: &str,
+        key: &[u8],
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<ValueReader>> {
+        Self::check_key(key)?;
+        let nsa = self.ns(ns)?;
+        let bkey = block_key(nsa.id, key);
+        let Some(manifest) = self.core.index.get_manifest(&bkey)? else {
+            let Some((b, crc)) = self.get(ns, key).await? else {
+                return Ok(None);
+            };
+            let meta = self.block_meta(ns, key).await?;
+            let len = b.len() as u64;
+            let (lo, hi) = clamp(range, len);
+            return Ok(Some(ValueReader {
+                len,
+                crc32c: crc,
+                stored_ms: meta.map_or(0, |m| m.stored_ms),
+                body: ReadBody::Single((hi > lo).then(|| b.slice(lo as usize..hi as usize))),
+            }));
+        };
+        let c = &self.core;
+        self.reference(&bkey, manifest.head.len as usize);
+        c.read_bits.set(&bkey);
+        c.counters.hits.fetch_add(1, Ordering::Relaxed);
+        c.metrics.hits.with_label_values(&["flash"]).inc();
+        Ok(Some(self.reader_of(nsa, key, bkey, manifest, range)))
+    }
+
+    /// A reader of the large value `key` as the index holds it now (`None`: absent, or not
+    /// a large value), not counted as a read: for scrub.
+    pub(crate) fn open_extents(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<ValueReader>> {
+        let bkey = block_key(ns.id, key);
+        Ok(self
+            .core
+            .index
+            .get_manifest(&bkey)?
+            .map(|m| self.reader_of(ns.clone(), key, bkey, m, range)))
+    }
+
+    fn reader_of(
+        &self,
+        nsa: Arc<Namespace>,
+        key: &[u8],
+        bkey: Vec<u8>,
+        manifest: Manifest,
+        range: Option<(u64, u64)>,
+    ) -> ValueReader {
+        let c = &self.core;
+        let head = manifest.head;
+        let (pos, end) = clamp(range, head.len as u64);
+        let next = (pos / EXTENT_BYTES as u64) as usize;
+        ValueReader {
+            len: head.len as u64,
+            crc32c: head.crc32c,
+            stored_ms: head.stored_ms,
+            body: ReadBody::Extents(Box::new(ExtentReads {
+                core: c.clone(),
+                writer_tx: self.writer_tx.clone(),
+                ns: nsa,
+                key: key.to_vec(),
+                bkey,
+                manifest,
+                pos,
+                end,
+                next,
+                ahead: VecDeque::new(),
+            })),
+        }
+    }
+}
+
+/// `range` within a value of `len` bytes (the whole value when `None`).
+fn clamp(range: Option<(u64, u64)>, len: u64) -> (u64, u64) {
+    let (lo, hi) = range.unwrap_or((0, len));
+    let hi = hi.min(len);
+    (lo.min(hi), hi)
+}
+
+impl ValueReader {
+    /// The whole value's length (not the range's).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Never true: no empty value is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// CRC32C of the whole value.
+    pub fn crc32c(&self) -> u32 {
+        self.crc32c
+    }
+
+    /// When the value was stored (ms since the Unix epoch).
+    pub fn stored_ms(&self) -> u64 {
+        self.stored_ms
+    }
+
+    /// Whether the value is stored as extents (read from flash as it is given out).
+    pub fn is_extents(&self) -> bool {
+        matches!(self.body, ReadBody::Extents(_))
+    }
+
+    /// The next checked piece of the range (`None`: all of it was given out). An error
+    /// ends the read: an extent failed its checks (the value is quarantined), or the value
+    /// was evicted, deleted or replaced while it was read.
+    pub async fn next_piece(&mut self) -> Result<Option<Bytes>> {
+        match &mut self.body {
+            ReadBody::Single(b) => Ok(b.take()),
+            ReadBody::Extents(r) => r.next_piece().await,
+        }
+    }
+}
+
+impl ExtentReads {
+    async fn next_piece(&mut self) -> Result<Option<Bytes>> {
+        if self.pos >= self.end {
+            return Ok(None);
+        }
+        let last = ((self.end - 1) / EXTENT_BYTES as u64) as usize;
+        while self.ahead.len() < EXTENTS_READ_AHEAD && self.next <= last {
+            let i = self.next;
+            self.next += 1;
+            self.ahead.push_back((i, self.start_read(i)));
+        }
+        let (i, h) = self.ahead.pop_front().expect("a read is started");
+        let checked = h
+            .await
+            .map_err(|e| anyhow::anyhow!("extent read task: {e}"))??;
+        let b = match checked {
+            Checked::Good(b) => b,
+            Checked::Corrupt => {
+                return Err(EngineError::Integrity(format!(
+                    "extent {i} of the value failed its checks; the value is quarantined"
+                )))
+            }
+            Checked::Moved => {
+                return Err(EngineError::NotFound(
+                    "the value was evicted, deleted or replaced while it was read".into(),
+                ))
+            }
+        };
+        let start = i as u64 * EXTENT_BYTES as u64;
+        let lo = (self.pos - start) as usize;
+        let hi = ((self.end - start) as usize).min(b.len());
+        self.pos = start + hi as u64;
+        Ok(Some(b.slice(lo..hi)))
+    }
+
+    /// Starts reading and checking extent `i`.
+    fn start_read(&self, i: usize) -> tokio::task::JoinHandle<Result<Checked>> {
+        let x = self.manifest.extents[i];
+        let head = self.manifest.head;
+        let rec = BlockLoc {
+            region: x.region,
+            offset: x.offset,
+            record_len: x.record_len,
+            len: x.len,
+            crc32c: x.crc32c,
+            key_id: head.key_id,
+            seq: x.seq,
+            stored_ms: head.stored_ms,
+            extents: 0,
+        };
+        let of = record::ExtentOf {
+            value_seq: head.seq,
+            index: i as u32,
+        };
+        let (core, tx, ns) = (self.core.clone(), self.writer_tx.clone(), self.ns.clone());
+        let (key, bkey) = (self.key.clone(), self.bkey.clone());
+        tokio::spawn(async move {
+            read_checked_record(&core, &tx, (&ns, &key, &bkey), (rec, head), Some(of)).await
+        })
+    }
+}
