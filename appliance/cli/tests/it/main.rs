@@ -22,3 +22,4 @@ mod sim_faults;
 mod tamper;
 mod tls;
 mod transfer;
+mod values;
