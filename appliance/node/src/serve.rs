@@ -77,7 +77,8 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
             let gate = crate::conn::Gate::new("s3", limits.clone(), node_metrics.clone());
             let (conns, accepting) =
                 crate::tls::accept_loop(l, tls.clone(), gate, handshakes.clone());
-            let door = crate::s3::router(app.clone(), auth.clone(), node_metrics.clone());
+            let body_max = crate::s3::body_bytes_max(cfg.value_bytes_max.0);
+            let door = crate::s3::router(app.clone(), auth.clone(), node_metrics.clone(), body_max);
             let serving = tokio::spawn(crate::conn::serve_http(
                 conns,
                 door,

@@ -50,7 +50,7 @@ async fn node_with_s3_tokens(dir: &Path) -> (Node, [(String, String); 2]) {
     let b = s3_credentials(&tokens, "b-rw", "tenant-rw", Some("b"));
     let (root, hash) = ctxpod_node::auth::new_token("root").expect("token");
     let toml = format!(
-        "[auth]\ntokens_dir = \"{}\"\n[[auth.tokens]]\nid = \"root\"\nrole = \"admin\"\nhash = \"{hash}\"\n\
+        "value_bytes_max = \"24MiB\"\n[auth]\ntokens_dir = \"{}\"\n[[auth.tokens]]\nid = \"root\"\nrole = \"admin\"\nhash = \"{hash}\"\n\
          [[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"b\"\n",
         tokens.display()
     );
@@ -342,15 +342,37 @@ async fn deletes_of_one_and_many_keys(s3: &aws_sdk_s3::Client) {
     assert_eq!(code(&e), "BucketNotEmpty");
 }
 
-/// Bad input is refused with an S3 error and nothing is stored: a body over the block limit,
-/// a Content-MD5 or CRC32C that does not match, a key over the key limit.
+/// Bad input is refused with an S3 error and nothing is stored: a body over the node's
+/// value limit (here 24 MiB), a Content-MD5 or CRC32C that does not match, a key over the
+/// key limit. An object over one record (8 MiB) is stored as extents, and a ranged GET
+/// reads only what it returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_puts_are_refused_and_store_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
     let s3 = client(&node, &ak, &sk);
     create_bucket(&s3, "kvbm").await;
-    let big = vec![7u8; (8 << 20) + 1];
+    let large = common::block(9, (8 << 20) + 1);
+    put(&s3, "kvbm", "large", ByteStream::from(large.to_vec()))
+        .await
+        .expect("an object over one record");
+    assert_eq!(get_bytes(&s3, "kvbm", "large", None).await, large);
+    let read_before = device_read_bytes(&node).await;
+    let (lo, hi) = ((4 << 20) - 10, (4 << 20) + 9);
+    let part = get_bytes(&s3, "kvbm", "large", Some(format!("bytes={lo}-{hi}"))).await;
+    assert_eq!(part, large.slice(lo..hi + 1));
+    let read = device_read_bytes(&node).await - read_before;
+    assert!(
+        read <= 2 * ((4 << 20) + 4096),
+        "a 20-byte range read {read} bytes of flash: only the two extents that hold it"
+    );
+    s3.delete_object()
+        .bucket("kvbm")
+        .key("large")
+        .send()
+        .await
+        .expect("delete");
+    let big = vec![7u8; (24 << 20) + 1];
     let e = put(&s3, "kvbm", "big", ByteStream::from(big))
         .await
         .expect_err("over the limit");
@@ -667,4 +689,35 @@ async fn metrics_have_5xx(node: &Node) -> bool {
     let m = node.client.metrics().await.expect("metrics");
     m.lines()
         .any(|l| l.starts_with("ctxpod_s3_requests_total") && l.contains("InternalError"))
+}
+
+/// The object's bytes (`range`: an HTTP Range), read whole.
+async fn get_bytes(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    range: Option<String>,
+) -> bytes::Bytes {
+    let out = s3
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .set_range(range)
+        .send()
+        .await
+        .expect("get object");
+    out.body.collect().await.expect("body").into_bytes()
+}
+
+/// What the node has read from its device so far (`ctxpod_device_read_bytes_total`).
+async fn device_read_bytes(node: &Node) -> u64 {
+    let text = node
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    common::metric_of(&text, "ctxpod_device_read_bytes_total") as u64
 }

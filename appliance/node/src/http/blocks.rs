@@ -80,6 +80,7 @@ async fn put_value(
 pub(crate) async fn get_block(
     BlockCall { st, p, ns, key }: BlockCall,
     Peer(peer): Peer,
+    h: HeaderMap,
 ) -> ApiResult<Response> {
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block");
     // The block's bytes are taken from the egress budget before it is read, and given back
@@ -87,9 +88,10 @@ pub(crate) async fn get_block(
     let Some(len) = st.engine.block_len(&ns, &key)? else {
         return Err(not_found());
     };
+    let range = super::input::byte_range(&h, len as u64)?;
     if len > ctxpod_wire::BLOCK_BYTES_MAX {
         let client = crate::budget::Client::at(peer, &p);
-        return get_value(&st, client, (&ns, &key), len).await;
+        return get_value(&st, client, (&ns, &key), range).await;
     }
     let permits = st
         .admit_egress(crate::budget::Client::at(peer, &p), len)
@@ -99,22 +101,49 @@ pub(crate) async fn get_block(
             "the block was replaced while it was read; retry",
         )),
         Some((data, crc)) => {
+            let total = data.len() as u64;
+            let (lo, hi) = range.map_or((0, total), |(lo, hi)| (lo, hi.min(total)));
+            let data = data.slice(lo.min(hi) as usize..hi as usize);
             st.metrics.sent_bytes.inc_by(data.len() as u64);
-            Ok((
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                    (
-                        header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
-                        ctxpod_wire::crc32c_hex(crc),
-                    ),
-                    (header::CONTENT_LENGTH, data.len().to_string()),
-                ],
-                body_holding(vec![data], permits),
-            )
-                .into_response())
+            let body = body_holding(vec![data], permits);
+            Ok(value_answer(crc, total, range.map(|_| (lo, hi)), body))
         }
         None => Err(not_found()),
     }
+}
+
+/// A GET's answer: 200 with the whole value's length, or 206 with the range's and its
+/// `Content-Range`; the CRC32C is always the whole value's.
+fn value_answer(crc: u32, total: u64, range: Option<(u64, u64)>, body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    let hv = |s: String| header::HeaderValue::from_str(&s).expect("ASCII digits");
+    h.insert(
+        header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
+        hv(ctxpod_wire::crc32c_hex(crc)),
+    );
+    h.insert(
+        header::ACCEPT_RANGES,
+        header::HeaderValue::from_static("bytes"),
+    );
+    match range {
+        None => {
+            h.insert(header::CONTENT_LENGTH, hv(total.to_string()));
+        }
+        Some((lo, hi)) => {
+            h.insert(header::CONTENT_LENGTH, hv((hi - lo).to_string()));
+            h.insert(
+                header::CONTENT_RANGE,
+                hv(format!("bytes {lo}-{}/{total}", hi.saturating_sub(1))),
+            );
+            *r.status_mut() = StatusCode::PARTIAL_CONTENT;
+        }
+    }
+    r
 }
 
 /// A GET of a value over one record: streamed out extent by extent as the client takes
@@ -124,31 +153,24 @@ async fn get_value(
     st: &AppState,
     client: Option<crate::budget::Client>,
     (ns, key): (&str, &[u8]),
-    len: usize,
+    range: Option<(u64, u64)>,
 ) -> ApiResult<Response> {
-    let permits = st
-        .admit_egress(client, len.min(ctxpod_engine::VALUE_READ_BYTES_MAX))
-        .await?;
-    let Some(reader) = st.engine.open_value(ns, key, None).await? else {
+    let Some(reader) = st.engine.open_value(ns, key, range).await? else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             "no such block",
         ));
     };
-    let (len, crc) = (reader.len(), reader.crc32c());
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (
-                header::HeaderName::from_static(ctxpod_wire::HEADER_CRC32C),
-                ctxpod_wire::crc32c_hex(crc),
-            ),
-            (header::CONTENT_LENGTH, len.to_string()),
-        ],
-        body_streaming(reader, permits, st.metrics.sent_bytes.clone()),
-    )
-        .into_response())
+    let total = reader.len();
+    let range = range.map(|(lo, hi)| (lo, hi.min(total)));
+    let n = range.map_or(total, |(lo, hi)| hi - lo) as usize;
+    let permits = st
+        .admit_egress(client, n.min(ctxpod_engine::VALUE_READ_BYTES_MAX))
+        .await?;
+    let crc = reader.crc32c();
+    let body = body_streaming(reader, permits, st.metrics.sent_bytes.clone());
+    Ok(value_answer(crc, total, range, body))
 }
 
 /// A response body that reads `reader` piece by piece as the connection takes it (each

@@ -58,6 +58,44 @@ pub(crate) fn content_length(h: &HeaderMap) -> Option<usize> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
+/// The byte range a GET asks for (`Range: bytes=a-b`, `bytes=a-` or `bytes=-n`, one range)
+/// of a value of `len` bytes, as a half-open range clamped to the value; `None` without a
+/// `Range` header. A range that starts past the end answers 416; several ranges or another
+/// unit, 400.
+pub(crate) fn byte_range(h: &HeaderMap, len: u64) -> ApiResult<Option<(u64, u64)>> {
+    let Some(v) = h.get(header::RANGE) else {
+        return Ok(None);
+    };
+    let bad = || ApiError::invalid("Range must be one range of bytes: bytes=a-b, a- or -n");
+    let spec = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().strip_prefix("bytes="))
+        .ok_or_else(bad)?;
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let num = |s: &str| s.trim().parse::<u64>().map_err(|_| bad());
+    let (lo, hi) = match (a.trim().is_empty(), b.trim().is_empty()) {
+        (true, false) => (len.saturating_sub(num(b)?), len),
+        (false, true) => (num(a)?, len),
+        (false, false) => {
+            let (lo, last) = (num(a)?, num(b)?);
+            if last < lo {
+                return Err(bad());
+            }
+            (lo, last.saturating_add(1).min(len))
+        }
+        (true, true) => return Err(bad()),
+    };
+    if lo >= len || hi <= lo {
+        return Err(ApiError::new(
+            axum::http::StatusCode::RANGE_NOT_SATISFIABLE,
+            "range_not_satisfiable",
+            format!("the range starts past the value's {len} bytes"),
+        ));
+    }
+    Ok(Some((lo, hi)))
+}
+
 /// Bytes of an over-limit body read and discarded before answering 413, so that the client
 /// reads the answer instead of a reset connection; bodies declared larger are cut off at once.
 pub const DRAIN_BYTES_MAX: u64 = 64 << 20;

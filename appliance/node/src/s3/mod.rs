@@ -36,9 +36,12 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub(crate) struct Vouched(pub Principal);
 
-/// Largest request body the S3 listener reads: a block, and room for `aws-chunked`
-/// framing (chunk headers, signatures and trailers), or an XML body.
-pub const S3_BODY_BYTES_MAX: usize = ctxpod_wire::BLOCK_BYTES_MAX + (1 << 20);
+/// Largest request body the S3 listener reads, for a node whose `value_bytes_max` is
+/// `value_max`: a value, and room for `aws-chunked` framing (a chunk header and signature of
+/// under 100 bytes per chunk of at least 8 KiB, and trailers), or an XML body.
+pub fn body_bytes_max(value_max: u64) -> usize {
+    (value_max + value_max / 64 + (1 << 20)) as usize
+}
 /// Largest XML request body (DeleteObjects of 1000 keys of 128 bytes fits many times).
 pub const S3_XML_BYTES_MAX: usize = 1 << 20;
 /// Longest validity of a presigned URL (S3's own limit: 7 days).
@@ -110,6 +113,7 @@ pub fn router(
     api: axum::Router,
     auth: Arc<Authenticator>,
     metrics: Arc<crate::metrics::NodeMetrics>,
+    body_max: usize,
 ) -> axum::Router {
     let enabled = auth.enabled();
     let door = door::Door::new(api, auth.clone(), metrics);
@@ -144,7 +148,9 @@ pub fn router(
         delete_checksum(req, next, !enabled)
     }))
     .layer(axum::middleware::from_fn(screen))
-    .layer(axum::middleware::from_fn(limit_body))
+    .layer(axum::middleware::from_fn(move |req, next| {
+        limit_body(req, next, body_max)
+    }))
 }
 
 /// Refused at the headers, before any body is read or any signature checked:
@@ -281,11 +287,13 @@ async fn drop_signature(
     next.run(req).await
 }
 
-/// Refuses a body announced over [`S3_BODY_BYTES_MAX`] at once, and cuts any body off
-/// there (a chunked one announces nothing): no request holds more than that.
+/// Refuses a body announced over `max` ([`body_bytes_max`]) at once, and cuts any body
+/// off there (a chunked one announces nothing): no request holds more than that, and a PUT
+/// streams through to the node a few extents at a time.
 async fn limit_body(
     req: axum::extract::Request,
     next: axum::middleware::Next,
+    max: usize,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let announced = req
@@ -293,16 +301,16 @@ async fn limit_body(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > S3_BODY_BYTES_MAX as u64) {
+    if announced.is_some_and(|n| n > max as u64) {
         return door::error_response(s3_error!(
             EntityTooLarge,
-            "a body of at most {S3_BODY_BYTES_MAX} bytes (an object is a block of at most {} bytes)",
-            ctxpod_wire::BLOCK_BYTES_MAX
+            "a body of at most {max} bytes (an object is a value of at most the node's \
+             value_bytes_max)"
         ))
         .into_response();
     }
     let (parts, body) = req.into_parts();
-    let body = axum::body::Body::new(http_body_util::Limited::new(body, S3_BODY_BYTES_MAX));
+    let body = axum::body::Body::new(http_body_util::Limited::new(body, max));
     next.run(axum::extract::Request::from_parts(parts, body))
         .await
 }

@@ -176,14 +176,8 @@ fn plan_put(
         .content_length
         .or(decoded)
         .ok_or_else(|| s3_error!(MissingContentLength))?;
+    // Over the node's value_bytes_max the node answers 413 (EntityTooLarge) from the head.
     let len = u64::try_from(len).map_err(|_| s3_error!(InvalidArgument, "a negative length"))?;
-    if len > ctxpod_wire::BLOCK_BYTES_MAX as u64 {
-        return Err(s3_error!(
-            EntityTooLarge,
-            "an object is a block of at most {} bytes, not {len}",
-            ctxpod_wire::BLOCK_BYTES_MAX
-        ));
-    }
     let mut h = HeaderMap::new();
     h.insert(http::header::CONTENT_LENGTH, len.into());
     // A CRC32C announced up front is checked by the node itself, end to end.
@@ -204,7 +198,7 @@ fn plan_put(
 }
 
 /// Reads and drops the rest of a request body (the listener caps it at
-/// [`super::S3_BODY_BYTES_MAX`]).
+/// [`crate::s3::body_bytes_max`]).
 async fn drain(mut body: StreamingBlob) {
     while let Some(Ok(_)) = body.next().await {}
 }
