@@ -77,10 +77,14 @@ pub struct ExtentLoc {
     pub crc32c: u32,
     /// The extent record's own sequence number (its nonce).
     pub seq: u64,
+    /// The index its record was sealed under (`record::ExtentOf::index`): its place in the
+    /// value, or for a value assembled from a multipart upload's parts, part number << 16
+    /// | its place in the part.
+    pub index: u32,
 }
 
 impl ExtentLoc {
-    pub const BYTES: usize = 28;
+    pub const BYTES: usize = 32;
 }
 
 /// A large value in the index: its head and its extents, in order.
@@ -108,6 +112,7 @@ impl Manifest {
             b.extend_from_slice(&x.len.to_le_bytes());
             b.extend_from_slice(&x.crc32c.to_le_bytes());
             b.extend_from_slice(&x.seq.to_le_bytes());
+            b.extend_from_slice(&x.index.to_le_bytes());
         }
         b
     }
@@ -129,6 +134,7 @@ impl Manifest {
                 len: u32_at(o + 12),
                 crc32c: u32_at(o + 16),
                 seq: u64::from_le_bytes(b[o + 20..o + 28].try_into().expect("8 bytes")),
+                index: u32_at(o + 28),
             });
             o += ExtentLoc::BYTES;
         }
@@ -460,6 +466,7 @@ mod tests {
             len: 5000 + i,
             crc32c: i,
             seq: (1 << 40) + i as u64,
+            index: i << 16 | 1,
         };
         let m = Manifest {
             head: BlockLoc { extents: 3, ..l },

@@ -23,8 +23,10 @@ pub mod presence;
 mod put;
 mod read;
 mod recovery;
+mod upload;
 mod value;
 mod writer;
+pub use upload::{PartInfo, PartWriter, UploadInfo, UPLOADS_MAX, UPLOAD_PARTS_MAX};
 pub use value::{piece_len, ValueReader, ValueWriter, VALUE_READ_BYTES_MAX, VALUE_WRITE_BYTES_MAX};
 
 use crate::crypto::AeadKey;
@@ -443,6 +445,8 @@ pub struct Engine {
     writer_tx: mpsc::Sender<WriteCmd>,
     writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
     ns_lock: tokio::sync::Mutex<()>,
+    /// Multipart uploads in progress, by id (`upload`).
+    uploads: Mutex<HashMap<u64, Arc<upload::Upload>>>,
 }
 
 /// Outcome of reading and checking one record.
@@ -734,6 +738,7 @@ impl Engine {
             writer_tx: tx,
             writer: Mutex::new(Some(handle)),
             ns_lock: tokio::sync::Mutex::new(()),
+            uploads: Mutex::new(HashMap::new()),
         };
         if engine
             .core

@@ -83,10 +83,7 @@ impl Engine {
         loc: BlockLoc,
     ) -> Result<Checked> {
         if loc.extents > 0 {
-            return Err(EngineError::TooLarge(format!(
-                "a value of {} bytes in {} extents is read extent by extent (Engine::open_value)",
-                loc.len, loc.extents
-            )));
+            return self.read_small_value(ns, key, loc).await;
         }
         read_checked_record(
             &self.core,
@@ -120,6 +117,41 @@ impl Engine {
             },
             Checked::Moved => Scrubbed::Gone,
         })
+    }
+
+    /// A value stored as extents (`head`: its manifest's head) read whole, if it is no larger
+    /// than one record (a multipart upload of small parts); larger ones are streamed
+    /// ([`Engine::open_value`]).
+    async fn read_small_value(
+        &self,
+        ns: &Arc<Namespace>,
+        key: &[u8],
+        head: BlockLoc,
+    ) -> Result<Checked> {
+        if head.len as usize > ctxpod_wire::BLOCK_BYTES_MAX {
+            return Err(EngineError::TooLarge(format!(
+                "a value of {} bytes in {} extents is read extent by extent (Engine::open_value)",
+                head.len, head.extents
+            )));
+        }
+        let Some(mut r) = self.open_extents(ns, key, None)? else {
+            return Ok(Checked::Moved);
+        };
+        let mut out = bytes::BytesMut::with_capacity(head.len as usize);
+        loop {
+            match r.next_piece().await {
+                Ok(Some(p)) => out.extend_from_slice(&p),
+                Ok(None) => break,
+                Err(EngineError::Integrity(_)) => return Ok(Checked::Corrupt),
+                Err(EngineError::NotFound(_)) => return Ok(Checked::Moved),
+                Err(e) => return Err(e),
+            }
+        }
+        if r.crc32c() != head.crc32c || out.len() != head.len as usize {
+            // Another value under the key now.
+            return Ok(Checked::Moved);
+        }
+        Ok(Checked::Good(out.freeze()))
     }
 
     /// Scrub of a large value (`head`: its manifest's head): every extent read back and

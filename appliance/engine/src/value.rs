@@ -60,16 +60,16 @@ enum WriterState {
     Extents(Box<Extents>),
 }
 
-struct Extents {
-    value_seq: u64,
-    key_id: u32,
-    dek: Option<Arc<AeadKey>>,
+pub(crate) struct Extents {
+    pub value_seq: u64,
+    pub key_id: u32,
+    pub dek: Option<Arc<AeadKey>>,
     /// Extents written, in order, with the epochs of their regions.
-    done: Vec<(ExtentLoc, u64)>,
+    pub done: Vec<(ExtentLoc, u64)>,
     /// Extents handed to the writer, oldest first: what each must be, and its answer.
-    in_flight: VecDeque<(ExtentLoc, oneshot::Receiver<Result<Placed>>)>,
+    pub in_flight: VecDeque<(ExtentLoc, oneshot::Receiver<Result<Placed>>)>,
     /// The value's bytes, counted against its namespace's quota until published.
-    _pending: Option<put::Pending>,
+    pub _pending: Option<put::Pending>,
 }
 
 impl Engine {
@@ -231,7 +231,7 @@ impl ValueWriter<'_> {
 }
 
 /// An extent's answer from the writer: where it was written, and its region's epoch.
-async fn settle(
+pub(crate) async fn settle(
     (mut loc, rx): (ExtentLoc, oneshot::Receiver<Result<Placed>>),
 ) -> Result<(ExtentLoc, u64)> {
     let placed = rx
@@ -245,7 +245,7 @@ async fn settle(
 impl Engine {
     /// Seals extent `index` of a large value and hands it to the writer, first waiting for
     /// the oldest extent in flight when `EXTENTS_IN_FLIGHT` are.
-    async fn send_extent(
+    pub(crate) async fn send_extent(
         &self,
         ns: &Arc<Namespace>,
         key: &[u8],
@@ -290,6 +290,7 @@ impl Engine {
             len: len as u32,
             crc32c: crc,
             seq,
+            index,
         };
         let (tx, rx) = oneshot::channel();
         let cmd = WriteCmd::Extent(ExtentReq {
@@ -308,7 +309,7 @@ impl Engine {
     }
 
     /// Hands a large value's manifest to the writer and waits for its answer.
-    async fn publish_value(
+    pub(crate) async fn publish_value(
         &self,
         ns: Arc<Namespace>,
         bkey: Vec<u8>,
@@ -370,6 +371,8 @@ struct ExtentReads {
     key: Vec<u8>,
     bkey: Vec<u8>,
     manifest: Manifest,
+    /// Where each extent begins in the value.
+    starts: Vec<u64>,
     /// The byte range still to give out.
     pos: u64,
     end: u64,
@@ -450,7 +453,17 @@ impl Engine {
         let c = &self.core;
         let head = manifest.head;
         let (pos, end) = clamp(range, head.len as u64);
-        let next = (pos / EXTENT_BYTES as u64) as usize;
+        let starts: Vec<u64> = manifest
+            .extents
+            .iter()
+            .scan(0u64, |at, x| {
+                let start = *at;
+                *at += x.len as u64;
+                Some(start)
+            })
+            .collect();
+        // The extent holding `pos`: the last that starts at or before it.
+        let next = starts.partition_point(|&s| s <= pos).saturating_sub(1);
         ValueReader {
             len: head.len as u64,
             crc32c: head.crc32c,
@@ -462,6 +475,7 @@ impl Engine {
                 key: key.to_vec(),
                 bkey,
                 manifest,
+                starts,
                 pos,
                 end,
                 next,
@@ -520,7 +534,7 @@ impl ExtentReads {
         if self.pos >= self.end {
             return Ok(None);
         }
-        let last = ((self.end - 1) / EXTENT_BYTES as u64) as usize;
+        let last = self.starts.partition_point(|&s| s < self.end) - 1;
         while self.ahead.len() < EXTENTS_READ_AHEAD && self.next <= last {
             let i = self.next;
             self.next += 1;
@@ -543,7 +557,7 @@ impl ExtentReads {
                 ))
             }
         };
-        let start = i as u64 * EXTENT_BYTES as u64;
+        let start = self.starts[i];
         let lo = (self.pos - start) as usize;
         let hi = ((self.end - start) as usize).min(b.len());
         self.pos = start + hi as u64;
@@ -567,7 +581,7 @@ impl ExtentReads {
         };
         let of = record::ExtentOf {
             value_seq: head.seq,
-            index: i as u32,
+            index: x.index,
         };
         let (core, tx, ns) = (self.core.clone(), self.writer_tx.clone(), self.ns.clone());
         let (key, bkey) = (self.key.clone(), self.bkey.clone());

@@ -132,6 +132,9 @@ pub(crate) struct Writer {
     /// Batches handed to the committer so far: each job carries its number, and the
     /// committer and the indexer check that they see them in that order.
     batches: u64,
+    /// The committer task (which ends its indexer before it ends): awaited at a stop, so
+    /// that nothing of the engine outlives `Engine::shutdown`.
+    committer: Option<tokio::task::JoinHandle<()>>,
 }
 
 type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
@@ -254,7 +257,7 @@ impl Writer {
         let reserve = (batch_regions + 2).min(g.regions as usize / 2).max(1);
         let overlay = Arc::new(Mutex::new(VecDeque::new()));
         let (commit_tx, commit_rx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
-        tokio::spawn(committer(core.clone(), overlay.clone(), commit_rx));
+        let committer = tokio::spawn(committer(core.clone(), overlay.clone(), commit_rx));
         let w = Writer {
             overlay,
             commit_tx,
@@ -268,6 +271,7 @@ impl Writer {
             uncheckpointed: Vec::new(),
             reserve,
             batches: 0,
+            committer: Some(committer),
         };
         w.publish();
         Ok(w)
@@ -315,11 +319,27 @@ impl Writer {
             }
             if let Some(tx) = stop {
                 self.shutdown_checkpoint().await;
+                self.end_committer().await;
                 let _ = tx.send(());
                 return;
             }
         }
         self.shutdown_checkpoint().await;
+        self.end_committer().await;
+    }
+
+    /// Ends the commit pipeline (its tasks hold the engine's core, and with it the index
+    /// open): the committer's queue closed, then the committer and its indexer awaited.
+    async fn end_committer(self) {
+        let Writer {
+            commit_tx,
+            committer,
+            ..
+        } = self;
+        drop(commit_tx);
+        if let Some(c) = committer {
+            let _ = c.await;
+        }
     }
 
     /// At a clean stop: everything committed, then one synced checkpoint, so that the next
