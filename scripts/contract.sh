@@ -15,10 +15,10 @@
 #   CTXPOD_CONTRACT_ARGS      extra schemathesis arguments (e.g. --include-path-regex blocks)
 #
 # No hooks: schemathesis sends only what it generates from the document. scripts/contract.toml
-# gives the event stream a 0.5 s read. It also allows one refusal on each of three operations
+# gives the event stream a 0.5 s read. It also allows one refusal on each of five operations
 # whose rule JSON Schema cannot state and the document does: a CRC header that must match
-# the body (422), a body that must be a CXB1 frame (400), and If-None-Match: * on a namespace
-# that exists (412). Nothing else is relaxed.
+# the body (422, on a block's PUT and an upload part's), a body that must be a CXB1 frame (400), If-None-Match: * on a namespace
+# that exists (412), and a Range past the stored value's end (416). Nothing else is relaxed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"

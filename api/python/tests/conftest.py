@@ -98,8 +98,10 @@ class Node:
     """One `ctxpod serve` process."""
 
     def __init__(self, root: Path, name: str, extra: str = "", pod: str = "", scheme: str = "http",
-                 ca: Path | None = None, client: tuple[Path, Path] | None = None) -> None:
+                 ca: Path | None = None, client: tuple[Path, Path] | None = None,
+                 capacity: str = "256MiB") -> None:
         self.dir = root / name
+        self._capacity = capacity
         self.dir.mkdir(parents=True, exist_ok=True)
         self._scheme, self._extra, self._pod_lines = scheme, extra, pod
         self.ssl = None
@@ -132,7 +134,7 @@ class Node:
         self.config.write_text(
             f'data_dir = "{self.dir}/data"\nlisten = "127.0.0.1:{self.port}"\n'
             f'transfer_listen = "127.0.0.1:{self.tport}"\ns3_listen = "127.0.0.1:{self.s3port}"\n'
-            f'capacity = "256MiB"\n'
+            f'capacity = "{self._capacity}"\n'
             f'dram = "32MiB"\nlog = "warn"\n{self._extra}\n{self._pod_lines}'
         )
 

@@ -11,7 +11,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import Node, doc_snippet, engine, s3_token
+from conftest import Node, doc_snippet, engine, s3_token, token
 
 nixl = engine("nixl_cu12")
 boto3 = engine("boto3")
@@ -26,11 +26,14 @@ AGENT = "kvbm-ctxpod-test"
 
 @pytest.fixture(scope="module")
 def door(root):
-    """A node with authentication on and the S3 door; S3 credentials of tenant acme."""
+    """A node taking values up to 96 MiB, with authentication on and the S3 door; S3
+    credentials of tenant acme."""
     tokens = root / "nixl-tokens"
     creds = s3_token(tokens, "kvbm-a", "tenant-rw", "acme")
-    n = Node(root, "nixl", extra=f'[auth]\ntokens_dir = "{tokens}"\n')
+    admin = token(tokens, "nixl-admin", "admin")
+    n = Node(root, "nixl", extra=f'value_bytes_max = "96MiB"\n[auth]\ntokens_dir = "{tokens}"\n')
     n.creds = creds
+    n.admin = admin
     yield n
     n.stop()
 
@@ -52,6 +55,18 @@ def obj_backend(door, bucket: str):
     return agent
 
 
+def multipart_completions(door) -> int:
+    """CompleteMultipartUpload requests the door answered OK so far (its metrics)."""
+    import re
+    import urllib.request
+
+    req = urllib.request.Request(door.http + "/metrics", headers={"Authorization": "Bearer " + door.admin})
+    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    m = re.search(r'^ctxpod_s3_requests_total\{(?=[^}]*op="CompleteMultipartUpload")(?=[^}]*code="OK")[^}]*\} (\d+)',
+                  text, re.M)
+    return int(m.group(1)) if m else 0
+
+
 def run(agent, op: str, local: list[tuple[int, int, int]], remote: list[tuple[int, int, int]]) -> str:
     """One NIXL transfer between host memory and objects, to its end (30 s at most): "DONE",
     or "ERR" when NIXL reports the backend's failure (its state, or its backend error)."""
@@ -70,15 +85,16 @@ def run(agent, op: str, local: list[tuple[int, int, int]], remote: list[tuple[in
 
 
 def test_nixl_obj_moves_kv_blocks_through_the_s3_door(door):
-    """KVBM's G4 path: blocks of 64 KiB to 8 MiB (the value limit; a 16-token block of
-    Llama-3-70B is 5 MiB) written from host memory as objects in one transfer, checked
-    through boto3, read back into other memory, then a range of one read at an offset;
-    existence queried through the backend. An object over the limit ends the transfer in
-    ERR, and nothing is stored under its key."""
+    """KVBM's G4 path: blocks of 64 KiB to 64 MiB (a 16-token block of Llama-3-70B is 5 MiB,
+    a 32-token one 10 MiB; from 5 MiB on NIXL's CRT client sends them as multipart uploads)
+    written from host memory as objects in one transfer, checked through boto3, read back
+    into other memory, then a range of one read at an offset; existence queried through the
+    backend. An object over the node's value limit ends the transfer in ERR, and nothing is
+    stored under its key."""
     bucket = f"kvbm-{uuid.uuid4().hex[:8]}"
     s3(door).create_bucket(Bucket=bucket)
     agent = obj_backend(door, bucket)
-    sizes = [64 << 10, 1 << 20, 5 << 20, 6 << 20, ctxpod.BLOCK_BYTES_MAX]
+    sizes = [64 << 10, 1 << 20, 5 << 20, 6 << 20, ctxpod.BLOCK_BYTES_MAX, 64 << 20]
     rng = np.random.default_rng(34)
     src = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     dst = [np.zeros(n, dtype=np.uint8) for n in sizes]
@@ -86,7 +102,11 @@ def test_nixl_obj_moves_kv_blocks_through_the_s3_door(door):
     agent.register_memory([(a.ctypes.data, a.nbytes, 0, "") for a in src + dst], "DRAM")
     agent.register_memory([(0, n, i, k) for i, (n, k) in enumerate(zip(sizes, keys))], "OBJ")
     objs = [(0, n, i) for i, n in enumerate(sizes)]
+    completed = multipart_completions(door)
     assert run(agent, "WRITE", [(a.ctypes.data, a.nbytes, 0) for a in src], objs) == "DONE"
+    # Objects of 5 MiB and more go through NIXL's CRT client, which sends three of the four
+    # here (6, 8 and 64 MiB) as multipart uploads.
+    assert multipart_completions(door) - completed == 3
     for k, a in zip(keys, src):
         assert s3(door).get_object(Bucket=bucket, Key=k)["Body"].read() == a.tobytes()
     assert run(agent, "READ", [(a.ctypes.data, a.nbytes, 0) for a in dst], objs) == "DONE"
@@ -101,7 +121,7 @@ def test_nixl_obj_moves_kv_blocks_through_the_s3_door(door):
     found = agent.query_memory([(0, 1, 0, keys[0]), (0, 1, 0, absent)], "OBJ", "OBJ")
     assert found[0] is not None and found[1] is None, found
     # Over the value limit: the transfer fails, nothing is stored.
-    big = np.ones(ctxpod.BLOCK_BYTES_MAX + 4096, dtype=np.uint8)
+    big = np.ones((96 << 20) + 4096, dtype=np.uint8)
     agent.register_memory([(big.ctypes.data, big.nbytes, 0, "")], "DRAM")
     agent.register_memory([(0, big.nbytes, 99, absent)], "OBJ")
     assert run(agent, "WRITE", [(big.ctypes.data, big.nbytes, 0)], [(0, big.nbytes, 99)]) == "ERR"

@@ -35,6 +35,19 @@ def door(root):
     n.stop()
 
 
+@pytest.fixture(scope="module")
+def big_door(root):
+    """A node of 1 GiB taking values up to 512 MiB, with authentication on and the S3 door:
+    room for objects of the sizes engines store."""
+    tokens = root / "s3-big-tokens"
+    creds = {"acme": s3_token(tokens, "acme-big", "tenant-rw", "acme")}
+    n = Node(root, "s3-big", extra=f'value_bytes_max = "512MiB"\n[auth]\ntokens_dir = "{tokens}"\n',
+             capacity="1GiB")
+    n.creds = creds
+    yield n
+    n.stop()
+
+
 def client(door, who: str = "acme", secret: str | None = None, **config):
     ak, sk = door.creds[who]
     return boto3.client(
@@ -222,3 +235,72 @@ def test_kv_extras_match_and_pin_a_chain_with_s3_credentials(door):
     assert status == 400 and "InvalidArgument" in text
     status, text = signed_post(door, f"/{bucket}?x-ctxpod-pin", {"keys": chain})
     assert status == 400 and "ttl_ms" in text
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def test_multipart_uploads_of_engine_sized_objects(big_door, tmp_path):
+    """boto3's upload_file and download_file of a 300 MiB object (s3transfer: multipart
+    uploads of 8 MiB parts, ten at once, and ranged GETs down), the AWS CLI's `s3 cp` of a
+    40 MiB one both ways, and the multipart calls one by one: parts out of order and
+    written again, ListParts, ListMultipartUploads, a bad part list refused with the upload
+    kept, AbortMultipartUpload."""
+    s3 = client(big_door)
+    bucket = f"mp-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    src = tmp_path / "big.bin"
+    rng = np.random.default_rng(7)
+    with open(src, "wb") as f:
+        for _ in range(300 // 20):
+            f.write(rng.integers(0, 256, 20 << 20, dtype=np.uint8).tobytes())
+    s3.upload_file(str(src), bucket, "kv/llama-70b.bin")
+    assert s3.head_object(Bucket=bucket, Key="kv/llama-70b.bin")["ContentLength"] == 300 << 20
+    s3.download_file(bucket, "kv/llama-70b.bin", str(tmp_path / "big.out"))
+    assert sha256_of(tmp_path / "big.out") == sha256_of(src)
+    (tmp_path / "big.out").unlink()
+    # The AWS CLI: multipart over its 8 MiB threshold.
+    mid = tmp_path / "mid.bin"
+    mid.write_bytes(blob(40 << 20, 8))
+    aws(big_door, "s3", "cp", str(mid), f"s3://{bucket}/mid.bin", cwd=tmp_path)
+    aws(big_door, "s3", "cp", f"s3://{bucket}/mid.bin", str(tmp_path / "mid.out"), cwd=tmp_path)
+    assert (tmp_path / "mid.out").read_bytes() == mid.read_bytes()
+    # One call at a time.
+    parts = [blob(5 << 20, 20), blob(6 << 20, 21), blob(1000, 22)]
+    up = s3.create_multipart_upload(Bucket=bucket, Key="by-hand")["UploadId"]
+    etags = {}
+    for n in (3, 1, 2):
+        s3.upload_part(Bucket=bucket, Key="by-hand", UploadId=up, PartNumber=n, Body=b"x" * 10)
+        etags[n] = s3.upload_part(Bucket=bucket, Key="by-hand", UploadId=up, PartNumber=n,
+                                  Body=parts[n - 1])["ETag"]
+    listed = s3.list_parts(Bucket=bucket, Key="by-hand", UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in listed] == [(1, 5 << 20), (2, 6 << 20), (3, 1000)]
+    uploads = s3.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in uploads] == [("by-hand", up)]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="by-hand", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": etags[1]}, {"PartNumber": 4, "ETag": etags[1]}]})
+    assert code(e.value) == "InvalidPart"
+    done = s3.complete_multipart_upload(Bucket=bucket, Key="by-hand", UploadId=up, MultipartUpload={
+        "Parts": [{"PartNumber": n, "ETag": etags[n]} for n in (1, 2, 3)]})
+    whole = b"".join(parts)
+    got = s3.get_object(Bucket=bucket, Key="by-hand")
+    assert got["Body"].read() == whole and got["ETag"] == done["ETag"]
+    span = s3.get_object(Bucket=bucket, Key="by-hand", Range=f"bytes={(5 << 20) - 3}-{(5 << 20) + 2}")
+    assert span["Body"].read() == whole[(5 << 20) - 3:(5 << 20) + 3]
+    gone = s3.create_multipart_upload(Bucket=bucket, Key="gone")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="gone", UploadId=gone, PartNumber=1, Body=parts[0])
+    s3.abort_multipart_upload(Bucket=bucket, Key="gone", UploadId=gone)
+    with pytest.raises(ClientError) as e:
+        s3.list_parts(Bucket=bucket, Key="gone", UploadId=gone)
+    assert code(e.value) == "NoSuchUpload"
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == ["by-hand", "kv/llama-70b.bin", "mid.bin"]
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")

@@ -353,3 +353,45 @@ pub fn write_amplification(device_bytes: u64, user_bytes: u64) -> f64 {
         device_bytes as f64 / user_bytes as f64
     }
 }
+
+/// An upload, as its start answers it and the namespace's list gives it.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct UploadEntry {
+    /// The key, lowercase hex.
+    pub key: String,
+    /// 16 hex digits.
+    pub upload_id: String,
+    pub started_ms: u64,
+}
+
+/// A part written.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartEntry {
+    pub part: u32,
+    pub len: u64,
+    /// 8 hex digits.
+    #[serde(with = "crc_hex")]
+    pub crc32c: u32,
+}
+
+mod crc_hex {
+    pub fn serialize<S: serde::Serializer>(c: &u32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::crc32c_hex(*c))
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        crate::parse_crc32c_hex(&s).ok_or_else(|| serde::de::Error::custom("8 hex digits"))
+    }
+}
+
+/// The parts of an upload written so far (`GET …/uploads/{id}`).
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PartList {
+    pub parts: Vec<PartEntry>,
+}
+
+/// The uploads in progress in a namespace (`GET /v1/namespaces/{ns}/uploads`).
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct UploadList {
+    pub uploads: Vec<UploadEntry>,
+}

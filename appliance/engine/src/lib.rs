@@ -27,7 +27,9 @@ mod upload;
 mod value;
 mod writer;
 pub use upload::{PartInfo, PartWriter, UploadInfo, UPLOADS_MAX, UPLOAD_PARTS_MAX};
-pub use value::{piece_len, ValueReader, ValueWriter, VALUE_READ_BYTES_MAX, VALUE_WRITE_BYTES_MAX};
+pub use value::{
+    piece_len, Pieces, ValueReader, ValueWriter, VALUE_READ_BYTES_MAX, VALUE_WRITE_BYTES_MAX,
+};
 
 use crate::crypto::AeadKey;
 use crate::device::{AlignedBuf, Device};

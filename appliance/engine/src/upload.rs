@@ -366,3 +366,16 @@ impl PartWriter<'_> {
         Ok(info)
     }
 }
+
+impl crate::value::Pieces for PartWriter<'_> {
+    fn next_piece_len(&self) -> usize {
+        PartWriter::next_piece_len(self)
+    }
+
+    fn write_piece(
+        &mut self,
+        piece: StagedBlock,
+    ) -> impl std::future::Future<Output = Result<()>> + Send {
+        PartWriter::write_piece(self, piece)
+    }
+}

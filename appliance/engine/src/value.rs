@@ -35,6 +35,30 @@ pub fn piece_len(len: u64, received: u64) -> usize {
     }
 }
 
+/// What takes a value's (or a part's) body piece by piece, as a door receives it.
+pub trait Pieces {
+    /// Bytes of the next piece to stage (0: complete).
+    fn next_piece_len(&self) -> usize;
+    /// Takes the next piece, staged whole.
+    fn write_piece(
+        &mut self,
+        piece: StagedBlock,
+    ) -> impl std::future::Future<Output = Result<()>> + Send;
+}
+
+impl Pieces for ValueWriter<'_> {
+    fn next_piece_len(&self) -> usize {
+        ValueWriter::next_piece_len(self)
+    }
+
+    fn write_piece(
+        &mut self,
+        piece: StagedBlock,
+    ) -> impl std::future::Future<Output = Result<()>> + Send {
+        ValueWriter::write_piece(self, piece)
+    }
+}
+
 /// A value being stored: [`Engine::begin_value`], then [`ValueWriter::write_piece`] for
 /// every piece ([`ValueWriter::next_piece_len`] bytes each, staged as the door receives
 /// them), then [`ValueWriter::finish`]. Dropped before `finish`, nothing of it is visible.

@@ -612,8 +612,9 @@ async fn hostile_requests_get_s3_errors_and_store_nothing() {
         r.map_or(true, |r| r.status().is_client_error()),
         "a 1 MiB header is refused"
     );
-    // A body announced over the limit: EntityTooLarge at once.
-    let mut s = raw_unsigned_put(&addr, "big", 64 << 20, "").await;
+    // A body announced over the limit (the node's value_bytes_max, 256 MiB, and the room
+    // for aws-chunked framing): EntityTooLarge at once.
+    let mut s = raw_unsigned_put(&addr, "big", 300 << 20, "").await;
     let mut answer = vec![0u8; 4096];
     let n = s.read(&mut answer).await.expect("read");
     let answer = String::from_utf8_lossy(&answer[..n]).to_string();

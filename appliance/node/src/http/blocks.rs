@@ -22,15 +22,7 @@ pub(crate) async fn put_block(
     body: Body,
 ) -> ApiResult<StatusCode> {
     let dur = durability(&h)?;
-    let crc = match h.get(ctxpod_wire::HEADER_CRC32C) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(ctxpod_wire::parse_crc32c_hex)
-                .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
-        ),
-    };
+    let crc = super::input::client_crc(&h)?;
     st.refuse_deleted_copy(&h, &ns, &key)?;
     let declared = content_length(&h);
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
@@ -70,7 +62,7 @@ async fn put_value(
 ) -> ApiResult<StatusCode> {
     let _permit = st.admit_body((len as usize).min(ctxpod_engine::VALUE_WRITE_BYTES_MAX))?;
     let mut w = st.engine.begin_value(ns, key, len, dur).await?;
-    super::input::read_value_into(body, &mut w, &st.metrics.received_bytes).await?;
+    super::input::read_pieces_into(body, &mut w, &st.metrics.received_bytes).await?;
     match w.finish(crc).await? {
         PutStatus::Created => Ok(StatusCode::CREATED),
         PutStatus::Exists => Ok(StatusCode::OK),

@@ -58,33 +58,37 @@ pub(crate) fn content_length(h: &HeaderMap) -> Option<usize> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
-/// The byte range a GET asks for (`Range: bytes=a-b`, `bytes=a-` or `bytes=-n`, one range)
-/// of a value of `len` bytes, as a half-open range clamped to the value; `None` without a
-/// `Range` header. A range that starts past the end answers 416; several ranges or another
-/// unit, 400.
+/// The byte range a GET asks for (`Range: bytes=a-b`, `bytes=a-` or `bytes=-n`) of a value of
+/// `len` bytes, as a half-open range clamped to the value; `None` without a `Range` header,
+/// and (as RFC 9110 lets a server do) for one it does not take: another unit, several
+/// ranges, a malformed one; the whole value is then answered. A range that starts past the
+/// end (or a suffix of 0 bytes) answers 416.
 pub(crate) fn byte_range(h: &HeaderMap, len: u64) -> ApiResult<Option<(u64, u64)>> {
-    let Some(v) = h.get(header::RANGE) else {
+    let Some(spec) = h
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().strip_prefix("bytes="))
+    else {
         return Ok(None);
     };
-    let bad = || ApiError::invalid("Range must be one range of bytes: bytes=a-b, a- or -n");
-    let spec = v
-        .to_str()
-        .ok()
-        .and_then(|s| s.trim().strip_prefix("bytes="))
-        .ok_or_else(bad)?;
-    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
-    let num = |s: &str| s.trim().parse::<u64>().map_err(|_| bad());
+    let Some((a, b)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let num = |s: &str| s.trim().parse::<u64>().ok();
     let (lo, hi) = match (a.trim().is_empty(), b.trim().is_empty()) {
-        (true, false) => (len.saturating_sub(num(b)?), len),
-        (false, true) => (num(a)?, len),
-        (false, false) => {
-            let (lo, last) = (num(a)?, num(b)?);
-            if last < lo {
-                return Err(bad());
-            }
-            (lo, last.saturating_add(1).min(len))
-        }
-        (true, true) => return Err(bad()),
+        (true, false) => match num(b) {
+            Some(n) => (len.saturating_sub(n), len),
+            None => return Ok(None),
+        },
+        (false, true) => match num(a) {
+            Some(lo) => (lo, len),
+            None => return Ok(None),
+        },
+        (false, false) => match (num(a), num(b)) {
+            (Some(lo), Some(last)) if last >= lo => (lo, last.saturating_add(1).min(len)),
+            _ => return Ok(None),
+        },
+        (true, true) => return Ok(None),
     };
     if lo >= len || hi <= lo {
         return Err(ApiError::new(
@@ -158,12 +162,25 @@ pub(crate) async fn read_into(mut body: Body, staged: &mut StagedBlock) -> ApiRe
     Ok(())
 }
 
-/// Receives a value's body of exactly its announced length into `w`, piece by piece: each
+/// The client's CRC32C of the body (`x-ctxpod-crc32c`), if it sent one.
+pub(crate) fn client_crc(h: &HeaderMap) -> ApiResult<Option<u32>> {
+    match h.get(ctxpod_wire::HEADER_CRC32C) {
+        None => Ok(None),
+        Some(v) => Ok(Some(
+            v.to_str()
+                .ok()
+                .and_then(ctxpod_wire::parse_crc32c_hex)
+                .ok_or_else(|| ApiError::invalid("x-ctxpod-crc32c must be 8 hex digits"))?,
+        )),
+    }
+}
+
+/// Receives a value's (or a part's) body of exactly its announced length into `w`, piece by piece: each
 /// piece is staged as it arrives and handed to the engine whole, so at most one piece (and
 /// the engine's extents in flight) is held.
-pub(crate) async fn read_value_into(
+pub(crate) async fn read_pieces_into(
     mut body: Body,
-    w: &mut ctxpod_engine::ValueWriter<'_>,
+    w: &mut impl ctxpod_engine::Pieces,
     received: &prometheus::IntCounter,
 ) -> ApiResult<()> {
     use http_body_util::BodyExt;
@@ -263,7 +280,11 @@ pub(crate) struct NsCall {
 
 impl NsCall {
     /// The call of the caller in `parts` to its namespace `ns`.
-    fn of(parts: &axum::http::request::Parts, st: &AppState, ns: String) -> ApiResult<NsCall> {
+    pub(crate) fn of(
+        parts: &axum::http::request::Parts,
+        st: &AppState,
+        ns: String,
+    ) -> ApiResult<NsCall> {
         let p = principal(parts)?;
         let scoped = scope(&p, &ns)?;
         Ok(NsCall {

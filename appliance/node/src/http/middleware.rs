@@ -63,6 +63,11 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
         ("GET" | "HEAD", BLOCK) => Read,
         ("GET" | "HEAD", "/v1/namespaces/{ns}/blocks") => Read,
         ("PUT" | "DELETE", BLOCK) => Write,
+        ("POST", "/v1/namespaces/{ns}/blocks/{key}/uploads") => Write,
+        ("POST" | "DELETE", "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}") => Write,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}") => Read,
+        ("PUT", "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}/parts/{part}") => Write,
+        ("GET" | "HEAD", "/v1/namespaces/{ns}/uploads") => Read,
         (
             "POST",
             "/v1/namespaces/{ns}/match"

@@ -15,6 +15,7 @@ pub mod namespaces;
 pub mod observe;
 pub mod routes;
 pub mod state;
+pub mod uploads;
 
 pub use routes::{router, routes, Routes};
 pub use state::AppState;

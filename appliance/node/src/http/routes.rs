@@ -70,6 +70,9 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
 pub fn routes() -> Routes<AppState> {
     use Method as M;
     const BLOCK: &str = "/v1/namespaces/{ns}/blocks/{key}";
+    const UPLOADS: &str = "/v1/namespaces/{ns}/blocks/{key}/uploads";
+    const UPLOAD: &str = "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}";
+    const PART: &str = "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}/parts/{part}";
     Routes::new()
         .add(M::GET, "/healthz", healthz)
         .add(M::GET, "/readyz", readyz)
@@ -85,6 +88,16 @@ pub fn routes() -> Routes<AppState> {
         .add(M::GET, BLOCK, get_block)
         .add(M::HEAD, BLOCK, head_block)
         .add(M::DELETE, BLOCK, delete_block)
+        .add(M::POST, UPLOADS, super::uploads::create_upload)
+        .add(M::POST, UPLOAD, super::uploads::complete_upload)
+        .add(M::GET, UPLOAD, super::uploads::list_parts)
+        .add(M::DELETE, UPLOAD, super::uploads::abort_upload)
+        .add(M::PUT, PART, super::uploads::upload_part)
+        .add(
+            M::GET,
+            "/v1/namespaces/{ns}/uploads",
+            super::uploads::list_uploads,
+        )
         .add(M::POST, "/v1/namespaces/{ns}/match", match_prefix)
         .add(M::POST, "/v1/namespaces/{ns}/present", present_keys)
         .add(M::POST, "/v1/namespaces/{ns}/batch/get", batch_get)

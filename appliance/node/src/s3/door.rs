@@ -5,11 +5,13 @@
 //! | S3 | HTTP API v1 |
 //! |---|---|
 //! | PutObject | `PUT /v1/namespaces/{bucket}/blocks/{key}`; Content-MD5 and every `x-amz-checksum-*` (header or trailer) checked as the body streams in, before the block commits; a CRC32C header goes to the node as `x-ctxpod-crc32c` |
-//! | GetObject (whole, `Range`) | `GET …/blocks/{key}`, the range cut from the block's stream |
+//! | GetObject (whole, `Range`) | `GET …/blocks/{key}` with the `Range` (the node reads only the extents that hold it) |
 //! | HeadObject | `HEAD …/blocks/{key}` (length, CRC32C, time stored) |
 //! | DeleteObject(s) | `DELETE …/blocks/{key}` (absent keys are deleted, as in S3) |
 //! | ListObjectsV2 | `GET …/blocks?prefix&after&limit&meta=true`; `Delimiter` folds keys into common prefixes |
 //! | CreateBucket, HeadBucket, DeleteBucket, ListBuckets | `PUT`, `GET`, `DELETE /v1/namespaces/{bucket}`, `GET /v1/namespaces` |
+//! | CreateMultipartUpload, UploadPart, CompleteMultipartUpload, AbortMultipartUpload, ListParts | `POST …/blocks/{key}/uploads`, `PUT …/uploads/{id}/parts/{n}` (checked as PutObject's body), `POST`, `DELETE`, `GET …/uploads/{id}` |
+//! | ListMultipartUploads | `GET /v1/namespaces/{bucket}/uploads?prefix` |
 //!
 //! An object's ETag is its CRC32C (8 hex digits; not an MD5, so clients do not compare it
 //! with one); `x-amz-checksum-crc32c` is answered with every whole object.
@@ -28,6 +30,7 @@ use std::task::{Context, Poll};
 use tower::ServiceExt;
 
 mod list;
+mod multipart;
 mod put;
 mod read;
 
@@ -134,6 +137,10 @@ fn code_name(c: &S3ErrorCode) -> &'static str {
         C::SlowDown => "SlowDown",
         C::BucketNotEmpty => "BucketNotEmpty",
         C::InternalError => "InternalError",
+        C::NoSuchUpload => "NoSuchUpload",
+        C::InvalidPart => "InvalidPart",
+        C::MalformedXML => "MalformedXML",
+        C::NotImplemented => "NotImplemented",
         _ => "other",
     }
 }
@@ -247,6 +254,53 @@ impl S3 for Door {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         self.counted("PutObject", self.put(req)).await
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.counted("CreateMultipartUpload", self.create_upload(req))
+            .await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.counted("UploadPart", Door::upload_part(self, req))
+            .await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.counted("CompleteMultipartUpload", self.complete_upload(req))
+            .await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.counted("AbortMultipartUpload", self.abort_upload(req))
+            .await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.counted("ListParts", self.list_upload_parts(req)).await
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        self.counted("ListMultipartUploads", self.list_uploads(req))
+            .await
     }
 
     async fn get_object(

@@ -122,30 +122,14 @@ impl Door {
                 return Err(e);
             }
         };
-        let verdict = Arc::new(parking_lot::Mutex::new(Verdict::default()));
-        let (unread_tx, mut unread) = tokio::sync::oneshot::channel();
-        let body = Checked {
-            inner: Some(inner),
-            unread: Some(unread_tx),
-            len,
-            seen: 0,
-            digests: Some(digests),
-            trailers: req.trailing_headers.clone(),
-            verdict: verdict.clone(),
-            ended: false,
-        };
-        let resp = self
-            .send(&req, Method::PUT, path, h, Body::from_stream(body))
-            .await;
-        // A body the node refused before reading it all comes back here to be drained.
-        if let Ok(rest) = unread.try_recv() {
-            drain(rest).await;
-        }
-        let resp = resp?;
-        let v = std::mem::take(&mut *verdict.lock());
-        if let Some(e) = v.error {
-            return Err(e);
-        }
+        let (resp, v) = self
+            .stream_to(
+                &req,
+                inner,
+                (path, len, h, digests),
+                req.trailing_headers.clone(),
+            )
+            .await?;
         if !resp.status().is_success() {
             return Err(refusal(resp, true).await);
         }
@@ -158,6 +142,124 @@ impl Door {
     }
 }
 
+impl Door {
+    /// Sends a body (`inner`, `len` bytes announced) to the node's `path` with headers `h`,
+    /// through [`Checked`], which checks `digests` (and the trailer's) as it streams; the
+    /// node's answer and the verdict on the body. An error when the body failed its checks.
+    async fn stream_to<T>(
+        &self,
+        req: &S3Request<T>,
+        inner: StreamingBlob,
+        (path, len, h, digests): (String, u64, HeaderMap, Digests),
+        trailers: Option<s3s::TrailingHeaders>,
+    ) -> S3Result<(http::Response<Body>, Verdict)> {
+        let verdict = Arc::new(parking_lot::Mutex::new(Verdict::default()));
+        let (unread_tx, mut unread) = tokio::sync::oneshot::channel();
+        let body = Checked {
+            inner: Some(inner),
+            unread: Some(unread_tx),
+            len,
+            seen: 0,
+            digests: Some(digests),
+            trailers,
+            verdict: verdict.clone(),
+            ended: false,
+        };
+        let resp = self
+            .send(req, Method::PUT, path, h, Body::from_stream(body))
+            .await;
+        // A body the node refused before reading it all comes back here to be drained.
+        if let Ok(rest) = unread.try_recv() {
+            drain(rest).await;
+        }
+        let resp = resp?;
+        let v = std::mem::take(&mut *verdict.lock());
+        if let Some(e) = v.error {
+            return Err(e);
+        }
+        Ok((resp, Verdict { error: None, ..v }))
+    }
+
+    /// UploadPart: the part's body streamed to the node's upload, its checksums checked as
+    /// for PutObject; its ETag is its CRC32C.
+    pub(super) async fn upload_part(
+        &self,
+        mut req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let inner = req.input.body.take().unwrap_or_else(|| {
+            StreamingBlob::wrap(futures::stream::empty::<Result<Bytes, std::io::Error>>())
+        });
+        let plan = match plan_part(&req, !self.auth.enabled()) {
+            Ok(p) => p,
+            Err(e) => {
+                drain(inner).await;
+                return Err(e);
+            }
+        };
+        let (resp, v) = self
+            .stream_to(&req, inner, plan, req.trailing_headers.clone())
+            .await?;
+        if !resp.status().is_success() {
+            return Err(super::multipart::upload_refusal(resp).await);
+        }
+        let crc = v.crc32c.unwrap_or_default();
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(ETag::Strong(hex::encode(crc))),
+            checksum_crc32c: Some(b64(&crc)),
+            ..Default::default()
+        }))
+    }
+}
+
+/// What an UploadPart sends to the node: as [`plan_put`], to the part's path.
+fn plan_part(
+    req: &S3Request<UploadPartInput>,
+    content_sha256: bool,
+) -> S3Result<(String, u64, HeaderMap, Digests)> {
+    let i = &req.input;
+    let digests = Digests::from_headers(&req.headers, content_sha256)?;
+    let path = format!(
+        "{}/uploads/{}/parts/{}",
+        block_path(&i.bucket, &i.key)?,
+        super::multipart::upload_id(&i.upload_id)?,
+        i.part_number
+    );
+    let (len, h) = node_headers(&req.headers, i.content_length, i.checksum_crc32c.as_deref())?;
+    Ok((path, len, h, digests))
+}
+
+/// The body's length and the headers a body goes to the node with: its length, and a
+/// CRC32C announced up front (checked by the node itself, end to end).
+fn node_headers(
+    headers: &HeaderMap,
+    content_length: Option<i64>,
+    crc32c: Option<&str>,
+) -> S3Result<(u64, HeaderMap)> {
+    let len = body_length(headers, content_length)?;
+    let mut h = HeaderMap::new();
+    h.insert(http::header::CONTENT_LENGTH, len.into());
+    if let Some(c) = crc32c {
+        let crc = base64_u32(c).ok_or_else(|| s3_error!(InvalidDigest, "x-amz-checksum-crc32c"))?;
+        h.insert(
+            ctxpod_wire::HEADER_CRC32C,
+            ctxpod_wire::crc32c_hex(crc)
+                .parse()
+                .expect("hex is a header value"),
+        );
+    }
+    Ok((len, h))
+}
+
+/// A body's length: its Content-Length, or for an aws-chunked body sent with HTTP chunking
+/// (boto3 over https; no Content-Length for s3s to rewrite) its decoded length header.
+fn body_length(h: &HeaderMap, content_length: Option<i64>) -> S3Result<u64> {
+    let decoded = header_str(h, "x-amz-decoded-content-length").and_then(|v| v.parse::<i64>().ok());
+    let len = content_length
+        .or(decoded)
+        .ok_or_else(|| s3_error!(MissingContentLength))?;
+    u64::try_from(len).map_err(|_| s3_error!(InvalidArgument, "a negative length"))
+}
+
 /// What a PutObject sends to the node, once its input is checked: the block's path, its
 /// length, the request's headers and the checksums to check (a hex `x-amz-content-sha256`
 /// too, with `content_sha256`: no signature check does it).
@@ -168,28 +270,8 @@ fn plan_put(
     let i = &req.input;
     let digests = Digests::from_headers(&req.headers, content_sha256)?;
     let path = block_path(&i.bucket, &i.key)?;
-    // An aws-chunked body sent with HTTP chunking (boto3 over https) has no Content-Length
-    // for s3s to rewrite: its decoded length is in its own header.
-    let decoded = header_str(&req.headers, "x-amz-decoded-content-length")
-        .and_then(|v| v.parse::<i64>().ok());
-    let len = i
-        .content_length
-        .or(decoded)
-        .ok_or_else(|| s3_error!(MissingContentLength))?;
     // Over the node's value_bytes_max the node answers 413 (EntityTooLarge) from the head.
-    let len = u64::try_from(len).map_err(|_| s3_error!(InvalidArgument, "a negative length"))?;
-    let mut h = HeaderMap::new();
-    h.insert(http::header::CONTENT_LENGTH, len.into());
-    // A CRC32C announced up front is checked by the node itself, end to end.
-    if let Some(c) = &i.checksum_crc32c {
-        let crc = base64_u32(c).ok_or_else(|| s3_error!(InvalidDigest, "x-amz-checksum-crc32c"))?;
-        h.insert(
-            ctxpod_wire::HEADER_CRC32C,
-            ctxpod_wire::crc32c_hex(crc)
-                .parse()
-                .expect("hex is a header value"),
-        );
-    }
+    let (len, mut h) = node_headers(&req.headers, i.content_length, i.checksum_crc32c.as_deref())?;
     // KV extra: `x-ctxpod-durability: fast` acknowledges before the flush.
     if let Some(d) = req.headers.get(ctxpod_wire::HEADER_DURABILITY) {
         h.insert(ctxpod_wire::HEADER_DURABILITY, d.clone());
