@@ -276,8 +276,11 @@ def test_multipart_uploads_of_engine_sized_objects(big_door, tmp_path):
     parts = [blob(5 << 20, 20), blob(6 << 20, 21), blob(1000, 22)]
     up = s3.create_multipart_upload(Bucket=bucket, Key="by-hand")["UploadId"]
     etags = {}
+    first_etag2 = None
     for n in (3, 1, 2):
-        s3.upload_part(Bucket=bucket, Key="by-hand", UploadId=up, PartNumber=n, Body=b"x" * 10)
+        first = s3.upload_part(Bucket=bucket, Key="by-hand", UploadId=up, PartNumber=n, Body=b"x" * 10)
+        if n == 2:
+            first_etag2 = first["ETag"]
         etags[n] = s3.upload_part(Bucket=bucket, Key="by-hand", UploadId=up, PartNumber=n,
                                   Body=parts[n - 1])["ETag"]
     listed = s3.list_parts(Bucket=bucket, Key="by-hand", UploadId=up)["Parts"]
@@ -287,6 +290,10 @@ def test_multipart_uploads_of_engine_sized_objects(big_door, tmp_path):
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(Bucket=bucket, Key="by-hand", UploadId=up, MultipartUpload={
             "Parts": [{"PartNumber": 1, "ETag": etags[1]}, {"PartNumber": 4, "ETag": etags[1]}]})
+    assert code(e.value) == "InvalidPart"
+    with pytest.raises(ClientError) as e:  # the ETag of part 2's first bytes, since rewritten
+        s3.complete_multipart_upload(Bucket=bucket, Key="by-hand", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": n, "ETag": etags[n] if n != 2 else first_etag2} for n in (1, 2, 3)]})
     assert code(e.value) == "InvalidPart"
     done = s3.complete_multipart_upload(Bucket=bucket, Key="by-hand", UploadId=up, MultipartUpload={
         "Parts": [{"PartNumber": n, "ETag": etags[n]} for n in (1, 2, 3)]})

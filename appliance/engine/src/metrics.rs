@@ -66,6 +66,8 @@ pub struct Metrics {
     pub dram_capacity_bytes: IntGauge,
     pub regions_free: IntGauge,
     pub leases: IntGauge,
+    /// Multipart uploads in progress (at most `UPLOADS_MAX`).
+    pub uploads: IntGauge,
     /// Device bytes of leased (pinned or held) records.
     pub leased_bytes: IntGauge,
     /// Leases refused, by reason (`table`, `node_bytes`, `tenant_bytes`).
@@ -284,6 +286,7 @@ impl Metrics {
             dram_capacity_bytes: gauge(&r, "ctxpod_dram_capacity_bytes", "DRAM tier limit"),
             regions_free: gauge(&r, "ctxpod_regions_free", "Free regions"),
             leases: gauge(&r, "ctxpod_leases", "Keys pinned by a lease"),
+            uploads: gauge(&r, "ctxpod_uploads", "Multipart uploads in progress"),
             leased_bytes: gauge(
                 &r,
                 "ctxpod_leased_bytes",

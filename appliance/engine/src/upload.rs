@@ -109,6 +109,7 @@ impl Engine {
             }),
         };
         self.uploads.lock().insert(seq, Arc::new(upload));
+        self.count_uploads();
         Ok(seq)
     }
 
@@ -117,6 +118,13 @@ impl Engine {
         self.uploads
             .lock()
             .retain(|_, u| u.state.lock().touched.elapsed() < UPLOAD_IDLE);
+        self.count_uploads();
+    }
+
+    /// `ctxpod_uploads`: the uploads in progress now.
+    fn count_uploads(&self) {
+        let n = self.uploads.lock().len();
+        self.core.metrics.uploads.set(n as i64);
     }
 
     /// The upload `id` of `key` in `ns`, touched; `NotFound` for any other.
@@ -231,7 +239,11 @@ impl Engine {
     /// Ends upload `id` without a value; whether there was one.
     pub fn abort_upload(&self, ns: &str, key: &[u8], id: u64) -> Result<bool> {
         match self.upload(ns, key, id) {
-            Ok(_) => Ok(self.uploads.lock().remove(&id).is_some()),
+            Ok(_) => {
+                let was = self.uploads.lock().remove(&id).is_some();
+                self.count_uploads();
+                Ok(was)
+            }
             Err(EngineError::NotFound(_)) => Ok(false),
             Err(e) => Err(e),
         }

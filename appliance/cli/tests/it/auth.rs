@@ -129,12 +129,23 @@ async fn raw(
 fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
     let k = key_hex(K1);
     let keys = format!("{{\"keys\":[\"{k}\"]}}").into_bytes();
-    let path = route.replace("{ns}", ns).replace("{key}", &k);
+    let path = route
+        .replace("{ns}", ns)
+        .replace("{key}", &k)
+        .replace("{upload}", "0000000000000001")
+        .replace("{part}", "1");
     let body = match (method, route) {
         ("GET", "/ui/{file}") => return Some(("/ui/app.js".into(), Vec::new())),
         ("GET" | "HEAD" | "DELETE", _) => Vec::new(),
         ("PUT", "/v1/namespaces/{ns}") => Vec::new(),
-        ("PUT", "/v1/namespaces/{ns}/blocks/{key}") => block(9, 1000).to_vec(),
+        ("PUT", "/v1/namespaces/{ns}/blocks/{key}")
+        | ("PUT", "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}/parts/{part}") => {
+            block(9, 1000).to_vec()
+        }
+        ("POST", "/v1/namespaces/{ns}/blocks/{key}/uploads") => Vec::new(),
+        ("POST", "/v1/namespaces/{ns}/blocks/{key}/uploads/{upload}") => {
+            br#"{"parts":[1]}"#.to_vec()
+        }
         ("POST", "/v1/namespaces/{ns}/match")
         | ("POST", "/v1/namespaces/{ns}/present")
         | ("POST", "/v1/namespaces/{ns}/batch/get")

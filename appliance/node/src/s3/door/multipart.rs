@@ -121,6 +121,27 @@ impl Door {
                 .ok_or_else(|| s3_error!(InvalidPart, "a part without a number"))?;
             parts.push(n);
         }
+        // Each part's ETag, when the client names it, must be the part's as written (S3's
+        // rule: a part written again since has another).
+        if listed.iter().any(|p| p.e_tag.is_some()) {
+            let resp = self
+                .upload_call(&req, Method::GET, path.clone(), None)
+                .await?;
+            let written: PartList = json_of(resp).await?;
+            for p in listed {
+                let (Some(n), Some(tag)) = (p.part_number, &p.e_tag) else {
+                    continue;
+                };
+                let ours = written.parts.iter().find(|w| w.part as i32 == n);
+                let same = ours.is_some_and(|w| tag.value() == ctxpod_wire::crc32c_hex(w.crc32c));
+                if !same {
+                    return Err(s3_error!(
+                        InvalidPart,
+                        "part {n}: not written, or its ETag is not the one given"
+                    ));
+                }
+            }
+        }
         let json = serde_json::to_vec(&serde_json::json!({ "parts": parts }))
             .map_err(|e| s3_error!(InternalError, "{e}"))?;
         let resp = self
