@@ -30,8 +30,8 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
-/// Writes the pieces of `v` into `w`, as a door would stage them.
-async fn write_all(w: &mut ValueWriter<'_>, v: &[u8]) -> Result<()> {
+/// Writes the pieces of `v` into `w` (a value's or a part's), as a door would stage them.
+async fn write_all(w: &mut impl Pieces, v: &[u8]) -> Result<()> {
     let mut at = 0;
     while w.next_piece_len() > 0 {
         let n = w.next_piece_len();
@@ -463,12 +463,7 @@ async fn put_part(e: &Engine, key: &[u8], id: u64, number: u32, v: &[u8]) -> Res
     let mut w = e
         .upload_part("default", key, id, (number, v.len() as u64))
         .await?;
-    let mut at = 0;
-    while w.next_piece_len() > 0 {
-        let n = w.next_piece_len();
-        w.write_piece(StagedBlock::copy_of(&v[at..at + n])?).await?;
-        at += n;
-    }
+    write_all(&mut w, v).await?;
     w.finish(Some(crc32c::crc32c(v))).await
 }
 
