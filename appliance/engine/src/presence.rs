@@ -1,7 +1,9 @@
 //! Which keys the index holds, in memory, so that MATCH of a long chain answers without a
 //! RocksDB lookup per key: per namespace, a counted set of 64-bit XXH3 fingerprints of keys
 //! (about 16 bytes per block). Rebuilt from the index at start (and after the device was
-//! full), kept by the writer as it indexes, deletes, quarantines and evicts.
+//! full), kept by the writer as it indexes, deletes, quarantines and evicts: a batch's
+//! changes are applied in the batch's order right after its index write (a key is never
+//! "present" before a GET can read it), an eviction's before its index write.
 //!
 //! It answers "maybe present" with a false-positive rate of about n / 2^64 per lookup (a
 //! fingerprint collision), never a false negative for a key the index holds: MATCH is
@@ -12,6 +14,14 @@ use parking_lot::RwLock;
 use std::collections::HashMap;
 use xxhash_rust::xxh3::xxh3_64;
 
+/// One change a batch makes to the presence set, applied once its index write is done.
+#[derive(Debug)]
+pub enum Change {
+    Insert(Vec<u8>),
+    Remove(Vec<u8>),
+    DropNamespace(u32),
+}
+
 #[derive(Default)]
 pub struct Presence {
     by_ns: RwLock<HashMap<u32, HashMap<u64, u32>>>,
@@ -20,6 +30,17 @@ pub struct Presence {
 fn split(bkey: &[u8]) -> Option<(u32, u64)> {
     let ns = u32::from_be_bytes(bkey.get(..4)?.try_into().ok()?);
     Some((ns, xxh3_64(&bkey[4..])))
+}
+
+fn remove_from(m: &mut HashMap<u32, HashMap<u64, u32>>, bkey: &[u8]) {
+    let Some((ns, fp)) = split(bkey) else { return };
+    let Some(set) = m.get_mut(&ns) else { return };
+    if let Some(n) = set.get_mut(&fp) {
+        *n -= 1;
+        if *n == 0 {
+            set.remove(&fp);
+        }
+    }
 }
 
 impl Presence {
@@ -38,13 +59,24 @@ impl Presence {
 
     /// A block key left the index.
     pub fn remove(&self, bkey: &[u8]) {
-        let Some((ns, fp)) = split(bkey) else { return };
+        remove_from(&mut self.by_ns.write(), bkey);
+    }
+
+    /// A batch's changes, in its order (under one lock: a MATCH sees all or none of them).
+    pub fn apply(&self, changes: &[Change]) {
+        if changes.is_empty() {
+            return;
+        }
         let mut m = self.by_ns.write();
-        let Some(set) = m.get_mut(&ns) else { return };
-        if let Some(n) = set.get_mut(&fp) {
-            *n -= 1;
-            if *n == 0 {
-                set.remove(&fp);
+        for c in changes {
+            match c {
+                Change::Insert(bkey) => {
+                    if let Some((ns, fp)) = split(bkey) {
+                        *m.entry(ns).or_default().entry(fp).or_default() += 1;
+                    }
+                }
+                Change::Remove(bkey) => remove_from(&mut m, bkey),
+                Change::DropNamespace(id) => drop(m.remove(id)),
             }
         }
     }

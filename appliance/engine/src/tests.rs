@@ -641,3 +641,75 @@ async fn a_block_put_again_right_after_its_copy_failed_a_check_is_stored() {
     }
     e.shutdown().await;
 }
+
+/// What MATCH (the presence set) says is held, a GET serves: a key enters the presence set
+/// no earlier than the index entry a GET reads, and leaves it no later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_block_match_finds_is_one_get_serves() {
+    const KEYS: u32 = 300;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Arc::new(
+        Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
+            .await
+            .expect("open"),
+    );
+    let key = |i: u32| format!("seen-{i}").into_bytes();
+    let watcher = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            let mut missed = Vec::new();
+            for i in 0..KEYS {
+                // Bounded: the puts below store every key well within a minute.
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while e
+                    .match_prefix("default", vec![key(i)])
+                    .await
+                    .expect("match")
+                    == 0
+                {
+                    assert!(std::time::Instant::now() < deadline, "key {i} never stored");
+                    tokio::task::yield_now().await;
+                }
+                if e.get("default", &key(i)).await.expect("get").is_none() {
+                    missed.push(i);
+                }
+            }
+            missed
+        })
+    };
+    let puts: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                e.put(
+                    "default",
+                    &key(i),
+                    data(i as u8, 16_384),
+                    None,
+                    Durability::Fast,
+                )
+                .await
+                .expect("put")
+            })
+        })
+        .collect();
+    for p in puts {
+        p.await.expect("put task");
+    }
+    let missed = watcher.await.expect("watcher");
+    assert!(
+        missed.is_empty(),
+        "MATCH said held, GET missed: keys {missed:?}"
+    );
+    // And out again: once a delete is answered, MATCH no longer finds the key.
+    for i in 0..KEYS {
+        assert!(e.delete("default", &key(i)).await.expect("delete"));
+        assert_eq!(
+            e.match_prefix("default", vec![key(i)])
+                .await
+                .expect("match"),
+            0
+        );
+    }
+    e.shutdown().await;
+}

@@ -23,6 +23,7 @@
 
 use super::events::KvEventKind;
 use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
+use super::presence;
 use super::{Core, EngineError, Namespace, PutStatus, Result};
 use crate::device::AlignedBuf;
 use ctxpod_format::record::{self, RecordHeader};
@@ -158,6 +159,8 @@ struct CommitJob {
     /// is written, before any reply.
     forget: Vec<Vec<u8>>,
     forget_ns: Vec<u32>,
+    /// Applied right after `wb` is written, before any reply.
+    presence: Vec<presence::Change>,
     /// Some command needs everything acknowledged so far on stable media.
     sync: bool,
     /// The batch's records were written durable (they need no flush themselves).
@@ -199,6 +202,8 @@ struct Staged {
     first_record: Option<(u32, u32)>,
     forget: Vec<Vec<u8>>,
     forget_ns: Vec<u32>,
+    /// The batch's presence changes, applied in order once its index write is done.
+    presence: Vec<presence::Change>,
 }
 
 /// A new block or value as [`Writer::admit_new`] checks it.
@@ -400,7 +405,8 @@ impl Writer {
         // Entries of puts since the last checkpoint are in the index (without the WAL);
         // the tail scan finds their records again.
         super::recovery::reopen_after_no_space(&self.core, stop_at).await?;
-        // Puts of the failed batches entered the presence set but not the index.
+        // The index as re-read is the truth (failed batches changed neither it nor the
+        // presence set; the tail scan may have re-indexed records).
         self.core.presence.rebuild(&self.core.index)?;
         *self = Writer::new(self.core.clone())?;
         self.publish();
@@ -588,6 +594,7 @@ impl Writer {
             replies: b.replies,
             forget: b.forget,
             forget_ns: b.forget_ns,
+            presence: b.presence,
             sync: b.sync,
             durable_writes: b.sync,
             written,
@@ -648,7 +655,7 @@ impl Writer {
         let loc = self.stamp_record(&mut p, region, offset);
         b.wb.put_cf(cfs.0, &p.bkey, loc.encode());
         b.wb.put_cf(cfs.1, by_region_key(region, offset), &p.bkey);
-        self.core.presence.insert(&p.bkey);
+        b.presence.push(presence::Change::Insert(p.bkey.clone()));
         b.new_entries.push((p.bkey.clone(), loc));
         b.pending.insert(p.bkey, Some(loc));
         self.account(&p.ns, p.len, true);

@@ -156,6 +156,7 @@ pub(crate) async fn commit_index(core: &Arc<Core>, job: CommitJob) {
     core.metrics
         .index_commit_seconds
         .observe(t.elapsed().as_secs_f64());
+    core.presence.apply(&job.presence);
     if !job.forget.is_empty() || !job.forget_ns.is_empty() {
         core.dram_forget(job.forget.iter().map(Vec::as_slice), &job.forget_ns);
     }

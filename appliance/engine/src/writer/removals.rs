@@ -17,7 +17,7 @@ impl Writer {
         match self.lookup(&b.pending, &bkey) {
             Ok(Some(loc)) => {
                 b.wb.delete_cf(cfs.0, &bkey);
-                self.core.presence.remove(&bkey);
+                b.presence.push(presence::Change::Remove(bkey.clone()));
                 b.needs_checkpoint = true;
                 self.account(&ns, loc.len, false);
                 b.forget.push(bkey.clone());
@@ -41,7 +41,7 @@ impl Writer {
         if let Ok(Some(cur)) = self.lookup(&b.pending, &bkey) {
             if cur == loc {
                 b.wb.delete_cf(cfs.0, &bkey);
-                self.core.presence.remove(&bkey);
+                b.presence.push(presence::Change::Remove(bkey.clone()));
                 b.wb.put_cf(cfs.2, &bkey, loc.encode());
                 b.needs_checkpoint = true;
                 self.account_bkey(&bkey, loc.len);
@@ -67,7 +67,7 @@ impl Writer {
         let lo = ns.id.to_be_bytes();
         let hi = (ns.id + 1).to_be_bytes();
         b.wb.delete_range_cf(cfs.0, lo, hi);
-        self.core.presence.drop_namespace(ns.id);
+        b.presence.push(presence::Change::DropNamespace(ns.id));
         b.forget_ns.push(ns.id);
         b.needs_checkpoint = true;
         b.wb.delete_range_cf(self.core.index.cf(index::CF_KEYS), lo, hi);

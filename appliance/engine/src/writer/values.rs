@@ -102,7 +102,7 @@ impl Writer {
         for x in &p.manifest.extents {
             b.wb.put_cf(cfs.1, by_region_key(x.region, x.offset), &p.bkey);
         }
-        self.core.presence.insert(&p.bkey);
+        b.presence.push(presence::Change::Insert(p.bkey.clone()));
         b.pending.insert(p.bkey, Some(head));
         self.account(&p.ns, head.len, true);
         b.needs_checkpoint = true;
