@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 mod pool;
 mod reader;
 mod ticket;
+mod values;
 pub use pool::TransferPool;
 use reader::read_loop;
 use ticket::TicketState;
@@ -86,12 +87,16 @@ pub(crate) struct Shared {
 pub(crate) enum Stream {
     Prefetch(Arc<TicketState>),
     Events(mpsc::Sender<EventBatch>, Arc<AtomicU64>),
+    /// A `GetValue` answer, landing piece by piece.
+    Value(Arc<values::ValueSink>),
 }
 
 pub(crate) struct ClientInner {
     wr: tokio::sync::Mutex<Wr>,
     /// The largest frame the node takes (its hello, capped by ours).
     peer_max_frame: usize,
+    /// The largest value the node stores (its hello; 0: it takes blocks only).
+    value_bytes_max: u64,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     busy_retries: AtomicU64,
@@ -289,6 +294,7 @@ impl TransferClient {
             version: proto::VERSION,
             flags: 0,
             max_frame_bytes: proto::FRAME_BYTES_MAX,
+            value_bytes_max: 0,
         };
         wr.write_all(&ours.encode()).await?;
         wr.flush().await?;
@@ -311,6 +317,7 @@ impl TransferClient {
             inner: Arc::new(ClientInner {
                 wr: tokio::sync::Mutex::new(wr),
                 peer_max_frame: theirs.max_frame_bytes.min(proto::FRAME_BYTES_MAX) as usize,
+                value_bytes_max: theirs.value_bytes_max as u64,
                 shared,
                 next_id: AtomicU64::new(1),
                 busy_retries: AtomicU64::new(0),
@@ -386,6 +393,12 @@ impl TransferClient {
         blocks: &[(Bytes, Bytes)],
         durability: Durability,
     ) -> Result<Vec<u16>, TransferError> {
+        if blocks
+            .iter()
+            .any(|(_, d)| d.len() > ctxpod_wire::BLOCK_BYTES_MAX)
+        {
+            return self.put_mixed(ns, blocks, durability).await;
+        }
         let entries = blocks
             .iter()
             .map(|(k, d)| PutEntry {
@@ -432,30 +445,23 @@ impl TransferClient {
                 let ks: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
                 es.extend(c.get_each(ns, &ks).await?);
             }
-            let (mut again, mut busy, mut landed) = (Vec::new(), false, false);
+            let (mut again, mut busy) = (Vec::new(), false);
             for (i, e) in todo.iter().copied().zip(es) {
                 match e {
+                    // Over what one answer frame holds (a large value, or a full frame):
+                    // read as a value, piece by piece.
                     Err(TransferError::Refused { status: s, .. })
-                        if (s == status::TOO_LARGE || s == status::BUSY)
-                            && round < BUSY_ATTEMPTS =>
+                        if s == status::TOO_LARGE && self.value_bytes_max() > 0 =>
                     {
-                        busy |= s == status::BUSY;
+                        out[i] = Some(self.get_value(ns, &keys[i], None).await);
+                    }
+                    Err(TransferError::Refused { status: s, .. })
+                        if s == status::BUSY && round < BUSY_ATTEMPTS =>
+                    {
+                        busy = true;
                         again.push(i);
                     }
-                    e => {
-                        landed = true;
-                        out[i] = Some(e);
-                    }
-                }
-            }
-            // A block over the frame on its own stays 413: nothing landed this round and
-            // nothing was busy.
-            if !again.is_empty() && !landed && !busy {
-                for i in again.drain(..) {
-                    out[i] = Some(Err(TransferError::Refused {
-                        status: status::TOO_LARGE,
-                        message: "the block does not fit in one frame".into(),
-                    }));
+                    e => out[i] = Some(e),
                 }
             }
             if again.is_empty() {

@@ -82,6 +82,18 @@ pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 pub const BLOCK_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Bytes of each extent of a large value but its last (4 MiB).
 pub const EXTENT_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of the piece of a value of `len` bytes that starts at `offset`, as values travel
+/// piece by piece (CXP1 `PutValue`) and are stored: the whole value when it is one record,
+/// otherwise an extent (the last one shorter); 0 past the end.
+pub fn value_piece_len(len: u64, offset: u64) -> usize {
+    let rest = len.saturating_sub(offset);
+    if len <= BLOCK_BYTES_MAX as u64 {
+        rest as usize
+    } else {
+        rest.min(EXTENT_BYTES as u64) as usize
+    }
+}
+
 /// Highest `value_bytes_max` a node may be configured with (1 GiB).
 pub const VALUE_BYTES_MAX: u64 = 1 << 30;
 /// `value_bytes_max` of a node that names none (256 MiB).
@@ -132,6 +144,11 @@ pub const HEADER_ANSWER_BYTES_MAX: &str = "x-ctxpod-answer-bytes-max";
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
+}
+
+/// CRC32C of `a ‖ b` from the CRC32C of each (`b` being `len_b` bytes long).
+pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
+    crc32c::crc32c_combine(crc_a, crc_b, len_b)
 }
 
 /// Formats a CRC32C the way [`HEADER_CRC32C`] carries it.

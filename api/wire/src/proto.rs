@@ -46,6 +46,8 @@ pub mod status {
     pub const NOT_FOUND: u16 = 404;
     pub const CONFLICT: u16 = 409;
     pub const TOO_LARGE: u16 = 413;
+    /// A `GetValue` range that starts past the value's end.
+    pub const RANGE_NOT_SATISFIABLE: u16 = 416;
     pub const CRC_MISMATCH: u16 = 422;
     /// The tenant's request rate is spent: retry later.
     pub const TOO_MANY_REQUESTS: u16 = 429;
@@ -81,8 +83,22 @@ wire_enum! {
         Event = 14,
         /// Presents a bearer token; answered with the tenant and role it grants.
         Auth = 15,
+        /// One piece of a value of any size (frames of one request id, in order).
+        PutValue = 16,
+        /// A value (or a byte range of it), answered piece by piece.
+        GetValue = 17,
     }
 }
+
+/// Frame flag (server → client, `GetValue` and `Push`): more frames of this value follow
+/// under the same request id (and, for a `Push`, the same entry).
+pub const FLAG_MORE: u8 = 1;
+/// Bytes of a `PutValue` body before its namespace: offset, value length, CRC32C,
+/// durability.
+pub const PUT_VALUE_FIXED_BYTES: usize = 8 + 8 + 4 + 1;
+/// Bytes of a `GetValue` answer's body before its data: value length, value CRC32C,
+/// offset, piece CRC32C, piece length.
+pub const VALUE_PIECE_HEAD_BYTES: usize = 8 + 4 + 8 + 4 + 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtoError {
@@ -124,6 +140,15 @@ pub enum ProtoError {
     BadToken(usize),
     #[error("unknown role {0}")]
     BadRole(u8),
+    #[error("a value piece of {got} bytes at offset {offset} of a {len}-byte value, where the piece there is {want} bytes")]
+    BadPiece {
+        len: u64,
+        offset: u64,
+        got: usize,
+        want: usize,
+    },
+    #[error("a value of {0} bytes: a value is 1 byte to {max} bytes", max = crate::VALUE_BYTES_MAX)]
+    BadValueLength(u64),
 }
 
 /// The first 16 bytes each side sends.
@@ -133,6 +158,9 @@ pub struct Hello {
     pub flags: u16,
     /// Largest frame this side accepts.
     pub max_frame_bytes: u32,
+    /// (server → client) The node's `value_bytes_max`: the largest value it stores
+    /// (`PutValue`); 0 from a client.
+    pub value_bytes_max: u32,
 }
 
 impl Hello {
@@ -142,6 +170,7 @@ impl Hello {
         b[4..6].copy_from_slice(&self.version.to_le_bytes());
         b[6..8].copy_from_slice(&self.flags.to_le_bytes());
         b[8..12].copy_from_slice(&self.max_frame_bytes.to_le_bytes());
+        b[12..16].copy_from_slice(&self.value_bytes_max.to_le_bytes());
         b
     }
 
@@ -157,6 +186,7 @@ impl Hello {
             version,
             flags: u16::from_le_bytes([b[6], b[7]]),
             max_frame_bytes: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            value_bytes_max: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
         })
     }
 }
@@ -336,6 +366,37 @@ pub enum Request {
     Auth {
         token: Bytes,
     },
+    /// One piece of a value: the first (offset 0) opens it, the one that reaches its
+    /// length completes it.
+    PutValue(ValuePiece),
+    /// Bytes `offset..offset + len` of a value (`len` 0: to its end).
+    GetValue {
+        ns: String,
+        key: Bytes,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// One frame of a `PutValue`: the value's identity (repeated in every piece) and the
+/// piece's bytes, [`crate::value_piece_len`] of them at `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValuePiece {
+    pub ns: String,
+    pub key: Bytes,
+    pub durability: Durability,
+    /// The whole value's length and CRC32C.
+    pub len: u64,
+    pub crc32c: u32,
+    pub offset: u64,
+    pub data: Bytes,
+}
+
+impl ValuePiece {
+    /// Whether this piece is the value's last.
+    pub fn is_last(&self) -> bool {
+        self.offset + self.data.len() as u64 >= self.len
+    }
 }
 
 wire_enum! {
@@ -415,6 +476,21 @@ pub enum Response {
         role: Role,
         tenant: String,
     },
+    /// A `PutValue` is complete: stored (201) or there already (200), with its CRC32C.
+    ValueStored {
+        crc32c: u32,
+    },
+    /// One piece of a `GetValue` answer (the frame's `FLAG_MORE` says whether more follow).
+    ValuePiece {
+        /// The whole value's length and CRC32C.
+        value_len: u64,
+        value_crc32c: u32,
+        /// Where in the value the piece begins.
+        offset: u64,
+        /// CRC32C of `data`.
+        crc32c: u32,
+        data: Bytes,
+    },
 }
 
 mod codec;
@@ -422,6 +498,7 @@ mod put;
 mod request;
 mod response;
 pub use put::{decode_put_body, PutBodyParser, PutStep};
+pub use request::check_value_piece;
 
 #[cfg(test)]
 mod tests;

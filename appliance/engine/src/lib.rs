@@ -672,6 +672,11 @@ impl Engine {
     }
 
     /// Time since the engine opened.
+    /// The largest value this node stores (`value_bytes_max`).
+    pub fn value_bytes_max(&self) -> u64 {
+        self.core.cfg.value_bytes_max.0
+    }
+
     pub fn uptime(&self) -> Duration {
         self.core.started.elapsed()
     }

@@ -27,12 +27,7 @@ pub const VALUE_READ_BYTES_MAX: usize = (EXTENTS_READ_AHEAD + 1) * EXTENT_BYTES;
 /// Bytes of the piece of a value of `len` bytes that starts at `received`: the whole value
 /// when it is one record, otherwise an extent (the last one shorter); 0 once complete.
 pub fn piece_len(len: u64, received: u64) -> usize {
-    let rest = len.saturating_sub(received);
-    if len <= BLOCK_BYTES_MAX as u64 {
-        rest as usize
-    } else {
-        rest.min(EXTENT_BYTES as u64) as usize
-    }
+    ctxpod_wire::value_piece_len(len, received)
 }
 
 /// What takes a value's (or a part's) body piece by piece, as a door receives it.

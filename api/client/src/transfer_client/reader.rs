@@ -17,8 +17,10 @@ pub(crate) async fn read_loop(mut input: FrameInput<Rd>, shared: Arc<Shared>) {
         .map(|(_, s)| s)
         .collect();
     for s in streams {
-        if let Stream::Prefetch(t) = s {
-            t.finish();
+        match s {
+            Stream::Prefetch(t) => t.finish(),
+            Stream::Value(v) => v.fail(TransferError::Closed),
+            Stream::Events(..) => {}
         }
     }
 }
@@ -37,6 +39,10 @@ pub(crate) async fn read_one(
     let id = header.request_id;
     if header.op == Op::Push {
         read_push(input, shared, id, body_len).await?;
+        return Ok(true);
+    }
+    if header.op == Op::GetValue {
+        super::values::read_piece(input, shared, header, body_len).await?;
         return Ok(true);
     }
     let body = input.take(body_len).await?;
@@ -71,9 +77,15 @@ pub(crate) async fn read_one(
                     let _ = tx.send((header.status, resp));
                 }
                 // An error under a live stream's id ends it (a subscription whose
-                // namespace was deleted).
+                // namespace was deleted, a value that could not be read).
                 None => {
-                    shared.streams.lock().expect("streams").remove(&id);
+                    let s = shared.streams.lock().expect("streams").remove(&id);
+                    if let (Some(Stream::Value(v)), Response::Error(message)) = (s, resp) {
+                        v.fail(TransferError::Refused {
+                            status: header.status,
+                            message,
+                        });
+                    }
                 }
             }
         }

@@ -17,6 +17,8 @@ impl Request {
             Request::Cancel { .. } => Op::Cancel,
             Request::Subscribe { .. } => Op::Subscribe,
             Request::Auth { .. } => Op::Auth,
+            Request::PutValue(_) => Op::PutValue,
+            Request::GetValue { .. } => Op::GetValue,
         }
     }
 
@@ -24,6 +26,7 @@ impl Request {
     pub fn encode(&self, request_id: u64) -> Bytes {
         let hint = match self {
             Request::Put { entries, .. } => entries.iter().map(|e| e.data.len() + 140).sum(),
+            Request::PutValue(v) => v.data.len() + 256,
             _ => 256,
         };
         let mut w = Writer::frame(self.op(), 0, request_id, hint);
@@ -78,6 +81,26 @@ impl Request {
                 w.b.put_u16_le(token.len() as u16);
                 w.b.put_slice(token);
             }
+            Request::PutValue(v) => {
+                w.b.put_u64_le(v.offset);
+                w.b.put_u64_le(v.len);
+                w.b.put_u32_le(v.crc32c);
+                w.b.put_u8(v.durability as u8);
+                w.ns(&v.ns);
+                w.key(&v.key);
+                w.b.put_slice(&v.data);
+            }
+            Request::GetValue {
+                ns,
+                key,
+                offset,
+                len,
+            } => {
+                w.ns(ns);
+                w.key(key);
+                w.b.put_u64_le(*offset);
+                w.b.put_u64_le(*len);
+            }
         }
         w.finish()
     }
@@ -85,6 +108,17 @@ impl Request {
     /// The same frame as [`Request::encode`], in pieces that reference block data instead
     /// of copying it: written one after the other (or vectored), they are the frame.
     pub fn encode_parts(&self, request_id: u64) -> Vec<Bytes> {
+        if let Request::PutValue(v) = self {
+            let head = Request::PutValue(ValuePiece {
+                data: Bytes::new(),
+                ..v.clone()
+            })
+            .encode(request_id);
+            let mut head = BytesMut::from(&head[..]);
+            let len = (head.len() - 4 + v.data.len()) as u32;
+            head[..4].copy_from_slice(&len.to_le_bytes());
+            return vec![head.freeze(), v.data.clone()];
+        }
         let Request::Put {
             ns,
             durability,
@@ -185,9 +219,57 @@ impl Request {
                 }
                 Request::Auth { token: r.bytes(n)? }
             }
+            Op::PutValue => Request::PutValue(decode_value_piece(&mut r)?),
+            Op::GetValue => Request::GetValue {
+                ns: r.ns()?,
+                key: r.key()?,
+                offset: r.u64()?,
+                len: r.u64()?,
+            },
             op => return Err(ProtoError::NotARequest(op)),
         };
         r.end()?;
         Ok(req)
     }
+}
+
+/// A `PutValue` body: its fixed fields, namespace and key, then the piece's bytes (the
+/// rest of the body), which must be the piece the value has at that offset.
+fn decode_value_piece(r: &mut Reader) -> Result<ValuePiece, ProtoError> {
+    let offset = r.u64()?;
+    let len = r.u64()?;
+    let crc32c = r.u32()?;
+    let d = r.u8()?;
+    let durability = Durability::from_u8(d).ok_or(ProtoError::BadDurability(d))?;
+    let ns = r.ns()?;
+    let key = r.key()?;
+    check_value_piece(len, offset, r.b.remaining())?;
+    let data = r.bytes(r.b.remaining())?;
+    Ok(ValuePiece {
+        ns,
+        key,
+        durability,
+        len,
+        crc32c,
+        offset,
+        data,
+    })
+}
+
+/// Whether `got` bytes at `offset` are the piece a value of `len` bytes has there.
+pub fn check_value_piece(len: u64, offset: u64, got: usize) -> Result<(), ProtoError> {
+    if len == 0 || len > crate::VALUE_BYTES_MAX {
+        return Err(ProtoError::BadValueLength(len));
+    }
+    let want = crate::value_piece_len(len, offset);
+    let aligned = offset.is_multiple_of(crate::EXTENT_BYTES as u64) || offset == 0;
+    if want == 0 || got != want || !aligned {
+        return Err(ProtoError::BadPiece {
+            len,
+            offset,
+            got,
+            want,
+        });
+    }
+    Ok(())
 }

@@ -18,6 +18,8 @@ impl Response {
             Response::Events { .. } => Op::Event,
             Response::Error(_) => Op::Error,
             Response::Authenticated { .. } => Op::Auth,
+            Response::ValueStored { .. } => Op::PutValue,
+            Response::ValuePiece { .. } => Op::GetValue,
         }
     }
 
@@ -26,6 +28,22 @@ impl Response {
     /// (OK, or why the request failed as a whole).
     pub fn encode(&self, op: Op, status: u16, request_id: u64) -> Bytes {
         self.writer(op, status, request_id, false).finish()
+    }
+
+    /// [`Response::encode_parts`] with header flags ([`FLAG_MORE`]).
+    pub fn encode_parts_flagged(
+        &self,
+        op: Op,
+        status: u16,
+        request_id: u64,
+        flags: u8,
+    ) -> Vec<Bytes> {
+        let mut w = self.writer(op, status, request_id, true);
+        match w.first.as_mut() {
+            Some(first) => first[5] = flags,
+            None => w.b[5] = flags,
+        }
+        w.finish_parts()
     }
 
     /// The same frame as [`Response::encode`], in pieces that reference block data instead
@@ -37,7 +55,7 @@ impl Response {
     fn writer(&self, op: Op, status: u16, request_id: u64, by_ref: bool) -> Writer {
         let hint = match self {
             Response::Get(es) => es.iter().map(|e| e.data.len() + 10).sum(),
-            Response::Push { data, .. } => data.len() + 32,
+            Response::Push { data, .. } | Response::ValuePiece { data, .. } => data.len() + 32,
             _ => 64,
         };
         // An error travels as op `Error` whatever the request was.
@@ -103,6 +121,21 @@ impl Response {
                 w.b.put_u8(*role as u8);
                 w.ns(tenant);
             }
+            Response::ValueStored { crc32c } => w.b.put_u32_le(*crc32c),
+            Response::ValuePiece {
+                value_len,
+                value_crc32c,
+                offset,
+                crc32c,
+                data,
+            } => {
+                w.b.put_u64_le(*value_len);
+                w.b.put_u32_le(*value_crc32c);
+                w.b.put_u64_le(*offset);
+                w.b.put_u32_le(*crc32c);
+                w.b.put_u32_le(data.len() as u32);
+                w.data(data);
+            }
         }
         w
     }
@@ -155,6 +188,14 @@ impl Response {
                     tenant: r.name()?,
                 }
             }
+            Op::PutValue => Response::ValueStored { crc32c: r.u32()? },
+            Op::GetValue => Response::ValuePiece {
+                value_len: r.u64()?,
+                value_crc32c: r.u32()?,
+                offset: r.u64()?,
+                crc32c: r.u32()?,
+                data: r.block()?,
+            },
         };
         r.end()?;
         Ok(resp)

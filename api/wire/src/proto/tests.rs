@@ -33,8 +33,37 @@ fn ns(r: &mut impl Rng) -> String {
     (0..n).map(|_| r.gen_range(b'a'..=b'z') as char).collect()
 }
 
+/// A `PutValue` piece: a whole small value, or the last piece of a large one.
+fn value_piece(r: &mut impl Rng) -> ValuePiece {
+    let d = Some(data(r))
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| Bytes::from_static(b"x"));
+    let (len, offset) = if r.gen() {
+        (d.len() as u64, 0)
+    } else {
+        let at = (crate::EXTENT_BYTES * r.gen_range(2..200)) as u64;
+        (at + d.len() as u64, at)
+    };
+    ValuePiece {
+        ns: ns(r),
+        key: key(r),
+        durability: Durability::Fast,
+        len,
+        crc32c: r.gen(),
+        offset,
+        data: d,
+    }
+}
+
 fn request(r: &mut impl Rng) -> Request {
-    match r.gen_range(0..11) {
+    match r.gen_range(0..13) {
+        10 => Request::PutValue(value_piece(r)),
+        11 => Request::GetValue {
+            ns: ns(r),
+            key: key(r),
+            offset: r.gen(),
+            len: r.gen(),
+        },
         0 => Request::Ping,
         1 => Request::Put {
             ns: ns(r),
@@ -101,7 +130,15 @@ fn request(r: &mut impl Rng) -> Request {
 }
 
 fn response(r: &mut impl Rng) -> (Response, Op) {
-    let resp = match r.gen_range(0..12) {
+    let resp = match r.gen_range(0..14) {
+        12 => Response::ValueStored { crc32c: r.gen() },
+        13 => Response::ValuePiece {
+            value_len: r.gen(),
+            value_crc32c: r.gen(),
+            offset: r.gen(),
+            crc32c: r.gen(),
+            data: data(r),
+        },
         0 => Response::Pong,
         1 => Response::Put(
             (0..r.gen_range(0..10))
@@ -177,6 +214,7 @@ fn hello_round_trips_and_checks_magic_and_version() {
         version: VERSION,
         flags: 3,
         max_frame_bytes: 1 << 20,
+        value_bytes_max: 256 << 20,
     };
     assert_eq!(Hello::decode(&h.encode()), Ok(h));
     let mut b = h.encode();
@@ -420,4 +458,43 @@ fn named_enums_spell_and_parse_their_names() {
     ];
     spelled(&r, Role::name, Role::parse);
     assert_eq!((Durability::parse("Fast"), Role::parse("")), (None, None));
+}
+
+#[test]
+fn value_pieces_must_be_the_piece_at_their_offset() {
+    let mb = 1u64 << 20;
+    // A value over one record travels in extent pieces; one of at most 8 MiB in one.
+    assert_eq!(check_value_piece(10 * mb + 5, 0, 4 << 20), Ok(()));
+    assert_eq!(
+        check_value_piece(10 * mb + 5, 8 * mb, (2 << 20) + 5),
+        Ok(())
+    );
+    assert_eq!(check_value_piece(8 * mb, 0, 8 << 20), Ok(()));
+    for (len, offset, got) in [
+        (10 * mb, 0, 8 << 20), // a piece over an extent
+        (10 * mb, 1, 4 << 20), // not at an extent boundary
+        (10 * mb, 12 * mb, 1), // past the end
+        (2 * mb, 0, 1 << 20),  // a small value in pieces
+        (0, 0, 0),             // empty
+        (crate::VALUE_BYTES_MAX + 1, 0, 4 << 20),
+    ] {
+        assert!(
+            check_value_piece(len, offset, got).is_err(),
+            "{len} {offset} {got}"
+        );
+    }
+    // The flag of a GetValue answer's frame is in its header.
+    let piece = Response::ValuePiece {
+        value_len: 10,
+        value_crc32c: 1,
+        offset: 0,
+        crc32c: crate::crc32c(b"hello"),
+        data: Bytes::from_static(b"hello"),
+    };
+    let wire: Vec<u8> = piece
+        .encode_parts_flagged(Op::GetValue, status::OK, 7, FLAG_MORE)
+        .concat();
+    let f = frames(&wire, &mut rng(1)).pop().expect("a frame");
+    assert_eq!(f.header.flags, FLAG_MORE);
+    assert_eq!(Response::decode(&f), Ok(piece));
 }

@@ -451,8 +451,23 @@ async fn cxp1_refusals(node: &Node, t: &Tokens) {
     // A read-only token: writes refused (403), the connection goes on.
     let ro = wire(node, t.get("a-ro")).await;
     let key = Bytes::from_static(K1);
-    for op in [Op::Put, Op::Pin, Op::Unpin] {
+    for op in [Op::Put, Op::PutValue, Op::Pin, Op::Unpin] {
         let r = match op {
+            Op::PutValue => ro
+                .put_value(
+                    "data",
+                    &key,
+                    &Bytes::from_static(b"x"),
+                    WireDurability::Durable,
+                )
+                .await
+                .and_then(|st| match st {
+                    201 | 200 => Ok(()),
+                    status => Err(TransferError::Refused {
+                        status,
+                        message: "put_value".into(),
+                    }),
+                }),
             Op::Put => ro
                 .put(
                     "data",
@@ -534,6 +549,21 @@ fn sample_request(op: Op) -> Option<Request> {
         }),
         Op::Cancel => Request::Cancel { ticket: 1 },
         Op::Subscribe => Request::Subscribe { ns },
+        Op::PutValue => Request::PutValue(ctxpod_wire::proto::ValuePiece {
+            ns,
+            key,
+            durability: WireDurability::Durable,
+            len: 1,
+            crc32c: ctxpod_wire::crc32c(b"x"),
+            offset: 0,
+            data: Bytes::from_static(b"x"),
+        }),
+        Op::GetValue => Request::GetValue {
+            ns,
+            key,
+            offset: 0,
+            len: 0,
+        },
         Op::Auth => Request::Auth {
             token: Bytes::from(format!("a-rw.{}", "00".repeat(32))),
         },

@@ -475,6 +475,7 @@ async fn half_open_flood(
             version: ctxpod_wire::proto::VERSION,
             flags: 0,
             max_frame_bytes: ctxpod_wire::proto::FRAME_BYTES_MAX,
+            value_bytes_max: 0,
         };
         let _ = s.write_all(&h.encode()).await;
         waits.push(tokio::spawn(closed_within(s, started, within)));

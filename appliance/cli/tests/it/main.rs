@@ -23,3 +23,4 @@ mod tamper;
 mod tls;
 mod transfer;
 mod values;
+mod values_wire;

@@ -13,7 +13,7 @@ use super::conn::{Conn, Rd};
 /// What each request op needs.
 pub fn access_of_op(op: Op) -> Access {
     match op {
-        Op::Put | Op::Pin | Op::Unpin => Access::Write,
+        Op::Put | Op::PutValue | Op::Pin | Op::Unpin => Access::Write,
         _ => Access::Read,
     }
 }
@@ -26,6 +26,8 @@ pub(crate) fn scope_request(req: &mut Request, p: &Principal) -> Result<(), Stri
         | Request::Pin { ns, .. }
         | Request::Unpin { ns, .. }
         | Request::Put { ns, .. }
+        | Request::PutValue(ctxpod_wire::proto::ValuePiece { ns, .. })
+        | Request::GetValue { ns, .. }
         | Request::Prefetch(PrefetchRequest { ns, .. })
         | Request::Subscribe { ns } => ns,
         Request::Ping

@@ -77,7 +77,7 @@ pub(crate) async fn connection(
     // else the identity of its verified client certificate, if it maps to one.
     let mut who = (!auth.enabled()).then(Principal::anonymous_admin);
     let (mut rd, mut wr) = halves(sock, tls, &mut handshake, &auth, &mut who).await?;
-    let peer = exchange_hellos(&mut rd, &mut wr, &auth, &who).await?;
+    let peer = exchange_hellos((&mut rd, &mut wr), &auth, &who, engine.value_bytes_max()).await?;
     let (tx, rx) = mpsc::channel::<Out>(1024);
     let closed = CancellationToken::new();
     // Cancelled when the client is let go (idle, revoked) or does not take the frames left
@@ -151,10 +151,10 @@ async fn halves(
 /// Reads the client's hello (within [`HELLO_TIMEOUT`]) and answers with the node's, which
 /// says whether the connection is authenticated already; the client's hello.
 async fn exchange_hellos(
-    rd: &mut Rd,
-    wr: &mut Wr,
+    (rd, wr): (&mut Rd, &mut Wr),
     auth: &Authenticator,
     who: &Option<Principal>,
+    value_bytes_max: u64,
 ) -> anyhow::Result<Hello> {
     let mut hello = [0u8; HELLO_BYTES];
     tokio::time::timeout(HELLO_TIMEOUT, rd.read_exact(&mut hello)).await??;
@@ -168,6 +168,7 @@ async fn exchange_hellos(
         version: VERSION,
         flags,
         max_frame_bytes: MAX_FRAME_BYTES,
+        value_bytes_max: value_bytes_max.min(u32::MAX as u64) as u32,
     };
     wr.write_all(&ours.encode()).await?;
     wr.flush().await?;
@@ -253,6 +254,8 @@ pub(crate) async fn read_requests(
     mut who: Option<Principal>,
 ) -> anyhow::Result<()> {
     let inflight = conn.inflight.clone();
+    // Values being received on this connection (`PutValue`), by request id.
+    let mut open = super::values::Open::default();
     loop {
         // A framing error (over the limit, unknown op) ends the connection: its byte stream
         // can no longer be trusted.
@@ -286,6 +289,13 @@ pub(crate) async fn read_requests(
             conn.send_one(f).await;
             return Ok(());
         };
+        // A value's pieces are received into its writer, admitted once, at its first piece.
+        if op == Op::PutValue {
+            if !super::values::read_piece(conn, &mut input, (id, body_len), &p, &mut open).await? {
+                return Ok(());
+            }
+            continue;
+        }
         match refusal(conn, &mut input, body_len, op, id, &p).await? {
             None => {}
             Some(true) => continue,
@@ -341,7 +351,7 @@ pub(crate) async fn read_requests(
 /// Refuses a request its principal may not make (its role) or not now (its tenant's
 /// request rate), skipping its body: `None` when it is admitted, else whether the
 /// connection goes on.
-async fn refusal(
+pub(super) async fn refusal(
     conn: &Conn,
     input: &mut FrameInput<Rd>,
     body_len: usize,

@@ -17,6 +17,7 @@ mod listener;
 mod ops;
 mod prefetch;
 mod subscribe;
+mod values;
 
 pub use handshake::access_of_op;
 pub use listener::serve;

@@ -57,6 +57,14 @@ pub(crate) async fn handle(conn: &Arc<Conn>, req: Request, op: Op, id: u64) -> O
         Request::Cancel { ticket } => cancel(conn, op, id, ticket),
         Request::Auth { .. } => error(op, id, status::INTERNAL, "internal: Auth is handled first"),
         Request::Subscribe { ns } => return start_subscription(conn, &ns, op, id),
+        // Its pieces are received by `values::read_piece`.
+        Request::PutValue(_) => error(op, id, status::INTERNAL, "internal: PutValue decoded whole"),
+        Request::GetValue {
+            ns,
+            key,
+            offset,
+            len,
+        } => return super::values::send_value(conn, (&ns, &key), (offset, len), op, id).await,
     })
 }
 
@@ -207,7 +215,10 @@ pub(crate) async fn get(
         plan.push(match engine.block_len(ns, k) {
             Err(e) => Err(code(&e)),
             Ok(None) => Err(status::NOT_FOUND),
-            Ok(Some(len)) if len > room => Err(status::TOO_LARGE),
+            // Over the frame, or a value over one record (read with `GetValue`).
+            Ok(Some(len)) if len > room || len > ctxpod_wire::BLOCK_BYTES_MAX => {
+                Err(status::TOO_LARGE)
+            }
             Ok(Some(len)) => {
                 let mine = conn
                     .out_bytes

@@ -523,6 +523,7 @@ pub async fn cxp1_hello<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>
         version: proto::VERSION,
         flags: 0,
         max_frame_bytes: proto::FRAME_BYTES_MAX,
+        value_bytes_max: 0,
     };
     s.write_all(&h.encode()).await.expect("hello");
     let mut back = [0u8; proto::HELLO_BYTES];
