@@ -642,6 +642,7 @@ impl TransferClient {
             finished: watch::channel(false).0,
             holders: std::sync::atomic::AtomicU8::new(2),
             released: std::sync::atomic::AtomicBool::new(false),
+            landing: Mutex::new(HashMap::new()),
         });
         let req = Request::Prefetch(PrefetchRequest {
             ns: ns.into(),

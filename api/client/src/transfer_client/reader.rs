@@ -38,7 +38,8 @@ pub(crate) async fn read_one(
     };
     let id = header.request_id;
     if header.op == Op::Push {
-        read_push(input, shared, id, body_len).await?;
+        let more = header.flags & proto::FLAG_MORE != 0;
+        read_push(input, shared, (id, more), body_len).await?;
         return Ok(true);
     }
     if header.op == Op::GetValue {
@@ -110,7 +111,7 @@ struct PushHead {
 async fn read_push(
     input: &mut FrameInput<Rd>,
     shared: &Shared,
-    id: u64,
+    (id, more): (u64, bool),
     body_len: usize,
 ) -> Result<(), InputError> {
     if body_len < PUSH_HEAD_BYTES {
@@ -141,22 +142,24 @@ async fn read_push(
         .blocks
         .get(head.index)
         .is_some_and(|b| !b.is_final());
-    let state = land_push(input, &t, &head, pending).await?;
-    if pending {
+    let state = land_push(input, &t, &head, (pending, more)).await?;
+    if let (true, Some(state)) = (pending, state) {
+        t.landing.lock().expect("landing").remove(&head.index);
         t.progress.send_modify(|p| p.set(head.index, state));
     }
     Ok(())
 }
 
 /// The data of a push: read into the region when the entry is `pending` and the push
-/// matches its slot (status OK, its offset, within its length) and checked against the
-/// CRC32C, else skipped. The entry's new state.
+/// matches its slot (status OK, at the entry's offset plus what landed of it already,
+/// within its length) and checked against the CRC32C, else skipped. The entry's new
+/// state; `None` while more pieces of its value follow (`more`).
 async fn land_push(
     input: &mut FrameInput<Rd>,
     t: &TicketState,
     head: &PushHead,
-    pending: bool,
-) -> Result<BlockState, InputError> {
+    (pending, more): (bool, bool),
+) -> Result<Option<BlockState>, InputError> {
     let PushHead {
         index,
         st,
@@ -165,16 +168,29 @@ async fn land_push(
         len,
     } = *head;
     let slot = t.ranges.get(index).copied();
-    Ok(match slot {
-        Some((off, max)) if pending && st == status::OK && off == offset && len as u64 <= max => {
+    let got = t
+        .landing
+        .lock()
+        .expect("landing")
+        .get(&index)
+        .copied()
+        .unwrap_or(0);
+    Ok(Some(match slot {
+        Some((off, max))
+            if pending && st == status::OK && off + got == offset && got + len as u64 <= max =>
+        {
             // SAFETY: the range is reserved by this live ticket and the entry has not
             // landed, so nobody holds a slice of it (module docs of `region`).
             let dst = unsafe { t.region.slice_mut(offset, len) };
             input.read_into(dst).await?;
-            if ctxpod_wire::crc32c(dst) == crc {
-                BlockState::Landed { len: len as u32 }
-            } else {
-                BlockState::Corrupt
+            let total = got + len as u64;
+            match (ctxpod_wire::crc32c(dst) == crc, more) {
+                (true, true) => {
+                    t.landing.lock().expect("landing").insert(index, total);
+                    return Ok(None);
+                }
+                (true, false) => BlockState::Landed { len: total as u32 },
+                (false, _) => BlockState::Corrupt,
             }
         }
         _ => {
@@ -186,5 +202,5 @@ async fn land_push(
                 BlockState::Missed { status: st }
             }
         }
-    })
+    }))
 }

@@ -107,6 +107,8 @@ pub(crate) struct TicketState {
     /// over, by whichever ends last, before it wakes anyone.
     pub(crate) holders: std::sync::atomic::AtomicU8,
     pub(crate) released: std::sync::atomic::AtomicBool,
+    /// Entries whose large value is landing piece by piece: the bytes landed so far.
+    pub(crate) landing: Mutex<HashMap<usize, u64>>,
 }
 
 impl TicketState {

@@ -222,3 +222,91 @@ async fn a_value_cut_short_or_out_of_order_stores_nothing_and_the_connection_goe
     let s = c.stats().await.expect("stats");
     assert_eq!((s.block_count, s.live_bytes), (1, 12 * MIB as u64));
 }
+
+/// A prefetch of large values lands each one piece by piece at its slot of the region
+/// (CRC32C per piece), in chain order with the blocks around it; a slot too short is a 413
+/// miss with nothing pushed, and a cancel in the middle of a value ends it as cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_lands_large_values_piece_by_piece_in_their_slots() {
+    use ctxpod_client::region::Region;
+    use ctxpod_client::transfer_client::{BlockState, PrefetchOptions};
+    use ctxpod_wire::proto::PrefetchEntry;
+    let (_node, c) = Node::fresh_with_wire(&["--capacity", "1GiB", "--dram", "16MiB"]).await;
+    let values = [
+        (Bytes::from_static(b"v0"), block(11, 32 * MIB + 28)),
+        (Bytes::from_static(b"b1"), block(12, 256 << 10)),
+        (Bytes::from_static(b"v2"), block(13, 10 * MIB + 3)),
+        (Bytes::from_static(b"v3"), block(14, 9 * MIB)),
+    ];
+    let st = c
+        .put("default", &values, Durability::Fast)
+        .await
+        .expect("put");
+    assert_eq!(st, vec![status::CREATED; 4]);
+    let region = Region::new(64 << 20).expect("region");
+    c.register_region(&region).await.expect("register");
+    // v3's slot is a byte short of it.
+    let slots = [
+        (0, 33 * MIB),
+        (33 * MIB + 1, MIB),
+        (40 * MIB, 11 * MIB),
+        (52 * MIB, 9 * MIB - 1),
+    ];
+    let entries: Vec<PrefetchEntry> = values
+        .iter()
+        .zip(slots)
+        .map(|((k, _), (offset, max))| PrefetchEntry {
+            key: k.clone(),
+            offset: offset as u64,
+            max_len: max as u32,
+        })
+        .collect();
+    let t = c
+        .prefetch(
+            "default",
+            &region,
+            entries.clone(),
+            PrefetchOptions::default(),
+        )
+        .await
+        .expect("prefetch");
+    let p = t.wait().await;
+    assert_eq!((p.landed, p.missed), (3, 1), "{:?}", p.blocks);
+    for (i, (_, v)) in values.iter().enumerate().take(3) {
+        let len = v.len() as u32;
+        assert_eq!(p.blocks[i], BlockState::Landed { len });
+        assert_eq!(t.data(i).expect("landed"), &v[..], "entry {i}");
+    }
+    assert_eq!(
+        p.blocks[3],
+        BlockState::Missed {
+            status: status::TOO_LARGE
+        }
+    );
+    drop(t);
+    // Cancelled right after it starts: whatever was not whole by then is a 499 miss, and
+    // every entry is answered once.
+    let t = c
+        .prefetch(
+            "default",
+            &region,
+            entries[..1].to_vec(),
+            PrefetchOptions::default(),
+        )
+        .await
+        .expect("prefetch");
+    t.cancel().await.expect("cancel");
+    let p = t.wait().await;
+    assert!(p.done);
+    assert!(
+        matches!(
+            p.blocks[0],
+            BlockState::Landed { len } if len as usize == values[0].1.len()
+        ) || p.blocks[0] == BlockState::Missed { status: 499 },
+        "{:?}",
+        p.blocks[0]
+    );
+    if p.blocks[0] != (BlockState::Missed { status: 499 }) {
+        assert_eq!(t.data(0).expect("landed"), &values[0].1[..]);
+    }
+}

@@ -3,7 +3,8 @@
 //! the lease after completion.
 
 use bytes::Bytes;
-use ctxpod_wire::proto::{status, Op, Policy, PrefetchEntry, Response};
+use ctxpod_engine::{EngineError, ValueReader};
+use ctxpod_wire::proto::{status, Op, Policy, PrefetchEntry, Response, FLAG_MORE};
 use futures::{FutureExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +84,7 @@ fn outcome_of(st: u16) -> &'static str {
 struct Pushes<'a> {
     out: Pending<'a>,
     p: &'a Prefetch,
+    token: &'a CancellationToken,
     id: u64,
     pushed: u32,
     missed: u32,
@@ -117,6 +119,64 @@ impl Pushes<'_> {
         self.out.add(frame, permit).await
     }
 
+    /// Pushes entry `i`'s large value piece by piece (each a `Push` at its place in the
+    /// entry's slot, [`FLAG_MORE`] on all but the last), read from flash as it goes; a
+    /// value that fails its checks, or a cancel or deadline meanwhile, ends the entry with
+    /// that status instead. False once the connection is closing.
+    async fn value(&mut self, i: usize, mut r: ValueReader, held: Option<Staged>) -> bool {
+        if !self.out.flush().await {
+            return false;
+        }
+        let conn = self.out.conn;
+        let (mut at, len, base) = (0u64, r.len(), self.p.entries[i].offset);
+        while at < len {
+            let stop = if self.token.is_cancelled() {
+                Some(CANCELLED)
+            } else if self.p.deadline.is_some_and(|d| Instant::now() >= d) {
+                Some(status::DEADLINE)
+            } else {
+                None
+            };
+            let piece = match (stop, r.next_piece().await) {
+                (Some(st), _) => Err(st),
+                (None, Ok(Some(d))) => Ok(d),
+                (None, Ok(None)) => Err(status::INTERNAL),
+                (None, Err(e)) => Err(code(&e)),
+            };
+            let data = match piece {
+                Ok(d) => d,
+                Err(st) => return self.miss(i, st, held).await && self.out.flush().await,
+            };
+            let n = data.len() as u64;
+            let more = at + n < len;
+            conn.metrics.prefetch_pushed_bytes.inc_by(n);
+            let frame = Response::Push {
+                index: i as u32,
+                status: status::OK,
+                crc32c: ctxpod_wire::crc32c(&data),
+                offset: base + at,
+                data,
+            }
+            .encode_parts_flagged(
+                Op::Push,
+                status::OK,
+                self.id,
+                if more { FLAG_MORE } else { 0 },
+            );
+            if !conn.send(frame).await {
+                return false;
+            }
+            at += n;
+        }
+        conn.metrics
+            .prefetch_blocks
+            .with_label_values(&[outcome_of(status::OK)])
+            .inc();
+        self.pushed += 1;
+        drop(held);
+        true
+    }
+
     /// Pushes entry `i` as missed with status `st`. False once the connection is closing.
     async fn miss(&mut self, i: usize, st: u16, permit: Option<Staged>) -> bool {
         self.missed += 1;
@@ -142,9 +202,16 @@ async fn staging_permits(conn: &Conn, policy: Policy, want: usize) -> Option<Sta
     }
 }
 
-/// A staged entry: its index, its block and CRC (or the status it is missed with), and
-/// the staging permits it holds.
-type StagedEntry = (usize, Result<(Bytes, u32), u16>, Option<Staged>);
+/// What a staged entry pushes: a block read and checked, or a large value opened (read
+/// extent by extent as it is pushed).
+enum Found {
+    Block(Bytes, u32),
+    Value(ValueReader),
+}
+
+/// A staged entry: its index, what it pushes (or the status it is missed with), and the
+/// staging permits it holds.
+type StagedEntry = (usize, Result<Found, u16>, Option<Staged>);
 
 /// Stages entry `i`: reads and verifies its block into node memory. A block is staged
 /// under its share of the node's staging budget and of this connection's (so one client
@@ -164,15 +231,41 @@ async fn stage(conn: &Conn, p: &Prefetch, i: usize) -> StagedEntry {
     };
     let r = match engine.get(&p.ns, &e.key).await {
         Ok(Some((b, _))) if b.len() > e.max_len as usize => Err(status::TOO_LARGE),
-        Ok(Some(found)) => Ok(found),
+        Ok(Some((b, crc))) => Ok((b, crc)),
         Ok(None) => Err(status::NOT_FOUND),
+        // A value over one record is pushed piece by piece as it is read.
+        Err(EngineError::TooLarge(_)) => {
+            drop(permits);
+            return stage_value(conn, p, i).await;
+        }
         Err(e) => Err(code(&e)),
     };
     let staged = r.as_ref().map_or(1, |(b, _)| b.len().max(1));
+    let r = r.map(|(b, crc)| Found::Block(b, crc));
     if staged < want {
         drop(permits.0.split(want - staged));
         drop(permits.1.split(want - staged));
     }
+    (i, r, Some(permits))
+}
+
+/// Stages entry `i`, a value over one record: opened (its extents read as it is pushed,
+/// a few ahead), holding the staging budget a value's reader needs
+/// ([`ctxpod_engine::VALUE_READ_BYTES_MAX`]) until it is pushed.
+async fn stage_value(conn: &Conn, p: &Prefetch, i: usize) -> StagedEntry {
+    let e = &p.entries[i];
+    let want = ctxpod_engine::VALUE_READ_BYTES_MAX;
+    let Some(permits) = staging_permits(conn, p.policy, want).await else {
+        let m = conn.engine.metrics();
+        m.busy_rejections.with_label_values(&["staging"]).inc();
+        return (i, Err(status::BUSY), None);
+    };
+    let r = match conn.engine.open_value(&p.ns, &e.key, None).await {
+        Ok(Some(r)) if r.len() > e.max_len as u64 => Err(status::TOO_LARGE),
+        Ok(Some(r)) => Ok(Found::Value(r)),
+        Ok(None) => Err(status::NOT_FOUND),
+        Err(e) => Err(code(&e)),
+    };
     (i, r, Some(permits))
 }
 
@@ -208,6 +301,7 @@ pub(crate) async fn prefetch(conn: &Arc<Conn>, id: u64, p: Prefetch, token: Canc
     let mut pushes = Pushes {
         out,
         p: &p,
+        token: &token,
         id,
         pushed: 0,
         missed: 0,
@@ -288,7 +382,8 @@ async fn push_held(
         let Some((i, r, permit)) = next else { break };
         left.pop();
         let sent = match r {
-            Ok((data, crc)) => pushes.hit(i, data, crc, permit).await,
+            Ok(Found::Block(data, crc)) => pushes.hit(i, data, crc, permit).await,
+            Ok(Found::Value(reader)) => pushes.value(i, reader, permit).await,
             Err(st) => pushes.miss(i, st, permit).await,
         };
         if !sent {
