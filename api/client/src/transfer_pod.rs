@@ -109,6 +109,34 @@ impl TransferPod {
         Ok(self.pod.refresh().await?)
     }
 
+    /// The largest value every reachable member stores (the least of their
+    /// `value_bytes_max`, from their hellos; each member's connection is opened if it was
+    /// not): what a connector checks an engine's chunk size against when it is built.
+    /// Fails when no member can be reached.
+    pub async fn value_bytes_max(&self) -> Result<u64, TransferError> {
+        let addrs: Vec<String> = self
+            .pod
+            .members()
+            .into_iter()
+            .filter_map(|m| m.transfer)
+            .collect();
+        let mut least: Option<u64> = None;
+        let mut last = None;
+        for a in addrs {
+            match self.conn(&a).await {
+                Ok(c) => {
+                    let n = match c.value_bytes_max() {
+                        0 => ctxpod_wire::BLOCK_BYTES_MAX as u64,
+                        n => n,
+                    };
+                    least = Some(least.map_or(n, |l| l.min(n)));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        least.ok_or_else(|| last.unwrap_or(TransferError::Closed))
+    }
+
     /// The CXP1 addresses of the members a block lives on, best first, those counted down
     /// (a missed deadline, a refused connection) last.
     pub fn ranked(&self, ns: &str, key: &[u8]) -> Vec<String> {

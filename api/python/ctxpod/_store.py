@@ -414,6 +414,15 @@ class Store:
             {"id": i, "http": h, "transfer": t, "state": st} for i, h, t, st in self._s.members()
         ]
 
+    @property
+    def value_bytes_max(self) -> int:
+        """The largest value (in bytes) every reachable member of the pod stores: the
+        least of their ``value_bytes_max`` settings (256 MiB unless configured, at most
+        1 GiB). A value of up to 8 MiB (``BLOCK_BYTES_MAX``) is one record; a larger one is
+        stored and sent in 4 MiB pieces, transparently. Connectors check an engine's chunk
+        size against it when they are built."""
+        return self._s.value_bytes_max()
+
     def replication(self) -> int:
         """Copies the pod keeps of each block of this namespace (R)."""
         return self._s.replication(self.namespace)

@@ -154,6 +154,13 @@ impl Store {
             .collect()
     }
 
+    /// The largest value every reachable member stores (bytes; the least of their
+    /// `value_bytes_max`).
+    fn value_bytes_max(&self, py: Python<'_>) -> PyResult<u64> {
+        let pod = self.pod.clone();
+        block(py, async move { pod.value_bytes_max().await }).map_err(error)
+    }
+
     /// Copies of each block of `ns` (R).
     fn replication(&self, py: Python<'_>, ns: String) -> usize {
         let pod = self.pod.clone();

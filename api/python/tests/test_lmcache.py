@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import doc_snippet, engine
+from conftest import Node, doc_snippet, engine
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 lmcache = engine("lmcache")
@@ -32,10 +32,10 @@ KV_SHAPE = (4, 2, 16, 4, 16)
 CHUNK = 16
 
 
-def config(url: str, **extra) -> LMCacheEngineConfig:
+def config(url: str, chunk_size: int = CHUNK, cpu_gb: float = 0.05, **extra) -> LMCacheEngineConfig:
     """The docs' configuration, with the test node's URL."""
     d = yaml.safe_load(doc_snippet("lmcache-config").replace("http://10.0.0.5:7400", url))
-    d.update(chunk_size=CHUNK, max_local_cpu_size=0.05, lmcache_instance_id="t")
+    d.update(chunk_size=chunk_size, max_local_cpu_size=cpu_gb, lmcache_instance_id="t")
     d["extra_config"].update(extra)
     return LMCacheEngineConfig.from_dict(d)
 
@@ -248,7 +248,7 @@ def llama3_8b_context(url: str, chunk_size: int, **extra):
     from lmcache.v1.storage_backend.connector import ConnectorContext
 
     d = yaml.safe_load(doc_snippet("lmcache-config").replace("http://10.0.0.5:7400", url))
-    d.update(chunk_size=chunk_size, max_local_cpu_size=0.05, lmcache_instance_id="t")
+    d.update(chunk_size=chunk_size, max_local_cpu_size=0.2, lmcache_instance_id="t")
     d["extra_config"].update(extra)
     md = LMCacheMetadata(
         model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
@@ -259,26 +259,35 @@ def llama3_8b_context(url: str, chunk_size: int, **extra):
     return ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, md, "ctxpod")
 
 
-def test_a_chunk_over_the_value_limit_is_refused_when_lmcache_builds_the_connector(node):
-    """LMCache's default chunk_size (256) of Llama-3-8B's KV is 32 MiB, over the SDK's value
-    limit: the connector refuses to be built, naming the sizes and the chunk_size that fits,
-    instead of letting every put be refused later and every lookup miss (issue #34)."""
+@pytest.fixture(scope="module")
+def small_limit_node(root):
+    """A node that stores values of at most 24 MiB (its value_bytes_max)."""
+    n = Node(root, "limit-24mib", extra='value_bytes_max = "24MiB"')
+    yield n
+    n.stop()
+
+
+def test_a_chunk_over_the_pods_value_limit_is_refused_when_lmcache_builds_the_connector(small_limit_node):
+    """LMCache's default chunk_size (256) of Llama-3-8B's KV is 32 MiB: over a pod whose
+    nodes store at most 24 MiB, the connector refuses to be built, naming the sizes, the
+    limit and the chunk_size that fits, instead of letting every put be refused later and
+    every lookup miss (issue #34)."""
+    url = small_limit_node.http
     with pytest.raises(ctxpod.InvalidRequest) as e:
-        plugin.CtxpodConnectorAdapter().create_connector(llama3_8b_context(node.http, 256))
+        plugin.CtxpodConnectorAdapter().create_connector(llama3_8b_context(url, 256))
     said = str(e.value)
     assert f"{32 * 2**20 + 28} bytes" in said and "chunk_size 256" in said
-    assert f"{ctxpod.BLOCK_BYTES_MAX}-byte value limit" in said
-    # 63 tokens: 63 x 128 KiB + the 28-byte header; without the header, 64.
-    assert "at most 63 tokens" in said
-    with pytest.raises(ctxpod.InvalidRequest, match="at most 64 tokens"):
-        plugin.CtxpodConnectorAdapter().create_connector(
-            llama3_8b_context(node.http, 256, save_chunk_meta=False))
+    assert f"value limit of {24 * 2**20} bytes" in said and "value_bytes_max" in said
+    # 191 tokens: 191 x 128 KiB + the 28-byte header; without the header, 192.
+    assert "at most 191 tokens" in said
+    with pytest.raises(ctxpod.InvalidRequest, match="at most 192 tokens"):
+        plugin.CtxpodConnectorAdapter().create_connector(llama3_8b_context(url, 256, save_chunk_meta=False))
     # A chunk size that fits builds, and LMCache's backends store and read back a full
-    # 4 MiB chunk of that shape byte for byte.
-    b = Backends(node.http, ctx=llama3_8b_context(node.http, 32))
+    # 16 MiB chunk of that shape (two extents) byte for byte.
+    b = Backends(url, ctx=llama3_8b_context(url, 128))
     try:
         obj, data = b.chunk(8)
-        assert len(data) == 32 * 128 * 1024
+        assert len(data) == 128 * 128 * 1024
         b.put([b.key(8)], [obj])
         assert b.read([b.key(8)])[0][0] == data
     finally:
@@ -300,9 +309,9 @@ class CpuKV(__import__("lmcache.v1.gpu_connector.mock_gpu_connector", fromlist=[
     heads x head dim): LMCache's own ``MockGPUConnector`` copies nothing, and the engine's
     real connectors need CUDA. Only the copies are ours; the engine around them is LMCache's."""
 
-    def __init__(self, tokens: int) -> None:
-        super().__init__(kv_shape=KV_SHAPE)
-        layers, kv, _, heads, dim = KV_SHAPE
+    def __init__(self, tokens: int, kv_shape: tuple = KV_SHAPE) -> None:
+        super().__init__(kv_shape=kv_shape)
+        layers, kv, _, heads, dim = kv_shape
         self.kv = torch.zeros(kv, layers, tokens, heads * dim, dtype=torch.bfloat16)
 
     def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
@@ -315,13 +324,17 @@ class CpuKV(__import__("lmcache.v1.gpu_connector.mock_gpu_connector", fromlist=[
                 self.kv[:, :, s:e, :].copy_(o.tensor)
 
 
-def engine_for(url: str, name: str, tokens: int):
+def engine_for(url: str, name: str, tokens: int, md: LMCacheMetadata | None = None, cpu_gb: float = 0.05):
+    """An LMCacheEngine over ``tokens`` of KV in CPU memory (``md``: the model's metadata,
+    the toy model's by default), configured as the docs say."""
     from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    gpu = CpuKV(tokens)
-    cfg = config(url)
-    e = LMCacheEngineBuilder.get_or_create(name, cfg, metadata("acme/engine-e2e"), gpu,
+    chunk = CHUNK if md is None else md.chunk_size
+    md = md or metadata("acme/engine-e2e")
+    gpu = CpuKV(tokens, tuple(md.kv_shape))
+    cfg = config(url, chunk_size=chunk, cpu_gb=cpu_gb)
+    e = LMCacheEngineBuilder.get_or_create(name, cfg, md, gpu,
                                            mock_up_broadcast_fn, mock_up_broadcast_object_fn)
     e.post_init()
     return e, gpu
@@ -358,6 +371,56 @@ def test_the_whole_engine_stores_and_retrieves_kv_through_ctxpod(node):
     finally:
         LMCacheEngineBuilder.destroy("engine-a")
         LMCacheEngineBuilder.destroy("engine-b")
+
+
+def test_the_whole_engine_stores_llama3_8b_chunks_and_retrieves_them_after_kill_9(tmp_path):
+    """Llama-3-8B's KV at LMCache's default chunk_size (256): each chunk is 32 MiB + its
+    28-byte header, one value. Engine A stores a 512-token prompt; the node is killed
+    (SIGKILL) and started again; engine B, with an empty CPU cache, finds the prompt and
+    lands the same tensor, byte for byte (issue #34)."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    node = Node(tmp_path, "llama", capacity="1GiB")
+    md = LMCacheMetadata(
+        model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
+        local_worker_id=0, kv_dtype=torch.bfloat16, chunk_size=256,
+        kv_shape=(LLAMA3_8B_LAYERS, 2, 256, LLAMA3_8B_HEADS, LLAMA3_8B_DIM),
+    )
+    n = 2 * 256
+    tokens = torch.arange(7000, 7000 + n)
+    key = CacheEngineKey("meta-llama/Meta-Llama-3-8B", 1, 0, 1, torch.bfloat16)
+    space = plugin.namespace_of("lmcache", key)
+    try:
+        a, ga = engine_for(node.http, "llama-a", n, md=md, cpu_gb=0.3)
+        g = torch.Generator().manual_seed(8)
+        ga.kv.copy_(torch.randn(ga.kv.shape, generator=g).to(torch.bfloat16))
+        a.store(tokens)
+        s = ctxpod.Store.connect(node.http, namespace=space)
+        # Both chunks stored (and the namespace's identity block): LMCache puts them on
+        # its own thread.
+        def stored() -> bool | None:
+            try:
+                return True if s.namespace_info()["block_count"] == 2 + 1 else None
+            except ctxpod.NotFound:
+                return None  # not created yet
+
+        until(stored, "both chunks stored")
+        chunk = 32 * 2**20 + 28
+        held = [k for k in s.keys() if k != plugin.IDENTITY_KEY]
+        assert [len(s.get(k)) for k in held] == [chunk, chunk]
+        s.close()
+        LMCacheEngineBuilder.destroy("llama-a")
+        node.kill()
+        node.start()
+        b, gb = engine_for(node.http, "llama-b", n, md=md, cpu_gb=0.3)
+        assert b.lookup(tokens) == n
+        got = b.retrieve(tokens)
+        assert int(got.sum()) == n
+        assert torch.equal(gb.kv, ga.kv)
+    finally:
+        LMCacheEngineBuilder.destroy("llama-a")
+        LMCacheEngineBuilder.destroy("llama-b")
+        node.stop()
 
 
 def until(fn, what: str, limit_s: float = 30):

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
 import ctxpod  # noqa: E402
-from ctxpod.integrations.sglang import CtxpodHiCacheStorage  # noqa: E402
+from ctxpod.integrations.sglang import LAYOUTS, CtxpodHiCacheStorage  # noqa: E402
 
 
 LAYERS, HEADS, DIM, PAGE, TOKENS = 2, 2, 16, 16, 256
@@ -177,36 +177,87 @@ def test_timeout_policy_and_bad_settings(node, pool):
         backend(node.http, host_pool("layer_first"))
 
 
-def test_pages_over_the_value_limit_are_refused_when_the_host_pool_registers(node):
-    """Real model pages at SGLang's usual page sizes (issue #34): Llama-3-8B's K (or V) of a
-    page of 64 or 128 tokens is 4 or 8 MiB, a block each, and is stored byte for byte;
-    Llama-3-70B's (80 layers) is 10 or 20 MiB, over the SDK's value limit: the backend
-    refuses the host pool, naming the sizes and the page size that fits, instead of letting
-    every page be refused later and every lookup miss."""
-    for page in (64, 128):
-        pool = host_pool(page=page, layers=32, heads=8, dim=128, tokens=page)
-        b = backend(node.http, pool, model="meta-llama/Meta-Llama-3-8B")
-        try:
-            keys = page_hashes(1, f"llama3-8b-{page}")
-            src = pool.alloc(page)
-            g = torch.Generator().manual_seed(page)
-            data = pool.get_data_page(int(src[0]), flat=False)
-            data.copy_(torch.randn(data.shape, generator=g).to(DTYPE))
-            want = pool.get_data_page(int(src[0])).view(torch.uint8).numpy().tobytes()
-            assert len(want) == 2 * page * 32 * 8 * 128 * 2
-            assert b.batch_set_v1(keys, src) == [True]
-            dst = pool.alloc(page)
-            assert b.batch_get_v1(keys, dst) == [True]
-            assert pool.get_data_page(int(dst[0])).view(torch.uint8).numpy().tobytes() == want
-        finally:
-            b.close()
-    for page, fits in ((64, 51), (128, 51)):
-        pool = host_pool(page=page, layers=80, heads=8, dim=128, tokens=page)
-        with pytest.raises(ctxpod.InvalidRequest) as e:
-            backend(node.http, pool, model="meta-llama/Meta-Llama-3-70B")
-        said = str(e.value)
-        assert f"block of {page * 80 * 8 * 128 * 2} bytes per part" in said
-        assert f"{ctxpod.BLOCK_BYTES_MAX}-byte value limit" in said and f"--page-size {fits} or less" in said
+#: Real models' KV (layers, KV heads, head dim; bf16): a page's K (or V) of Llama-3-8B at
+#: 64 / 128 tokens is 4 / 8 MiB, of Llama-3-70B 10 / 20 MiB (a value over one record).
+MODELS = {"meta-llama/Meta-Llama-3-8B": (32, 8, 128), "meta-llama/Meta-Llama-3-70B": (80, 8, 128)}
+
+
+def real_page(pool: MHATokenToKVPoolHost, page: int, seed: int) -> tuple[torch.Tensor, bytes]:
+    """One page of the pool filled with seeded KV: its indices and its bytes."""
+    src = pool.alloc(page)
+    g = torch.Generator().manual_seed(seed)
+    data = pool.get_data_page(int(src[0]), flat=False)
+    data.copy_(torch.randn(data.shape, generator=g).to(DTYPE))
+    return src, pool.get_data_page(int(src[0])).view(torch.uint8).numpy().tobytes()
+
+
+def test_real_model_pages_in_every_layout_are_stored_and_loaded_across_kill_9(tmp_path):
+    """SGLang's page sizes (64 and 128 tokens) in both page layouts a HiCache storage
+    backend runs with (page_first, page_first_direct), for Llama-3-8B and -70B (issue #34):
+    every page stored from the host pool, the node killed (SIGKILL) and started again, then
+    loaded into another host pool byte for byte. (SGLang's own host pool cannot be built in
+    the page_head layout on the CPU: its per-layer views index the buffer by layer.)"""
+    from conftest import Node
+
+    node = Node(tmp_path, "sglang-real", capacity="1GiB")
+    layouts = ("page_first", "page_first_direct")
+    assert set(layouts) <= set(LAYOUTS)
+    configs = [(m, layout, page) for m in MODELS for layout in layouts for page in (64, 128)]
+    want = {}
+    try:
+        for i, (model, layout, page) in enumerate(configs):
+            layers, heads, dim = MODELS[model]
+            pool = host_pool(layout, page=page, layers=layers, heads=heads, dim=dim, tokens=page)
+            b = backend(node.http, pool, model=model)
+            try:
+                keys = page_hashes(1, f"{model}-{layout}-{page}")
+                src, data = real_page(pool, page, i)
+                assert len(data) == 2 * page * layers * heads * dim * 2
+                assert b.batch_set_v1(keys, src) == [True], (model, layout, page)
+                want[(model, layout, page)] = (keys, data)
+            finally:
+                b.close()
+        node.kill()
+        node.start()
+        for (model, layout, page), (keys, data) in want.items():
+            layers, heads, dim = MODELS[model]
+            pool = host_pool(layout, page=page, layers=layers, heads=heads, dim=dim, tokens=page)
+            b = backend(node.http, pool, model=model)
+            try:
+                assert b.batch_exists(keys) == 1
+                dst = pool.alloc(page)
+                assert b.batch_get_v1(keys, dst) == [True], (model, layout, page)
+                got = pool.get_data_page(int(dst[0])).view(torch.uint8).numpy().tobytes()
+                assert got == data, (model, layout, page)
+            finally:
+                b.close()
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def small_limit_node(root):
+    """A node that stores values of at most 16 MiB (its value_bytes_max)."""
+    from conftest import Node
+
+    n = Node(root, "sglang-limit-16mib", extra='value_bytes_max = "16MiB"')
+    yield n
+    n.stop()
+
+
+def test_pages_over_the_pods_value_limit_are_refused_when_the_host_pool_registers(small_limit_node):
+    """Over a pod whose nodes store values of at most 16 MiB, Llama-3-70B's page of 128
+    tokens (20 MiB per part) is refused when the host pool registers, naming the sizes, the
+    limit and the page size that fits; 64 tokens (10 MiB) registers."""
+    layers, heads, dim = MODELS["meta-llama/Meta-Llama-3-70B"]
+    pool = host_pool(page=128, layers=layers, heads=heads, dim=dim, tokens=128)
+    with pytest.raises(ctxpod.InvalidRequest) as e:
+        backend(small_limit_node.http, pool, model="meta-llama/Meta-Llama-3-70B")
+    said = str(e.value)
+    assert f"block of {128 * 80 * 8 * 128 * 2} bytes per part" in said
+    assert f"value limit of {16 << 20} bytes" in said and "--page-size 102 or less" in said, said
+    pool = host_pool(page=64, layers=layers, heads=heads, dim=dim, tokens=64)
+    backend(small_limit_node.http, pool, model="meta-llama/Meta-Llama-3-70B").close()
 
 
 def test_a_read_only_token_reads_but_cannot_store(auth_node, pool):

@@ -158,32 +158,64 @@ def test_a_chunk_held_already_is_not_sent_again(node):
         a.shutdown()
 
 
-def test_a_chunk_over_the_value_limit_is_refused_when_vllm_builds_the_tier(node):
-    """Real model chunks (issue #34): Llama-3-70B's KV of one 16-token GPU block is 5 MiB
-    (80 layers, K and V, 8 heads of 128 dims, bf16); offloaded 4 blocks a chunk (64 tokens)
-    a chunk is 20 MiB, over the SDK's value limit: vLLM's build of the tier fails, saying
-    why, instead of every chunk being refused later and every lookup missing. One block a
-    chunk (5 MiB) builds, and such chunks cascade to the pod and are promoted into another
-    engine's CPU tier byte for byte."""
-    from ctxpod import BLOCK_BYTES_MAX, InvalidRequest
+#: Llama-3-70B's KV of one 16-token GPU block: 80 layers, K and V, 8 heads of 128 dims, bf16.
+LLAMA3_70B_BLOCK = 80 * 16 * 2 * 8 * 128 * 2
 
-    block = 80 * 16 * 2 * 8 * 128 * 2
-    with pytest.raises(InvalidRequest) as e:
-        manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=block, blocks_per_chunk=4, chunks=2)
-    said = str(e.value)
-    assert f"{4 * block} bytes" in said and f"{BLOCK_BYTES_MAX}-byte value limit" in said, said
-    a, ta = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=block, chunks=2)
-    b, tb = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=block, chunks=2)
+
+def test_real_model_chunks_cascade_and_are_promoted_across_kill_9(tmp_path):
+    """Real model chunks (issue #34): Llama-3-70B's KV of one 16-token GPU block is 5 MiB;
+    offloaded one block a chunk (vLLM's default: the offloaded block is the GPU block) a
+    chunk is 5 MiB, four blocks a chunk (64 tokens) 20 MiB, a value over one record. Both
+    cascade from engine a's CPU tier to the pod; the node is killed (SIGKILL) and started
+    again; engine b's lookups find them and promote them into its CPU tier byte for byte."""
+    from conftest import Node
+
+    node = Node(tmp_path, "vllm-real", capacity="1GiB")
     try:
-        assert ta.block_size_bytes == block
-        keys = chunk_keys(2)
-        data = store(a, ta, keys, 70)
-        ctx = promote(b, keys, data, "load-70b")
-        b.complete_load(keys, ctx)
-        b.on_request_finished(ctx)
+        stored = []
+        for per_chunk in (1, 4):
+            a, ta = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK,
+                            blocks_per_chunk=per_chunk, chunks=2)
+            try:
+                assert ta.block_size_bytes == per_chunk * LLAMA3_70B_BLOCK
+                keys = chunk_keys(2)
+                stored.append((per_chunk, keys, store(a, ta, keys, 70 + per_chunk)))
+            finally:
+                a.shutdown()
+        node.kill()
+        node.start()
+        for per_chunk, keys, data in stored:
+            b, tb = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK,
+                            blocks_per_chunk=per_chunk, chunks=2)
+            try:
+                ctx = promote(b, keys, data, f"load-70b-{per_chunk}")
+                assert tb.stats["loaded_chunks"] == 2
+                b.complete_load(keys, ctx)
+                b.on_request_finished(ctx)
+            finally:
+                b.shutdown()
     finally:
+        node.stop()
+
+
+def test_a_chunk_over_the_pods_value_limit_is_refused_when_vllm_builds_the_tier(root):
+    """Over a pod whose nodes store values of at most 16 MiB, Llama-3-70B's 64-token chunk
+    (20 MiB) makes vLLM's build of the tier fail, saying why and what to change, instead of
+    every chunk being refused later and every lookup missing."""
+    from conftest import Node
+    from ctxpod import InvalidRequest
+
+    node = Node(root, "vllm-limit-16mib", extra='value_bytes_max = "16MiB"')
+    try:
+        with pytest.raises(InvalidRequest) as e:
+            manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK,
+                    blocks_per_chunk=4, chunks=2)
+        said = str(e.value)
+        assert f"{4 * LLAMA3_70B_BLOCK} bytes" in said and f"value limit of {16 << 20} bytes" in said, said
+        a, _ = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK, chunks=2)
         a.shutdown()
-        b.shutdown()
+    finally:
+        node.stop()
 
 
 def test_bad_settings_are_refused(node):

@@ -111,6 +111,24 @@ def connect(settings: Mapping[str, Any], *, who: str) -> Store:
         raise errors.InvalidRequest(f"{who}: url {url!r}: {e}") from e
 
 
+def value_limit(store: Store) -> int:
+    """The largest value the pod stores (the least ``value_bytes_max`` of its members),
+    which every value a connector sends must fit: asked when the connector is built."""
+    return store.value_bytes_max
+
+
+def over_limit(value: int, limit: int) -> str:
+    """How a connector says its engine's values are over the pod's limit, and what to do."""
+    return (
+        f"over the pod's value limit of {limit} bytes (the least value_bytes_max of its nodes; "
+        f"raise it there, up to {VALUE_BYTES_MAX_SETTING} bytes) by {value - limit} bytes: every value "
+        f"would be refused and every lookup would miss."
+    )
+
+
+# The highest value_bytes_max a node may be set to (1 GiB).
+VALUE_BYTES_MAX_SETTING = 1 << 30
+
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 

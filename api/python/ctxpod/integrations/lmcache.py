@@ -52,8 +52,8 @@ from lmcache.v1.storage_backend.connector import (
 )
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from .. import __version__, errors
-from .._ctxpod import BLOCK_BYTES_MAX, MATCH_KEYS_MAX
+from .. import errors
+from .._ctxpod import MATCH_KEYS_MAX
 from . import _common
 
 logger = logging.getLogger(__name__)
@@ -142,29 +142,29 @@ class CtxpodConnector(RemoteConnector):
         if not 0 < self.pin_ttl <= 3600:
             raise errors.InvalidRequest(f"{who}: pin_ttl_s is in (0, 3600]")
         self.durable = _common.flag(_common.setting(settings, "durable", False), f"{who}: durable")
-        self._check_chunk_fits(who, context.metadata)
         replication = _common.setting(settings, "replication")
         self.store = _common.connect(settings, who=who)
+        self._check_chunk_fits(who, context.metadata, _common.value_limit(self.store))
         self.spaces = _common.Namespaces(self.store, None if replication is None else int(replication))
         # Namespaces whose identity block this process wrote (or found written).
         self._named: set[str] = set()
 
-    def _check_chunk_fits(self, who: str, md: Any) -> None:
+    def _check_chunk_fits(self, who: str, md: Any, limit: int) -> None:
         """Refuses, when LMCache builds the connector, a configuration whose full chunks
-        ctxpod cannot store: otherwise every put would be refused and logged by LMCache,
-        and every later lookup would miss."""
-        value = self.full_chunk_size_bytes + (self.remote_metadata_bytes if self.save_chunk_meta else 0)
-        if value <= BLOCK_BYTES_MAX:
+        the pod cannot store (over ``limit``, its value limit): otherwise every put would be
+        refused and logged by LMCache, and every later lookup would miss."""
+        header = self.remote_metadata_bytes if self.save_chunk_meta else 0
+        value = self.full_chunk_size_bytes + header
+        if value <= limit:
             return
         per_token = self.single_token_size
-        fits = (BLOCK_BYTES_MAX - (self.remote_metadata_bytes if self.save_chunk_meta else 0)) // per_token
-        advice = f"Set chunk_size to at most {fits} tokens." if fits else "Not one token of it fits."
+        fits = (limit - header) // per_token
+        advice = f"Or set chunk_size to at most {fits} tokens." if fits else "Not one token of it fits."
         raise errors.InvalidRequest(
             f"{who}: a full chunk of this model is {value} bytes (chunk_size {md.chunk_size} tokens x "
             f"{per_token} bytes of KV per token, shapes {[tuple(x) for x in self.meta_shapes]}"
-            f"{', with its ' + str(self.remote_metadata_bytes) + '-byte header' if self.save_chunk_meta else ''}), "
-            f"over the {BLOCK_BYTES_MAX}-byte value limit of ctxpod {__version__}: every chunk would be "
-            f"refused and every lookup would miss. {advice}"
+            f"{', with its ' + str(header) + '-byte header' if header else ''}), "
+            f"{_common.over_limit(value, limit)} {advice}"
         )
 
     # -- where chunks go -------------------------------------------------------------

@@ -42,8 +42,8 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-from .. import __version__, errors
-from .._ctxpod import BLOCK_BYTES_MAX, MATCH_KEYS_MAX
+from .. import errors
+from .._ctxpod import MATCH_KEYS_MAX
 from .._store import POLICIES
 from . import _common
 
@@ -79,24 +79,23 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
-def _check_page_fits(pool: Any) -> None:
-    """Refuses, when SGLang registers its host pool, a page whose blocks ctxpod cannot store
-    (each page is one block per part: K and V, or MLA's one): otherwise every page would be
-    refused and every prefix lookup would miss."""
+def _check_page_fits(pool: Any, limit: int) -> None:
+    """Refuses, when SGLang registers its host pool, a page whose blocks the pod cannot
+    store (over ``limit``, its value limit; each page is one block per part: K and V, or
+    MLA's one): otherwise every page would be refused and every prefix lookup would miss."""
     page = int(pool.page_size)
     _, sizes = pool.get_page_buffer_meta(torch.arange(page))
     block = max(int(x) for x in sizes)
-    if block <= BLOCK_BYTES_MAX:
+    if block <= limit:
         return
     per_token = block // page
-    fits = BLOCK_BYTES_MAX // per_token
-    advice = f"Run with --page-size {fits} or less." if fits else "Not one token of it fits."
+    fits = limit // per_token
+    advice = f"Or run with --page-size {fits} or less." if fits else "Not one token of it fits."
     raise errors.InvalidRequest(
         f"SGLang HiCache backend ctxpod: a page of this model is a block of {block} bytes per part "
         f"({page} tokens x {per_token} bytes: {pool.layer_num} layers, "
         f"{getattr(pool, 'head_num', '?')} heads of {getattr(pool, 'head_dim', '?')} dims, {pool.dtype}), "
-        f"over the {BLOCK_BYTES_MAX}-byte value limit of ctxpod {__version__}: every page would be "
-        f"refused and every lookup would miss. {advice}"
+        f"{_common.over_limit(block, limit)} {advice}"
     )
 
 
@@ -145,7 +144,7 @@ class CtxpodHiCacheStorage(HiCacheStorage):
                 f"SGLang HiCache backend ctxpod: host layout {layout!r} is not supported "
                 f"(use --hicache-mem-layout {' or '.join(LAYOUTS)}: whole pages per block)"
             )
-        _check_page_fits(pool)
+        _check_page_fits(pool, _common.value_limit(self.store))
         c = self.config
         identity = (
             c.model_name or "model", "mla" if self.mla else "mha", 1 if self.mla else c.tp_size,

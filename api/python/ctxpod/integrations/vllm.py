@@ -53,8 +53,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from .. import __version__, errors
-from .._ctxpod import BLOCK_BYTES_MAX
+from .. import errors
 from . import _common
 
 logger = logging.getLogger(__name__)
@@ -101,21 +100,21 @@ class CtxpodSecondaryTier(SecondaryTierManager):
         self.locality = Locality(locality) if locality is not None else None
         self.durable = _common.flag(_common.setting(settings, "durable", False), f"{who}: durable")
         self.skip_held = _common.flag(_common.setting(settings, "skip_held", True), f"{who}: skip_held")
-        if self.block_size_bytes > BLOCK_BYTES_MAX:
-            # Every chunk would be refused and every lookup would miss: refused here, while
-            # vLLM builds the tier, with what to change.
-            raise errors.InvalidRequest(
-                f"{who}: a chunk of this model is {self.block_size_bytes} bytes (one row of the CPU "
-                f"tier), over the {BLOCK_BYTES_MAX}-byte value limit of ctxpod {__version__}: every "
-                f"chunk would be refused and every lookup would miss. Offload in smaller chunks "
-                f"(a smaller offloading block_size, fewer GPU blocks per chunk)."
-            )
         prefix = str(_common.setting(settings, "namespace_prefix", "vllm"))
         identity = storage_identity(offloading_spec)
         ns = _common.namespace_name(prefix, identity.get("model_name", "model"),
                                     sorted(identity.items()), self.block_size_bytes)
         replication = _common.setting(settings, "replication")
         self.store = _common.connect(settings, who=who)
+        limit = _common.value_limit(self.store)
+        if self.block_size_bytes > limit:
+            # Every chunk would be refused and every lookup would miss: refused here, while
+            # vLLM builds the tier, with what to change.
+            raise errors.InvalidRequest(
+                f"{who}: a chunk of this model is {self.block_size_bytes} bytes (one row of the CPU "
+                f"tier), {_common.over_limit(self.block_size_bytes, limit)} Or offload in smaller "
+                f"chunks (a smaller offloading block_size, fewer GPU blocks per chunk)."
+            )
         self.space = _common.Namespaces(self.store, None if replication is None else int(replication)).get(ns)
         view = primary_kv_view
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(view))
