@@ -234,6 +234,15 @@ def node(root):
 
 
 @pytest.fixture(scope="session")
+def limited_node(root):
+    """A node that stores values of at most 16 MiB (``value_bytes_max``): connectors built
+    against it refuse engines whose values are larger."""
+    n = Node(root, "limit-16mib", extra='value_bytes_max = "16MiB"')
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="session")
 def auth_node(root):
     """A node with authentication on, and its tokens: admin, a tenant's read-write and
     read-only tokens (tenant acme), another tenant's (globex)."""

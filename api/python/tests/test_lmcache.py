@@ -259,35 +259,27 @@ def llama3_8b_context(url: str, chunk_size: int, **extra):
     return ConnectorContext("plugin://ctxpod", asyncio.new_event_loop(), None, cfg, md, "ctxpod")
 
 
-@pytest.fixture(scope="module")
-def small_limit_node(root):
-    """A node that stores values of at most 24 MiB (its value_bytes_max)."""
-    n = Node(root, "limit-24mib", extra='value_bytes_max = "24MiB"')
-    yield n
-    n.stop()
-
-
-def test_a_chunk_over_the_pods_value_limit_is_refused_when_lmcache_builds_the_connector(small_limit_node):
+def test_a_chunk_over_the_pods_value_limit_is_refused_when_lmcache_builds_the_connector(limited_node):
     """LMCache's default chunk_size (256) of Llama-3-8B's KV is 32 MiB: over a pod whose
-    nodes store at most 24 MiB, the connector refuses to be built, naming the sizes, the
+    nodes store at most 16 MiB, the connector refuses to be built, naming the sizes, the
     limit and the chunk_size that fits, instead of letting every put be refused later and
     every lookup miss (issue #34)."""
-    url = small_limit_node.http
+    url = limited_node.http
     with pytest.raises(ctxpod.InvalidRequest) as e:
         plugin.CtxpodConnectorAdapter().create_connector(llama3_8b_context(url, 256))
     said = str(e.value)
     assert f"{32 * 2**20 + 28} bytes" in said and "chunk_size 256" in said
-    assert f"value limit of {24 * 2**20} bytes" in said and "value_bytes_max" in said
-    # 191 tokens: 191 x 128 KiB + the 28-byte header; without the header, 192.
-    assert "at most 191 tokens" in said
-    with pytest.raises(ctxpod.InvalidRequest, match="at most 192 tokens"):
+    assert f"value limit of {16 * 2**20} bytes" in said and "value_bytes_max" in said
+    # 127 tokens: 127 x 128 KiB + the 28-byte header; without the header, 128.
+    assert "at most 127 tokens" in said
+    with pytest.raises(ctxpod.InvalidRequest, match="at most 128 tokens"):
         plugin.CtxpodConnectorAdapter().create_connector(llama3_8b_context(url, 256, save_chunk_meta=False))
     # A chunk size that fits builds, and LMCache's backends store and read back a full
-    # 16 MiB chunk of that shape (two extents) byte for byte.
-    b = Backends(url, ctx=llama3_8b_context(url, 128))
+    # chunk of that shape (8 MiB + 28 B: just over one record, three extents) byte for byte.
+    b = Backends(url, ctx=llama3_8b_context(url, 64))
     try:
         obj, data = b.chunk(8)
-        assert len(data) == 128 * 128 * 1024
+        assert len(data) == 64 * 128 * 1024
         b.put([b.key(8)], [obj])
         assert b.read([b.key(8)])[0][0] == data
     finally:

@@ -235,29 +235,19 @@ def test_real_model_pages_in_every_layout_are_stored_and_loaded_across_kill_9(tm
         node.stop()
 
 
-@pytest.fixture(scope="module")
-def small_limit_node(root):
-    """A node that stores values of at most 16 MiB (its value_bytes_max)."""
-    from conftest import Node
-
-    n = Node(root, "sglang-limit-16mib", extra='value_bytes_max = "16MiB"')
-    yield n
-    n.stop()
-
-
-def test_pages_over_the_pods_value_limit_are_refused_when_the_host_pool_registers(small_limit_node):
+def test_pages_over_the_pods_value_limit_are_refused_when_the_host_pool_registers(limited_node):
     """Over a pod whose nodes store values of at most 16 MiB, Llama-3-70B's page of 128
     tokens (20 MiB per part) is refused when the host pool registers, naming the sizes, the
     limit and the page size that fits; 64 tokens (10 MiB) registers."""
     layers, heads, dim = MODELS["meta-llama/Meta-Llama-3-70B"]
     pool = host_pool(page=128, layers=layers, heads=heads, dim=dim, tokens=128)
     with pytest.raises(ctxpod.InvalidRequest) as e:
-        backend(small_limit_node.http, pool, model="meta-llama/Meta-Llama-3-70B")
+        backend(limited_node.http, pool, model="meta-llama/Meta-Llama-3-70B")
     said = str(e.value)
     assert f"block of {128 * 80 * 8 * 128 * 2} bytes per part" in said
     assert f"value limit of {16 << 20} bytes" in said and "--page-size 102 or less" in said, said
     pool = host_pool(page=64, layers=layers, heads=heads, dim=dim, tokens=64)
-    backend(small_limit_node.http, pool, model="meta-llama/Meta-Llama-3-70B").close()
+    backend(limited_node.http, pool, model="meta-llama/Meta-Llama-3-70B").close()
 
 
 def test_a_read_only_token_reads_but_cannot_store(auth_node, pool):

@@ -198,24 +198,19 @@ def test_real_model_chunks_cascade_and_are_promoted_across_kill_9(tmp_path):
         node.stop()
 
 
-def test_a_chunk_over_the_pods_value_limit_is_refused_when_vllm_builds_the_tier(root):
+def test_a_chunk_over_the_pods_value_limit_is_refused_when_vllm_builds_the_tier(limited_node):
     """Over a pod whose nodes store values of at most 16 MiB, Llama-3-70B's 64-token chunk
     (20 MiB) makes vLLM's build of the tier fail, saying why and what to change, instead of
     every chunk being refused later and every lookup missing."""
-    from conftest import Node
     from ctxpod import InvalidRequest
 
-    node = Node(root, "vllm-limit-16mib", extra='value_bytes_max = "16MiB"')
-    try:
-        with pytest.raises(InvalidRequest) as e:
-            manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK,
-                    blocks_per_chunk=4, chunks=2)
-        said = str(e.value)
-        assert f"{4 * LLAMA3_70B_BLOCK} bytes" in said and f"value limit of {16 << 20} bytes" in said, said
-        a, _ = manager(node.http, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK, chunks=2)
-        a.shutdown()
-    finally:
-        node.stop()
+    url = limited_node.http
+    with pytest.raises(InvalidRequest) as e:
+        manager(url, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK, blocks_per_chunk=4, chunks=2)
+    said = str(e.value)
+    assert f"{4 * LLAMA3_70B_BLOCK} bytes" in said and f"value limit of {16 << 20} bytes" in said, said
+    a, _ = manager(url, "meta-llama/Meta-Llama-3-70B", block_bytes=LLAMA3_70B_BLOCK, chunks=2)
+    a.shutdown()
 
 
 def test_bad_settings_are_refused(node):
