@@ -1,11 +1,11 @@
 //! A single-block request forwarded to the member that holds the block (the routing itself,
 //! [`ctxpod_pod::route`], decides where): the member's answer streamed back as ours, a
-//! block's bytes checked against their CRC32C first.
+//! block's bytes checked against their CRC32C first (a large value's as they stream
+//! through: a mismatch cuts the body short, as a bad extent read locally does).
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
-use bytes::Bytes;
 use ctxpod_pod::membership::MemberInfo;
 use ctxpod_pod::route::{member_block_intact, HEADER_FORWARDED};
 use ctxpod_pod::Peers;
@@ -32,7 +32,7 @@ pub async fn forward(
     uri: &Uri,
     headers: &HeaderMap,
     caller_tenant: Option<&str>,
-    body: Option<Bytes>,
+    body: Option<reqwest::Body>,
 ) -> Result<Response, ForwardError> {
     let url = format!(
         "{}{}",
@@ -66,6 +66,13 @@ pub async fn forward(
         HeaderValue::from_str(me).map_err(|_| ForwardError::Unreachable)?,
     );
     if let Some(b) = body {
+        // A streamed body keeps the length its client announced: a member takes a value
+        // over one record only with its length.
+        if b.as_bytes().is_none() {
+            if let Some(n) = headers.get(axum::http::header::CONTENT_LENGTH) {
+                req = req.header(axum::http::header::CONTENT_LENGTH, n);
+            }
+        }
         req = req.body(b);
     }
     let resp = req.send().await.map_err(|_| ForwardError::Unreachable)?;
@@ -82,13 +89,12 @@ pub async fn forward(
         }
         out = out.header(name, value);
     }
-    let body = if block_get {
-        if resp
-            .content_length()
-            .is_some_and(|n| n > ctxpod_wire::BLOCK_BYTES_MAX as u64)
-        {
-            return Err(ForwardError::Unreachable);
-        }
+    let large = resp
+        .content_length()
+        .is_some_and(|n| n > ctxpod_wire::BLOCK_BYTES_MAX as u64);
+    let body = if block_get && large {
+        checked_stream(resp, crc, m.id.clone())
+    } else if block_get {
         let bytes = resp.bytes().await.map_err(|_| ForwardError::Unreachable)?;
         if bytes.len() > ctxpod_wire::BLOCK_BYTES_MAX || !member_block_intact(&bytes, crc.as_ref())
         {
@@ -106,5 +112,39 @@ pub async fn forward(
         let mut r = Response::new(Body::empty());
         *r.status_mut() = StatusCode::BAD_GATEWAY;
         r
+    }))
+}
+
+/// A large value's body passed on as it arrives, its CRC32C computed on the way: bytes that
+/// do not match the member's announced CRC32C (or none announced) end the body with an
+/// error before its last piece, so the client sees a body shorter than its length, never a
+/// complete wrong one.
+fn checked_stream(resp: reqwest::Response, crc: Option<HeaderValue>, member: String) -> Body {
+    use futures::StreamExt;
+    let want = crc
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .and_then(ctxpod_wire::parse_crc32c_hex);
+    let left = resp.content_length().unwrap_or(0);
+    let state = (resp.bytes_stream(), 0u32, left, want, member);
+    Body::from_stream(futures::stream::unfold(Some(state), |st| async move {
+        let (mut s, crc, left, want, member) = st?;
+        match s.next().await {
+            Some(Ok(b)) => {
+                let crc = ctxpod_wire::crc32c_combine(crc, ctxpod_wire::crc32c(&b), b.len());
+                let left = left.saturating_sub(b.len() as u64);
+                if left == 0 && want != Some(crc) {
+                    tracing::warn!(
+                        %member,
+                        "a member streamed a value whose bytes do not match its CRC32C: cut short"
+                    );
+                    let e = std::io::Error::other("value bytes do not match their CRC32C");
+                    return Some((Err(e), None));
+                }
+                Some((Ok(b), Some((s, crc, left, want, member))))
+            }
+            Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+            None => None,
+        }
     }))
 }

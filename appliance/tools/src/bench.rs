@@ -272,10 +272,15 @@ async fn phase(
     cxp1: bool,
     batch: usize,
 ) -> anyhow::Result<Row> {
+    // One value a request may be as large as a node stores (a value over 8 MiB travels as
+    // extents); a batch stays within one batch body.
+    let one_value = batch == 1 && size as u64 <= ctxpod_wire::VALUE_BYTES_MAX_DEFAULT;
     ensure!(
-        (1..=ctxpod_wire::BATCH_ENTRIES_MAX).contains(&batch)
-            && batch * size <= ctxpod_wire::BATCH_BODY_BYTES_MAX,
-        "--batch {batch} of {} blocks is outside 1..=1024 blocks and 64 MiB per request",
+        one_value
+            || ((1..=ctxpod_wire::BATCH_ENTRIES_MAX).contains(&batch)
+                && batch * size <= ctxpod_wire::BATCH_BODY_BYTES_MAX),
+        "--batch {batch} of {} blocks is outside 1..=1024 blocks and 64 MiB per request \
+         (a request of one value: up to 256 MiB)",
         ByteSize(size as u64)
     );
     let client = &node.client;

@@ -4,6 +4,7 @@
 use crate::common;
 
 mod doors;
+mod values;
 
 use common::etcd::{EtcdServer, PodEtcd};
 use common::metric_of;

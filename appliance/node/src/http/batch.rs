@@ -393,8 +393,15 @@ pub(crate) async fn batch_put(
         .min(ctxpod_wire::BATCH_BODY_BYTES_MAX);
     let _permit = st.admit_body(budget)?;
     let body = read_body(&h, body, ctxpod_wire::BATCH_BODY_BYTES_MAX).await?;
-    let entries =
-        frame::decode(&body).map_err(|e| ApiError::invalid(format!("bad batch frame: {e}")))?;
+    let entries = frame::decode(&body).map_err(|e| match e {
+        // A value over one record is a PUT of its own (streamed as extents).
+        frame::FrameError::TooLarge(..) => ApiError::too_large(format!(
+            "{e}: a batch carries blocks of up to {} bytes; PUT a larger value on its own \
+             (/v1/namespaces/{{ns}}/blocks/{{key}})",
+            ctxpod_wire::BLOCK_BYTES_MAX
+        )),
+        e => ApiError::invalid(format!("bad batch frame: {e}")),
+    })?;
     let mut jobs = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         let Some(d) = e.data else {

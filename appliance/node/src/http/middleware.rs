@@ -11,11 +11,12 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use ctxpod_wire::pod_plan::{Plan, ReadAnswer, WriteAnswer, WriteOutcome, WritePlan};
+use ctxpod_wire::pod_plan::{Plan, ReadAnswer, WriteAnswer, WritePlan};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::routed::{count_forwarded, forward_counted, pick_answer};
 use super::state::AppState;
 use crate::errors::ApiError;
 
@@ -242,6 +243,10 @@ async fn write_in_pod(
     mut plan: WritePlan,
     block: Option<&(String, Vec<u8>)>,
 ) -> Response {
+    if let Some(len) = large_put(&req) {
+        return super::pod_values::write_value_in_pod(st, view, req, next, (plan, len), block)
+            .await;
+    }
     let len = match body_charge(&req) {
         Ok(len) => len,
         Err(e) => return e.into_response(),
@@ -285,6 +290,19 @@ async fn write_in_pod(
         }
     }
     pick_answer(plan.finish().pop(), answers, is_delete)
+}
+
+/// The announced length of a routed PUT of a value over one record (streamed to its members
+/// as it arrives, not held).
+fn large_put(req: &Request) -> Option<u64> {
+    let n = req
+        .headers()
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    (req.method() == Method::PUT && n > ctxpod_wire::BLOCK_BYTES_MAX as u64).then_some(n)
 }
 
 /// What a routed write is charged against the ingest budget, the most it may hold, before
@@ -338,7 +356,8 @@ impl Sending<'_> {
                         let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
                         Some(next.run(local).await)
                     } else {
-                        forward_counted(st, member, parts, Some(body.clone()), "write").await
+                        let body = Some(body.clone().into());
+                        forward_counted(st, member, parts, body, "write").await
                     };
                     (m, resp)
                 }
@@ -366,32 +385,6 @@ impl Sending<'_> {
     }
 }
 
-/// The answer to a routed write, from its outcome and the members' answers.
-fn pick_answer(
-    outcome: Option<WriteOutcome>,
-    mut answers: BTreeMap<usize, Response>,
-    is_delete: bool,
-) -> Response {
-    let answer_of = |m: usize, answers: &mut BTreeMap<usize, Response>| answers.remove(&m);
-    let picked = match outcome {
-        Some(WriteOutcome::Refused { member }) => answer_of(member, &mut answers),
-        // A delete: the answer of a member that held it, else of the best ranked.
-        Some(WriteOutcome::Applied { members } | WriteOutcome::TooFew { members }) if is_delete => {
-            let held = members.iter().find(|m| m.1).or(members.first());
-            held.and_then(|&(m, _)| answer_of(m, &mut answers))
-        }
-        // A put: its best-ranked copy's answer.
-        Some(WriteOutcome::Applied { members }) => members
-            .first()
-            .and_then(|&(m, _)| answer_of(m, &mut answers)),
-        Some(WriteOutcome::TooFew { .. }) => {
-            return unavailable("fewer members than the pod's replication factor can be reached")
-        }
-        None => None,
-    };
-    picked.unwrap_or_else(|| unavailable("no member that may hold this block can be reached"))
-}
-
 /// 503 (retry after a second) for a block delete the pod cannot record.
 pub(crate) fn delete_not_recorded(e: ctxpod_pod::tombstones::Refused) -> Response {
     tracing::warn!("block delete refused: {e}");
@@ -402,56 +395,6 @@ pub(crate) fn delete_not_recorded(e: ctxpod_pod::tombstones::Refused) -> Respons
         e.to_string(),
     )
     .into_response()
-}
-
-/// Forwards a request to `m` and counts the outcome (`ctxpod_forwarded_total`); `None`
-/// when `m` cannot be reached.
-pub(crate) async fn forward_counted(
-    st: &AppState,
-    m: &ctxpod_pod::membership::MemberInfo,
-    parts: &axum::http::request::Parts,
-    body: Option<Bytes>,
-    outcome: &str,
-) -> Option<Response> {
-    match crate::forward::forward(
-        &st.peers,
-        m,
-        &st.node_id,
-        &parts.method,
-        &parts.uri,
-        &parts.headers,
-        parts
-            .extensions
-            .get::<Principal>()
-            .and_then(|p| p.tenant.as_deref()),
-        body,
-    )
-    .await
-    {
-        Ok(r) => {
-            count_forwarded(st, outcome);
-            Some(r)
-        }
-        Err(crate::forward::ForwardError::Unreachable) => {
-            count_forwarded(st, "unreachable");
-            None
-        }
-    }
-}
-
-/// `ctxpod_forwarded_total{outcome}`.
-pub(crate) fn count_forwarded(st: &AppState, outcome: &str) {
-    st.metrics.forwarded.with_label_values(&[outcome]).inc();
-}
-
-/// 503 with Retry-After: too few members could be reached.
-pub(crate) fn unavailable(message: &'static str) -> Response {
-    let mut r =
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response();
-    // Busy-style: clients retry after a moment (membership catches up within a lease).
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r
 }
 
 pub(crate) async fn authenticate(

@@ -13,6 +13,8 @@ pub mod input;
 pub mod middleware;
 pub mod namespaces;
 pub mod observe;
+mod pod_values;
+mod routed;
 pub mod routes;
 pub mod state;
 pub mod uploads;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::input::NsCall;
 use super::input::{json_object, present, read_body};
-use super::middleware::count_forwarded;
+use super::routed::count_forwarded;
 use super::state::{AppState, JSON_BODY_BYTES_MAX};
 use crate::errors::{ApiError, ApiResult};
 

@@ -99,6 +99,7 @@ pub(crate) async fn measure_size(
     let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1, a.batch).await?;
     put_fast.of_device = Some(put_fast.gb_per_s / dev_w.gb_per_s);
     print_write_path_stats(&node).await?;
+    print_peak_rss(&node, "PUT");
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
     let mut cold = phase(
@@ -118,6 +119,7 @@ pub(crate) async fn measure_size(
         s.hits - s.dram_hits,
         s.hits
     );
+    print_peak_rss(&node, "GET cold");
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_big, device, a).await?;
     phase(&node, size, n, a.concurrency, "warm-up", cxp1, a.batch).await?;
@@ -144,6 +146,23 @@ pub(crate) async fn measure_size(
     );
     rows.extend([dev_w, dev_r, put, put_fast, cold, hot]);
     Ok(())
+}
+
+/// The node process's peak resident memory (`VmHWM`) over its life so far, on stderr: what
+/// a phase's transfers held beside the index and the DRAM tier.
+fn print_peak_rss(node: &Node, phases: &str) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", node.child.id()));
+    let peak = status.ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    if let Some(kib) = peak {
+        eprintln!(
+            "  node peak RSS through the {phases} phases: {} MiB",
+            kib / 1024
+        );
+    }
 }
 
 /// After the PUT phases: the node's I/O engine, write amplification and its group commit,

@@ -29,7 +29,7 @@ fn http_answer(r: Result<(), ClientError>, ok: &str) -> String {
 }
 
 /// A door of the pod, and how it spells its answers.
-enum Door {
+pub(super) enum Door {
     /// The Rust HTTP pod client.
     Http(PodClient),
     /// The CXP1 pod client (the SDK's transport).
@@ -43,7 +43,7 @@ enum Door {
 }
 
 impl Door {
-    fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         match self {
             Door::Http(_) => "http_client",
             Door::Cxp1(_) => "cxp1_client",
@@ -54,7 +54,7 @@ impl Door {
     }
 
     /// The block's bytes, or why not ("hit" when they are `want`).
-    async fn get(&self, ns: &str, key: &[u8], want: &Bytes) -> String {
+    pub(super) async fn get(&self, ns: &str, key: &[u8], want: &Bytes) -> String {
         let got: Result<Option<Bytes>, String> = match self {
             Door::Http(pc) => pc.get(ns, key).await.map_err(|e| status_of(&e)),
             Door::Cxp1(tp) => match tp.get(ns, &[Bytes::copy_from_slice(key)]).await {
@@ -76,7 +76,7 @@ impl Door {
         }
     }
 
-    async fn put(&self, ns: &str, key: &[u8], data: Bytes) -> String {
+    pub(super) async fn put(&self, ns: &str, key: &[u8], data: Bytes) -> String {
         let d = Durability::Durable;
         let status = |s: u16| match s {
             200 | 201 => "stored".to_string(),
@@ -163,7 +163,7 @@ fn status_of(e: &ClientError) -> String {
 }
 
 /// A plain HTTP client (for requests no ctxpod client sends on its own).
-fn http() -> reqwest::Client {
+pub(super) fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .use_preconfigured_tls(ctxpod_client::connect::untrusting_tls_config())
         .build()
@@ -203,7 +203,13 @@ async fn offer_copy(url: &str, ns: &str, key: &[u8], data: &Bytes) -> u16 {
 }
 
 /// The key of row `row` for door `door`: its first-ranked member is `first` when given.
-fn key_for(pc: &PodClient, ns: &str, door: &str, row: usize, first: Option<&str>) -> Vec<u8> {
+pub(super) fn key_for(
+    pc: &PodClient,
+    ns: &str,
+    door: &str,
+    row: usize,
+    first: Option<&str>,
+) -> Vec<u8> {
     (0..10_000)
         .map(|n| format!("{door}/{row}/{n}").into_bytes())
         .find(|k| first.is_none_or(|f| pc.ranked(ns, k)[0] == f))
@@ -251,35 +257,13 @@ async fn every_door_gives_the_same_answers_to_the_pods_scenarios() {
 
     let tmp = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(tmp.path());
-    // Leases long enough that the killed member stays in every view: each door must get
-    // past a member the pod still names.
-    let config = pod_config("doors", &etcd, "lease_ttl_s = 60\n");
-    let mut nodes = Vec::new();
-    for id in ["a", "b", "c"] {
-        let args = ["--capacity", "256MiB", "--s3-listen", "127.0.0.1:0"];
-        nodes.push(
-            Node::start_configured(
-                &tmp.path().join(id),
-                &args,
-                &config(id),
-                Connect::default(),
-                false,
-            )
-            .await,
-        );
-    }
-    wait_views(&nodes, 3).await;
+    let DoorPod {
+        mut nodes,
+        urls,
+        seeds,
+        pc,
+    } = DoorPod::start(tmp.path(), &etcd, "doors", "256MiB").await;
     create_namespaces(&nodes[0]).await;
-    let urls: Vec<(String, String)> = ["a", "b", "c"]
-        .iter()
-        .zip(&nodes)
-        .map(|(id, n)| (id.to_string(), n.url.clone()))
-        .collect();
-    let seeds: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
-    let pc = PodClient::connect(&seeds, &Connect::default())
-        .await
-        .unwrap();
-    wait_members(&pc, 3).await;
     let doors = open_doors(&seeds, &nodes[0]).await;
 
     // Every row's state, for every door, before anything runs (the rows of the second
@@ -317,6 +301,53 @@ async fn every_door_gives_the_same_answers_to_the_pods_scenarios() {
     );
 }
 
+/// A pod of three (a, b, c) over `etcd` with the S3 door on, every member seen by all.
+pub(super) struct DoorPod {
+    pub(super) nodes: Vec<Node>,
+    /// (id, HTTP URL) of each member.
+    pub(super) urls: Vec<(String, String)>,
+    pub(super) seeds: Vec<String>,
+    pub(super) pc: PodClient,
+}
+
+impl DoorPod {
+    /// Leases long enough that a killed member stays in every view: each door must get
+    /// past a member the pod still names.
+    pub(super) async fn start(
+        dir: &std::path::Path,
+        etcd: &EtcdServer,
+        name: &str,
+        capacity: &str,
+    ) -> DoorPod {
+        let config = pod_config(name, etcd, "lease_ttl_s = 60\n");
+        let mut nodes = Vec::new();
+        for id in ["a", "b", "c"] {
+            let args = ["--capacity", capacity, "--s3-listen", "127.0.0.1:0"];
+            let cfg = config(id);
+            let at = dir.join(id);
+            let n = Node::start_configured(&at, &args, &cfg, Connect::default(), false);
+            nodes.push(n.await);
+        }
+        wait_views(&nodes, 3).await;
+        let urls: Vec<(String, String)> = ["a", "b", "c"]
+            .iter()
+            .zip(&nodes)
+            .map(|(id, n)| (id.to_string(), n.url.clone()))
+            .collect();
+        let seeds: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+        let pc = PodClient::connect(&seeds, &Connect::default())
+            .await
+            .unwrap();
+        wait_members(&pc, 3).await;
+        DoorPod {
+            nodes,
+            urls,
+            seeds,
+            pc,
+        }
+    }
+}
+
 /// The table's namespaces, created through `node`: `NS` (two copies of each block) and
 /// `SMALL` (two copies, 1 MiB of quota).
 async fn create_namespaces(node: &Node) {
@@ -334,7 +365,7 @@ async fn create_namespaces(node: &Node) {
 }
 
 /// Every door of the pod of `seeds`, the plain and S3 ones through node `a`.
-async fn open_doors(seeds: &[String], a: &Node) -> [Door; 5] {
+pub(super) async fn open_doors(seeds: &[String], a: &Node) -> [Door; 5] {
     let s3_addr = std::fs::read_to_string(a.dir.join("ctxpod.s3.addr")).unwrap();
     let s3 = aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::Config::builder()

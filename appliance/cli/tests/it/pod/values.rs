@@ -1,0 +1,110 @@
+//! Large values in a pod of three over etcd (issue #34): placement per value, through every
+//! door that carries them (the HTTP pod client, the CXP1 pod client, a node forwarding
+//! plain requests, the S3 door): each value of an engine's size (10 MiB + 1 B, 32 MiB +
+//! 28 B) lands whole on exactly its R = 2 ranked members, reads back through every door,
+//! and with its first member killed (`kill -9`, still named by the view) reads still hit
+//! and new puts still store two copies (the next member in rank takes the place: for a
+//! forwarded put, streamed from a member that stored it). The batch door carries blocks of
+//! one record only: a value over 8 MiB is refused there (413), nothing stored.
+
+use super::create_replicated;
+use super::doors::{http, key_for, open_doors, Door, DoorPod};
+use crate::common::block;
+use crate::common::etcd::EtcdServer;
+use bytes::Bytes;
+
+const NS: &str = "values";
+const MIB: usize = 1 << 20;
+
+/// Which of `nodes` (by id, in `urls`) hold `key` themselves (a HEAD each serves locally).
+async fn holders(urls: &[(String, String)], key: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (id, url) in urls {
+        let r = http()
+            .head(format!(
+                "{url}/v1/namespaces/{NS}/blocks/{}",
+                hex::encode(key)
+            ))
+            .header(ctxpod_wire::HEADER_ROUTED, "test")
+            .send()
+            .await
+            .expect("a HEAD");
+        if r.status() == 200 {
+            out.push(id.clone());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_are_placed_whole_on_their_members_through_every_door() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let DoorPod {
+        mut nodes,
+        urls,
+        seeds,
+        pc,
+    } = DoorPod::start(tmp.path(), &etcd, "values", "768MiB").await;
+    create_replicated(&nodes[0], NS, 2).await;
+    let doors = open_doors(&seeds, &nodes[0]).await;
+    let sizes = [10 * MIB + 1, 32 * MIB + 28];
+
+    // Every door puts a value of each size under a key whose first member is c.
+    let mut stored = Vec::new();
+    for (d, door) in doors.iter().enumerate() {
+        for (s, &size) in sizes.iter().enumerate() {
+            let key = key_for(&pc, NS, door.name(), s, Some("c"));
+            let data = block((d * 10 + s) as u64, size);
+            let got = door.put(NS, &key, data.clone()).await;
+            if matches!(door, Door::Batch(_)) {
+                assert_eq!(got, "refused 413", "batch door, {size} B");
+                assert!(holders(&urls, &key).await.is_empty());
+                continue;
+            }
+            assert_eq!(got, "stored", "{}, {size} B", door.name());
+            let mut want: Vec<String> = pc.ranked(NS, &key)[..2].to_vec();
+            want.sort();
+            assert_eq!(
+                holders(&urls, &key).await,
+                want,
+                "{}, {size} B",
+                door.name()
+            );
+            stored.push((key, data));
+        }
+    }
+    let reads = async |doors: &[Door], stored: &[(Vec<u8>, Bytes)], when: &str| {
+        for door in doors.iter().filter(|d| !matches!(d, Door::Batch(_))) {
+            for (key, data) in stored {
+                let got = door.get(NS, key, data).await;
+                assert_eq!(got, "hit", "{} {when}, {} B", door.name(), data.len());
+            }
+        }
+    };
+    reads(&doors, &stored, "with every member up").await;
+
+    // c is killed: every value it held is read from its second member, and new values
+    // whose first member is c are stored on the two others.
+    nodes[2].kill9();
+    reads(&doors, &stored, "with c killed").await;
+    let mut after = Vec::new();
+    for (d, door) in doors.iter().enumerate() {
+        if matches!(door, Door::Batch(_)) {
+            continue;
+        }
+        let key = key_for(&pc, NS, door.name(), 9, Some("c"));
+        let data = block((100 + d) as u64, 10 * MIB + 1);
+        let got = door.put(NS, &key, data.clone()).await;
+        assert_eq!(got, "stored", "{} with c killed", door.name());
+        let up = &urls[..2];
+        assert_eq!(
+            holders(up, &key).await,
+            ["a", "b"],
+            "{} with c killed",
+            door.name()
+        );
+        after.push((key, data));
+    }
+    reads(&doors, &after, "put with c killed").await;
+}

@@ -1,0 +1,198 @@
+//! A routed PUT of a value over one record (issue #34) in a pod of several: placement per
+//! value, every extent of a value on the value's R members (docs/ARCHITECTURE.md, "Large
+//! values"). The body is not held: each piece, as it arrives, goes to every one of the R
+//! members at once (this node's own copy through the rest of its stack, the others'
+//! forwarded), each through a short queue, so the request holds at most
+//! `VALUE_WRITE_BYTES_MAX` of the ingest budget whatever the value's size, and the slowest
+//! member sets the pace (TCP backpressure to the client).
+//!
+//! A member that cannot be reached is replaced by the next in rank, as for a block; the
+//! body is gone by then, so the replacement's copy is streamed from a member that stored
+//! the value (read back as any GET, its extents checked), not held by this node.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use ctxpod_wire::pod_plan::{Plan, WriteAnswer, WritePlan};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use tokio::sync::mpsc;
+
+use super::routed::{forward_counted, pick_answer};
+use super::state::AppState;
+use crate::errors::ApiError;
+
+/// Pieces of the body queued for one member at most (hyper's pieces are up to a few tens of
+/// KiB: a few MiB per member).
+const QUEUED_PIECES: usize = 64;
+
+type Piece = Result<Bytes, std::io::Error>;
+
+/// Streams the PUT of a value of `len` bytes to the members of its plan's first round at
+/// once; their answers make the PUT's, as a block's do.
+pub(super) async fn write_value_in_pod(
+    st: &AppState,
+    view: &ctxpod_pod::membership::PodView,
+    req: Request,
+    next: Next,
+    (mut plan, len): (WritePlan, u64),
+    block: Option<&(String, Vec<u8>)>,
+) -> Response {
+    let max = st.engine.value_bytes_max();
+    if len > max {
+        let m = format!(
+            "a value of {len} bytes is over the node's value limit of {max} bytes (value_bytes_max)"
+        );
+        return ApiError::too_large(m).into_response();
+    }
+    let held = (len as usize).min(ctxpod_engine::VALUE_WRITE_BYTES_MAX);
+    let _permit = match st.admit_body(held) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let Some(round) = plan.next_round() else {
+        return pick_answer(plan.finish().pop(), BTreeMap::new(), false);
+    };
+    let members: Vec<usize> = round.into_keys().collect();
+    let (parts, body) = req.into_parts();
+    let mut txs = Vec::with_capacity(members.len());
+    let mut rxs = Vec::with_capacity(members.len());
+    for _ in &members {
+        let (tx, rx) = mpsc::channel::<Piece>(QUEUED_PIECES);
+        txs.push(Some(tx));
+        rxs.push(rx);
+    }
+    let sends = members.iter().zip(rxs).map(|(&m, rx)| {
+        let (member, parts, next) = (&view.members[m], &parts, next.clone());
+        let pieces =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+        async move {
+            if member.id == *st.node_id {
+                let local = Request::from_parts(parts.clone(), Body::from_stream(pieces));
+                Some(next.run(local).await)
+            } else {
+                let body = Some(reqwest::Body::wrap_stream(pieces));
+                forward_counted(st, member, parts, body, "write").await
+            }
+        }
+    });
+    let (answers, _) = futures::join!(futures::future::join_all(sends), pump(body, txs));
+    let mut by_member = BTreeMap::new();
+    let mut stored = Vec::new();
+    for (m, resp) in members.into_iter().zip(answers) {
+        take_answer(&mut plan, &mut by_member, &mut stored, m, resp);
+    }
+    // Members that could not be reached: the next in rank each get a copy from one that
+    // stored it.
+    while let Some(round) = plan.next_round() {
+        for m in round.into_keys() {
+            let resp = match stored.first() {
+                Some(&from) => {
+                    let scoped = block.map(|(ns, key)| (ns.as_str(), key.as_slice()));
+                    copy_between(st, view, (&parts, &next), scoped, (from, m)).await
+                }
+                None => None,
+            };
+            take_answer(&mut plan, &mut by_member, &mut stored, m, resp);
+        }
+    }
+    pick_answer(plan.finish().pop(), by_member, false)
+}
+
+/// Member `m`'s answer to the value's PUT, into the plan (`None`: it could not be reached).
+fn take_answer(
+    plan: &mut WritePlan,
+    by_member: &mut BTreeMap<usize, Response>,
+    stored: &mut Vec<usize>,
+    m: usize,
+    resp: Option<Response>,
+) {
+    let Some(resp) = resp else {
+        plan.answer(m, 0, WriteAnswer::Unreachable);
+        return;
+    };
+    let s = resp.status();
+    let a = if s.is_success() {
+        stored.push(m);
+        WriteAnswer::Applied {
+            changed: s == axum::http::StatusCode::CREATED,
+        }
+    } else {
+        WriteAnswer::Refused
+    };
+    plan.answer(m, 0, a);
+    by_member.insert(m, resp);
+}
+
+/// Streams the value from member `from`, which stored it, to member `to`, as a GET of it
+/// fed into a PUT (each member checks what it reads and what it takes); `to`'s answer, or
+/// `None` when either cannot be reached.
+async fn copy_between(
+    st: &AppState,
+    view: &ctxpod_pod::membership::PodView,
+    (parts, next): (&axum::http::request::Parts, &Next),
+    scoped: Option<(&str, &[u8])>,
+    (from, to): (usize, usize),
+) -> Option<Response> {
+    let mut get = parts.clone();
+    get.method = axum::http::Method::GET;
+    get.headers.remove(axum::http::header::CONTENT_LENGTH);
+    get.headers.remove(ctxpod_wire::HEADER_CRC32C);
+    let src = &view.members[from];
+    let found = if src.id == *st.node_id {
+        // This node's own copy, read as its GET would (`next` is the PUT's handler).
+        let (ns, key) = scoped?;
+        let reader = st.engine.open_value(ns, key, None).await.ok()??;
+        let held = ctxpod_engine::VALUE_READ_BYTES_MAX.min(reader.len() as usize);
+        let permits = st.admit_egress(None, held).await.ok()?;
+        let sent = st.metrics.sent_bytes.clone();
+        Response::new(super::blocks::body_streaming(reader, permits, sent))
+    } else {
+        forward_counted(st, src, &get, None, "read").await?
+    };
+    if found.status() != axum::http::StatusCode::OK {
+        return None;
+    }
+    let pieces = found
+        .into_body()
+        .into_data_stream()
+        .map(|p| p.map_err(std::io::Error::other));
+    let dst = &view.members[to];
+    if dst.id == *st.node_id {
+        let local = Request::from_parts(parts.clone(), Body::from_stream(pieces));
+        Some(next.clone().run(local).await)
+    } else {
+        let body = Some(reqwest::Body::wrap_stream(pieces));
+        forward_counted(st, dst, parts, body, "write").await
+    }
+}
+
+/// The client's body, piece by piece, to every member still taking it (one that answered
+/// already, a refusal, stops taking it); a body cut short ends every member's with an error.
+async fn pump(body: Body, mut txs: Vec<Option<mpsc::Sender<Piece>>>) {
+    let mut pieces = body.into_data_stream();
+    while let Some(piece) = pieces.next().await {
+        let piece = piece.map_err(std::io::Error::other);
+        for tx in txs.iter_mut() {
+            let gone = match tx {
+                Some(t) => t.send(clone_piece(&piece)).await.is_err(),
+                None => false,
+            };
+            if gone {
+                *tx = None;
+            }
+        }
+        if piece.is_err() || txs.iter().all(Option::is_none) {
+            return;
+        }
+    }
+}
+
+fn clone_piece(p: &Piece) -> Piece {
+    match p {
+        Ok(b) => Ok(b.clone()),
+        Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+    }
+}
