@@ -4,6 +4,7 @@
 # appliance/cli/examples/s3_bench.rs (PUT then GET of COUNT blocks of 64 KiB, 1 MiB and 4 MiB
 # through each, CONCURRENCY in flight). docs/PERFORMANCE.md has a run.
 #   COUNT=256 CONCURRENCY=8 bash bench/s3.sh
+#   SIZES=33554432 COUNT=32 CONCURRENCY=4 bash bench/s3.sh   (large values: 32 MiB each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ctxpod-target}"
@@ -31,4 +32,5 @@ for _ in $(seq 600); do [ -s "$dir/data/ctxpod.addr" ] && break; sleep 0.1; done
 http="http://$(cat "$dir/data/ctxpod.addr")"
 "$CARGO_TARGET_DIR/debug/examples/s3_bench" --s3 "http://$(cat "$dir/data/ctxpod.s3.addr")" \
   --http "$http" --transfer "$(cat "$dir/data/ctxpod.transfer.addr")" --token "$token" \
-  --ak "$ak" --sk "$sk" --count "${COUNT:-256}" --concurrency "${CONCURRENCY:-8}"
+  --ak "$ak" --sk "$sk" --count "${COUNT:-256}" --concurrency "${CONCURRENCY:-8}" \
+  ${SIZES:+--sizes "$SIZES"}

@@ -226,6 +226,25 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
         Ok(())
     }
 
+    /// Appends the next `n` bytes to `dst` (first from the buffer, then from the socket
+    /// straight into `dst`'s spare capacity: memory a caller reserved is filled once, never
+    /// zeroed first).
+    pub async fn read_append(&mut self, dst: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+        let k = self.buf.len().min(n);
+        dst.extend_from_slice(&self.buf[..k]);
+        self.buf.advance(k);
+        let mut left = n - k;
+        while left > 0 {
+            let mut room = bytes::BufMut::limit(&mut *dst, left);
+            let got = self.rd.read_buf(&mut room).await?;
+            if got == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            left -= got;
+        }
+        Ok(())
+    }
+
     /// Discards the next `n` bytes (in bounded pieces).
     pub async fn skip(&mut self, mut n: usize) -> std::io::Result<()> {
         let k = self.buf.len().min(n);

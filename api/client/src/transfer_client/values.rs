@@ -133,9 +133,8 @@ async fn land(
         }
     };
     let mut buf = buf;
-    let dst = &mut buf[at..at + head.len];
-    input.read_into(dst).await?;
-    let good = ctxpod_wire::crc32c(dst) == head.crc;
+    input.read_append(&mut buf, head.len).await?;
+    let good = ctxpod_wire::crc32c(&buf[at..at + head.len]) == head.crc;
     let mut s = sink.state.lock().expect("sink");
     if !good {
         return Ok(Some(Err(TransferError::Corrupt(0))));
@@ -173,11 +172,13 @@ fn plan_landing(
                 max: s.limit as usize,
             });
         }
-        s.buf = Some(vec![0u8; want as usize]);
+        s.buf = Some(Vec::with_capacity(want as usize));
     }
     let fits = head.offset == s.next && head.offset + head.len as u64 <= end;
     match s.buf.take() {
-        Some(b) if fits => Ok((b, (head.offset - s.start) as usize, end)),
+        Some(b) if fits && b.len() as u64 == head.offset - s.start => {
+            Ok((b, (head.offset - s.start) as usize, end))
+        }
         _ => Err(TransferError::Unexpected(Op::GetValue)),
     }
 }
