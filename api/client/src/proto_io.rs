@@ -35,7 +35,7 @@ static RECYCLED: Mutex<Idle> = Mutex::new(Idle {
 
 /// A buffer of capacity `n` rounded up to its class: an idle one if there is one (its
 /// contents are stale; every byte handed out is overwritten first), a new one otherwise.
-fn recycled_buf(n: usize) -> Vec<u8> {
+pub(crate) fn recycled_buf(n: usize) -> Vec<u8> {
     let cap = n.next_multiple_of(RECYCLE_CLASS_BYTES);
     let mut idle = RECYCLED.lock().expect("recycled buffers");
     if let Some(buf) = idle.by_cap.get_mut(&cap).and_then(Vec::pop) {
@@ -48,9 +48,17 @@ fn recycled_buf(n: usize) -> Vec<u8> {
 
 /// A taken body in a recycled buffer; dropping the last `Bytes` that views it gives the
 /// buffer back, or frees it when the idle buffers already hold [`RECYCLE_KEEP_BYTES`].
-struct Recycled {
+pub(crate) struct Recycled {
     buf: Vec<u8>,
     len: usize,
+}
+
+impl Recycled {
+    /// The first `len` bytes of `buf` (from [`recycled_buf`]), given back when the last
+    /// `Bytes` viewing them is dropped.
+    pub(crate) fn bytes(buf: Vec<u8>, len: usize) -> Bytes {
+        Bytes::from_owner(Recycled { buf, len })
+    }
 }
 
 impl AsRef<[u8]> for Recycled {
@@ -222,25 +230,6 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
         self.buf.advance(n);
         if n < dst.len() {
             self.rd.read_exact(&mut dst[n..]).await?;
-        }
-        Ok(())
-    }
-
-    /// Appends the next `n` bytes to `dst` (first from the buffer, then from the socket
-    /// straight into `dst`'s spare capacity: memory a caller reserved is filled once, never
-    /// zeroed first).
-    pub async fn read_append(&mut self, dst: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-        let k = self.buf.len().min(n);
-        dst.extend_from_slice(&self.buf[..k]);
-        self.buf.advance(k);
-        let mut left = n - k;
-        while left > 0 {
-            let mut room = bytes::BufMut::limit(&mut *dst, left);
-            let got = self.rd.read_buf(&mut room).await?;
-            if got == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            left -= got;
         }
         Ok(())
     }
