@@ -46,11 +46,13 @@ struct UploadState {
 /// An extent written, with the epoch of its region then.
 type Placed = (ExtentLoc, u64);
 
-/// A part written: its extents, length and CRC32C.
+/// A part written: its extents, length and CRC32C, and its bytes counted against its
+/// namespace's quota (pending) until the upload ends.
 struct Part {
     extents: Vec<Placed>,
     len: u64,
     crc: u32,
+    _pending: Option<put::Pending>,
 }
 
 /// A part as ListParts gives it.
@@ -67,6 +69,24 @@ pub struct UploadInfo {
     pub id: u64,
     pub key: Vec<u8>,
     pub started_ms: u64,
+}
+
+/// A part of `len` bytes of an upload into `ns`, counted against its quota from now on
+/// (`None` without a quota); refused when the namespace's written and pending bytes (other
+/// parts, values being written) and the part's would be over it. Parts take device space
+/// before any completion: without this, uploads could fill the device past any quota.
+fn part_pending(ns: &Arc<Namespace>, len: u64) -> Result<Option<put::Pending>> {
+    let Some(q) = ns.quota_bytes() else {
+        return Ok(None);
+    };
+    let held = ns.used_bytes.load(Ordering::Relaxed) + ns.pending_bytes.load(Ordering::SeqCst);
+    if held + len > q {
+        return Err(EngineError::Quota(format!(
+            "namespace {} is at its quota (its uploads' parts count from when they are written)",
+            ns.name
+        )));
+    }
+    Ok(Some(put::Pending::new(ns.clone(), len)))
 }
 
 /// A part being written: [`Engine::upload_part`], its pieces (each
@@ -174,7 +194,7 @@ impl Engine {
             dek: upload.dek.clone(),
             done: Vec::new(),
             in_flight: std::collections::VecDeque::new(),
-            _pending: None,
+            _pending: part_pending(&upload.ns, len)?,
         };
         Ok(PartWriter {
             engine: self,
@@ -220,6 +240,8 @@ impl Engine {
                 "no upload {id:x} of this key"
             )));
         }
+        // The value's bytes are pending now: its parts' are not counted twice.
+        upload.state.lock().parts.clear();
         let bkey = block_key(ns.id, key);
         let x = Extents {
             value_seq: upload.seq,
@@ -366,6 +388,7 @@ impl PartWriter<'_> {
             extents: std::mem::take(&mut self.x.done),
             len: self.len,
             crc: self.crc,
+            _pending: self.x._pending.take(),
         };
         let info = PartInfo {
             number: self.number,

@@ -460,9 +460,17 @@ async fn a_rotten_extent_quarantines_the_whole_value() {
 
 /// Writes part `number` of upload `id` from `v`, as a door would.
 async fn put_part(e: &Engine, key: &[u8], id: u64, number: u32, v: &[u8]) -> Result<PartInfo> {
-    let mut w = e
-        .upload_part("default", key, id, (number, v.len() as u64))
-        .await?;
+    put_part_in(e, "default", key, (id, number), v).await
+}
+
+async fn put_part_in(
+    e: &Engine,
+    ns: &str,
+    key: &[u8],
+    (id, number): (u64, u32),
+    v: &[u8],
+) -> Result<PartInfo> {
+    let mut w = e.upload_part(ns, key, id, (number, v.len() as u64)).await?;
     write_all(&mut w, v).await?;
     w.finish(Some(crc32c::crc32c(v))).await
 }
@@ -595,5 +603,47 @@ async fn aborted_unknown_and_small_uploads() {
     let got = e.get("default", b"small").await.expect("get").map(|b| b.0);
     assert_eq!(got.as_deref(), Some(&parts[1][..100_000]));
     assert_eq!(e.stats().block_count, 2);
+    e.shutdown().await;
+}
+
+/// The parts of a namespace's uploads count against its quota from when they are written
+/// (they take device space before any completion): a part that would take the namespace's
+/// written and pending bytes over its quota is refused before a byte of it is written, and
+/// an aborted upload gives its parts' bytes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_parts_count_against_the_quota_as_they_are_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(cfg(dir.path(), 256 << 20), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    e.create_namespace("q", Some(24 << 20))
+        .await
+        .expect("namespace");
+    let part = data(30, 10 << 20);
+    let a = e.create_upload("q", b"a").await.expect("create a");
+    let b = e.create_upload("q", b"b").await.expect("create b");
+    put_part_in(&e, "q", b"a", (a, 1), &part)
+        .await
+        .expect("a, part 1");
+    put_part_in(&e, "q", b"b", (b, 1), &part)
+        .await
+        .expect("b, part 1");
+    let over = put_part_in(&e, "q", b"a", (a, 2), &part).await;
+    assert!(matches!(over, Err(EngineError::Quota(_))), "{over:?}");
+    assert!(e.abort_upload("q", b"b", b).expect("abort b"));
+    put_part_in(&e, "q", b"a", (a, 2), &part)
+        .await
+        .expect("a, part 2 after b's abort");
+    // Completed, the value's bytes are the namespace's: nothing counted twice.
+    let st = e
+        .complete_upload("q", b"a", a, &[1, 2])
+        .await
+        .expect("complete");
+    assert_eq!(st, PutStatus::Created);
+    let info = e.namespace("q").expect("info");
+    assert_eq!(info.used_bytes, 20 << 20);
+    let over = e.create_upload("q", b"c").await.expect("create c");
+    let r = put_part_in(&e, "q", b"c", (over, 1), &part).await;
+    assert!(matches!(r, Err(EngineError::Quota(_))), "{r:?}");
     e.shutdown().await;
 }
