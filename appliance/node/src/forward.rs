@@ -78,7 +78,9 @@ pub async fn forward(
     let resp = req.send().await.map_err(|_| ForwardError::Unreachable)?;
     let mut out = Response::builder().status(resp.status());
     // A block's bytes are checked before they are passed on (≤ 8 MiB: buffered).
-    let block_get = *method == Method::GET && resp.status() == StatusCode::OK;
+    let block_get = *method == Method::GET
+        && resp.status() == StatusCode::OK
+        && ctxpod_pod::route::block_of(uri.path()).is_some();
     let crc = resp.headers().get(ctxpod_wire::HEADER_CRC32C).cloned();
     for (name, value) in resp.headers() {
         if matches!(

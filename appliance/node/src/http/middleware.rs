@@ -166,6 +166,11 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
     if view.members.len() < 2 || req.headers().contains_key(forward::HEADER_FORWARDED) {
         return next.run(req).await;
     }
+    // A multipart upload lives on its key's first member.
+    if let Some((ns, key)) = super::pod_values::upload_of(req.uri().path()) {
+        let ns = ns.to_string();
+        return super::pod_values::to_upload_home(&st, &view, req, next, (&ns, &key)).await;
+    }
     // The block, by its namespace's node-side name.
     let mut block = None;
     let mut placed = None;

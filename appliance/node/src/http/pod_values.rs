@@ -9,6 +9,10 @@
 //! A member that cannot be reached is replaced by the next in rank, as for a block; the
 //! body is gone by then, so the replacement's copy is streamed from a member that stored
 //! the value (read back as any GET, its extents checked), not held by this node.
+//!
+//! Multipart uploads live in one node's memory: every request of a key's uploads goes to
+//! the key's first-ranked member, its home (`to_upload_home`), which at completion copies
+//! the value to the key's other members (`replicate_upload`) before it answers.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -195,4 +199,154 @@ fn clone_piece(p: &Piece) -> Piece {
         Ok(b) => Ok(b.clone()),
         Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
     }
+}
+
+/// The namespace and key of a multipart-upload request's path
+/// (`/v1/namespaces/{ns}/blocks/{key}/uploads…`).
+pub(super) fn upload_of(path: &str) -> Option<(&str, Vec<u8>)> {
+    let rest = path.strip_prefix("/v1/namespaces/")?;
+    let (ns, rest) = rest.split_once('/')?;
+    let rest = rest.strip_prefix("blocks/")?;
+    let (key, tail) = rest.split_once('/')?;
+    if ns.is_empty() || !(tail == "uploads" || tail.starts_with("uploads/")) {
+        return None;
+    }
+    Some((ns, hex::decode(key).ok()?))
+}
+
+/// A multipart-upload request in a pod of several: served by the key's first-ranked member
+/// (its **home**), where the upload lives, forwarded there with its body streamed. Its home
+/// unreachable, the request answers 503 (an upload lives in one node's memory: it cannot
+/// move).
+pub(super) async fn to_upload_home(
+    st: &AppState,
+    view: &ctxpod_pod::membership::PodView,
+    req: Request,
+    next: Next,
+    (ns, key): (&str, &[u8]),
+) -> Response {
+    let Some(home) = view.ranked(ns, key).first().copied().cloned() else {
+        return next.run(req).await;
+    };
+    if home.id == *st.node_id {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let has_body = matches!(
+        parts.method,
+        axum::http::Method::PUT | axum::http::Method::POST
+    );
+    let answer = if has_body {
+        // The body is read to its end here (not just to its length by the HTTP client):
+        // a stream that checks what passes through it (the S3 door's checksums) sees its end.
+        let (tx, rx) = mpsc::channel::<Piece>(QUEUED_PIECES);
+        let pieces =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+        let out = Some(reqwest::Body::wrap_stream(pieces));
+        let forwarded = forward_counted(st, &home, &parts, out, "upload");
+        futures::join!(forwarded, pump(body, vec![Some(tx)])).0
+    } else {
+        forward_counted(st, &home, &parts, None, "upload").await
+    };
+    match answer {
+        Some(r) => r,
+        None => {
+            let m = "the member that holds this key's uploads cannot be reached; retry";
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                m,
+            )
+            .into_response()
+        }
+    }
+}
+
+/// After a multipart upload completed here (its home), the value copied to the key's
+/// other members as a PUT would place it (the write plan over the pod: this node's copy
+/// counts as one, a member that cannot be reached is replaced by the next in rank), each
+/// copy streamed from this node's own. `h` and `p`: the completing caller's headers and
+/// identity, under which the copies are sent. An error when fewer than the namespace's
+/// copies could be made (or a member refused one).
+pub(super) async fn replicate_upload(
+    st: &AppState,
+    (h, p): (&axum::http::HeaderMap, &crate::auth::Principal),
+    (ns, key): (&str, &[u8]),
+    (scoped, len): (&str, u64),
+) -> Result<(), ApiError> {
+    use ctxpod_pod::route::Route;
+    let view = st.pod.view();
+    if view.members.len() < 2 {
+        return Ok(());
+    }
+    let copies = st.replication_of(scoped);
+    let Some(mut plan) = (Route::Write { copies }).write_plan(&view, ns, key) else {
+        return Ok(());
+    };
+    let mut put = Request::builder()
+        .method(axum::http::Method::PUT)
+        .uri(format!("/v1/namespaces/{ns}/blocks/{}", hex::encode(key)))
+        .body(())
+        .expect("a request")
+        .into_parts()
+        .0;
+    put.headers = h.clone();
+    for name in [
+        axum::http::header::CONTENT_TYPE,
+        axum::http::header::TRANSFER_ENCODING,
+        axum::http::header::EXPECT,
+    ] {
+        put.headers.remove(name);
+    }
+    put.headers.remove(ctxpod_pod::route::HEADER_FORWARDED);
+    put.headers
+        .insert(axum::http::header::CONTENT_LENGTH, len.into());
+    put.extensions.insert(p.clone());
+    let mut by_member = BTreeMap::new();
+    while let Some(round) = plan.next_round() {
+        for m in round.into_keys() {
+            let member = &view.members[m];
+            if member.id == *st.node_id {
+                // This node's copy: the completed value.
+                plan.answer(m, 0, WriteAnswer::Applied { changed: true });
+                by_member.insert(m, axum::http::StatusCode::CREATED.into_response());
+                continue;
+            }
+            let resp = copy_local(st, &put, member, (scoped, key)).await;
+            let mut stored = Vec::new();
+            take_answer(&mut plan, &mut by_member, &mut stored, m, resp);
+        }
+    }
+    let answer = pick_answer(plan.finish().pop(), by_member, false);
+    if answer.status().is_success() {
+        Ok(())
+    } else {
+        let st = answer.status();
+        Err(ApiError::new(
+            st,
+            "not_replicated",
+            format!(
+                "the value is stored on this member, but its copies on the pod's other members \
+                 were not all made ({st}): read repair completes them as it is read"
+            ),
+        ))
+    }
+}
+
+/// This node's copy of a value PUT to `member`: its answer, or `None` if either end failed.
+async fn copy_local(
+    st: &AppState,
+    put: &axum::http::request::Parts,
+    member: &ctxpod_pod::membership::MemberInfo,
+    (scoped, key): (&str, &[u8]),
+) -> Option<Response> {
+    let reader = st.engine.open_value(scoped, key, None).await.ok()??;
+    let held = ctxpod_engine::VALUE_READ_BYTES_MAX.min(reader.len() as usize);
+    let permits = st.admit_egress(None, held).await.ok()?;
+    let sent = st.metrics.sent_bytes.clone();
+    let pieces = super::blocks::body_streaming(reader, permits, sent)
+        .into_data_stream()
+        .map(|p| p.map_err(std::io::Error::other));
+    let body = Some(reqwest::Body::wrap_stream(pieces));
+    forward_counted(st, member, put, body, "write").await
 }

@@ -4,8 +4,11 @@
 //! streams a part into extents, `POST …/uploads/{id}` with `{"parts": [n, …]}` completes
 //! it (no byte copied), `DELETE …/uploads/{id}` aborts it, `GET …/uploads/{id}` lists its
 //! parts and `GET /v1/namespaces/{ns}/uploads` the namespace's uploads. An upload id is 16
-//! hex digits. Uploads live in this node's memory: in a pod of several members they answer
-//! 501 (a value assembled here would not be where the pod places it).
+//! hex digits. Uploads live in one node's memory: in a pod of several members every
+//! request of a key's uploads is served by the key's first-ranked member (`route_in_pod`),
+//! which, once an upload completes, copies the value to the key's other members
+//! (`pod_values::replicate_upload`). Listing a namespace's uploads answers 501 in a pod of
+//! several (they are spread over its members).
 
 use axum::body::Body;
 use axum::extract::Path;
@@ -38,13 +41,6 @@ struct UploadCall {
 /// The call to an upload of `key` in `ns`, the namespace known to exist (so that a
 /// `NotFound` of the engine after this is the upload's).
 fn call(st: AppState, p: &Principal, ns: &str, key: &str) -> ApiResult<UploadCall> {
-    if st.pod.view().members.len() >= 2 {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
-            "multipart uploads are served by a node on its own, not yet in a pod of several",
-        ));
-    }
     let c = UploadCall {
         ns: scope(p, ns)?,
         key: parse_key(key)?,
@@ -148,11 +144,10 @@ pub(crate) async fn complete_upload(
                 }
                 e => upload_error(e),
             })?;
-    let crc =
-        c.st.engine
-            .block_meta(&c.ns, &c.key)
-            .await?
-            .map_or(0, |m| m.crc32c);
+    let meta = c.st.engine.block_meta(&c.ns, &c.key).await?;
+    let (crc, len) = meta.map_or((0, 0), |m| (m.crc32c, m.len as u64));
+    // In a pod, the value's other copies, before the completion is answered.
+    super::pod_values::replicate_upload(&c.st, (&h, &p), (&ns, &c.key), (&c.ns, len)).await?;
     let code = match status {
         PutStatus::Created => StatusCode::CREATED,
         PutStatus::Exists => StatusCode::OK,
@@ -226,6 +221,13 @@ pub(crate) async fn list_uploads(
     NsCall { st, scoped, .. }: NsCall,
     uri: axum::http::Uri,
 ) -> ApiResult<Json<UploadList>> {
+    if st.pod.view().members.len() >= 2 {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_implemented",
+            "a namespace's uploads are listed by a node on its own, not yet in a pod of several              (each key's uploads live on its first member)",
+        ));
+    }
     let q = axum::extract::Query::<UploadsQuery>::try_from_uri(&uri)
         .map_err(|e| ApiError::invalid(format!("bad query: {}", e.body_text())))?
         .0;

@@ -36,6 +36,52 @@ async fn holders(urls: &[(String, String)], key: &[u8]) -> Vec<String> {
     out
 }
 
+/// A multipart upload of `parts` as `key` through the S3 door: "stored", or why not.
+async fn s3_multipart(s3: &aws_sdk_s3::Client, key: &str, parts: &[Bytes]) -> String {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let up = s3
+        .create_multipart_upload()
+        .bucket(NS)
+        .key(key)
+        .send()
+        .await;
+    let id = match up {
+        Ok(u) => u.upload_id.expect("an upload id"),
+        Err(e) => return format!("create failed: {e:?}"),
+    };
+    let mut done = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        let n = i as i32 + 1;
+        let part = s3
+            .upload_part()
+            .bucket(NS)
+            .key(key)
+            .upload_id(&id)
+            .part_number(n);
+        match part.body(p.clone().into()).send().await {
+            Ok(o) => done.push(
+                CompletedPart::builder()
+                    .part_number(n)
+                    .set_e_tag(o.e_tag)
+                    .build(),
+            ),
+            Err(e) => return format!("part {n} failed: {e:?}"),
+        }
+    }
+    let all = CompletedMultipartUpload::builder()
+        .set_parts(Some(done))
+        .build();
+    let complete = s3
+        .complete_multipart_upload()
+        .bucket(NS)
+        .key(key)
+        .upload_id(&id);
+    match complete.multipart_upload(all).send().await {
+        Ok(_) => "stored".into(),
+        Err(e) => format!("complete failed: {e:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_values_are_placed_whole_on_their_members_through_every_door() {
     let tmp = tempfile::tempdir().unwrap();
@@ -83,6 +129,26 @@ async fn large_values_are_placed_whole_on_their_members_through_every_door() {
         }
     };
     reads(&doors, &stored, "with every member up").await;
+
+    // S3 multipart uploads through node a's door, of keys whose first member (where the
+    // upload lives) is a itself, b and c: completed, each value is on its two members.
+    let Door::S3(s3) = &doors[4] else {
+        panic!("door 4 is the S3 door")
+    };
+    let mut uploaded = Vec::new();
+    for (i, home) in ["a", "b", "c"].into_iter().enumerate() {
+        let key = key_for(&pc, NS, "multipart", i, Some(home));
+        let parts = [block(50 + i as u64, 5 * MIB), block(60 + i as u64, MIB + 7)];
+        let key_s = std::str::from_utf8(&key).unwrap();
+        let got = s3_multipart(s3, key_s, &parts).await;
+        assert_eq!(got, "stored", "home {home}");
+        let whole = Bytes::from([&parts[0][..], &parts[1][..]].concat());
+        let mut want: Vec<String> = pc.ranked(NS, &key)[..2].to_vec();
+        want.sort();
+        assert_eq!(holders(&urls, &key).await, want, "multipart, home {home}");
+        uploaded.push((key, whole));
+    }
+    reads(&doors, &uploaded, "after multipart uploads").await;
 
     // c is killed: every value it held is read from its second member, and new values
     // whose first member is c are stored on the two others.
