@@ -330,11 +330,39 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(ctxpod_wire::parse_crc32c_hex)
             .ok_or_else(|| ClientError::Malformed("missing x-ctxpod-crc32c".into()))?;
-        let body = resp.bytes().await?;
-        if ctxpod_wire::crc32c(&body) != crc {
-            return Err(ClientError::Integrity { key: key_hex(key) });
+        let large = resp
+            .content_length()
+            .filter(|&n| n > ctxpod_wire::BLOCK_BYTES_MAX as u64);
+        let body = match large {
+            Some(n) => Self::value_body(resp, n as usize, crc).await?,
+            None => Some(resp.bytes().await?).filter(|b| ctxpod_wire::crc32c(b) == crc),
+        };
+        body.map(Some)
+            .ok_or_else(|| ClientError::Integrity { key: key_hex(key) })
+    }
+
+    /// A large value's body, received piece by piece into a recycled buffer (no page
+    /// faults for values read over and over) and checksummed as each piece arrives, while
+    /// it is in cache; `None` when it is not `len` bytes of CRC32C `crc`.
+    async fn value_body(
+        mut resp: reqwest::Response,
+        len: usize,
+        crc: u32,
+    ) -> Result<Option<Bytes>, ClientError> {
+        let mut buf = crate::proto_io::recycled_buf(len);
+        let (mut at, mut got) = (0usize, 0u32);
+        while let Some(piece) = resp.chunk().await? {
+            let Some(dst) = buf
+                .get_mut(at..at + piece.len())
+                .filter(|_| at + piece.len() <= len)
+            else {
+                return Ok(None);
+            };
+            dst.copy_from_slice(&piece);
+            got = ctxpod_wire::crc32c_combine(got, ctxpod_wire::crc32c(&piece), piece.len());
+            at += piece.len();
         }
-        Ok(Some(body))
+        Ok((at == len && got == crc).then(|| crate::proto_io::Recycled::bytes(buf, len)))
     }
 
     pub async fn head(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {

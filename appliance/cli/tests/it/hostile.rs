@@ -185,6 +185,53 @@ async fn cxp1_gets_that_are_never_read_hold_only_their_budget() {
     drop(held);
 }
 
+/// CXP1 values: 16 connections each pipeline 8 `GetValue` frames of one 64 MiB value (8 GiB
+/// asked in all) and never read: each answer holds only its egress share and two pieces
+/// queued, the rest are refused busy, and a fresh client is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cxp1_value_gets_that_are_never_read_hold_only_their_budget() {
+    const HUGE: usize = 64 << 20;
+    let mut node = start().await;
+    node.client
+        .put(
+            "default",
+            b"huge",
+            content(b"huge", HUGE),
+            Durability::Durable,
+        )
+        .await
+        .expect("put huge");
+    let base = rss_bytes(node.pid());
+    let mut held = Vec::new();
+    let frame = Request::GetValue {
+        ns: "default".into(),
+        key: bytes::Bytes::from_static(b"huge"),
+        offset: 0,
+        len: 0,
+    };
+    let (conns, frames) = (16u64, 8u64);
+    for _ in 0..conns {
+        let mut s = node.raw_wire().await;
+        common::cxp1_hello(&mut s).await;
+        for id in 0..frames {
+            s.write_all(&frame.encode(id))
+                .await
+                .expect("write GetValue");
+        }
+        s.flush().await.expect("flush");
+        held.push(s);
+    }
+    let asked = conns * frames * HUGE as u64;
+    judge(
+        &mut node,
+        "CXP1 GetValue ×128 of one 64 MiB value",
+        asked,
+        base,
+    )
+    .await;
+    drop(held);
+}
+
 /// The raw request of an HTTP `batch/get` for 8 × block `big` (8 × 8 MiB), to send and
 /// never read the answer of.
 fn unread_batch_get() -> String {

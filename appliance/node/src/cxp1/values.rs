@@ -327,6 +327,8 @@ pub(crate) async fn send_value(
     };
     let share = ((end - offset) as usize).min(ctxpod_engine::VALUE_READ_BYTES_MAX);
     let Some(mut egress) = conn.budgets.egress_for(Some(client)).take(share).await else {
+        let m = conn.engine.metrics();
+        m.busy_rejections.with_label_values(&["egress"]).inc();
         let m = "busy: too many answers waiting for their clients; retry later";
         return Some(error(op, id, status::BUSY, m));
     };
