@@ -212,6 +212,30 @@ impl Asker<'_> {
         }
     }
 
+    /// The multipart uploads in progress on member `m` itself (each lives on its key's
+    /// first member), of keys starting with `prefix`.
+    pub async fn uploads(
+        &self,
+        m: &MemberInfo,
+        prefix: &[u8],
+    ) -> Result<ctxpod_wire::types::UploadList, PeerError> {
+        let req = self
+            .peers
+            .http
+            .get(format!(
+                "{}/v1/namespaces/{}/uploads?prefix={}",
+                m.http,
+                self.ns,
+                hex::encode(prefix)
+            ))
+            .timeout(TIMEOUT)
+            .header(super::route::HEADER_FORWARDED, self.me);
+        let resp = Self::send(self.peers.for_caller(req, self.headers, self.caller_tenant)).await?;
+        resp.json::<ctxpod_wire::types::UploadList>()
+            .await
+            .map_err(|_| PeerError::Malformed)
+    }
+
     /// Which of `keys` member `m` holds itself.
     pub async fn present(&self, m: &MemberInfo, keys: &[&[u8]]) -> Result<Vec<bool>, PeerError> {
         let resp = Self::send(self.post(m, "present").json(&Self::keys_request(keys))).await?;

@@ -7,8 +7,7 @@
 //! hex digits. Uploads live in one node's memory: in a pod of several members every
 //! request of a key's uploads is served by the key's first-ranked member (`route_in_pod`),
 //! which, once an upload completes, copies the value to the key's other members
-//! (`pod_values::replicate_upload`). Listing a namespace's uploads answers 501 in a pod of
-//! several (they are spread over its members).
+//! (`pod_values::replicate_upload`). Listing a namespace's uploads asks every member.
 
 use axum::body::Body;
 use axum::extract::Path;
@@ -216,31 +215,44 @@ struct UploadsQuery {
     prefix: String,
 }
 
-/// `GET /v1/namespaces/{ns}/uploads?prefix=`: the uploads in progress, by key then id.
+/// `GET /v1/namespaces/{ns}/uploads?prefix=`: the uploads in progress, by key then id. In a
+/// pod of several, every member's (each upload lives on its key's first member); a member
+/// that cannot be asked makes it 503 rather than a listing that hides its uploads.
 pub(crate) async fn list_uploads(
-    NsCall { st, scoped, .. }: NsCall,
+    NsCall { st, p, ns, scoped }: NsCall,
+    h: HeaderMap,
     uri: axum::http::Uri,
 ) -> ApiResult<Json<UploadList>> {
-    if st.pod.view().members.len() >= 2 {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
-            "a namespace's uploads are listed by a node on its own, not yet in a pod of several              (each key's uploads live on its first member)",
-        ));
-    }
     let q = axum::extract::Query::<UploadsQuery>::try_from_uri(&uri)
         .map_err(|e| ApiError::invalid(format!("bad query: {}", e.body_text())))?
         .0;
     let prefix = hex::decode(&q.prefix).map_err(|_| ApiError::invalid("prefix: not hex"))?;
-    let uploads = st.engine.list_uploads(&scoped, &prefix)?;
-    Ok(Json(UploadList {
-        uploads: uploads
-            .into_iter()
-            .map(|u| UploadEntry {
-                key: hex::encode(&u.key),
-                upload_id: id_hex(u.id),
-                started_ms: u.started_ms,
-            })
-            .collect(),
-    }))
+    let mut uploads: Vec<UploadEntry> = st
+        .engine
+        .list_uploads(&scoped, &prefix)?
+        .into_iter()
+        .map(|u| UploadEntry {
+            key: hex::encode(&u.key),
+            upload_id: id_hex(u.id),
+            started_ms: u.started_ms,
+        })
+        .collect();
+    if st.answers_for_pod(&h) {
+        let view = st.pod.view();
+        let asker = st.asker(&ns, &h, &p);
+        let others = view.members.iter().filter(|m| m.id != *st.node_id);
+        let asked = futures::future::join_all(others.map(|m| asker.uploads(m, &prefix))).await;
+        for got in asked {
+            let list = got.map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("a member's uploads could not be listed: {e}"),
+                )
+            })?;
+            uploads.extend(list.uploads);
+        }
+        uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
+    }
+    Ok(Json(UploadList { uploads }))
 }

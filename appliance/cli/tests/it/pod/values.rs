@@ -12,6 +12,7 @@ use super::doors::{http, key_for, open_doors, Door, DoorPod};
 use crate::common::block;
 use crate::common::etcd::EtcdServer;
 use bytes::Bytes;
+use ctxpod_client::pod_client::PodClient;
 
 const NS: &str = "values";
 const MIB: usize = 1 << 20;
@@ -149,6 +150,7 @@ async fn large_values_are_placed_whole_on_their_members_through_every_door() {
         uploaded.push((key, whole));
     }
     reads(&doors, &uploaded, "after multipart uploads").await;
+    uploads_in_progress_are_listed_from_every_home(s3, &pc).await;
 
     // c is killed: every value it held is read from its second member, and new values
     // whose first member is c are stored on the two others.
@@ -173,4 +175,43 @@ async fn large_values_are_placed_whole_on_their_members_through_every_door() {
         after.push((key, data));
     }
     reads(&doors, &after, "put with c killed").await;
+}
+
+/// Uploads in progress live on their keys' homes (a, b, c): listed through one node's S3
+/// door, every member's are there; aborted through it, they are gone from their homes.
+async fn uploads_in_progress_are_listed_from_every_home(s3: &aws_sdk_s3::Client, pc: &PodClient) {
+    let mut open = Vec::new();
+    for (i, home) in ["a", "b", "c"].into_iter().enumerate() {
+        let key = key_for(pc, NS, "open", i, Some(home));
+        let key = String::from_utf8(key).unwrap();
+        let up = s3.create_multipart_upload().bucket(NS).key(&key);
+        open.push((key, up.send().await.unwrap().upload_id.unwrap()));
+    }
+    let listed = s3.list_multipart_uploads().bucket(NS).send().await.unwrap();
+    let mut got: Vec<(String, String)> = listed
+        .uploads()
+        .iter()
+        .map(|u| {
+            (
+                u.key().unwrap().to_string(),
+                u.upload_id().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    open.sort();
+    assert_eq!(got, open, "every member's uploads, listed through node a");
+    for (key, id) in &open {
+        let abort = s3
+            .abort_multipart_upload()
+            .bucket(NS)
+            .key(key)
+            .upload_id(id);
+        abort.send().await.unwrap();
+    }
+    let left = s3.list_multipart_uploads().bucket(NS).send().await.unwrap();
+    assert!(
+        left.uploads().is_empty(),
+        "aborted through node a, gone from their homes"
+    );
 }
