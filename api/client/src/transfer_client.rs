@@ -445,15 +445,15 @@ impl TransferClient {
                 let ks: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
                 es.extend(c.get_each(ns, &ks).await?);
             }
-            let (mut again, mut busy) = (Vec::new(), false);
+            let (mut again, mut busy, mut values) = (Vec::new(), false, Vec::new());
             for (i, e) in todo.iter().copied().zip(es) {
                 match e {
                     // Over what one answer frame holds (a large value, or a full frame):
-                    // read as a value, piece by piece.
+                    // read as a value, piece by piece (all of them at once, below).
                     Err(TransferError::Refused { status: s, .. })
                         if s == status::TOO_LARGE && self.value_bytes_max() > 0 =>
                     {
-                        out[i] = Some(self.get_value(ns, &keys[i], None).await);
+                        values.push(i);
                     }
                     Err(TransferError::Refused { status: s, .. })
                         if s == status::BUSY && round < BUSY_ATTEMPTS =>
@@ -463,6 +463,13 @@ impl TransferClient {
                     }
                     e => out[i] = Some(e),
                 }
+            }
+            let got = futures::future::join_all(
+                values.iter().map(|&i| self.get_value(ns, &keys[i], None)),
+            )
+            .await;
+            for (i, g) in values.into_iter().zip(got) {
+                out[i] = Some(g);
             }
             if again.is_empty() {
                 break;

@@ -70,8 +70,7 @@ pub(super) async fn write_value_in_pod(
     }
     let sends = members.iter().zip(rxs).map(|(&m, rx)| {
         let (member, parts, next) = (&view.members[m], &parts, next.clone());
-        let pieces =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+        let pieces = queued(rx);
         async move {
             if member.id == *st.node_id {
                 let local = Request::from_parts(parts.clone(), Body::from_stream(pieces));
@@ -145,24 +144,17 @@ async fn copy_between(
     get.headers.remove(axum::http::header::CONTENT_LENGTH);
     get.headers.remove(ctxpod_wire::HEADER_CRC32C);
     let src = &view.members[from];
-    let found = if src.id == *st.node_id {
+    let body = if src.id == *st.node_id {
         // This node's own copy, read as its GET would (`next` is the PUT's handler).
-        let (ns, key) = scoped?;
-        let reader = st.engine.open_value(ns, key, None).await.ok()??;
-        let held = ctxpod_engine::VALUE_READ_BYTES_MAX.min(reader.len() as usize);
-        let permits = st.admit_egress(None, held).await.ok()?;
-        let sent = st.metrics.sent_bytes.clone();
-        Response::new(super::blocks::body_streaming(reader, permits, sent))
+        local_value(st, scoped?).await?
     } else {
-        forward_counted(st, src, &get, None, "read").await?
+        let found = forward_counted(st, src, &get, None, "read").await?;
+        if found.status() != axum::http::StatusCode::OK {
+            return None;
+        }
+        found.into_body()
     };
-    if found.status() != axum::http::StatusCode::OK {
-        return None;
-    }
-    let pieces = found
-        .into_body()
-        .into_data_stream()
-        .map(|p| p.map_err(std::io::Error::other));
+    let pieces = pieces_of(body);
     let dst = &view.members[to];
     if dst.id == *st.node_id {
         let local = Request::from_parts(parts.clone(), Body::from_stream(pieces));
@@ -240,8 +232,7 @@ pub(super) async fn to_upload_home(
         // The body is read to its end here (not just to its length by the HTTP client):
         // a stream that checks what passes through it (the S3 door's checksums) sees its end.
         let (tx, rx) = mpsc::channel::<Piece>(QUEUED_PIECES);
-        let pieces =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+        let pieces = queued(rx);
         let out = Some(reqwest::Body::wrap_stream(pieces));
         let forwarded = forward_counted(st, &home, &parts, out, "upload");
         futures::join!(forwarded, pump(body, vec![Some(tx)])).0
@@ -340,13 +331,28 @@ async fn copy_local(
     member: &ctxpod_pod::membership::MemberInfo,
     (scoped, key): (&str, &[u8]),
 ) -> Option<Response> {
+    let pieces = pieces_of(local_value(st, (scoped, key)).await?);
+    let body = Some(reqwest::Body::wrap_stream(pieces));
+    forward_counted(st, member, put, body, "write").await
+}
+
+/// This node's copy of a value as a body streamed from flash, as its GET sends it (its
+/// share of the egress budget held); `None` when it is not here.
+async fn local_value(st: &AppState, (scoped, key): (&str, &[u8])) -> Option<Body> {
     let reader = st.engine.open_value(scoped, key, None).await.ok()??;
     let held = ctxpod_engine::VALUE_READ_BYTES_MAX.min(reader.len() as usize);
     let permits = st.admit_egress(None, held).await.ok()?;
     let sent = st.metrics.sent_bytes.clone();
-    let pieces = super::blocks::body_streaming(reader, permits, sent)
-        .into_data_stream()
-        .map(|p| p.map_err(std::io::Error::other));
-    let body = Some(reqwest::Body::wrap_stream(pieces));
-    forward_counted(st, member, put, body, "write").await
+    Some(super::blocks::body_streaming(reader, permits, sent))
+}
+
+/// A body's pieces, as a stream another request's body is made of.
+fn pieces_of(body: Body) -> impl futures::Stream<Item = Piece> {
+    body.into_data_stream()
+        .map(|p| p.map_err(std::io::Error::other))
+}
+
+/// The pieces sent into a member's queue, as that member's body.
+fn queued(rx: mpsc::Receiver<Piece>) -> impl futures::Stream<Item = Piece> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
 }
