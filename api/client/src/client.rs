@@ -315,6 +315,51 @@ impl Client {
 
     /// The block's bytes, or `None` on 404. Checked against `x-ctxpod-crc32c`.
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Bytes>, ClientError> {
+        let Some((resp, crc)) = self.get_response(ns, key).await? else {
+            return Ok(None);
+        };
+        let large = resp
+            .content_length()
+            .filter(|&n| n > ctxpod_wire::BLOCK_BYTES_MAX as u64);
+        let body = match large {
+            Some(n) => {
+                let buf = crate::proto_io::recycled_buf(n as usize);
+                Self::body_into(resp, buf, crc)
+                    .await?
+                    .map(|(buf, len)| crate::proto_io::Recycled::bytes(buf, len))
+            }
+            None => Some(resp.bytes().await?).filter(|b| ctxpod_wire::crc32c(b) == crc),
+        };
+        body.map(Some)
+            .ok_or_else(|| ClientError::Integrity { key: key_hex(key) })
+    }
+
+    /// [`Client::get`] into the caller's buffer, as an engine reads into its own pool: the
+    /// block or value lands in `buf`'s first bytes (`buf` grown, never shrunk, when it is
+    /// shorter), received piece by piece and checksummed as each piece arrives. Gives `buf`
+    /// back with how many bytes of it are the value (`None`: not there); a buffer read into
+    /// over and over costs no page faults. On an error the buffer is dropped.
+    pub async fn get_into(
+        &self,
+        ns: &str,
+        key: &[u8],
+        buf: Vec<u8>,
+    ) -> Result<(Vec<u8>, Option<usize>), ClientError> {
+        let Some((resp, crc)) = self.get_response(ns, key).await? else {
+            return Ok((buf, None));
+        };
+        match Self::body_into(resp, buf, crc).await? {
+            Some((buf, len)) => Ok((buf, Some(len))),
+            None => Err(ClientError::Integrity { key: key_hex(key) }),
+        }
+    }
+
+    /// A GET's answer and its `x-ctxpod-crc32c`, or `None` on a miss.
+    async fn get_response(
+        &self,
+        ns: &str,
+        key: &[u8],
+    ) -> Result<Option<(reqwest::Response, u32)>, ClientError> {
         let resp = self
             .send_retrying(self.http.get(self.url(&Self::block_path(ns, key))))
             .await?;
@@ -330,26 +375,24 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(ctxpod_wire::parse_crc32c_hex)
             .ok_or_else(|| ClientError::Malformed("missing x-ctxpod-crc32c".into()))?;
-        let large = resp
-            .content_length()
-            .filter(|&n| n > ctxpod_wire::BLOCK_BYTES_MAX as u64);
-        let body = match large {
-            Some(n) => Self::value_body(resp, n as usize, crc).await?,
-            None => Some(resp.bytes().await?).filter(|b| ctxpod_wire::crc32c(b) == crc),
-        };
-        body.map(Some)
-            .ok_or_else(|| ClientError::Integrity { key: key_hex(key) })
+        Ok(Some((resp, crc)))
     }
 
-    /// A large value's body, received piece by piece into a recycled buffer (no page
-    /// faults for values read over and over) and checksummed as each piece arrives, while
-    /// it is in cache; `None` when it is not `len` bytes of CRC32C `crc`.
-    async fn value_body(
+    /// A body of its Content-Length received piece by piece into `buf` (grown when it is
+    /// shorter; its stale bytes overwritten) and checksummed as each piece arrives, while
+    /// it is in cache; `None` when it is not its length or not of CRC32C `crc`.
+    async fn body_into(
         mut resp: reqwest::Response,
-        len: usize,
+        mut buf: Vec<u8>,
         crc: u32,
-    ) -> Result<Option<Bytes>, ClientError> {
-        let mut buf = crate::proto_io::recycled_buf(len);
+    ) -> Result<Option<(Vec<u8>, usize)>, ClientError> {
+        let len = resp
+            .content_length()
+            .ok_or_else(|| ClientError::Malformed("a GET answer without a length".into()))?
+            as usize;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
         let (mut at, mut got) = (0usize, 0u32);
         while let Some(piece) = resp.chunk().await? {
             let Some(dst) = buf
@@ -362,7 +405,7 @@ impl Client {
             got = ctxpod_wire::crc32c_combine(got, ctxpod_wire::crc32c(&piece), piece.len());
             at += piece.len();
         }
-        Ok((at == len && got == crc).then(|| crate::proto_io::Recycled::bytes(buf, len)))
+        Ok((at == len && got == crc).then_some((buf, len)))
     }
 
     pub async fn head(&self, ns: &str, key: &[u8]) -> Result<bool, ClientError> {

@@ -1,7 +1,8 @@
 //! The S3 door beside HTTP API v1 and CXP1, in one run (issue #22): PUT then GET of the same
 //! number of blocks of each size through each, `--concurrency` requests in flight, the Rust
 //! `aws-sdk-s3` with its default settings on the S3 side. `bench/s3.sh` starts the node and
-//! runs it; docs/PERFORMANCE.md has a run.
+//! runs it; docs/PERFORMANCE.md has a run. Every door's GETs land in buffers read into over
+//! and over (one per GET in flight), as an engine (or NIXL) reads into its own memory.
 //!
 //! ```text
 //! s3_bench --s3 URL --http URL --transfer ADDR --token TOKEN --ak ID --sk SECRET
@@ -84,6 +85,8 @@ struct Doors {
     s3: aws_sdk_s3::Client,
     http: Client,
     wire: TransferClient,
+    /// Buffers GETs land in, one per GET in flight.
+    buffers: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 const NS: &str = "bench";
@@ -108,7 +111,12 @@ impl Doors {
         let wire = TransferClient::connect_with(&a.transfer, &how)
             .await
             .expect("CXP1 client");
-        Doors { s3, http, wire }
+        Doors {
+            s3,
+            http,
+            wire,
+            buffers: Default::default(),
+        }
     }
 
     /// Stores block `d` as `k` through `path`.
@@ -141,39 +149,48 @@ impl Doors {
         }
     }
 
-    /// Fetches block `k` through `path`: its length.
-    async fn get(&self, path: &str, k: String) -> usize {
-        match path {
-            "s3" => self
-                .s3
-                .get_object()
-                .bucket(NS)
-                .key(&k)
-                .send()
-                .await
-                .expect("S3 get")
-                .body
-                .collect()
-                .await
-                .expect("S3 body")
-                .into_bytes()
-                .len(),
-            "http" => self
-                .http
-                .get(NS, k.as_bytes())
-                .await
-                .expect("HTTP get")
-                .expect("held")
-                .len(),
-            _ => self
-                .wire
-                .get(NS, &[Bytes::from(k)])
-                .await
-                .expect("CXP1 get")[0]
-                .as_ref()
-                .expect("held")
-                .len(),
-        }
+    /// Fetches block `k` of `size` bytes through `path` into a buffer of the pool (a CXP1
+    /// block of one record: into the client's recycled buffers): its length.
+    async fn get(&self, path: &str, k: String, size: usize) -> usize {
+        let buf = self.buffers.lock().expect("buffers").pop();
+        let (buf, n) = match path {
+            "s3" => {
+                let mut buf = buf.unwrap_or_default();
+                let got = self.s3.get_object().bucket(NS).key(&k).send().await;
+                let mut body = got.expect("S3 get").body;
+                let mut at = 0;
+                while let Some(piece) = body.next().await {
+                    let piece = piece.expect("S3 body");
+                    if buf.len() < at + piece.len() {
+                        buf.resize(at + piece.len(), 0);
+                    }
+                    buf[at..at + piece.len()].copy_from_slice(&piece);
+                    at += piece.len();
+                }
+                (buf, at)
+            }
+            "http" => {
+                let got = self
+                    .http
+                    .get_into(NS, k.as_bytes(), buf.unwrap_or_default());
+                let (buf, n) = got.await.expect("HTTP get");
+                (buf, n.expect("held"))
+            }
+            _ if size > ctxpod_wire::BLOCK_BYTES_MAX => {
+                let buf = buf.unwrap_or_default();
+                let k = Bytes::from(k);
+                let got = self.wire.get_value_into(NS, &k, None, buf);
+                let (buf, n) = got.await.expect("CXP1 get");
+                (buf, n.expect("held"))
+            }
+            _ => {
+                let got = self.wire.get(NS, &[Bytes::from(k)]).await;
+                let n = got.expect("CXP1 get")[0].as_ref().expect("held").len();
+                (buf.unwrap_or_default(), n)
+            }
+        };
+        self.buffers.lock().expect("buffers").push(buf);
+        n
     }
 }
 
@@ -186,6 +203,8 @@ async fn bench_size(a: &Args, doors: &Doors, size: usize) {
     let gb = (size * a.count) as f64 / 1e9;
     let key = |path: &str, i: usize| format!("{path}-{size}-{i:06}");
     let mut get_gbps = HashMap::new();
+    // The GETs' buffers, each page touched before they are timed (an engine's pool).
+    *doors.buffers.lock().expect("buffers") = vec![vec![1u8; size]; a.concurrency];
     for path in ["s3", "http", "cxp1"] {
         let put = timed(a.count, a.concurrency, |i| {
             doors.put(path, key(path, i), data[i].clone())
@@ -194,7 +213,7 @@ async fn bench_size(a: &Args, doors: &Doors, size: usize) {
         let get = timed(a.count, a.concurrency, |i| {
             let (k, want) = (key(path, i), data[i].len());
             async move {
-                let n = doors.get(path, k).await;
+                let n = doors.get(path, k, want).await;
                 assert_eq!(n, want);
             }
         })

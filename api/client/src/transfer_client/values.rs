@@ -25,16 +25,22 @@ struct SinkState {
     next: u64,
     /// CRC32C of what landed so far.
     crc: u32,
-    done: Option<oneshot::Sender<Result<Bytes, TransferError>>>,
+    done: Option<oneshot::Sender<Result<Landed, TransferError>>>,
 }
 
+/// A value received whole: its buffer and how many of its first bytes are the value.
+type Landed = (Vec<u8>, usize);
+
 impl ValueSink {
+    /// A sink for bytes `start..end` of a value, landed in `buf` (the caller's; grown when
+    /// it is shorter than the value) or, when `None`, in a recycled buffer.
     fn new(
         (start, end): (u64, u64),
         limit: u64,
+        buf: Option<Vec<u8>>,
     ) -> (
         Arc<ValueSink>,
-        oneshot::Receiver<Result<Bytes, TransferError>>,
+        oneshot::Receiver<Result<Landed, TransferError>>,
     ) {
         let (tx, rx) = oneshot::channel();
         let sink = ValueSink {
@@ -42,7 +48,7 @@ impl ValueSink {
                 start,
                 end,
                 limit,
-                buf: None,
+                buf,
                 next: start,
                 crc: 0,
                 done: Some(tx),
@@ -59,7 +65,7 @@ impl ValueSink {
         }
     }
 
-    fn finish(&self, r: Result<Bytes, TransferError>) {
+    fn finish(&self, r: Result<Landed, TransferError>) {
         if let Some(tx) = self.state.lock().expect("sink").done.take() {
             let _ = tx.send(r);
         }
@@ -123,7 +129,7 @@ async fn land(
     sink: &ValueSink,
     head: &PieceHead,
     more: bool,
-) -> Result<Option<Result<Bytes, TransferError>>, InputError> {
+) -> Result<Option<Result<Landed, TransferError>>, InputError> {
     let plan = plan_landing(sink, head);
     let (buf, at, end) = match plan {
         Ok(p) => p,
@@ -152,8 +158,7 @@ async fn land(
         if s.next != end || (whole && s.crc != head.value_crc) {
             Err(TransferError::Corrupt(0))
         } else {
-            let len = (end - s.start) as usize;
-            Ok(crate::proto_io::Recycled::bytes(buf, len))
+            Ok((buf, (end - s.start) as usize))
         },
     ))
 }
@@ -167,17 +172,22 @@ fn plan_landing(
     let mut s = sink.state.lock().expect("sink");
     let end = s.end.min(head.value_len);
     let want = end.saturating_sub(s.start);
-    if s.buf.is_none() && s.next == s.start {
+    if s.next == s.start {
         if want > s.limit {
             return Err(TransferError::TooLarge {
                 bytes: want as usize,
                 max: s.limit as usize,
             });
         }
-        // A recycled buffer (its stale bytes are overwritten piece by piece): engines read
-        // values of the same size over and over, and a fresh one costs a page fault and a
-        // zeroed page every 4 KiB.
-        s.buf = Some(crate::proto_io::recycled_buf(want as usize));
+        match &mut s.buf {
+            // The caller's buffer, grown only when it is short: its stale bytes are
+            // overwritten piece by piece.
+            Some(b) if b.len() < want as usize => b.resize(want as usize, 0),
+            Some(_) => {}
+            // A recycled buffer: engines read values of the same size over and over, and a
+            // fresh one costs a page fault and a zeroed page every 4 KiB.
+            None => s.buf = Some(crate::proto_io::recycled_buf(want as usize)),
+        }
     }
     let fits = head.offset == s.next && head.offset + head.len as u64 <= end;
     match s.buf.take() {
@@ -279,28 +289,77 @@ impl TransferClient {
         key: &Bytes,
         range: Option<(u64, u64)>,
     ) -> Result<Option<Bytes>, TransferError> {
+        let recycled = std::sync::Mutex::new(None);
         let r = self
             .inner
-            .retry_busy(|id| self.get_value_as(id, (ns, key), range))
+            .retry_busy(|id| self.get_value_as(id, (ns, key), range, &recycled))
             .await;
         match r {
             Err(TransferError::Refused { status, .. }) if status == status::NOT_FOUND => Ok(None),
-            r => r.map(Some),
+            r => r.map(|(buf, len)| Some(crate::proto_io::Recycled::bytes(buf, len))),
         }
     }
 
+    /// [`TransferClient::get_value`] into the caller's buffer, as an engine reads into its
+    /// own pool: the value (or its range) lands in `buf`'s first bytes, `buf` grown (never
+    /// shrunk) when it is shorter. Gives `buf` back with how many bytes of it are the value
+    /// (`None`: the node does not hold it); a buffer read into over and over costs no page
+    /// faults, where a fresh one for every value costs a zeroed page every 4 KiB. On an
+    /// error other than a miss the buffer is dropped.
+    pub async fn get_value_into(
+        &self,
+        ns: &str,
+        key: &Bytes,
+        range: Option<(u64, u64)>,
+        buf: Vec<u8>,
+    ) -> Result<(Vec<u8>, Option<usize>), TransferError> {
+        let slot = std::sync::Mutex::new(Some(buf));
+        let r = self
+            .inner
+            .retry_busy(|id| self.get_value_as(id, (ns, key), range, &slot))
+            .await;
+        match r {
+            Err(TransferError::Refused { status, .. }) if status == status::NOT_FOUND => {
+                let buf = slot.lock().expect("buffer").take().unwrap_or_default();
+                Ok((buf, None))
+            }
+            r => r.map(|(buf, len)| (buf, Some(len))),
+        }
+    }
+
+    /// One try of a `GetValue`, landing in the buffer in `slot` (a recycled one when it is
+    /// empty); a try that fails puts the buffer back in `slot` when no piece had it.
     async fn get_value_as(
         &self,
         id: u64,
         (ns, key): (&str, &Bytes),
         range: Option<(u64, u64)>,
-    ) -> Result<Bytes, TransferError> {
+        slot: &std::sync::Mutex<Option<Vec<u8>>>,
+    ) -> Result<Landed, TransferError> {
         let (lo, hi) = range.unwrap_or((0, u64::MAX));
         let limit = match self.inner.value_bytes_max {
             0 => ctxpod_wire::BLOCK_BYTES_MAX as u64,
             n => n,
         };
-        let (sink, mut rx) = ValueSink::new((lo, hi), limit);
+        let buf = slot.lock().expect("buffer").take();
+        let (sink, rx) = ValueSink::new((lo, hi), limit, buf);
+        let r = self.await_value(id, (ns, key), (lo, hi), &sink, rx).await;
+        if r.is_err() {
+            *slot.lock().expect("buffer") = sink.state.lock().expect("sink").buf.take();
+        }
+        r
+    }
+
+    /// Sends a `GetValue` whose pieces land in `sink` and waits for its outcome, as long
+    /// as pieces keep coming within the request deadline.
+    async fn await_value(
+        &self,
+        id: u64,
+        (ns, key): (&str, &Bytes),
+        (lo, hi): (u64, u64),
+        sink: &Arc<ValueSink>,
+        mut rx: oneshot::Receiver<Result<Landed, TransferError>>,
+    ) -> Result<Landed, TransferError> {
         self.inner
             .shared
             .streams

@@ -89,6 +89,77 @@ async fn engine_sized_values_round_trip_over_cxp1_across_kill_9() {
     assert_eq!((s.block_count, s.live_bytes), (4, total as u64));
 }
 
+/// `get_value_into` (CXP1) and `get_into` (HTTP) land a value in the caller's buffer: one
+/// shorter than the value grows, a longer one keeps its length (the value is its first
+/// bytes, the rest untouched), a miss gives the buffer back unchanged, a range lands at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_land_in_the_callers_buffer_over_cxp1_and_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(&dir.path().join("n"), &["--capacity", "512MiB"]).await;
+    let c = node.wire().await;
+    let (k, v) = (Bytes::from_static(b"chunk"), block(5, 32 * MIB + 28));
+    let small = (Bytes::from_static(b"small"), block(6, 64 << 10));
+    let both = [(k.clone(), v.clone()), small.clone()];
+    let st = c.put("default", &both, Durability::Durable).await;
+    assert_eq!(st.expect("put"), vec![status::CREATED; 2]);
+    let (buf, n) = c
+        .get_value_into("default", &k, None, vec![7; 10])
+        .await
+        .expect("cxp1");
+    assert_eq!((n, buf.len()), (Some(v.len()), v.len()));
+    assert_eq!(&buf[..], &v[..]);
+    let long = vec![0xAB; 40 * MIB];
+    let (buf, n) = c
+        .get_value_into("default", &k, None, long)
+        .await
+        .expect("cxp1");
+    assert_eq!((n, buf.len()), (Some(v.len()), 40 * MIB));
+    assert_eq!(&buf[..v.len()], &v[..]);
+    assert!(
+        buf[v.len()..].iter().all(|&b| b == 0xAB),
+        "past the value: untouched"
+    );
+    let at = (8 * MIB - 3) as u64;
+    let range = Some((at, at + MIB as u64));
+    let (buf, n) = c
+        .get_value_into("default", &k, range, buf)
+        .await
+        .expect("range");
+    assert_eq!(n, Some(MIB));
+    assert_eq!(&buf[..MIB], &v[at as usize..at as usize + MIB]);
+    let absent = Bytes::from_static(b"absent");
+    let (buf, n) = c
+        .get_value_into("default", &absent, None, buf)
+        .await
+        .expect("miss");
+    assert_eq!(
+        (n, buf.len()),
+        (None, 40 * MIB),
+        "a miss gives the buffer back"
+    );
+    // HTTP: the same value, a small block, a miss, into one buffer read over and over.
+    let (buf, n) = node
+        .client
+        .get_into("default", &k, Vec::new())
+        .await
+        .expect("http");
+    assert_eq!(n, Some(v.len()));
+    assert_eq!(&buf[..v.len()], &v[..]);
+    let (buf, n) = node
+        .client
+        .get_into("default", &small.0, buf)
+        .await
+        .expect("http");
+    assert_eq!((n, buf.len()), (Some(small.1.len()), v.len()));
+    assert_eq!(&buf[..small.1.len()], &small.1[..]);
+    let (buf, n) = node
+        .client
+        .get_into("default", b"absent", buf)
+        .await
+        .expect("miss");
+    assert_eq!((n, buf.len()), (None, v.len()));
+}
+
 /// A node whose `value_bytes_max` is 24 MiB says so in its hello, and refuses a larger
 /// value at its first piece (413), with nothing stored and the connection usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

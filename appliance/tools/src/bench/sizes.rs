@@ -386,3 +386,39 @@ pub(crate) async fn batch_phase(
     cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
 }
+
+/// Buffers that GETs of large values land in: one per request in flight, each read into
+/// over and over (an engine's pool of KV memory, allocated before it serves); a fresh
+/// buffer for every value would cost the client a zeroed page every 4 KiB.
+#[derive(Default)]
+pub(crate) struct Buffers(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl Buffers {
+    /// `n` buffers of `size` bytes, each page touched (made before a phase is timed, as an
+    /// engine allocates its pool before it serves).
+    pub(crate) fn of(n: usize, size: usize) -> Buffers {
+        Buffers(std::sync::Mutex::new(vec![vec![1u8; size]; n]))
+    }
+
+    /// Reads `key` into a buffer of the pool (over CXP1 when `tc` is given, else HTTP):
+    /// whether it came back as `want`.
+    pub(crate) async fn get_into(
+        &self,
+        http: &Client,
+        tc: Option<&TransferClient>,
+        key: &[u8],
+        want: &[u8],
+    ) -> anyhow::Result<bool> {
+        let buf = self.0.lock().expect("buffers").pop().unwrap_or_default();
+        let (buf, len) = match tc {
+            Some(tc) => {
+                let key = Bytes::copy_from_slice(key);
+                tc.get_value_into("default", &key, None, buf).await?
+            }
+            None => http.get_into("default", key, buf).await?,
+        };
+        let same = len.is_some_and(|n| &buf[..n] == want);
+        self.0.lock().expect("buffers").push(buf);
+        Ok(same)
+    }
+}
