@@ -29,7 +29,10 @@ use ctxpod_wire::types::{KeysRequest, PinRequest, PinResponse, PresentResponse, 
 use http::HeaderMap;
 use std::time::Duration;
 
-const TIMEOUT: Duration = Duration::from_secs(30);
+/// A sub-request's deadline: a member that has not answered it whole by then (a frozen
+/// one) is asked no more, well within a client's own deadline (10 s by default), and is
+/// counted down ([`super::route::Missed`]). A share of a batch is at most 64 MiB.
+const TIMEOUT: Duration = super::route::PEER_DEADLINE;
 
 /// One key's answer to a `batch/get`.
 #[derive(Clone, Debug)]
@@ -86,9 +89,16 @@ impl Asker<'_> {
         self.peers.for_caller(req, self.headers, self.caller_tenant)
     }
 
-    /// Sends a request: its answer when successful, else why not.
-    async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, PeerError> {
-        let resp = req.send().await.map_err(|_| PeerError::Unreachable)?;
+    /// Sends a request to `m`: its answer when successful, else why not. A member that
+    /// cannot be reached is counted down, one that answers up.
+    async fn send(
+        &self,
+        m: &MemberInfo,
+        req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, PeerError> {
+        let resp = req.send().await;
+        self.peers.missed.note(&m.id, resp.is_ok());
+        let resp = resp.map_err(|_| PeerError::Unreachable)?;
         if resp.status().is_success() {
             Ok(resp)
         } else {
@@ -114,7 +124,7 @@ impl Asker<'_> {
             .post(m, "batch/get")
             .header(ctxpod_wire::HEADER_ANSWER_BYTES_MAX, bytes_max)
             .json(&Self::keys_request(keys));
-        let resp = Self::send(req).await?;
+        let resp = self.send(m, req).await?;
         // Read no more than an honest answer may hold: the share's blocks, and each key's
         // entry header. A member that sends more costs a 502, never the memory.
         let limit = 8 + keys.len() * (12 + ctxpod_wire::KEY_BYTES_MAX) + bytes_max;
@@ -188,7 +198,12 @@ impl Asker<'_> {
             ))
             .timeout(TIMEOUT)
             .header(super::route::HEADER_FORWARDED, self.me);
-        let resp = Self::send(self.peers.for_caller(req, self.headers, self.caller_tenant)).await?;
+        let resp = self
+            .send(
+                m,
+                self.peers.for_caller(req, self.headers, self.caller_tenant),
+            )
+            .await?;
         let page = resp
             .json::<ctxpod_wire::types::KeyList>()
             .await
@@ -230,7 +245,12 @@ impl Asker<'_> {
             ))
             .timeout(TIMEOUT)
             .header(super::route::HEADER_FORWARDED, self.me);
-        let resp = Self::send(self.peers.for_caller(req, self.headers, self.caller_tenant)).await?;
+        let resp = self
+            .send(
+                m,
+                self.peers.for_caller(req, self.headers, self.caller_tenant),
+            )
+            .await?;
         resp.json::<ctxpod_wire::types::UploadList>()
             .await
             .map_err(|_| PeerError::Malformed)
@@ -238,7 +258,9 @@ impl Asker<'_> {
 
     /// Which of `keys` member `m` holds itself.
     pub async fn present(&self, m: &MemberInfo, keys: &[&[u8]]) -> Result<Vec<bool>, PeerError> {
-        let resp = Self::send(self.post(m, "present").json(&Self::keys_request(keys))).await?;
+        let resp = self
+            .send(m, self.post(m, "present").json(&Self::keys_request(keys)))
+            .await?;
         match resp.json::<PresentResponse>().await {
             Ok(a) if a.present.len() == keys.len() => Ok(a.present),
             _ => Err(PeerError::Malformed),
@@ -263,7 +285,8 @@ impl Asker<'_> {
         if let Some(d) = durability {
             req = req.header(ctxpod_wire::HEADER_DURABILITY, d);
         }
-        let body = Self::send(req)
+        let body = self
+            .send(m, req)
             .await?
             .bytes()
             .await
@@ -291,7 +314,7 @@ impl Asker<'_> {
             }),
             None => self.post(m, "unpin").json(&KeysRequest { keys: hex_keys }),
         };
-        let resp = Self::send(req).await?;
+        let resp = self.send(m, req).await?;
         let each = match ttl_ms {
             Some(_) => {
                 resp.json::<PinResponse>()

@@ -384,6 +384,8 @@ pub(crate) fn client_tls(
 pub struct Peers {
     pub http: reqwest::Client,
     token: Option<Arc<str>>,
+    /// Members that missed a forward's deadline lately (asked last by routed requests).
+    pub missed: Arc<route::Missed>,
 }
 
 impl Peers {
@@ -417,6 +419,10 @@ impl Peers {
         Ok(Peers {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(1))
+                // A member given up on (frozen: its socket takes nothing) may still hold a
+                // connection with a forward's bytes unsent; the kernel closes it once they
+                // have waited this long, zero-window probes included.
+                .tcp_user_timeout(6 * route::PEER_DEADLINE)
                 // A TLS pod never sends a request (so never a credential) over plain
                 // HTTP, whatever URL a member record names.
                 .https_only(cfg.tls.enabled())
@@ -424,6 +430,7 @@ impl Peers {
                 .build()
                 .context("an HTTP client for the pod's members")?,
             token,
+            missed: Arc::default(),
         })
     }
 

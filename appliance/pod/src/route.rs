@@ -18,10 +18,56 @@
 //!   tokens (the Helm chart mounts one Secret). Client certificates do not travel: members
 //!   reached over `https://` are trusted through `pod.peer_ca_file` (or the node's client
 //!   CA) and see the forwarding node's own certificate ([`super::Peers`]).
+//! - A member that missed a forward's deadline is asked last for [`DOWN_FOR`] ([`Missed`]),
+//!   as the clients count members down: a frozen member costs one deadline, not one per
+//!   request.
 
 use super::membership::PodView;
 use ctxpod_wire::pod_plan::{ReadPlan, WritePlan};
 use http::{HeaderValue, Method};
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+/// The longest a node waits on a member for a request it makes for a caller (a forward
+/// without progress, a share of a batch): half a client's default request deadline
+/// (`ctxpod_client::connect::REQUEST_DEADLINE`), so that when one member froze the next
+/// can still answer in time.
+pub const PEER_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How long a member that missed a deadline is asked last (the clients' default,
+/// `ctxpod_client::connect::DOWN_FOR`).
+pub const DOWN_FOR: Duration = Duration::from_secs(10);
+
+/// Members that could not be reached, or missed a deadline, lately: until when each is
+/// asked last. An answer of any kind counts a member up again.
+#[derive(Default)]
+pub struct Missed(RwLock<HashMap<String, Instant>>);
+
+impl Missed {
+    /// Counts member `id` down for [`DOWN_FOR`] (`reached: false`) or up.
+    pub fn note(&self, id: &str, reached: bool) {
+        let mut down = self.0.write().expect("missed members");
+        if reached {
+            down.remove(id);
+        } else {
+            down.insert(id.to_string(), Instant::now() + DOWN_FOR);
+        }
+    }
+
+    /// Per member of `view`, whether it is counted down now (the plans ask those last).
+    pub fn flags(&self, view: &PodView) -> Vec<bool> {
+        let down = self.0.read().expect("missed members");
+        if down.is_empty() {
+            return vec![false; view.members.len()];
+        }
+        let now = Instant::now();
+        view.members
+            .iter()
+            .map(|m| down.get(&m.id).is_some_and(|&until| until > now))
+            .collect()
+    }
+}
 
 /// Set on a forwarded request, to the forwarding node's id (a pod-aware client sets it too:
 /// its requests are already routed).
@@ -88,18 +134,30 @@ pub fn route(
 impl Route {
     /// The plan of a routed read, over `view` (no member is counted down: the view holds
     /// only the members alive in it).
-    pub fn read_plan(view: &PodView, ns: &str, key: &[u8], copies: usize) -> ReadPlan {
-        ReadPlan::new(&view.placement, &[], ns, [key], copies)
+    pub fn read_plan(
+        view: &PodView,
+        down: &[bool],
+        ns: &str,
+        key: &[u8],
+        copies: usize,
+    ) -> ReadPlan {
+        ReadPlan::new(&view.placement, down, ns, [key], copies)
     }
 
     /// The plan of a routed put or delete, over `view`.
-    pub fn write_plan(self, view: &PodView, ns: &str, key: &[u8]) -> Option<WritePlan> {
+    pub fn write_plan(
+        self,
+        view: &PodView,
+        down: &[bool],
+        ns: &str,
+        key: &[u8],
+    ) -> Option<WritePlan> {
         match self {
             Route::Write { copies } => {
-                Some(WritePlan::put(&view.placement, &[], ns, [key], copies))
+                Some(WritePlan::put(&view.placement, down, ns, [key], copies))
             }
             Route::Delete { copies } => {
-                Some(WritePlan::delete(&view.placement, &[], ns, [key], copies))
+                Some(WritePlan::delete(&view.placement, down, ns, [key], copies))
             }
             _ => None,
         }

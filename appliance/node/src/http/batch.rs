@@ -206,7 +206,13 @@ pub(crate) async fn pod_batch_get(
     let mut egress = st.budgets.egress_for(client);
     let view = st.pod.view();
     let mut b = PodBatch {
-        plan: ReadPlan::new(&view.placement, &[], ns, keys, st.replication_of(scoped)),
+        plan: ReadPlan::new(
+            &view.placement,
+            &st.peers.missed.flags(&view),
+            ns,
+            keys,
+            st.replication_of(scoped),
+        ),
         out: vec![None; keys.len()],
     };
     let asker = st.asker(ns, h, p);
@@ -492,7 +498,8 @@ pub(crate) async fn pod_batch_put(
 ) -> Vec<u16> {
     let view = st.pod.view();
     let keys = jobs.iter().map(|(k, _, _)| k);
-    let mut plan = WritePlan::put(&view.placement, &[], ns, keys, st.replication_of(scoped));
+    let down = st.peers.missed.flags(&view);
+    let mut plan = WritePlan::put(&view.placement, &down, ns, keys, st.replication_of(scoped));
     let asker = st.asker(ns, h, p);
     let mut refused: Vec<Option<u16>> = vec![None; jobs.len()];
     while let Some(round) = plan.next_round() {

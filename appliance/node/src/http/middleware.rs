@@ -198,7 +198,8 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
         Route::Local => next.run(req).await,
         Route::Read { copies } => {
             let (parts, _) = req.into_parts();
-            let mut plan = Route::read_plan(&view, &ns, &key, copies);
+            let down = st.peers.missed.flags(&view);
+            let mut plan = Route::read_plan(&view, &down, &ns, &key, copies);
             let mut answer = None;
             while let Some(round) = plan.next_round() {
                 for m in round.into_keys() {
@@ -231,7 +232,9 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
             })
         }
         Route::Write { .. } | Route::Delete { .. } => {
-            let plan = route.write_plan(&view, &ns, &key).expect("a write route");
+            let down = st.peers.missed.flags(&view);
+            let plan = route.write_plan(&view, &down, &ns, &key);
+            let plan = plan.expect("a write route");
             write_in_pod(&st, &view, req, next, plan, block.as_ref()).await
         }
     }
@@ -361,7 +364,7 @@ impl Sending<'_> {
                         let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
                         Some(next.run(local).await)
                     } else {
-                        let body = Some(body.clone().into());
+                        let body = Some(crate::forward::Outgoing::Whole(body.clone()));
                         forward_counted(st, member, parts, body, "write").await
                     };
                     (m, resp)

@@ -23,10 +23,12 @@ use ctxpod_wire::pod_plan::{Plan, WriteAnswer, WritePlan};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::routed::{forward_counted, pick_answer};
 use super::state::AppState;
 use crate::errors::ApiError;
+use crate::forward::Outgoing;
 
 /// Pieces of the body queued for one member at most (hyper's pieces are up to a few tens of
 /// KiB: a few MiB per member).
@@ -61,27 +63,22 @@ pub(super) async fn write_value_in_pod(
     };
     let members: Vec<usize> = round.into_keys().collect();
     let (parts, body) = req.into_parts();
-    let mut txs = Vec::with_capacity(members.len());
-    let mut rxs = Vec::with_capacity(members.len());
-    for _ in &members {
-        let (tx, rx) = mpsc::channel::<Piece>(QUEUED_PIECES);
-        txs.push(Some(tx));
-        rxs.push(rx);
-    }
-    let sends = members.iter().zip(rxs).map(|(&m, rx)| {
+    let (feeds, queues): (Vec<_>, Vec<_>) = members.iter().map(|_| queue()).unzip();
+    let sends = members.iter().zip(queues).map(|(&m, (pieces, ended))| {
         let (member, parts, next) = (&view.members[m], &parts, next.clone());
-        let pieces = queued(rx);
         async move {
+            // Answered or given up on: the pump sends this member nothing more.
+            let _ended = ended;
             if member.id == *st.node_id {
                 let local = Request::from_parts(parts.clone(), Body::from_stream(pieces));
                 Some(next.run(local).await)
             } else {
-                let body = Some(reqwest::Body::wrap_stream(pieces));
+                let body = Some(Outgoing::Stream(pieces.boxed()));
                 forward_counted(st, member, parts, body, "write").await
             }
         }
     });
-    let (answers, _) = futures::join!(futures::future::join_all(sends), pump(body, txs));
+    let (answers, _) = futures::join!(futures::future::join_all(sends), pump(body, feeds));
     let mut by_member = BTreeMap::new();
     let mut stored = Vec::new();
     for (m, resp) in members.into_iter().zip(answers) {
@@ -160,30 +157,58 @@ async fn copy_between(
         let local = Request::from_parts(parts.clone(), Body::from_stream(pieces));
         Some(next.clone().run(local).await)
     } else {
-        let body = Some(reqwest::Body::wrap_stream(pieces));
+        let body = Some(Outgoing::Stream(pieces.boxed()));
         forward_counted(st, dst, parts, body, "write").await
     }
 }
 
 /// The client's body, piece by piece, to every member still taking it (one that answered
-/// already, a refusal, stops taking it); a body cut short ends every member's with an error.
-async fn pump(body: Body, mut txs: Vec<Option<mpsc::Sender<Piece>>>) {
+/// already, a refusal, or was given up on, takes no more); a body cut short ends every
+/// member's with an error.
+async fn pump(body: Body, mut feeds: Vec<Feed>) {
     let mut pieces = body.into_data_stream();
     while let Some(piece) = pieces.next().await {
         let piece = piece.map_err(std::io::Error::other);
-        for tx in txs.iter_mut() {
-            let gone = match tx {
-                Some(t) => t.send(clone_piece(&piece)).await.is_err(),
-                None => false,
+        for feed in feeds.iter_mut() {
+            let Some(tx) = &feed.tx else { continue };
+            let gone = tokio::select! {
+                r = tx.send(clone_piece(&piece)) => r.is_err(),
+                _ = feed.ended.cancelled() => true,
             };
             if gone {
-                *tx = None;
+                feed.tx = None;
             }
         }
-        if piece.is_err() || txs.iter().all(Option::is_none) {
+        if piece.is_err() || feeds.iter().all(|f| f.tx.is_none()) {
             return;
         }
     }
+}
+
+/// The pump's end of a member's queue of pieces.
+struct Feed {
+    tx: Option<mpsc::Sender<Piece>>,
+    /// Cancelled when the member's request has ended (answered, or given up on): a frozen
+    /// member's connection may hold its queue for long after, and must not hold the pump.
+    ended: CancellationToken,
+}
+
+/// A member's queue: the pump's end; and the member's, its pieces as a body (ending early
+/// once the request has ended) and the guard that says so when dropped.
+fn queue() -> (Feed, (impl futures::Stream<Item = Piece>, DropGuard)) {
+    let (tx, rx) = mpsc::channel::<Piece>(QUEUED_PIECES);
+    let ended = CancellationToken::new();
+    let feed = Feed {
+        tx: Some(tx),
+        ended: ended.clone(),
+    };
+    let pieces = futures::stream::unfold((rx, ended.clone()), |(mut rx, ended)| async move {
+        tokio::select! {
+            p = rx.recv() => p.map(|p| (p, (rx, ended))),
+            _ = ended.cancelled() => None,
+        }
+    });
+    (feed, (pieces, ended.drop_guard()))
 }
 
 fn clone_piece(p: &Piece) -> Piece {
@@ -231,11 +256,13 @@ pub(super) async fn to_upload_home(
     let answer = if has_body {
         // The body is read to its end here (not just to its length by the HTTP client):
         // a stream that checks what passes through it (the S3 door's checksums) sees its end.
-        let (tx, rx) = mpsc::channel::<Piece>(QUEUED_PIECES);
-        let pieces = queued(rx);
-        let out = Some(reqwest::Body::wrap_stream(pieces));
-        let forwarded = forward_counted(st, &home, &parts, out, "upload");
-        futures::join!(forwarded, pump(body, vec![Some(tx)])).0
+        let (feed, (pieces, ended)) = queue();
+        let out = Some(Outgoing::Stream(pieces.boxed()));
+        let forwarded = async move {
+            let _ended = ended;
+            forward_counted(st, &home, &parts, out, "upload").await
+        };
+        futures::join!(forwarded, pump(body, vec![feed])).0
     } else {
         forward_counted(st, &home, &parts, None, "upload").await
     };
@@ -271,7 +298,8 @@ pub(super) async fn replicate_upload(
         return Ok(());
     }
     let copies = st.replication_of(scoped);
-    let Some(mut plan) = (Route::Write { copies }).write_plan(&view, ns, key) else {
+    let down = st.peers.missed.flags(&view);
+    let Some(mut plan) = (Route::Write { copies }).write_plan(&view, &down, ns, key) else {
         return Ok(());
     };
     let mut put = Request::builder()
@@ -332,7 +360,7 @@ async fn copy_local(
     (scoped, key): (&str, &[u8]),
 ) -> Option<Response> {
     let pieces = pieces_of(local_value(st, (scoped, key)).await?);
-    let body = Some(reqwest::Body::wrap_stream(pieces));
+    let body = Some(Outgoing::Stream(pieces.boxed()));
     forward_counted(st, member, put, body, "write").await
 }
 
@@ -350,9 +378,4 @@ async fn local_value(st: &AppState, (scoped, key): (&str, &[u8])) -> Option<Body
 fn pieces_of(body: Body) -> impl futures::Stream<Item = Piece> {
     body.into_data_stream()
         .map(|p| p.map_err(std::io::Error::other))
-}
-
-/// The pieces sent into a member's queue, as that member's body.
-fn queued(rx: mpsc::Receiver<Piece>) -> impl futures::Stream<Item = Piece> {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
 }

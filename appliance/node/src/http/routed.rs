@@ -43,7 +43,7 @@ pub(crate) async fn forward_counted(
     st: &AppState,
     m: &ctxpod_pod::membership::MemberInfo,
     parts: &axum::http::request::Parts,
-    body: Option<reqwest::Body>,
+    body: Option<crate::forward::Outgoing>,
     outcome: &str,
 ) -> Option<Response> {
     match crate::forward::forward(
@@ -62,10 +62,12 @@ pub(crate) async fn forward_counted(
     .await
     {
         Ok(r) => {
+            st.peers.missed.note(&m.id, true);
             count_forwarded(st, outcome);
             Some(r)
         }
         Err(crate::forward::ForwardError::Unreachable) => {
+            st.peers.missed.note(&m.id, false);
             count_forwarded(st, "unreachable");
             None
         }

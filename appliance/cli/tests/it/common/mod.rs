@@ -301,6 +301,11 @@ impl Node {
         self.signal(libc::SIGSTOP);
     }
 
+    /// SIGCONT: a frozen node runs again.
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
     fn signal(&self, sig: libc::c_int) {
         let pid = self.pid() as libc::pid_t;
         // SAFETY: kill(2) with the pid of a child this Node still owns (not yet waited).

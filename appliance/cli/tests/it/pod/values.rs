@@ -5,10 +5,11 @@
 //! and with its first member killed (`kill -9`, still named by the view) reads still hit
 //! and new puts still store two copies (the next member in rank takes the place: for a
 //! forwarded put, streamed from a member that stored it). The batch door carries blocks of
-//! one record only: a value over 8 MiB is refused there (413), nothing stored.
+//! one record only: a value over 8 MiB is refused there (413), nothing stored. A member
+//! frozen (SIGSTOP) costs each door one deadline, not a hang, and no lost copy.
 
-use super::create_replicated;
 use super::doors::{http, key_for, open_doors, Door, DoorPod};
+use super::{create_replicated, within};
 use crate::common::block;
 use crate::common::etcd::EtcdServer;
 use bytes::Bytes;
@@ -214,4 +215,68 @@ async fn uploads_in_progress_are_listed_from_every_home(s3: &aws_sdk_s3::Client,
         left.uploads().is_empty(),
         "aborted through node a, gone from their homes"
     );
+}
+
+/// A member frozen (SIGSTOP: it accepts connections and takes a few MiB into its socket
+/// buffers, then nothing) in the middle of the pod's life: through every door that carries
+/// values, values whose first member is the frozen one read back, and new ones are stored
+/// whole on the two other members (the frozen one given up on, the next in rank taking its
+/// place), each call within a bound of one deadline (the clients' 10 s) and slack, never a
+/// hang. Thawed, the frozen member holds none of the values put meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_member_costs_large_values_one_deadline_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let pod = DoorPod::start(tmp.path(), &etcd, "frozen", "768MiB").await;
+    let (nodes, urls, pc) = (&pod.nodes, &pod.urls, &pod.pc);
+    create_replicated(&nodes[0], NS, 2).await;
+    let doors = open_doors(&pod.seeds, &nodes[0]).await;
+    let doors: Vec<&Door> = doors
+        .iter()
+        .filter(|d| !matches!(d, Door::Batch(_)))
+        .collect();
+    let mut stored = Vec::new();
+    for (d, door) in doors.iter().enumerate() {
+        let key = key_for(pc, NS, door.name(), 20, Some("c"));
+        let data = block(200 + d as u64, 10 * MIB + 1);
+        assert_eq!(door.put(NS, &key, data.clone()).await, "stored");
+        stored.push((key, data));
+    }
+    nodes[2].freeze();
+    // One call's bound: a client's request deadline (10 s) and slack for this machine; a
+    // node gives up on a member after 5 s (`PEER_DEADLINE`) and asks it last after that.
+    let bound = std::time::Duration::from_secs(25);
+    let mut after = Vec::new();
+    for (d, door) in doors.iter().enumerate() {
+        let key = key_for(pc, NS, door.name(), 21, Some("c"));
+        let data = block(300 + d as u64, 32 * MIB + 28);
+        let what = format!(
+            "{} putting a value whose first member is frozen",
+            door.name()
+        );
+        let (got, took) = within(bound, &what, door.put(NS, &key, data.clone())).await;
+        assert_eq!(got, "stored", "{what} ({took:?})");
+        eprintln!("{what}: {took:?}");
+        assert_eq!(holders(&urls[..2], &key).await, ["a", "b"], "{what}");
+        after.push((key, data));
+    }
+    for door in &doors {
+        for (key, data) in stored.iter().chain(&after) {
+            let what = format!("{} reading a value of a frozen member", door.name());
+            let (got, took) = within(bound, &what, door.get(NS, key, data)).await;
+            assert_eq!(got, "hit", "{what} ({took:?})");
+        }
+    }
+    nodes[2].thaw();
+    for (key, data) in &after {
+        assert_eq!(holders(&urls[2..], key).await, Vec::<String>::new());
+        for door in &doors {
+            assert_eq!(
+                door.get(NS, key, data).await,
+                "hit",
+                "{} after",
+                door.name()
+            );
+        }
+    }
 }
