@@ -53,12 +53,12 @@ def etcd(tmp_path_factory):
 class Pod:
     """Three nodes of a pod of their own (R = 2, 60 s leases), and which is frozen."""
 
-    def __init__(self, root, etcd: Etcd) -> None:
+    def __init__(self, root, etcd: Etcd, capacity: str = "256MiB") -> None:
         name = f"fo{uuid.uuid4().hex[:8]}"
         lines = (
             f'[pod]\nname = "{name}"\netcd_endpoints = ["{etcd.url}"]\nreplication = 2\nlease_ttl_s = 60\n'
         )
-        self.nodes = [Node(root, f"{name}-{i}", pod=lines) for i in range(3)]
+        self.nodes = [Node(root, f"{name}-{i}", pod=lines, capacity=capacity) for i in range(3)]
 
         def three() -> bool:
             for n in self.nodes:
@@ -285,3 +285,82 @@ def test_vllm_gets_past_a_frozen_then_dead_member(fragile):
     finally:
         a.shutdown()
         b.shutdown()
+
+
+# -- values of an engine's size (issue #34) --------------------------------------------
+
+
+@pytest.fixture()
+def roomy(tmp_path, etcd):
+    """A pod like ``fragile`` whose members hold a few hundred MiB each without evicting."""
+    p = Pod(tmp_path, etcd, capacity="1GiB")
+    yield p
+    p.stop()
+
+
+def test_llama3_8b_chunks_get_past_a_frozen_then_dead_member(roomy):
+    """Llama-3-8B's KV at LMCache's default chunk_size (256 tokens: 32 MiB + LMCache's 28-byte
+    header, one value each) in the pod: through the SDK (a batch put and get, a prefetch
+    into registered memory) and through a whole LMCacheEngine, with the first member frozen
+    and then dead. Reads hit byte-exact from the other copy, new values are stored on the
+    members that answer, each call within its deadlines."""
+    import torch
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from test_lmcache import LLAMA3_8B_DIM, LLAMA3_8B_HEADS, LLAMA3_8B_LAYERS, LMCacheMetadata, engine_for
+
+    chunk = (32 << 20) + 28
+    ns = f"big-{uuid.uuid4().hex[:8]}"
+    s = ctxpod.Store.connect(roomy.urls(), namespace=ns, **DEADLINES)
+    s.create_namespace(replication=2)
+    rng = np.random.default_rng(34)
+    keys = [f"chunk-{i}".encode() for i in range(3)]
+    vals = [rng.integers(0, 256, chunk, dtype=np.uint8).tobytes() for _ in keys]
+    assert s.batch_put(keys, vals) == [201] * len(keys)
+    md = LMCacheMetadata(
+        model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
+        local_worker_id=0, kv_dtype=torch.bfloat16, chunk_size=256,
+        kv_shape=(LLAMA3_8B_LAYERS, 2, 256, LLAMA3_8B_HEADS, LLAMA3_8B_DIM),
+    )
+    n = 2 * 256
+    tokens = torch.arange(9000, 9000 + n)
+    settings = lmcache_settings()
+    try:
+        a, ga = engine_for(roomy.url(), "big-a", n, md=md, cpu_gb=0.3, **settings)
+        ga.kv.copy_(torch.randn(ga.kv.shape, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16))
+        a.store(tokens)
+        space = ctxpod.integrations.lmcache.namespace_of(
+            "lmcache", CacheEngineKey("meta-llama/Meta-Llama-3-8B", 1, 0, 1, torch.bfloat16))
+        held = ctxpod.Store.connect(roomy.urls(), namespace=space, **DEADLINES)
+        wait_for("both chunks stored", lambda: len(list(held.keys())) == 2 + 1, timeout=60)
+        held.close()
+        LMCacheEngineBuilder.destroy("big-a")
+
+        roomy.freeze()
+        assert within(4 * ONE, "a batch read of 32 MiB values", s.batch_get, keys) == vals
+        buf = np.zeros(len(keys) * chunk, dtype=np.uint8)
+        b = s.register_buffer(buf)
+        t = within(ONE, "a prefetch", s.prefetch, keys, into=(b, [i * chunk for i in range(len(keys))]))
+        assert within(4 * ONE, "the prefetch's ticket", t.wait) == [chunk] * len(keys)
+        assert buf.tobytes() == b"".join(vals)
+        more = [f"more-{i}".encode() for i in range(2)]
+        assert within(4 * ONE, "a batch put of 32 MiB values", s.batch_put, more, vals[:2]) == [201] * 2
+        # Built on this thread (an LMCacheEngine serves the thread that built it).
+        e, ge = engine_for(roomy.url(), "big-b", n, md=md, cpu_gb=0.3, **settings)
+        # LMCache connects its remote backend on a thread of its own: lookups miss until it
+        # is up (one deadline past the frozen seed at most).
+        wait_for("LMCache lookup with a member frozen", lambda: e.lookup(tokens) == n, timeout=4 * ONE)
+        within(8 * ONE, "LMCache retrieve", e.retrieve, tokens)
+        assert torch.equal(ge.kv, ga.kv)
+
+        roomy.kill()
+        assert within(4 * ONE, "a batch read, a dead", s.batch_get, keys + more) == vals + vals[:2]
+        LMCacheEngineBuilder.destroy("big-b")
+        e, ge = engine_for(roomy.url(), "big-c", n, md=md, cpu_gb=0.3, **settings)
+        wait_for("LMCache lookup with a member dead", lambda: e.lookup(tokens) == n, timeout=4 * ONE)
+        within(8 * ONE, "LMCache retrieve, a dead", e.retrieve, tokens)
+        assert torch.equal(ge.kv, ga.kv)
+    finally:
+        for name in ("big-a", "big-b", "big-c"):
+            LMCacheEngineBuilder.destroy(name)
+        s.close()

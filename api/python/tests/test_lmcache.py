@@ -316,16 +316,18 @@ class CpuKV(__import__("lmcache.v1.gpu_connector.mock_gpu_connector", fromlist=[
                 self.kv[:, :, s:e, :].copy_(o.tensor)
 
 
-def engine_for(url: str, name: str, tokens: int, md: LMCacheMetadata | None = None, cpu_gb: float = 0.05):
+def engine_for(url: str, name: str, tokens: int, md: LMCacheMetadata | None = None, cpu_gb: float = 0.05,
+               **extra):
     """An LMCacheEngine over ``tokens`` of KV in CPU memory (``md``: the model's metadata,
-    the toy model's by default), configured as the docs say."""
+    the toy model's by default), configured as the docs say (``extra``: more of its
+    ``extra_config``)."""
     from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     chunk = CHUNK if md is None else md.chunk_size
     md = md or metadata("acme/engine-e2e")
     gpu = CpuKV(tokens, tuple(md.kv_shape))
-    cfg = config(url, chunk_size=chunk, cpu_gb=cpu_gb)
+    cfg = config(url, chunk_size=chunk, cpu_gb=cpu_gb, **extra)
     e = LMCacheEngineBuilder.get_or_create(name, cfg, md, gpu,
                                            mock_up_broadcast_fn, mock_up_broadcast_object_fn)
     e.post_init()
