@@ -399,6 +399,25 @@ struct ExtentReads {
     next: usize,
     /// Reads started, in order: each extent's index and its read.
     ahead: VecDeque<(usize, tokio::task::JoinHandle<Result<Checked>>)>,
+    /// Whether extents are taken from, and put into, the DRAM tier (a GET's read; not a
+    /// scrub's, which must read flash and must not fill the tier).
+    cached: bool,
+    /// The CRC32C of the piece given out last, when it was a whole extent (its manifest's).
+    last_crc: Option<u32>,
+}
+
+/// The DRAM tier's key of extent `index` of the value of generation `value_seq` in
+/// namespace `ns_id`: longer than any block's key (`ns_id ‖ key`, at most 4 +
+/// `KEY_BYTES_MAX` bytes), so never one, and starting with `ns_id`, so dropped with the
+/// namespace. A generation's sequence number is the node's alone: a value stored again, or
+/// another value, never meets an extent cached for this one.
+pub(crate) fn extent_cache_key(ns_id: u32, value_seq: u64, index: u32) -> CacheKey {
+    let mut k = Vec::with_capacity(4 + ctxpod_wire::KEY_BYTES_MAX + 1);
+    k.extend_from_slice(&ns_id.to_be_bytes());
+    k.extend_from_slice(&value_seq.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
+    k.resize(4 + ctxpod_wire::KEY_BYTES_MAX + 1, 0);
+    k.into()
 }
 
 impl Drop for ExtentReads {
@@ -441,8 +460,18 @@ impl Engine {
         self.reference(&bkey, manifest.head.len as usize);
         c.read_bits.set(&bkey);
         c.counters.hits.fetch_add(1, Ordering::Relaxed);
-        c.metrics.hits.with_label_values(&["flash"]).inc();
-        Ok(Some(self.reader_of(nsa, key, bkey, manifest, range)))
+        let reader = self.reader_of(nsa, key, bkey, manifest, range, true);
+        // A large value's read counts as a DRAM hit when its first extent is in the tier.
+        let from_dram = match &reader.body {
+            ReadBody::Extents(r) => r.cached_extent(r.next).is_some(),
+            ReadBody::Single(_) => false,
+        };
+        if from_dram {
+            c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        let tier = if from_dram { "dram" } else { "flash" };
+        c.metrics.hits.with_label_values(&[tier]).inc();
+        Ok(Some(reader))
     }
 
     /// A reader of the large value `key` as the index holds it now (`None`: absent, or not
@@ -458,7 +487,7 @@ impl Engine {
             .core
             .index
             .get_manifest(&bkey)?
-            .map(|m| self.reader_of(ns.clone(), key, bkey, m, range)))
+            .map(|m| self.reader_of(ns.clone(), key, bkey, m, range, false)))
     }
 
     fn reader_of(
@@ -468,6 +497,7 @@ impl Engine {
         bkey: Vec<u8>,
         manifest: Manifest,
         range: Option<(u64, u64)>,
+        cached: bool,
     ) -> ValueReader {
         let c = &self.core;
         let head = manifest.head;
@@ -499,6 +529,8 @@ impl Engine {
                 end,
                 next,
                 ahead: VecDeque::new(),
+                cached,
+                last_crc: None,
             })),
         }
     }
@@ -530,6 +562,15 @@ impl ValueReader {
     /// When the value was stored (ms since the Unix epoch).
     pub fn stored_ms(&self) -> u64 {
         self.stored_ms
+    }
+
+    /// The CRC32C of the piece [`ValueReader::next_piece`] gave out last, when it is known
+    /// without reading it again (a whole extent: its manifest's, checked when it was read).
+    pub fn last_piece_crc32c(&self) -> Option<u32> {
+        match &self.body {
+            ReadBody::Extents(r) => r.last_crc,
+            ReadBody::Single(_) => None,
+        }
     }
 
     /// Whether the value is stored as extents (read from flash as it is given out).
@@ -580,11 +621,26 @@ impl ExtentReads {
         let lo = (self.pos - start) as usize;
         let hi = ((self.end - start) as usize).min(b.len());
         self.pos = start + hi as u64;
+        self.last_crc = (lo == 0 && hi == b.len()).then_some(self.manifest.extents[i].crc32c);
         Ok(Some(b.slice(lo..hi)))
     }
 
-    /// Starts reading and checking extent `i`.
+    /// Extent `i`'s bytes in the DRAM tier (checked when they were read from flash), when
+    /// this read takes from the tier.
+    fn cached_extent(&self, i: usize) -> Option<Bytes> {
+        let x = self.manifest.extents.get(i)?;
+        let k = extent_cache_key(self.ns.id, self.manifest.head.seq, x.index);
+        self.cached
+            .then(|| self.core.dram.lock().get(&k).map(|(b, _)| b))
+            .flatten()
+    }
+
+    /// Starts reading and checking extent `i`: from the DRAM tier when it holds it, else
+    /// from flash (and then into the tier, for a GET's read).
     fn start_read(&self, i: usize) -> tokio::task::JoinHandle<Result<Checked>> {
+        if let Some(b) = self.cached_extent(i) {
+            return tokio::spawn(async move { Ok(Checked::Good(b)) });
+        }
         let x = self.manifest.extents[i];
         let head = self.manifest.head;
         let rec = BlockLoc {
@@ -604,8 +660,16 @@ impl ExtentReads {
         };
         let (core, tx, ns) = (self.core.clone(), self.writer_tx.clone(), self.ns.clone());
         let (key, bkey) = (self.key.clone(), self.bkey.clone());
+        let cache_as = self
+            .cached
+            .then(|| extent_cache_key(ns.id, head.seq, x.index));
         tokio::spawn(async move {
-            read_checked_record(&core, &tx, (&ns, &key, &bkey), (rec, head), Some(of)).await
+            let r = read_checked_record(&core, &tx, (&ns, &key, &bkey), (rec, head), Some(of));
+            let r = r.await?;
+            if let (Some(k), Checked::Good(b)) = (cache_as, &r) {
+                core.dram.lock().insert(k, b.clone(), x.crc32c);
+            }
+            Ok(r)
         })
     }
 }

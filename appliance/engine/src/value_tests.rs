@@ -647,3 +647,63 @@ async fn upload_parts_count_against_the_quota_as_they_are_written() {
     assert!(matches!(r, Err(EngineError::Quota(_))), "{r:?}");
     e.shutdown().await;
 }
+
+/// A large value read again is served from the DRAM tier, extent by extent (counted as a
+/// DRAM hit); scrub still reads flash (and finds a rotten extent the tier's copy hides),
+/// and a value stored again under the key never meets the old one's cached extents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_large_value_is_served_from_the_dram_tier_and_scrub_reads_flash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Config {
+        dram: ByteSize(64 << 20),
+        ..cfg(dir.path(), 256 << 20)
+    };
+    let e = Engine::open(c, Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    let v = data(21, 24 << 20);
+    store(&e, b"v", &v).await.expect("v");
+    let read_twice = async |want: &[u8]| {
+        let before = e.stats().dram_hits;
+        for n in 0..2 {
+            let got = read(&e, b"v", None).await.expect("get");
+            assert_eq!(got.as_deref(), Some(want), "read {n}");
+        }
+        e.stats().dram_hits - before
+    };
+    assert_eq!(read_twice(&v).await, 1, "the second read from DRAM");
+    // Rot on flash under the cached extents: reads still get the bytes checked when they
+    // were cached; scrub reads the record and quarantines the value.
+    let bkey = block_key(e.ns("default").expect("ns").id, b"v");
+    let m = e.core.index.get_manifest(&bkey).expect("index").expect("m");
+    let x = m.extents[4];
+    let at = e.core.dev_offset(x.region, x.offset) + record::HEADER_BYTES as u64 + 999;
+    let (mut buf, r) = e
+        .core
+        .device
+        .read_at(AlignedBuf::reused(4096), at & !4095)
+        .await;
+    r.expect("read");
+    buf[(at & 4095) as usize] ^= 0x01;
+    let (_, r) = e.core.device.write_at(buf, at & !4095).await;
+    r.expect("write");
+    e.core.device.flush().await.expect("flush");
+    assert_eq!(
+        read(&e, b"v", None).await.expect("get").as_deref(),
+        Some(&v[..])
+    );
+    assert!(matches!(
+        e.scrub_block("default", b"v").await.expect("scrub"),
+        read::Scrubbed::Bad { .. }
+    ));
+    assert_eq!(
+        read(&e, b"v", None).await.expect("gone"),
+        None,
+        "quarantined"
+    );
+    // Stored again with other bytes: the new generation's extents, never the old ones.
+    let w = data(22, 24 << 20);
+    store(&e, b"v", &w).await.expect("w");
+    assert_eq!(read_twice(&w).await, 1);
+    e.shutdown().await;
+}

@@ -153,7 +153,9 @@ impl Pushes<'_> {
             let frame = Response::Push {
                 index: i as u32,
                 status: status::OK,
-                crc32c: ctxpod_wire::crc32c(&data),
+                crc32c: r
+                    .last_piece_crc32c()
+                    .unwrap_or_else(|| ctxpod_wire::crc32c(&data)),
                 offset: base + at,
                 data,
             }

@@ -351,7 +351,9 @@ pub(crate) async fn send_value(
             value_len: total,
             value_crc32c: reader.crc32c(),
             offset: at,
-            crc32c: ctxpod_wire::crc32c(&data),
+            crc32c: reader
+                .last_piece_crc32c()
+                .unwrap_or_else(|| ctxpod_wire::crc32c(&data)),
             data,
         };
         at += piece_len(&piece);
