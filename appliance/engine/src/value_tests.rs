@@ -4,6 +4,7 @@
 use super::*;
 use ctxpod_format::config::ByteSize;
 use ctxpod_wire::EXTENT_BYTES;
+use index::ExtentLoc;
 use upload::PartInfo;
 
 fn cfg(dir: &std::path::Path, capacity: u64) -> Config {
@@ -386,6 +387,21 @@ async fn eviction_takes_a_large_value_whole_and_spares_a_leased_one() {
     e.shutdown().await;
 }
 
+/// Flips `bits` of the byte `at` bytes into extent `x`'s body, on the device itself.
+async fn rot(e: &Engine, x: ExtentLoc, at: u64, bits: u8) {
+    let at = e.core.dev_offset(x.region, x.offset) + record::HEADER_BYTES as u64 + at;
+    let (mut buf, r) = e
+        .core
+        .device
+        .read_at(AlignedBuf::reused(4096), at & !4095)
+        .await;
+    r.expect("read");
+    buf[(at & 4095) as usize] ^= bits;
+    let (_, r) = e.core.device.write_at(buf, at & !4095).await;
+    r.expect("write");
+    e.core.device.flush().await.expect("flush");
+}
+
 /// A bit flipped in any extent of a large value: the read that reaches it fails with an
 /// integrity error, the whole value is quarantined (gone from every view), scrub finds it
 /// too, and a fresh copy can be stored.
@@ -418,18 +434,7 @@ async fn a_rotten_extent_quarantines_the_whole_value() {
         .expect("manifest");
     assert_eq!(m.extents.len(), 6);
     // Flip a bit in the body of extent 4.
-    let x = m.extents[4];
-    let at = e.core.dev_offset(x.region, x.offset) + record::HEADER_BYTES as u64 + 12_345;
-    let (mut buf, r) = e
-        .core
-        .device
-        .read_at(AlignedBuf::reused(4096), at & !4095)
-        .await;
-    r.expect("read");
-    buf[(at & 4095) as usize] ^= 0x10;
-    let (_, r) = e.core.device.write_at(buf, at & !4095).await;
-    r.expect("write");
-    e.core.device.flush().await.expect("flush");
+    rot(&e, m.extents[4], 12_345, 0x10).await;
     // A range within the good extents still reads.
     let lo = EXTENT_BYTES as u64;
     assert_eq!(
@@ -676,18 +681,7 @@ async fn a_hot_large_value_is_served_from_the_dram_tier_and_scrub_reads_flash() 
     // were cached; scrub reads the record and quarantines the value.
     let bkey = block_key(e.ns("default").expect("ns").id, b"v");
     let m = e.core.index.get_manifest(&bkey).expect("index").expect("m");
-    let x = m.extents[4];
-    let at = e.core.dev_offset(x.region, x.offset) + record::HEADER_BYTES as u64 + 999;
-    let (mut buf, r) = e
-        .core
-        .device
-        .read_at(AlignedBuf::reused(4096), at & !4095)
-        .await;
-    r.expect("read");
-    buf[(at & 4095) as usize] ^= 0x01;
-    let (_, r) = e.core.device.write_at(buf, at & !4095).await;
-    r.expect("write");
-    e.core.device.flush().await.expect("flush");
+    rot(&e, m.extents[4], 999, 0x01).await;
     assert_eq!(
         read(&e, b"v", None).await.expect("get").as_deref(),
         Some(&v[..])
