@@ -98,9 +98,13 @@ impl Progress {
 
 /// Why a forward did not give an answer to pass on.
 pub enum ForwardError {
-    /// The member could not be reached (connect, no progress within [`FORWARD_STALL`]), or
-    /// answered a block whose bytes do not match its CRC32C: try the next one.
+    /// The member could not be reached (the connection refused or reset), or answered a
+    /// block whose bytes do not match its CRC32C: try the next one.
     Unreachable,
+    /// The member missed a deadline (no progress within [`FORWARD_STALL`], or a connect
+    /// timeout): try the next one, and ask it last for a while (a frozen member costs a
+    /// deadline each time it is asked; a dead one's refusal costs nothing).
+    TimedOut,
 }
 
 /// Sends the request to `m` and turns its answer into ours (status, headers, body streamed).
@@ -158,14 +162,18 @@ pub async fn forward(
         None => {}
     }
     let resp = tokio::select! {
-        r = req.send() => r.map_err(|_| ForwardError::Unreachable)?,
+        r = req.send() => r.map_err(|e| if e.is_timeout() {
+            ForwardError::TimedOut
+        } else {
+            ForwardError::Unreachable
+        })?,
         _ = progress.stalled() => {
             tracing::warn!(
                 member = %m.id,
                 stall_s = FORWARD_STALL.as_secs(),
                 "a member took no piece of a forwarded request and did not answer: given up on"
             );
-            return Err(ForwardError::Unreachable);
+            return Err(ForwardError::TimedOut);
         }
     };
     let mut out = Response::builder().status(resp.status());
@@ -192,7 +200,7 @@ pub async fn forward(
         let bytes = tokio::time::timeout(FORWARD_STALL, resp.bytes());
         let bytes = bytes
             .await
-            .map_err(|_| ForwardError::Unreachable)?
+            .map_err(|_| ForwardError::TimedOut)?
             .map_err(|_| ForwardError::Unreachable)?;
         if bytes.len() > ctxpod_wire::BLOCK_BYTES_MAX || !member_block_intact(&bytes, crc.as_ref())
         {

@@ -90,14 +90,19 @@ impl Asker<'_> {
     }
 
     /// Sends a request to `m`: its answer when successful, else why not. A member that
-    /// cannot be reached is counted down, one that answers up.
+    /// misses the deadline is counted down (asked last for a while), one that answers up; a
+    /// refused connection costs nothing and counts neither way.
     async fn send(
         &self,
         m: &MemberInfo,
         req: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, PeerError> {
         let resp = req.send().await;
-        self.peers.missed.note(&m.id, resp.is_ok());
+        match &resp {
+            Ok(_) => self.peers.missed.note(&m.id, true),
+            Err(e) if e.is_timeout() => self.peers.missed.note(&m.id, false),
+            Err(_) => {}
+        }
         let resp = resp.map_err(|_| PeerError::Unreachable)?;
         if resp.status().is_success() {
             Ok(resp)

@@ -39,8 +39,9 @@ pub const PEER_DEADLINE: Duration = Duration::from_secs(5);
 /// `ctxpod_client::connect::DOWN_FOR`).
 pub const DOWN_FOR: Duration = Duration::from_secs(10);
 
-/// Members that could not be reached, or missed a deadline, lately: until when each is
-/// asked last. An answer of any kind counts a member up again.
+/// Members that missed a deadline lately (frozen, overloaded, black-holed: each ask costs
+/// a deadline): until when each is asked last. A refused connection (a dead member) costs
+/// nothing and is not counted; an answer of any kind counts a member up again.
 #[derive(Default)]
 pub struct Missed(RwLock<HashMap<String, Instant>>);
 

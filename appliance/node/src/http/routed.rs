@@ -66,8 +66,10 @@ pub(crate) async fn forward_counted(
             count_forwarded(st, outcome);
             Some(r)
         }
-        Err(crate::forward::ForwardError::Unreachable) => {
-            st.peers.missed.note(&m.id, false);
+        Err(e) => {
+            if matches!(e, crate::forward::ForwardError::TimedOut) {
+                st.peers.missed.note(&m.id, false);
+            }
             count_forwarded(st, "unreachable");
             None
         }
