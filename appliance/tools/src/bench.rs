@@ -408,13 +408,15 @@ impl RequestKind {
         }
     }
 
-    /// The complaint about block `first + i` of a request read back wrong.
-    fn wrong(&self, first: u64, i: usize) -> String {
-        format!(
-            "block {} of {} bytes came back wrong",
-            first + i as u64,
-            self.size
-        )
+    /// The complaint about block `first + i` of a request read back wrong, or not at all
+    /// (`missing`).
+    fn wrong(&self, first: u64, i: usize, missing: bool) -> String {
+        let what = if missing {
+            "is missing"
+        } else {
+            "came back wrong"
+        };
+        format!("block {} of {} bytes {what}", first + i as u64, self.size)
     }
 }
 
@@ -432,7 +434,7 @@ async fn request(
     if !kind.put && kind.batch == 1 && kind.size > ctxpod_wire::BLOCK_BYTES_MAX {
         let (k, data, _) = blocks.into_iter().next().context("a block")?;
         let got = buffers.get_into(&c, tc.as_deref(), &k, &data).await?;
-        ensure!(got, "{}", kind.wrong(first, 0));
+        ensure!(got == Some(true), "{}", kind.wrong(first, 0, got.is_none()));
         return anyhow::Ok(t.elapsed());
     }
     match tc {
@@ -470,7 +472,11 @@ async fn wire_request(
             .collect();
         let got = tc.get("default", &keys).await?;
         for (i, (g, (_, d, _))) in got.iter().zip(&blocks).enumerate() {
-            ensure!(g.as_deref() == Some(&d[..]), "{}", kind.wrong(first, i));
+            ensure!(
+                g.as_deref() == Some(&d[..]),
+                "{}",
+                kind.wrong(first, i, g.is_none())
+            );
         }
     }
     Ok(())
@@ -494,7 +500,7 @@ async fn http_request(
             ensure!(
                 got.as_deref() == Some(&data[..]),
                 "{}",
-                kind.wrong(first, 0)
+                kind.wrong(first, 0, got.is_none())
             );
         }
     } else if kind.put {
@@ -508,7 +514,11 @@ async fn http_request(
         let keys: Vec<Vec<u8>> = blocks.iter().map(|(k, _, _)| k.clone()).collect();
         let got = c.batch_get("default", &keys).await?;
         for (i, ((_, g), (_, d, _))) in got.iter().zip(&blocks).enumerate() {
-            ensure!(g.as_deref() == Some(&d[..]), "{}", kind.wrong(first, i));
+            ensure!(
+                g.as_deref() == Some(&d[..]),
+                "{}",
+                kind.wrong(first, i, g.is_none())
+            );
         }
     }
     Ok(())

@@ -86,10 +86,12 @@ pub(crate) async fn measure_size(
     let (dev_w, dev_r) = device_baseline(&a.dir, a.device_bytes.0, device).await?;
     let data_dir = a.dir.join(format!("node-{size}"));
     let _ = std::fs::remove_dir_all(&data_dir);
-    // Room for every block plus eviction reserve. Cold reads run with a 16 MiB DRAM tier
-    // (every read from flash, the tier churning as in steady state); hot reads with a
-    // DRAM tier that holds the whole set, after an untimed pass that fills it.
-    let capacity = (total * 2 + (1 << 30)).next_multiple_of(1 << 20);
+    // Room for both sets of blocks (durable and fast) and the writer's reserve of free
+    // regions, which grows with the device (at `--bytes 8GiB`, 2 × bytes + 1 GiB evicted
+    // the first blocks). Cold reads run with a 16 MiB DRAM tier (every read from flash, the
+    // tier churning as in steady state); hot reads with a DRAM tier that holds the whole
+    // set, after an untimed pass that fills it.
+    let capacity = (total * 2 + total / 2 + (1 << 30)).next_multiple_of(1 << 20);
     let dram_small = 16 << 20;
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
@@ -401,14 +403,14 @@ impl Buffers {
     }
 
     /// Reads `key` into a buffer of the pool (over CXP1 when `tc` is given, else HTTP):
-    /// whether it came back as `want`.
+    /// whether it came back as `want` (`None`: it did not come back at all).
     pub(crate) async fn get_into(
         &self,
         http: &Client,
         tc: Option<&TransferClient>,
         key: &[u8],
         want: &[u8],
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<Option<bool>> {
         let buf = self.0.lock().expect("buffers").pop().unwrap_or_default();
         let (buf, len) = match tc {
             Some(tc) => {
@@ -417,7 +419,7 @@ impl Buffers {
             }
             None => http.get_into("default", key, buf).await?,
         };
-        let same = len.is_some_and(|n| &buf[..n] == want);
+        let same = len.map(|n| &buf[..n] == want);
         self.0.lock().expect("buffers").push(buf);
         Ok(same)
     }
