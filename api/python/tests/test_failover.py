@@ -307,7 +307,7 @@ def test_llama3_8b_chunks_get_past_a_frozen_then_dead_member(roomy):
     import torch
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
-    from test_lmcache import LLAMA3_8B_DIM, LLAMA3_8B_HEADS, LLAMA3_8B_LAYERS, LMCacheMetadata, engine_for
+    from test_lmcache import engine_for, llama3_8b_metadata
 
     chunk = (32 << 20) + 28
     ns = f"big-{uuid.uuid4().hex[:8]}"
@@ -317,11 +317,7 @@ def test_llama3_8b_chunks_get_past_a_frozen_then_dead_member(roomy):
     keys = [f"chunk-{i}".encode() for i in range(3)]
     vals = [rng.integers(0, 256, chunk, dtype=np.uint8).tobytes() for _ in keys]
     assert s.batch_put(keys, vals) == [201] * len(keys)
-    md = LMCacheMetadata(
-        model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
-        local_worker_id=0, kv_dtype=torch.bfloat16, chunk_size=256,
-        kv_shape=(LLAMA3_8B_LAYERS, 2, 256, LLAMA3_8B_HEADS, LLAMA3_8B_DIM),
-    )
+    md = llama3_8b_metadata()
     n = 2 * 256
     tokens = torch.arange(9000, 9000 + n)
     settings = lmcache_settings()

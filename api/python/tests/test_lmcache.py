@@ -367,6 +367,15 @@ def test_the_whole_engine_stores_and_retrieves_kv_through_ctxpod(node):
         LMCacheEngineBuilder.destroy("engine-b")
 
 
+def llama3_8b_metadata() -> LMCacheMetadata:
+    """Llama-3-8B's KV at LMCache's default chunk_size (256 tokens): 32 MiB a chunk."""
+    return LMCacheMetadata(
+        model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
+        local_worker_id=0, kv_dtype=torch.bfloat16, chunk_size=256,
+        kv_shape=(LLAMA3_8B_LAYERS, 2, 256, LLAMA3_8B_HEADS, LLAMA3_8B_DIM),
+    )
+
+
 def test_the_whole_engine_stores_llama3_8b_chunks_and_retrieves_them_after_kill_9(tmp_path):
     """Llama-3-8B's KV at LMCache's default chunk_size (256): each chunk is 32 MiB + its
     28-byte header, one value. Engine A stores a 512-token prompt; the node is killed
@@ -375,11 +384,7 @@ def test_the_whole_engine_stores_llama3_8b_chunks_and_retrieves_them_after_kill_
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     node = Node(tmp_path, "llama", capacity="1GiB")
-    md = LMCacheMetadata(
-        model_name="meta-llama/Meta-Llama-3-8B", world_size=1, local_world_size=1, worker_id=0,
-        local_worker_id=0, kv_dtype=torch.bfloat16, chunk_size=256,
-        kv_shape=(LLAMA3_8B_LAYERS, 2, 256, LLAMA3_8B_HEADS, LLAMA3_8B_DIM),
-    )
+    md = llama3_8b_metadata()
     n = 2 * 256
     tokens = torch.arange(7000, 7000 + n)
     key = CacheEngineKey("meta-llama/Meta-Llama-3-8B", 1, 0, 1, torch.bfloat16)

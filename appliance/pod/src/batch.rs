@@ -79,14 +79,25 @@ pub struct Asker<'a> {
 }
 
 impl Asker<'_> {
-    fn post(&self, m: &MemberInfo, what: &str) -> reqwest::RequestBuilder {
+    /// A `method` request of `what` (a path under the namespace, with its query) at member
+    /// `m`, for the caller.
+    fn request(&self, method: http::Method, m: &MemberInfo, what: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}/v1/namespaces/{}/{what}", m.http, self.ns);
         let req = self
             .peers
             .http
-            .post(format!("{}/v1/namespaces/{}/{what}", m.http, self.ns))
+            .request(method, url)
             .timeout(TIMEOUT)
             .header(super::route::HEADER_FORWARDED, self.me);
         self.peers.for_caller(req, self.headers, self.caller_tenant)
+    }
+
+    fn post(&self, m: &MemberInfo, what: &str) -> reqwest::RequestBuilder {
+        self.request(http::Method::POST, m, what)
+    }
+
+    fn get(&self, m: &MemberInfo, what: &str) -> reqwest::RequestBuilder {
+        self.request(http::Method::GET, m, what)
     }
 
     /// Sends a request to `m`: its answer when successful, else why not. A member that
@@ -192,22 +203,9 @@ impl Asker<'_> {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<(Vec<(Vec<u8>, ctxpod_wire::types::ListedBlock)>, bool), PeerError> {
-        let req = self
-            .peers
-            .http
-            .get(format!(
-                "{}/v1/namespaces/{}/blocks?{}&meta=true",
-                m.http,
-                self.ns,
-                ctxpod_client::client::list_query(prefix, after, limit)
-            ))
-            .timeout(TIMEOUT)
-            .header(super::route::HEADER_FORWARDED, self.me);
+        let query = ctxpod_client::client::list_query(prefix, after, limit);
         let resp = self
-            .send(
-                m,
-                self.peers.for_caller(req, self.headers, self.caller_tenant),
-            )
+            .send(m, self.get(m, &format!("blocks?{query}&meta=true")))
             .await?;
         let page = resp
             .json::<ctxpod_wire::types::KeyList>()
@@ -239,23 +237,8 @@ impl Asker<'_> {
         m: &MemberInfo,
         prefix: &[u8],
     ) -> Result<ctxpod_wire::types::UploadList, PeerError> {
-        let req = self
-            .peers
-            .http
-            .get(format!(
-                "{}/v1/namespaces/{}/uploads?prefix={}",
-                m.http,
-                self.ns,
-                hex::encode(prefix)
-            ))
-            .timeout(TIMEOUT)
-            .header(super::route::HEADER_FORWARDED, self.me);
-        let resp = self
-            .send(
-                m,
-                self.peers.for_caller(req, self.headers, self.caller_tenant),
-            )
-            .await?;
+        let what = format!("uploads?prefix={}", hex::encode(prefix));
+        let resp = self.send(m, self.get(m, &what)).await?;
         resp.json::<ctxpod_wire::types::UploadList>()
             .await
             .map_err(|_| PeerError::Malformed)
