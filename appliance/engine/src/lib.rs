@@ -173,7 +173,7 @@ struct NsKeys {
 }
 
 pub use ctxpod_format::config::DEK_ROTATE_AFTER_WRITES;
-pub use read::Scrubbed;
+pub use read::{Found, Scrubbed};
 
 impl Namespace {
     pub fn quota_bytes(&self) -> Option<u64> {

@@ -21,37 +21,66 @@ pub enum Scrubbed {
     Gone,
 }
 
+/// A block a GET found, not yet read: its length, for the caller to admit against its
+/// budgets before the read ([`Engine::read_found`]). Finding it took one namespace lookup
+/// and one index read (none on a DRAM hit); the read takes no other.
+pub struct Found {
+    ns: Arc<Namespace>,
+    bkey: CacheKey,
+    at: FoundAt,
+}
+
+enum FoundAt {
+    /// In the DRAM tier: its bytes and their CRC32C.
+    Dram(Bytes, u32),
+    /// On flash at `loc`; `ticket` taken before the index read (see `dram_admit`).
+    Flash { loc: BlockLoc, ticket: u64 },
+}
+
+impl Found {
+    /// The block's length: for a value stored as extents, the whole value's.
+    pub fn len(&self) -> usize {
+        match &self.at {
+            FoundAt::Dram(b, _) => b.len(),
+            FoundAt::Flash { loc, .. } => loc.len as usize,
+        }
+    }
+
+    /// Never true: an empty block is stored as one too; for clippy's `len` rule.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Engine {
     /// The block's bytes, verified, and their CRC32C, or `None`.
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
+        match self.find(ns, key)? {
+            Some(f) => self.read_found(key, f).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Where a GET of the block would find it, without reading it (`None`: absent, counted
+    /// as a miss, as a GET counts it): the DRAM tier, else the index.
+    pub fn find(&self, ns: &str, key: &[u8]) -> Result<Option<Found>> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
+        self.find_in(ns, key)
+    }
+
+    fn find_in(&self, ns: Arc<Namespace>, key: &[u8]) -> Result<Option<Found>> {
         let bkey: CacheKey = block_key(ns.id, key).into();
         let c = &self.core;
-        if let Some(b) = c.dram.lock().get(&bkey) {
-            self.reference(&bkey, b.0.len());
-            c.read_bits.set(&bkey);
-            c.counters.hits.fetch_add(1, Ordering::Relaxed);
-            c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
-            c.metrics.hits.with_label_values(&["dram"]).inc();
-            return Ok(Some(b));
+        if let Some((b, crc)) = c.dram.lock().get(&bkey) {
+            let at = FoundAt::Dram(b, crc);
+            return Ok(Some(Found { ns, bkey, at }));
         }
         let ticket = c.dram_ticket();
-        let found = match c.index.get_block(&bkey)? {
-            Some(loc) => self
-                .read_record(&ns, key, &bkey, loc)
-                .await?
-                .map(|b| (b, loc)),
-            None => None,
-        };
-        match found {
-            Some((b, loc)) => {
-                self.reference(&bkey, b.len());
-                c.read_bits.set(&bkey);
-                c.counters.hits.fetch_add(1, Ordering::Relaxed);
-                c.metrics.hits.with_label_values(&["flash"]).inc();
-                c.dram_admit(bkey, b.clone(), &loc, ticket)?;
-                Ok(Some((b, loc.crc32c)))
+        match c.index.get_block(&bkey)? {
+            Some(loc) => {
+                let at = FoundAt::Flash { loc, ticket };
+                Ok(Some(Found { ns, bkey, at }))
             }
             None => {
                 c.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -59,6 +88,49 @@ impl Engine {
                 Ok(None)
             }
         }
+    }
+
+    /// Reads a block [`Engine::find`] found under `key`, verified, and its CRC32C. If it
+    /// moved since (stored again, evicted, quarantined), the index is asked once more and
+    /// what it holds now is read: `None` when that is nothing.
+    pub async fn read_found(&self, key: &[u8], f: Found) -> Result<Option<(Bytes, u32)>> {
+        let ns = f.ns.clone();
+        if let Some(got) = self.read_at(key, f).await? {
+            return Ok(Some(got));
+        }
+        let Some(f) = self.find_in(ns, key)? else {
+            return Ok(None);
+        };
+        let got = self.read_at(key, f).await?;
+        if got.is_none() {
+            self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.core.metrics.misses.inc();
+        }
+        Ok(got)
+    }
+
+    /// The read of a found block, counted as a hit; `None` (not counted) when its record no
+    /// longer holds it or failed its checks.
+    async fn read_at(&self, key: &[u8], f: Found) -> Result<Option<(Bytes, u32)>> {
+        let c = &self.core;
+        let (bkey, got, label) = match f.at {
+            FoundAt::Dram(b, crc) => {
+                c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
+                (f.bkey, (b, crc), "dram")
+            }
+            FoundAt::Flash { loc, ticket } => {
+                let Some(b) = self.read_record(&f.ns, key, &f.bkey, loc).await? else {
+                    return Ok(None);
+                };
+                c.dram_admit(f.bkey.clone(), b.clone(), &loc, ticket)?;
+                (f.bkey, (b, loc.crc32c), "flash")
+            }
+        };
+        self.reference(&bkey, got.0.len());
+        c.read_bits.set(&bkey);
+        c.counters.hits.fetch_add(1, Ordering::Relaxed);
+        c.metrics.hits.with_label_values(&[label]).inc();
+        Ok(Some(got))
     }
 
     pub(crate) async fn read_record(
@@ -288,25 +360,6 @@ impl Engine {
                 .map(|b| (b, loc.crc32c))),
             None => Ok(None),
         }
-    }
-
-    /// The length of the block a GET would serve now, without reading it (`None`: absent,
-    /// counted as a miss, as a GET would count it): what an answer admits against its byte
-    /// budgets before the read.
-    pub fn block_len(&self, ns: &str, key: &[u8]) -> Result<Option<usize>> {
-        Self::check_key(key)?;
-        let ns = self.ns(ns)?;
-        let bkey = block_key(ns.id, key);
-        // A DRAM hit needs no index lookup: the DRAM tier holds only blocks the index holds.
-        if let Some(len) = self.core.dram.lock().len_of(&bkey) {
-            return Ok(Some(len));
-        }
-        let loc = self.core.index.get_block(&bkey)?;
-        if loc.is_none() {
-            self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
-            self.core.metrics.misses.inc();
-        }
-        Ok(loc.map(|l| l.len as usize))
     }
 
     /// What the index says of a block, without reading it: its length, CRC32C and when it

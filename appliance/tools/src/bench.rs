@@ -176,6 +176,10 @@ struct Row {
     node_cpu_s_per_gib: Option<f64>,
     /// CPU seconds the bench client spent per GiB moved in this phase.
     client_cpu_s_per_gib: Option<f64>,
+    /// The phase's data-work floor ([`sizes::Limits::floor_of`]), CPU seconds per GiB, and
+    /// the node's CPU over it.
+    floor_cpu_s_per_gib: Option<f64>,
+    node_cpu_of_floor: Option<f64>,
     /// The machine limit that bounds this figure (see [`bound_of`]) and the figure over it.
     bound: Option<String>,
     of_bound: Option<f64>,
@@ -289,12 +293,13 @@ async fn phase(
     } else {
         Vec::new()
     };
-    let perf = start_perf(node, what, size).await?;
-    // The blocks are made before the CPU mark: making test data is not the client's cost.
+    // The blocks and buffers are made before the CPU mark and the profile: making test data
+    // is not the client's cost.
     let pool = block_pool(size);
     let kind = RequestKind::of(what, batch, size);
     let large_gets = !kind.put && batch == 1 && size > ctxpod_wire::BLOCK_BYTES_MAX;
     let buffers = &sizes::Buffers::of(if large_gets { conc } else { 0 }, size);
+    let perf = start_perf(node, what, size).await?;
     let cpu0 = CpuMark::now(node);
     let t = Instant::now();
     let mut lat = Vec::with_capacity(n as usize);
@@ -612,6 +617,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.of_bound = Some(r.gb_per_s / gb);
             r.bound = Some(name);
         }
+        r.floor_cpu_s_per_gib = limits.floor_of(&r.what, !a.no_encrypt_at_rest);
+        r.node_cpu_of_floor = r
+            .node_cpu_s_per_gib
+            .zip(r.floor_cpu_s_per_gib)
+            .map(|(n, f)| n / f);
     }
     print_rows(&rows);
     if a.repeat > 1 {
@@ -679,6 +689,14 @@ fn fmt_pct(v: Option<f64>) -> String {
     v.map_or(String::new(), |f| format!("{:.0} %", f * 100.0))
 }
 
+/// A node-CPU cell: seconds per GiB, and the multiple of the phase's data-work floor.
+fn fmt_node_cpu(v: Option<f64>, of_floor: Option<f64>) -> String {
+    match (v, of_floor) {
+        (Some(v), Some(f)) => format!("{v:.2} ({f:.1}× floor)"),
+        (v, _) => fmt_cpu(v),
+    }
+}
+
 /// The "of bound" cell: the fraction of the named bound, blank without either.
 fn fmt_bound(bound: &Option<String>, of_bound: Option<f64>) -> String {
     match (bound, of_bound) {
@@ -690,12 +708,12 @@ fn fmt_bound(bound: &Option<String>, of_bound: Option<f64>) -> String {
 /// Prints every row as a Markdown table on stdout.
 fn print_rows(rows: &[Row]) {
     println!(
-        "| run | device | what | block | ops | GB/s | blocks/s | p50 ms | p99 ms | p999 ms | of device | of bound | node CPU s/GiB | client CPU s/GiB |"
+        "| run | device | what | block | ops | GB/s | blocks/s | p50 ms | p99 ms | p999 ms | of device | of bound | node CPU s/GiB | floor s/GiB | client CPU s/GiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
             r.run,
             r.device,
             r.what,
@@ -708,7 +726,8 @@ fn print_rows(rows: &[Row]) {
             r.p999_ms,
             fmt_pct(r.of_device),
             fmt_bound(&r.bound, r.of_bound),
-            fmt_cpu(r.node_cpu_s_per_gib),
+            fmt_node_cpu(r.node_cpu_s_per_gib, r.node_cpu_of_floor),
+            fmt_cpu(r.floor_cpu_s_per_gib),
             fmt_cpu(r.client_cpu_s_per_gib)
         );
     }
@@ -719,8 +738,8 @@ fn print_medians(rows: &[Row], repeat: u32) {
     println!();
     println!("Medians of {} runs:", repeat);
     println!();
-    println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | of bound | node CPU s/GiB |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| device | what | block | GB/s | p50 ms | p99 ms | of device | of bound | node CPU s/GiB | floor s/GiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut seen: Vec<(String, String, u64)> = Vec::new();
     for r in rows.iter().filter(|r| r.run > 0) {
         let id = (r.device.clone(), r.what.clone(), r.size);
@@ -734,7 +753,7 @@ fn print_medians(rows: &[Row], repeat: u32) {
             .collect();
         let med = |f: &dyn Fn(&Row) -> Option<f64>| median(same.iter().filter_map(|r| f(r)));
         println!(
-            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.device,
             r.what,
             ByteSize(r.size),
@@ -743,7 +762,11 @@ fn print_medians(rows: &[Row], repeat: u32) {
             med(&|r| Some(r.p99_ms)).unwrap_or(0.0),
             fmt_pct(med(&|r| r.of_device)),
             fmt_bound(&r.bound, med(&|r| r.of_bound)),
-            fmt_cpu(med(&|r| r.node_cpu_s_per_gib))
+            fmt_node_cpu(
+                med(&|r| r.node_cpu_s_per_gib),
+                med(&|r| r.node_cpu_of_floor)
+            ),
+            fmt_cpu(med(&|r| r.floor_cpu_s_per_gib))
         );
     }
 }

@@ -209,17 +209,19 @@ pub(crate) async fn get(
         crate::budget::Client::new(conn.peer, who.as_ref().unwrap_or(&anonymous))
     };
     let mut egress = conn.budgets.egress_for(Some(client));
-    // Per key: the bytes admitted for it, or the status it answers without a read.
-    let mut plan: Vec<Result<usize, u16>> = Vec::with_capacity(keys.len());
+    // Per key: the block found (one index read) and admitted, or the status it answers
+    // without a read.
+    let mut plan: Vec<Result<ctxpod_engine::Found, u16>> = Vec::with_capacity(keys.len());
     for k in keys {
-        plan.push(match engine.block_len(ns, k) {
+        plan.push(match engine.find(ns, k) {
             Err(e) => Err(code(&e)),
             Ok(None) => Err(status::NOT_FOUND),
             // Over the frame, or a value over one record (read with `GetValue`).
-            Ok(Some(len)) if len > room || len > ctxpod_wire::BLOCK_BYTES_MAX => {
+            Ok(Some(f)) if f.len() > room || f.len() > ctxpod_wire::BLOCK_BYTES_MAX => {
                 Err(status::TOO_LARGE)
             }
-            Ok(Some(len)) => {
+            Ok(Some(f)) => {
+                let len = f.len();
                 let mine = conn
                     .out_bytes
                     .clone()
@@ -239,7 +241,7 @@ pub(crate) async fn get(
                         reserved += len.max(1);
                         permits.push(a);
                         permits.extend(b);
-                        Ok(len)
+                        Ok(f)
                     }
                     _ => {
                         busy += 1;
@@ -256,20 +258,20 @@ pub(crate) async fn get(
             .with_label_values(&["egress"])
             .inc_by(busy);
     }
-    let results = futures::future::join_all(plan.iter().zip(keys).map(|(p, k)| async move {
+    let results = futures::future::join_all(plan.into_iter().zip(keys).map(|(p, k)| async move {
         match p {
-            Ok(len) => match engine.get(ns, k).await {
-                Ok(Some((data, crc))) if data.len() <= *len => GetEntry {
+            Ok(f) => match (f.len(), engine.read_found(k, f).await) {
+                (len, Ok(Some((data, crc)))) if data.len() <= len => GetEntry {
                     status: status::OK,
                     crc32c: crc,
                     data,
                 },
                 // Stored again, larger, since it was admitted: ask again.
-                Ok(Some(_)) => entry(status::BUSY),
-                Ok(None) => entry(status::NOT_FOUND),
-                Err(e) => entry(code(&e)),
+                (_, Ok(Some(_))) => entry(status::BUSY),
+                (_, Ok(None)) => entry(status::NOT_FOUND),
+                (_, Err(e)) => entry(code(&e)),
             },
-            Err(st) => entry(*st),
+            Err(st) => entry(st),
         }
     }))
     .await;

@@ -7,7 +7,7 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use ctxpod_engine::PutStatus;
+use ctxpod_engine::{Found, PutStatus};
 use ctxpod_pod::batch as pod_batch;
 use ctxpod_wire::pod_plan::{
     Plan, ReadAnswer, ReadPlan, Round, WriteAnswer, WriteOutcome, WritePlan,
@@ -98,22 +98,23 @@ pub(crate) async fn admitted_batch_get(
     let mut permits = Vec::new();
     let mut busy = 0u64;
     let mut egress = charge.map(|client| st.budgets.egress_for(client));
-    let mut plan: Vec<Result<usize, u16>> = Vec::with_capacity(keys.len());
+    // Per key: the block found (one index read), admitted, or the status it answers.
+    let mut plan: Vec<Result<Found, u16>> = Vec::with_capacity(keys.len());
     for k in keys {
-        plan.push(match st.engine.block_len(scoped, k) {
+        plan.push(match st.engine.find(scoped, k) {
             Err(e) => Err(status_of(&e).0.as_u16()),
             Ok(None) => Err(404),
-            Ok(Some(len)) if len > room => Err(413),
-            Ok(Some(len)) => match &mut egress {
+            Ok(Some(f)) if f.len() > room => Err(413),
+            Ok(Some(f)) => match &mut egress {
                 None => {
-                    room -= len;
-                    Ok(len)
+                    room -= f.len();
+                    Ok(f)
                 }
-                Some(e) => match e.take(len).await {
+                Some(e) => match e.take(f.len()).await {
                     Some(p) => {
-                        room -= len;
+                        room -= f.len();
                         permits.extend(p);
-                        Ok(len)
+                        Ok(f)
                     }
                     None => {
                         busy += 1;
@@ -130,54 +131,40 @@ pub(crate) async fn admitted_batch_get(
             .with_label_values(&["egress"])
             .inc_by(busy);
     }
-    let admitted: Vec<&[u8]> = keys
-        .iter()
-        .zip(&plan)
-        .filter(|(_, p)| p.is_ok())
-        .map(|(k, _)| &k[..])
-        .collect();
-    let mut read = local_batch_get(st, scoped, &admitted).await.into_iter();
-    let got = plan
-        .iter()
-        .map(|p| match p {
-            Ok(len) => match read.next() {
-                // Stored again, larger, since it was admitted: ask again.
-                Some(g) if g.data.as_ref().is_some_and(|d| d.len() > *len) => refused(503),
-                Some(g) => g,
-                None => refused(500),
-            },
-            Err(st) => refused(*st),
-        })
-        .collect();
-    (got, permits)
-}
-
-/// This node's answers to a `batch/get` of `keys`.
-pub(crate) async fn local_batch_get(
-    st: &AppState,
-    scoped: &str,
-    keys: &[&[u8]],
-) -> Vec<pod_batch::Got> {
     // Owned keys: the stream's futures may not borrow from the closure's argument.
-    let owned: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
-    futures::stream::iter(owned.into_iter().map(|k| {
-        let (engine, ns) = (st.engine.clone(), scoped.to_string());
+    let got = futures::stream::iter(plan.into_iter().zip(keys.to_vec()).map(|(p, k)| {
+        let engine = st.engine.clone();
         async move {
-            match engine.get(&ns, &k).await {
-                Ok(Some((d, crc))) => pod_batch::Got {
-                    status: 200,
-                    crc32c: Some(crc),
-                    len: d.len() as u32,
-                    data: Some(d),
-                },
-                Ok(None) => refused(404),
+            let f = match p {
+                Ok(f) => f,
+                Err(st) => return refused(st),
+            };
+            let len = f.len();
+            match engine.read_found(&k, f).await {
+                // Stored again, larger, since it was admitted: ask again.
+                Ok(Some((d, _))) if d.len() > len => refused(503),
+                Ok(got) => answer(got),
                 Err(e) => refused(status_of(&e).0.as_u16()),
             }
         }
     }))
     .buffered(BATCH_CONCURRENCY)
     .collect()
-    .await
+    .await;
+    (got, permits)
+}
+
+/// The answer for one key of a batch: its block, or 404.
+fn answer(got: Option<(Bytes, u32)>) -> pod_batch::Got {
+    match got {
+        Some((d, crc)) => pod_batch::Got {
+            status: 200,
+            crc32c: Some(crc),
+            len: d.len() as u32,
+            data: Some(d),
+        },
+        None => refused(404),
+    }
 }
 
 /// A `batch/get` for the whole pod (`pod::batch`): each key at its candidates in rank

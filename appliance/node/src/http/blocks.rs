@@ -77,9 +77,10 @@ pub(crate) async fn get_block(
     let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block");
     // The block's bytes are taken from the egress budget before it is read, and given back
     // once the body is written out.
-    let Some(len) = st.engine.block_len(&ns, &key)? else {
+    let Some(found) = st.engine.find(&ns, &key)? else {
         return Err(not_found());
     };
+    let len = found.len();
     let range = super::input::byte_range(&h, len as u64)?;
     if len > ctxpod_wire::BLOCK_BYTES_MAX {
         let client = crate::budget::Client::at(peer, &p);
@@ -88,7 +89,7 @@ pub(crate) async fn get_block(
     let permits = st
         .admit_egress(crate::budget::Client::at(peer, &p), len)
         .await?;
-    match st.engine.get(&ns, &key).await? {
+    match st.engine.read_found(&key, found).await? {
         Some((data, _)) if data.len() > len => Err(ApiError::busy(
             "the block was replaced while it was read; retry",
         )),

@@ -11,6 +11,11 @@ pub(crate) struct Limits {
     pub(crate) flushed_write: Option<f64>,
     /// fio's sequential write, flushed only at the end.
     pub(crate) write: Option<f64>,
+    /// One core's CRC32C, AES-256-GCM seal and open (with its copy), and memcpy, GB/s.
+    pub(crate) crc32c: Option<f64>,
+    pub(crate) seal: Option<f64>,
+    pub(crate) open: Option<f64>,
+    pub(crate) memcpy: Option<f64>,
 }
 
 impl Limits {
@@ -25,6 +30,39 @@ impl Limits {
             loopback: find("iperf3 loopback TCP, one stream").or(find("loopback TCP")),
             flushed_write: find("fio seq write + fdatasync"),
             write: find("fio seq write (O_DIRECT"),
+            crc32c: find("CRC32C, one core"),
+            seal: find("AES-256-GCM seal"),
+            open: find("AES-256-GCM open"),
+            memcpy: find("memcpy of 1 MiB blocks"),
+        }
+    }
+
+    /// The data-work floor of a phase, in CPU seconds per GiB: what its bytes cost the node
+    /// at the one-core speeds measured in this run, and nothing else. A PUT copies each
+    /// byte in from its socket, checks its CRC32C and seals it (AES-256-GCM, when the node
+    /// encrypts at rest); a cold GET opens it (its copy included), checks its CRC32C and
+    /// copies it out to the socket; a hot GET only copies it out. The device's own transfer
+    /// is DMA: no CPU per byte. `None` without the limits (`--limits-bytes 0`).
+    pub(crate) fn floor_of(&self, what: &str, encrypted: bool) -> Option<f64> {
+        let per_gib = |gb: Option<f64>| gb.map(|g| (1u64 << 30) as f64 / (g * 1e9));
+        let crypto = |g: Option<f64>| if encrypted { per_gib(g) } else { Some(0.0) };
+        let sum = |parts: &[Option<f64>]| parts.iter().copied().sum::<Option<f64>>();
+        if what.starts_with("PUT") {
+            sum(&[
+                per_gib(self.memcpy),
+                per_gib(self.crc32c),
+                crypto(self.seal),
+            ])
+        } else if what.contains("cold") {
+            sum(&[
+                crypto(self.open),
+                per_gib(self.crc32c),
+                per_gib(self.memcpy),
+            ])
+        } else if what.contains("hot") {
+            per_gib(self.memcpy)
+        } else {
+            None
         }
     }
 
