@@ -76,7 +76,7 @@ def main():
     for (device, what, sz), arms in rows.items():
         a, b = arms.get("A", {}), arms.get("B", {})
         floor = cell(a, b, "node_cpu_of_floor", 1)
-        floor = [f"{floor[0]}×, {floor[1]}×" if floor[0] else ""]
+        floor = [f"{floor[0] or '–'}×, {floor[1] or '–'}×" if floor[0] or floor[1] else ""]
         cells = (cell(a, b, "gb_per_s", 3) + cell(a, b, "node_cpu_s_per_gib", 2) + floor
                  + cell(a, b, "p99_ms", 2))
         print(f"| {device} | {what} | {size(sz)} | " + " | ".join(cells) + " |")

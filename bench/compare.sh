@@ -17,9 +17,13 @@
 # worktree, each run's output and JSON lines, and report.md), BENCH_DIR (the scratch
 # folder the benches write their devices in; default OUT/scratch).
 #
-# Builds share $CARGO_TARGET_DIR (default ~/.cache/ctxpod-target), so a revision's build is
-# incremental; because every build links the same `debug/ctxpod`, the script links this
-# checkout's own binary back at the end (`cargo build -p ctxpod`, a no-op when fresh).
+# `.` builds into this checkout's $CARGO_TARGET_DIR (default ~/.cache/ctxpod-target).
+# Revisions build into their own target folder, COMPARE_TARGET_DIR (default
+# ~/.cache/ctxpod-compare-target), never this checkout's: cargo names a workspace's units
+# by paths relative to the workspace, so a worktree building into the same folder would
+# overwrite this checkout's artifacts and fingerprints and leave its next build stale. The
+# first use seeds that folder with the dependencies already built here (RocksDB takes 20
+# minutes to build from nothing). Each binary's SHA-256 is printed with what it is.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ $# -lt 2 ]; then
@@ -50,7 +54,7 @@ build() {
     cp "$CARGO_TARGET_DIR/debug/ctxpod" "$dest/ctxpod"
     echo "working tree of $here at $(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet HEAD || echo ' + uncommitted changes')" >"$dest/what"
   else
-    local rev
+    local rev target=${COMPARE_TARGET_DIR:-$HOME/.cache/ctxpod-compare-target}
     rev=$(git -C "$here" rev-parse --verify "$what^{commit}") || {
       echo "compare: $what is neither a binary, '.', nor a git revision" >&2
       exit 2
@@ -60,19 +64,25 @@ build() {
     else
       git -C "$out/src" checkout -q --detach "$rev"
     fi
-    echo "compare: building $what ($rev)" >&2
-    (cd "$out/src" && cargo build -q -p ctxpod)
-    cp "$CARGO_TARGET_DIR/debug/ctxpod" "$dest/ctxpod"
+    if [ ! -d "$target/debug/deps" ] && [ -d "$CARGO_TARGET_DIR/debug/deps" ]; then
+      echo "compare: seeding $target with the dependencies built in $CARGO_TARGET_DIR" >&2
+      mkdir -p "$target/debug"
+      cp -a "$CARGO_TARGET_DIR/debug/deps" "$CARGO_TARGET_DIR/debug/build" \
+        "$CARGO_TARGET_DIR/debug/.fingerprint" "$target/debug/"
+      # The workspace's own crates are built again from the worktree's sources.
+      rm -rf "$target"/debug/.fingerprint/ctxpod-*
+    fi
+    echo "compare: building $what ($rev) into $target" >&2
+    (cd "$out/src" && CARGO_TARGET_DIR=$target cargo build -q -p ctxpod)
+    cp "$target/debug/ctxpod" "$dest/ctxpod"
     echo "$what = $(git -C "$here" log -1 --format='%h %s' "$rev")" >"$dest/what"
   fi
+  echo "  (sha256 $(sha256sum "$dest/ctxpod" | cut -c1-16))" >>"$dest/what"
 }
 build "$a" "$out/A"
 build "$b" "$out/B"
-if [ "$a" != "." ] && [ "$b" != "." ] && [ -f "$here/Cargo.toml" ]; then
-  (cd "$here" && cargo build -q -p ctxpod) || true
-fi
-echo "compare: A is $(cat "$out/A/what")" >&2
-echo "compare: B is $(cat "$out/B/what")" >&2
+echo "compare: A is $(tr '\n' ' ' <"$out/A/what")" >&2
+echo "compare: B is $(tr '\n' ' ' <"$out/B/what")" >&2
 
 for r in $(seq 1 "$rounds"); do
   order="A B"
@@ -90,8 +100,8 @@ for r in $(seq 1 "$rounds"); do
 done
 rm -rf "$scratch"
 {
-  echo "A: $(cat "$out/A/what")"
-  echo "B: $(cat "$out/B/what")"
+  echo "A: $(tr '\n' ' ' <"$out/A/what")"
+  echo "B: $(tr '\n' ' ' <"$out/B/what")"
   echo "bench args: ${args[*]}; $rounds rounds"
   echo
   python3 "$here/bench/compare-report.py" "$out"

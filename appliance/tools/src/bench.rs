@@ -51,7 +51,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
     /// Blocks per request in the size phases: 1 (one PUT or GET each), or a batch (CXP1
-    /// batch ops; HTTP `batch/put` and `batch/get`). At most 64 MiB of blocks per request.
+    /// batch ops; HTTP `batch/put` and `batch/get`), fewer for blocks so large that the batch
+    /// would not fit one 64 MiB frame (15 of 4 MiB).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
     /// Bytes of the raw device baseline.

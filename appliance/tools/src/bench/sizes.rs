@@ -102,6 +102,16 @@ pub(crate) fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
     (!v.is_empty()).then(|| v[v.len() / 2])
 }
 
+/// `--batch` for blocks of `size`: fewer blocks where that many would not fit one 64 MiB
+/// frame with its keys and headers (16 blocks of 4 MiB are 64 MiB of data alone).
+fn batch_within_a_frame(batch: usize, size: usize) -> usize {
+    const ROOM: usize = ctxpod_wire::BATCH_BODY_BYTES_MAX - (64 << 10);
+    if batch <= 1 {
+        return batch;
+    }
+    batch.min(ROOM / size.max(1)).max(1)
+}
+
 /// The device baseline, then PUT, cold GET and hot GET of one block size.
 pub(crate) async fn measure_size(
     a: &BenchArgs,
@@ -111,6 +121,7 @@ pub(crate) async fn measure_size(
 ) -> anyhow::Result<()> {
     let n = (a.bytes.0 / size as u64).max(1);
     let total = n * size as u64;
+    let batch = batch_within_a_frame(a.batch, size);
     let cxp1 = match a.protocol.as_str() {
         "http" => false,
         "cxp1" => true,
@@ -134,9 +145,9 @@ pub(crate) async fn measure_size(
     let dram_big = total + total / 4 + (64 << 20);
     eprintln!("{size} B blocks: {n} blocks, {} per phase", ByteSize(total));
     let node = Node::start(&data_dir, capacity, dram_small, device, a).await?;
-    let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1, a.batch).await?;
+    let mut put = phase(&node, size, n, a.concurrency, "PUT durable", cxp1, batch).await?;
     put.of_device = Some(put.gb_per_s / dev_w.gb_per_s);
-    let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1, a.batch).await?;
+    let mut put_fast = phase(&node, size, n, a.concurrency, "PUT fast", cxp1, batch).await?;
     put_fast.of_device = Some(put_fast.gb_per_s / dev_w.gb_per_s);
     print_write_path_stats(&node).await?;
     print_peak_rss(&node, "PUT");
@@ -149,7 +160,7 @@ pub(crate) async fn measure_size(
         a.concurrency,
         "GET cold (flash)",
         cxp1,
-        a.batch,
+        batch,
     )
     .await?;
     cold.of_device = Some(cold.gb_per_s / dev_r.gb_per_s);
@@ -162,17 +173,8 @@ pub(crate) async fn measure_size(
     print_peak_rss(&node, "GET cold");
     node.stop()?;
     let node = Node::start(&data_dir, capacity, dram_big, device, a).await?;
-    phase(&node, size, n, a.concurrency, "warm-up", cxp1, a.batch).await?;
-    let hot = phase(
-        &node,
-        size,
-        n,
-        a.concurrency,
-        "GET hot (DRAM)",
-        cxp1,
-        a.batch,
-    )
-    .await?;
+    phase(&node, size, n, a.concurrency, "warm-up", cxp1, batch).await?;
+    let hot = phase(&node, size, n, a.concurrency, "GET hot (DRAM)", cxp1, batch).await?;
     let s = node.client.stats().await?;
     eprintln!("  hot: {} of {} reads from DRAM", s.dram_hits, s.hits);
     node.stop()?;
