@@ -71,13 +71,14 @@ def main():
     print(f"{len(rounds)} rounds; B/A is the median of the per-round ratios [their range].")
     print()
     print("| device | what | block | A GB/s | B GB/s | B/A GB/s | A node CPU s/GiB | B node CPU s/GiB | "
-          "B/A node CPU | A, B node CPU / floor | A p99 ms | B p99 ms | B/A p99 |")
-    print("|---" * 13 + "|")
+          "B/A node CPU | A, B node CPU / floor | B/A client CPU | A p99 ms | B p99 ms | B/A p99 |")
+    print("|---" * 14 + "|")
     for (device, what, sz), arms in rows.items():
         a, b = arms.get("A", {}), arms.get("B", {})
         floor = cell(a, b, "node_cpu_of_floor", 1)
         floor = [f"{floor[0] or '–'}×, {floor[1] or '–'}×" if floor[0] or floor[1] else ""]
-        cells = (cell(a, b, "gb_per_s", 3) + cell(a, b, "node_cpu_s_per_gib", 2) + floor
+        client = cell(a, b, "client_cpu_s_per_gib", 2)[2:]
+        cells = (cell(a, b, "gb_per_s", 3) + cell(a, b, "node_cpu_s_per_gib", 2) + floor + client
                  + cell(a, b, "p99_ms", 2))
         print(f"| {device} | {what} | {size(sz)} | " + " | ".join(cells) + " |")
 

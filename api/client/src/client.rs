@@ -402,7 +402,7 @@ impl Client {
                 return Ok(None);
             };
             dst.copy_from_slice(&piece);
-            got = ctxpod_wire::crc32c_combine(got, ctxpod_wire::crc32c(&piece), piece.len());
+            got = ctxpod_wire::crc32c_append(got, &piece);
             at += piece.len();
         }
         Ok((at == len && got == crc).then_some((buf, len)))

@@ -236,7 +236,7 @@ fn checked_stream(resp: reqwest::Response, crc: Option<HeaderValue>, member: Str
         let (mut s, crc, left, want, member) = st?;
         match s.next().await {
             Some(Ok(b)) => {
-                let crc = ctxpod_wire::crc32c_combine(crc, ctxpod_wire::crc32c(&b), b.len());
+                let crc = ctxpod_wire::crc32c_append(crc, &b);
                 let left = left.saturating_sub(b.len() as u64);
                 if left == 0 && want != Some(crc) {
                     tracing::warn!(
