@@ -113,50 +113,39 @@ impl Stage {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
+        let c = &self.counters;
         if fault {
-            return Err(self.fault());
+            c.faults.fetch_add(1, Ordering::Relaxed);
+            return Err(OffloadError::Fault(self.name));
         }
         let Some(tx) = &self.tx else {
-            return Ok(timed(&self.counters, f));
+            let t = Instant::now();
+            let out = f();
+            c.busy_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            c.ops.fetch_add(1, Ordering::Relaxed);
+            return Ok(out);
         };
         let (done_tx, done_rx) = oneshot::channel();
-        let counters = self.counters.clone();
-        self.submit(
-            tx,
-            Box::new(move || {
-                let _ = done_tx.send(timed(&counters, f));
-            }),
-        )?;
-        done_rx.await.map_err(|_| OffloadError::Stopped(self.name))
-    }
-
-    /// Queues `job` for a worker; a full queue refuses it (`Busy`).
-    fn submit(&self, tx: &SyncSender<Job>, job: Job) -> Result<(), OffloadError> {
-        tx.try_send(job).map_err(|e| match e {
+        let counters = c.clone();
+        tx.try_send(Box::new(move || {
+            let t = Instant::now();
+            let out = f();
+            counters
+                .busy_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            counters.ops.fetch_add(1, Ordering::Relaxed);
+            let _ = done_tx.send(out);
+        }))
+        .map_err(|e| match e {
             TrySendError::Full(_) => {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                c.rejected.fetch_add(1, Ordering::Relaxed);
                 OffloadError::Busy(self.name)
             }
             TrySendError::Disconnected(_) => OffloadError::Stopped(self.name),
-        })
+        })?;
+        done_rx.await.map_err(|_| OffloadError::Stopped(self.name))
     }
-
-    /// Counts an injected fault and returns it.
-    fn fault(&self) -> OffloadError {
-        self.counters.faults.fetch_add(1, Ordering::Relaxed);
-        OffloadError::Fault(self.name)
-    }
-}
-
-/// Runs `f`, counting it and its time as one operation of the stage.
-fn timed<T>(counters: &Counters, f: impl FnOnce() -> T) -> T {
-    let t = Instant::now();
-    let out = f();
-    counters
-        .busy_ns
-        .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    counters.ops.fetch_add(1, Ordering::Relaxed);
-    out
 }
 
 pub struct OffloadEngine {
@@ -207,61 +196,6 @@ impl OffloadEngine {
         F: FnOnce() -> T + Send + 'static,
     {
         self.aead.run(self.draw(false), f).await
-    }
-
-    /// Runs `first` on the AEAD engine and hands what it yields straight to `then` on the
-    /// CRC engine, engine to engine as a DPU chains its stages: the caller is woken once,
-    /// when both are done, instead of once per stage. `first` failing (`Err`) ends the chain
-    /// there. Only the AEAD engine's queue can refuse the job (`Busy`); an AEAD worker whose
-    /// CRC engine's queue is full waits for room, as a pipeline stage stalls on the next.
-    pub async fn aead_then_crc<P, E, V, F, G>(
-        &self,
-        first: F,
-        then: G,
-    ) -> Result<Result<V, E>, OffloadError>
-    where
-        P: Send + 'static,
-        E: Send + 'static,
-        V: Send + 'static,
-        F: FnOnce() -> Result<P, E> + Send + 'static,
-        G: FnOnce(P) -> V + Send + 'static,
-    {
-        let (aead_fault, crc_fault) = (self.draw(false), self.draw(true));
-        if aead_fault {
-            return Err(self.aead.fault());
-        }
-        let (Some(aead_tx), Some(crc_tx)) = (&self.aead.tx, self.crc.tx.clone()) else {
-            return match timed(&self.aead.counters, first) {
-                Err(e) => Ok(Err(e)),
-                Ok(_) if crc_fault => Err(self.crc.fault()),
-                Ok(p) => Ok(Ok(timed(&self.crc.counters, || then(p)))),
-            };
-        };
-        let (done_tx, done_rx) = oneshot::channel();
-        let (aead, crc) = (self.aead.counters.clone(), self.crc.counters.clone());
-        let crc_name = self.crc.name;
-        let job: Job = Box::new(move || {
-            let p = match timed(&aead, first) {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = done_tx.send(Ok(Err(e)));
-                    return;
-                }
-            };
-            if crc_fault {
-                crc.faults.fetch_add(1, Ordering::Relaxed);
-                let _ = done_tx.send(Err(OffloadError::Fault(crc_name)));
-                return;
-            }
-            // A CRC engine that stopped drops the job and its reply: the caller sees Stopped.
-            let _ = crc_tx.send(Box::new(move || {
-                let _ = done_tx.send(Ok(Ok(timed(&crc, || then(p)))));
-            }));
-        });
-        self.aead.submit(aead_tx, job)?;
-        done_rx
-            .await
-            .map_err(|_| OffloadError::Stopped("aes-gcm → crc32c"))?
     }
 
     pub fn inline(&self) -> bool {
@@ -326,47 +260,6 @@ mod tests {
         let (c, a) = o.stats();
         assert_eq!((c.faults, a.faults), (1, 0));
         assert!(c.rejected_busy >= 1 && a.ops >= 3);
-    }
-
-    /// A chained job runs on the AEAD engine, then on the CRC engine, and is counted once
-    /// by each; a first step that fails ends the chain; injected faults stop it at the
-    /// engine they hit; inline, the same on the caller's thread.
-    #[tokio::test]
-    async fn a_chain_runs_on_both_engines_in_turn() {
-        for inline in [false, true] {
-            let o = OffloadEngine::new(2, 4, inline);
-            let me = std::thread::current().id();
-            let on = move || std::thread::current().id() == me;
-            let got = o.aead_then_crc(
-                move || Ok::<_, ()>((on(), 20)),
-                move |(a, x)| (a, on(), x + 1),
-            );
-            assert_eq!(got.await, Ok(Ok((inline, inline, 21))), "inline {inline}");
-            let failed = o.aead_then_crc(|| Err::<u8, _>("bad tag"), |_| unreachable!());
-            assert_eq!(failed.await, Ok(Err("bad tag")));
-            let (c, a) = o.stats();
-            assert_eq!(
-                (a.ops, c.ops),
-                (2, 1),
-                "the CRC step ran only after a good first step"
-            );
-            o.set_faults(OffloadFaults {
-                seed: 1,
-                crc_error: 1.0,
-                aead_error: 0.0,
-            });
-            let hit = o.aead_then_crc(|| Ok::<_, ()>(1), |x| x);
-            assert_eq!(hit.await, Err(OffloadError::Fault("crc32c")));
-            o.set_faults(OffloadFaults {
-                seed: 1,
-                crc_error: 0.0,
-                aead_error: 1.0,
-            });
-            let hit = o.aead_then_crc(|| Ok::<_, ()>(1), |x| x);
-            assert_eq!(hit.await, Err(OffloadError::Fault("aes-gcm")));
-            let (c, a) = o.stats();
-            assert_eq!((a.ops, c.ops, a.faults, c.faults), (3, 1, 1, 1));
-        }
     }
 
     #[tokio::test]

@@ -420,27 +420,23 @@ pub(crate) async fn read_checked_record(
     r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", rec.region))?;
     c.metrics.device_read_bytes.inc_by(rec.record_len as u64);
     let (ns_id, key2) = (ns.id, key.to_vec());
-    let verdict = match dek {
+    let opened = match dek {
         // A plaintext node's read checks only the header here: no trip to the AEAD
         // engine.
-        None => match open_record_of(buf, None, (ns_id, &key2), &rec, extent) {
-            Ok(plain) => {
-                c.offload
-                    .crc(move || check_plaintext(plain, rec.crc32c))
-                    .await?
-            }
-            Err(why) => Verified::Bad(why),
-        },
-        // Opened on the AEAD engine, which hands the plaintext straight to the CRC engine:
-        // one wake-up of this task for both.
-        Some(dek) => c
-            .offload
-            .aead_then_crc(
-                move || open_record_of(buf, Some(&dek), (ns_id, &key2), &rec, extent),
-                move |plain| check_plaintext(plain, rec.crc32c),
-            )
-            .await?
-            .unwrap_or_else(Verified::Bad),
+        None => open_record_of(buf, None, (ns_id, &key2), &rec, extent),
+        Some(dek) => {
+            c.offload
+                .aead(move || open_record_of(buf, Some(&dek), (ns_id, &key2), &rec, extent))
+                .await?
+        }
+    };
+    let verdict = match opened {
+        Ok(plain) => {
+            c.offload
+                .crc(move || check_plaintext(plain, rec.crc32c))
+                .await?
+        }
+        Err(why) => Verified::Bad(why),
     };
     match verdict {
         Verified::Ok(b) => Ok(Checked::Good(b)),
