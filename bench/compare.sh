@@ -8,7 +8,9 @@
 #   bash bench/compare.sh A B [-- BENCH ARGS]
 #
 # A and B are each a git revision (built in a worktree under OUT), `.` (this checkout's
-# working tree, uncommitted changes included), or the path of a `ctxpod` binary. BENCH ARGS
+# working tree, uncommitted changes included), or the path of a `ctxpod` binary. For small
+# effects compare two revisions (commit first): both are then built the same way, and two
+# builds of one source built differently have differed by a third on one phase here. BENCH ARGS
 # go to every `ctxpod bench` run (default: the three block sizes over CXP1, 1 GiB each).
 #
 #   ROUNDS=5 bash bench/compare.sh main . -- --protocol cxp1 --sizes 64KiB --bytes 1GiB
@@ -27,7 +29,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ $# -lt 2 ]; then
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 a=$1 b=$2
