@@ -46,7 +46,7 @@ impl Found {
         }
     }
 
-    /// Never true: an empty block is stored as one too; for clippy's `len` rule.
+    /// Whether the block holds no bytes (an empty block is stored and served like any other).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
