@@ -62,6 +62,8 @@ build() {
       exit 2
     }
     if [ ! -e "$out/src/.git" ]; then
+      # A worktree whose folder was deleted stays registered until pruned.
+      git -C "$here" worktree prune
       git -C "$here" worktree add --detach "$out/src" "$rev" >/dev/null
     else
       git -C "$out/src" checkout -q --detach "$rev"
