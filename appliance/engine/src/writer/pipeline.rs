@@ -132,20 +132,23 @@ pub(crate) async fn commit_index(core: &Arc<Core>, job: CommitJob) {
         // must know to wait for a flush.
         core.unsynced.store(true, Ordering::SeqCst);
     }
-    // A synced RocksDB write blocks on fsync: off the async workers.
     let t = Instant::now();
-    let c2 = core.clone();
-    let (checkpoint, wb) = (job.checkpoint, job.wb);
-    let written = tokio::task::spawn_blocking(move || match checkpoint {
+    let written = match job.checkpoint {
+        // A synced RocksDB write blocks on fsync: off the async workers.
         Some(earlier) => {
-            c2.index
-                .write(earlier, index::WriteMode::Wal { sync: false })?;
-            c2.index.write(wb, index::WriteMode::Wal { sync: true })
+            let (c2, wb) = (core.clone(), job.wb);
+            tokio::task::spawn_blocking(move || {
+                c2.index
+                    .write(earlier, index::WriteMode::Wal { sync: false })?;
+                c2.index.write(wb, index::WriteMode::Wal { sync: true })
+            })
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")))
         }
-        None => c2.index.write(wb, index::WriteMode::NoWal),
-    })
-    .await
-    .unwrap_or_else(|e| Err(anyhow::anyhow!("index write task: {e}")));
+        // Without the WAL a write is a memtable insert (microseconds): done here, where a
+        // hand-off to a blocking thread and back would cost more than the write.
+        None => core.index.write(job.wb, index::WriteMode::NoWal),
+    };
     if let Err(e) = written {
         core.fail("index write", &e);
         job.replies
