@@ -84,11 +84,6 @@ impl S3Fifo {
         Some((e.data.clone(), e.crc32c))
     }
 
-    /// The length of the block held for `key`, without counting it as a read.
-    pub fn len_of(&self, key: &[u8]) -> Option<usize> {
-        self.map.get(key).map(|e| e.data.len())
-    }
-
     pub fn contains(&self, key: &[u8]) -> bool {
         self.map.contains_key(key)
     }
