@@ -1,10 +1,10 @@
 //! The writer: the one task that appends records, mutates the block index and the region
 //! table, and reclaims regions. Group commit: it takes every command queued (up to a bound)
 //! and writes their records concurrently — durable writes (`RWF_DSYNC`) if any put of the
-//! batch asked for `durable` — then hands the batch to the commit pipeline: the flusher
-//! flushes the device where earlier `fast` records are not yet on stable media and a
-//! command needs them to be, the indexer writes the batch's index changes, and only then
-//! is anything answered. While batch k is made
+//! batch asked for `durable` — then hands the batch to the committer, which waits for the
+//! writes, flushes the device where earlier `fast` records are not yet on stable media and
+//! a command needs them to be, writes the batch's index changes, and only then answers
+//! anything. While batch k is made
 //! durable, the writer already writes batch k+1. Batches commit strictly in order; until its
 //! batch commits, the writer sees a block in its `overlay` of uncommitted batches.
 //!
@@ -131,17 +131,20 @@ pub(crate) struct Writer {
     /// To the committer task, which ends when the writer drops this.
     commit_tx: mpsc::Sender<CommitMsg>,
     /// Batches handed to the committer so far: each job carries its number, and the
-    /// committer and the indexer check that they see them in that order.
+    /// committer checks that it sees them in that order.
     batches: u64,
-    /// The committer task (which ends its indexer before it ends): awaited at a stop, so
+    /// The committer task: awaited at a stop, so
     /// that nothing of the engine outlives `Engine::shutdown`.
     committer: Option<tokio::task::JoinHandle<()>>,
 }
 
 type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
 
-/// The record writes of one batch, running: each buffer comes back with its result.
-type BatchWrites = tokio::task::JoinHandle<Vec<(AlignedBuf, std::io::Result<()>)>>;
+/// The record writes of one batch, submitted to the device when the batch was made (the
+/// future only collects them): each buffer comes back with its result.
+type BatchWrites = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Vec<(AlignedBuf, std::io::Result<()>)>> + Send>,
+>;
 
 /// A batch whose records are being written, for the committer to make durable and answer.
 struct CommitJob {
@@ -167,7 +170,7 @@ struct CommitJob {
     durable_writes: bool,
     /// Where the batch's first record begins (region, offset).
     first: Option<(u32, u32)>,
-    /// Set by the flusher: the device was full for this batch or one before it.
+    /// Set by the committer: the device was full for this batch or one before it.
     no_space: bool,
     written: u64,
     puts: u64,
@@ -235,8 +238,7 @@ fn count_written(core: &Core, bytes: u64) {
 /// Puts between two checkpoints at most.
 pub const CHECKPOINT_ENTRIES_MAX: usize = 4096;
 
-/// Batches queued before each commit stage: the writer runs at most this far ahead of the
-/// flusher, and the flusher of the indexer.
+/// Batches queued before the committer: the writer runs at most this far ahead of it.
 const COMMIT_QUEUE_DEPTH: usize = 2;
 
 impl Writer {
@@ -334,7 +336,7 @@ impl Writer {
     }
 
     /// Ends the commit pipeline (its tasks hold the engine's core, and with it the index
-    /// open): the committer's queue closed, then the committer and its indexer awaited.
+    /// open): the committer's queue closed, then the committer awaited.
     async fn end_committer(self) {
         let Writer {
             commit_tx,
@@ -757,7 +759,7 @@ impl Writer {
                 }
             })
             .collect();
-        (!ios.is_empty()).then(|| tokio::spawn(futures::future::join_all(ios)))
+        (!ios.is_empty()).then(|| Box::pin(futures::future::join_all(ios)) as BatchWrites)
     }
 
     /// Hands a batch to the committer. Should the committer be gone, the batch leaves the

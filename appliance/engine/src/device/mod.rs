@@ -27,6 +27,10 @@ pub type IoFuture = Pin<Box<dyn Future<Output = (AlignedBuf, io::Result<()>)> + 
 pub type FlushFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
 
 /// A flash device (file, raw block device, or a simulated one).
+///
+/// Every I/O is issued when its method is called (in the order of the calls); the future it
+/// returns only collects the result. The writer relies on it: a batch's writes run while
+/// the committer is still busy with earlier batches. Call from within a tokio runtime.
 pub trait Device: Send + Sync + 'static {
     /// Fills all of `buf` from `offset`. Both must be [`IO_ALIGN_BYTES`]-aligned.
     fn read_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture;

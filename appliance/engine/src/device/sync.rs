@@ -24,21 +24,23 @@ impl SyncDevice {
 }
 
 /// Runs one positioned I/O on the blocking pool, after the alignment check; the buffer
-/// comes back whatever happens.
+/// comes back whatever happens. Issued at the call, as every [`Device`] I/O is: the future
+/// only collects the result.
 fn blocking_io<F>(file: Arc<File>, mut buf: AlignedBuf, offset: u64, io: F) -> IoFuture
 where
     F: FnOnce(&File, &mut AlignedBuf, u64) -> io::Result<()> + Send + 'static,
 {
+    if let Err(e) = check_aligned(&buf, offset) {
+        return Box::pin(async move { (buf, Err(e)) });
+    }
+    let running = tokio::task::spawn_blocking(move || {
+        let r = io(&file, &mut buf, offset);
+        (buf, r)
+    });
     Box::pin(async move {
-        if let Err(e) = check_aligned(&buf, offset) {
-            return (buf, Err(e));
-        }
-        tokio::task::spawn_blocking(move || {
-            let r = io(&file, &mut buf, offset);
-            (buf, r)
-        })
-        .await
-        .unwrap_or_else(|e| (AlignedBuf::zeroed(0), Err(io::Error::other(e))))
+        running
+            .await
+            .unwrap_or_else(|e| (AlignedBuf::zeroed(0), Err(io::Error::other(e))))
     })
 }
 
@@ -98,11 +100,8 @@ impl Device for SyncDevice {
 
     fn flush(&self) -> FlushFuture {
         let file = self.file.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || file.sync_data())
-                .await
-                .map_err(io::Error::other)?
-        })
+        let running = tokio::task::spawn_blocking(move || file.sync_data());
+        Box::pin(async move { running.await.map_err(io::Error::other)? })
     }
 
     fn info(&self) -> DeviceInfo {
