@@ -236,7 +236,7 @@ fn engine_series(r: &Registry) -> (IntCounterVec, prometheus::GaugeVec, IntGauge
         gauge_vec(
             r,
             "ctxpod_offload",
-            "Offload engines: ops, busy_seconds, rejected_busy, faults (monotonic)",
+            "Offload engines: ops, inline_ops (of ops, run on the request thread), busy_seconds, rejected_busy, faults (monotonic)",
             &["engine", "figure"],
         ),
         // `io_engine_info`

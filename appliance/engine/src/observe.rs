@@ -11,6 +11,7 @@ impl Engine {
         for (engine, s) in [("crc32c", crc), ("aes-gcm", aead)] {
             for (figure, v) in [
                 ("ops", s.ops as f64),
+                ("inline_ops", s.inline_ops as f64),
                 ("busy_seconds", s.busy_seconds),
                 ("rejected_busy", s.rejected_busy as f64),
                 ("faults", s.faults as f64),

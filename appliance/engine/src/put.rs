@@ -73,7 +73,7 @@ impl Engine {
             } else {
                 self.core
                     .offload
-                    .aead(move || {
+                    .aead(len, move || {
                         staged.seal(ns_id, (key_id, Some(&dek)), &key2, (seq, salt), crc, None)
                     })
                     .await?

@@ -426,14 +426,16 @@ pub(crate) async fn read_checked_record(
         None => open_record_of(buf, None, (ns_id, &key2), &rec, extent),
         Some(dek) => {
             c.offload
-                .aead(move || open_record_of(buf, Some(&dek), (ns_id, &key2), &rec, extent))
+                .aead(rec.len as usize, move || {
+                    open_record_of(buf, Some(&dek), (ns_id, &key2), &rec, extent)
+                })
                 .await?
         }
     };
     let verdict = match opened {
         Ok(plain) => {
             c.offload
-                .crc(move || check_plaintext(plain, rec.crc32c))
+                .crc(rec.len as usize, move || check_plaintext(plain, rec.crc32c))
                 .await?
         }
         Err(why) => Verified::Bad(why),

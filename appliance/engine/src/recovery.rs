@@ -121,7 +121,11 @@ pub(super) async fn open(
         offload: OffloadEngine::new(
             cfg.offload_threads,
             cfg.offload_queue_depth,
-            cfg.offload_inline,
+            if cfg.offload_inline {
+                crate::offload::Inline::All
+            } else {
+                crate::offload::Inline::Below(cfg.offload_inline_max_bytes.0 as usize)
+            },
         ),
         namespaces: RwLock::new(by_name),
         ns_by_id: RwLock::new(namespaces),

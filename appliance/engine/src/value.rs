@@ -289,7 +289,7 @@ impl Engine {
                 let key = key.to_vec();
                 self.core
                     .offload
-                    .aead(move || {
+                    .aead(len, move || {
                         piece.seal(
                             ns_id,
                             (key_id, Some(&dek)),
