@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Node, engine, s3_token
+from conftest import Node, engine, s3_token, token
 
 boto3 = engine("boto3")
 from botocore.config import Config  # noqa: E402
@@ -41,9 +41,11 @@ def big_door(root):
     room for objects of the sizes engines store."""
     tokens = root / "s3-big-tokens"
     creds = {"acme": s3_token(tokens, "acme-big", "tenant-rw", "acme")}
+    admin = token(tokens, "admin-big", "admin")
     n = Node(root, "s3-big", extra=f'value_bytes_max = "512MiB"\n[auth]\ntokens_dir = "{tokens}"\n',
              capacity="1GiB")
     n.creds = creds
+    n.admin = admin
     yield n
     n.stop()
 
@@ -311,3 +313,35 @@ def test_multipart_uploads_of_engine_sized_objects(big_door, tmp_path):
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == ["by-hand", "kv/llama-70b.bin", "mid.bin"]
     assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def device_read_bytes(door) -> int:
+    """Bytes the node has read from its device so far (its metrics)."""
+    import re
+    import urllib.request
+
+    req = urllib.request.Request(door.http + "/metrics", headers={"Authorization": "Bearer " + door.admin})
+    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    return int(re.search(r"^ctxpod_device_read_bytes_total (\d+)", text, re.M).group(1))
+
+
+def test_a_ranged_get_reads_only_the_extents_that_hold_it(big_door):
+    """A ranged GetObject of a 40 MiB object (a large value: 4 MiB extents, each with its own
+    AES-GCM tag and CRC32C) reads from flash the one extent that holds the range, not the
+    object; the whole object's GET reads all of it."""
+    s3 = client(big_door)
+    bucket = f"rg-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    body = blob(40 << 20, 31)
+    s3.put_object(Bucket=bucket, Key="layer-kv", Body=body)
+    extent_record = (4 << 20) + 4096  # 4 MiB with its header and tag, in 4 KiB sectors
+    before = device_read_bytes(big_door)
+    lo, hi = (9 << 20) + 5, (11 << 20) - 1  # inside the third extent (8..12 MiB)
+    got = s3.get_object(Bucket=bucket, Key="layer-kv", Range=f"bytes={lo}-{hi}")
+    assert got["Body"].read() == body[lo:hi + 1]
+    assert got["ContentRange"] == f"bytes {lo}-{hi}/{len(body)}"
+    assert 0 < device_read_bytes(big_door) - before <= extent_record
+    before = device_read_bytes(big_door)
+    assert s3.get_object(Bucket=bucket, Key="layer-kv")["Body"].read() == body
+    # The other nine extents at least (the one read above may be in the DRAM tier now).
+    assert device_read_bytes(big_door) - before >= 9 * (4 << 20)
