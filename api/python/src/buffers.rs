@@ -118,12 +118,13 @@ impl Held {
         )))
     }
 
-    /// Copies a landed block from the shadow into the buffer, at `offset`.
+    /// Copies a block into the buffer at `offset`: one landed in the shadow, or one read
+    /// by a GET.
     ///
     /// # Safety
-    /// [`Held::check`] passed in this call with the GIL held, so the memory is where it was
-    /// registered (its owner, held by the guard, keeps it allocated); `bytes` is at most
-    /// the room of the entry at `offset`.
+    /// For a guarded buffer, [`Held::check`] passed in this call with the GIL held, so the
+    /// memory is where it was registered (its owner, held by the guard, keeps it
+    /// allocated); `bytes` is at most the room of the entry at `offset`.
     pub(crate) unsafe fn place(&self, offset: usize, bytes: &[u8]) {
         debug_assert!(offset + bytes.len() <= self.size);
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), (self.ptr + offset) as *mut u8, bytes.len());

@@ -44,6 +44,13 @@ impl AsRef<[u8]> for Lent {
     }
 }
 
+/// A read into registered memory whose rooms add up to at most this many bytes takes the
+/// GET path ([`Store::get_into_registered`]); larger ones are prefetches. Measured with
+/// `bench/sdk_bench.py` at 64 KiB (docs/PERFORMANCE.md, issue #35's third session): GET
+/// and copy ahead at batch 1 (+26 %) and 16 (+7 %), behind at 32 (2 MiB: −17 %), where
+/// the prefetch's landing in place without a copy pays for its extra frames.
+pub(crate) const GET_PATH_BYTES_MAX: usize = 1 << 20;
+
 type NsInfo = (String, Option<u64>, Option<u32>, u64, u64);
 
 fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
@@ -335,8 +342,10 @@ impl Store {
     }
 
     /// [`Store::get_into`] into registered memory, with (pointer, size) pairs: a prefetch
-    /// with no lease, each block pushed from the socket straight into its place (no copy).
-    /// Per entry: the bytes landed, or a negative status.
+    /// with no lease, each block pushed from the socket straight into its place (no copy);
+    /// a call whose rooms add up to at most [`GET_PATH_BYTES_MAX`] is a GET and a copy
+    /// instead ([`Store::get_into_registered`]). Per entry: the bytes landed, or a negative
+    /// status.
     fn get_into_ptrs(
         &self,
         py: Python<'_>,
@@ -346,6 +355,10 @@ impl Store {
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
         same_lengths(&keys, &ptrs, &sizes)?;
+        let room = sizes.iter().fold(0usize, |a, &s| a.saturating_add(s));
+        if room <= GET_PATH_BYTES_MAX {
+            return self.get_into_registered(py, ns, keys, ptrs, sizes);
+        }
         let (entries, landings) = self.entries(py, keys, ptrs, sizes)?;
         let opts = PrefetchOptions {
             policy: Policy::WaitComplete,
@@ -606,6 +619,50 @@ impl Store {
         Ok((entries, Landings::new(landings)))
     }
 
+    /// The GET path of [`Store::get_into_ptrs`]: each span checked against the registered
+    /// buffers (and a guarded buffer's memory) as a prefetch's is, one batch GET, then,
+    /// with the GIL back, every guarded buffer checked again (a moved one refused with
+    /// nothing written into any buffer) and each block copied into its place. For small
+    /// reads this is one frame each way and one wake-up of this thread, where a prefetch
+    /// is three frames from the node and two wake-ups (docs/PERFORMANCE.md, "The Python
+    /// SDK"); the copy costs little at these sizes.
+    fn get_into_registered(
+        &self,
+        py: Python<'_>,
+        ns: String,
+        keys: Vec<Vec<u8>>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        let mut checked: Vec<u32> = Vec::new();
+        let places = ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&p, &s)| self.buffers.find_checked(py, p, s, &mut checked))
+            .collect::<PyResult<Vec<_>>>()?;
+        let pod = self.pod.clone();
+        let keys = keys_of(keys);
+        let got = block(py, async move { pod.get(&ns, &keys).await }).map_err(error)?;
+        let mut rechecked: Vec<u32> = Vec::new();
+        for (held, _) in places.iter().filter(|(h, _)| h.guarded()) {
+            if !rechecked.contains(&held.id) {
+                held.check(py)?;
+                rechecked.push(held.id);
+            }
+        }
+        Ok(got
+            .into_iter()
+            .zip(places)
+            .zip(sizes)
+            .map(|((e, (held, offset)), room)| {
+                // SAFETY: `[offset, offset + room)` is inside the registered buffer
+                // (`find_checked`), which `held` keeps registered; a guarded one was
+                // checked just now with the GIL held.
+                placed(e, room, |b| unsafe { held.place(offset, b) })
+            })
+            .collect())
+    }
+
     /// GETs `keys` and copies each block into its (address, length) span.
     fn read_into(
         &self,
@@ -621,22 +678,30 @@ impl Store {
             Ok(got
                 .into_iter()
                 .zip(spans)
-                .map(|(e, (ptr, len))| match e {
-                    Ok(Some(b)) if b.len() <= len => {
-                        // SAFETY: `ptr` is `len` writable bytes of a buffer export (or a
-                        // registered region) the caller holds for the call.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(b.as_ptr(), ptr as *mut u8, b.len())
-                        };
-                        b.len() as i64
-                    }
-                    Ok(Some(_)) => neg(413),
-                    Ok(None) => neg(404),
-                    Err(e) => neg(status_of(&e)),
+                .map(|(e, (ptr, len))| {
+                    // SAFETY: `ptr` is `len` writable bytes of a buffer export (or a
+                    // registered region) the caller holds for the call.
+                    placed(e, len, |b| unsafe {
+                        std::ptr::copy_nonoverlapping(b.as_ptr(), ptr as *mut u8, b.len())
+                    })
                 })
                 .collect())
         })
         .map_err(error)
+    }
+}
+
+/// One GET's entry placed into a room of `room` bytes by `place` (given the block's bytes
+/// only when they fit): the bytes written, or a negative status (nothing written).
+fn placed(e: Result<Option<Bytes>, TransferError>, room: usize, place: impl FnOnce(&[u8])) -> i64 {
+    match e {
+        Ok(Some(b)) if b.len() <= room => {
+            place(&b);
+            b.len() as i64
+        }
+        Ok(Some(_)) => neg(413),
+        Ok(None) => neg(404),
+        Err(e) => neg(status_of(&e)),
     }
 }
 

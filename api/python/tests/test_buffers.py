@@ -153,3 +153,49 @@ def test_raw_pointer_registrations_say_who_keeps_the_memory_alive():
     for doc in (ctxpod.Store.register_buffer.__doc__, ctxpod._ctxpod._Store.register.__doc__):
         assert "the caller keeps" in doc and "unregister" in doc, doc
     assert "keeps the memory alive" in ctxpod.Buffer.__doc__
+
+
+def prefetch_tickets(node) -> int:
+    """The node's count of prefetch tickets (its /metrics)."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(node.http + "/metrics", timeout=10).read().decode()
+    return int(re.search(r"^ctxpod_prefetch_tickets_total (\d+)", text, re.M).group(1))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_registered_reads_small_and_large_land_the_same_bytes_and_codes(node, store, kind):
+    """``batch_get_into`` into registered memory is a GET and a copy when its sizes add up
+    to at most 1 MiB, a prefetch above (issue #35): both land every byte in place, leave
+    the rest of the buffer as it was, and say -404 for a miss and -413 (nothing written)
+    for a block larger than its room, into a numpy array (written directly) and a torch
+    tensor (guarded: checked, then copied in)."""
+    rng = np.random.default_rng(35)
+    sizes = [BLOCK] * 8 + [1 << 20] * 2
+    keys = [f"pp{i}".encode() for i in range(len(sizes))]
+    vals = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    store.batch_put(keys, vals)
+    size = 16 << 20
+    mem = torch.full((size,), 0x5A, dtype=torch.uint8) if kind == "torch" else np.full(size, 0x5A, dtype=np.uint8)
+    buf = store.register_buffer(mem)
+    assert buf.guarded == (kind == "torch")
+    view = mem.numpy() if kind == "torch" else mem
+    expect = np.full(size, 0x5A, dtype=np.uint8)
+    for label, idx, base, get_path in [
+        ("small: 8 x 64 KiB, a miss and a short room", range(8), 0, True),
+        ("large: 8 x 64 KiB and 2 x 1 MiB, a miss and a short room", range(10), 8 << 20, False),
+    ]:
+        ks = [keys[i] for i in idx] + [b"absent", keys[0]]
+        rooms = [sizes[i] for i in idx] + [BLOCK, BLOCK - 1]
+        ptrs, at = [], base
+        for n in rooms:
+            ptrs.append(buf.ptr + at)
+            at += n + 512
+        before = prefetch_tickets(node)
+        got = store.batch_get_into(ks, ptrs, rooms)
+        assert got == [sizes[i] for i in idx] + [-404, -413], label
+        assert (prefetch_tickets(node) == before) == get_path, label
+        for i, p in zip(idx, ptrs):
+            expect[p - buf.ptr : p - buf.ptr + sizes[i]] = np.frombuffer(vals[i], dtype=np.uint8)
+        assert np.array_equal(view, expect), label
