@@ -343,7 +343,7 @@ impl TransferClient {
         }
     }
 
-    /// Requests sent again because the node answered BUSY.
+    /// Requests, and entries of batch GETs, sent again because the node answered BUSY.
     pub fn busy_retries(&self) -> u64 {
         self.inner.busy_retries.load(Ordering::Relaxed)
     }
@@ -459,6 +459,7 @@ impl TransferClient {
                         if s == status::BUSY && round < BUSY_ATTEMPTS =>
                     {
                         busy = true;
+                        self.inner.busy_retries.fetch_add(1, Ordering::Relaxed);
                         again.push(i);
                     }
                     e => out[i] = Some(e),

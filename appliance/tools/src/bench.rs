@@ -342,6 +342,11 @@ async fn phase(
     } else {
         what.to_string()
     };
+    // A BUSY answer costs its request a backoff (1, 2, 4, … ms): say how many there were.
+    let busy: u64 = transfer.iter().map(|t| t.busy_retries()).sum();
+    if busy > 0 {
+        eprintln!("  {what}: {busy} requests or entries asked again after BUSY");
+    }
     let mut r = row(&what, size as u64, n * size as u64, elapsed, lat);
     cpu0.per_gib(node, n * size as u64, &mut r);
     Ok(r)
