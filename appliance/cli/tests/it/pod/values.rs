@@ -277,7 +277,9 @@ async fn a_frozen_member_costs_large_values_one_deadline_not_a_hang() {
         // A copy may land on c once it thaws: c is these values' first member, and the
         // pod writes values back to a first member that misses them (read repair, backfill).
         // One did in a CI run (2026-12-06: the value the CXP1 client put, 1 run in ~8
-        // under load; which path wrote it is not pinned down yet). Whatever c holds must
+        // under load), most likely by backfill: c renews its 60 s etcd lease every 20 s,
+        // so a freeze of 40 s or more can outlast it; c then leaves the view, rejoins when
+        // thawed, and a pass 2 s later copies to it what it misses. Whatever c holds must
         // be the value as it was put.
         if !holders(&urls[2..], key).await.is_empty() {
             let r = http()
