@@ -40,7 +40,7 @@ mod eviction;
 mod pipeline;
 mod removals;
 mod values;
-use pipeline::committer;
+use pipeline::{committer, reply_failed};
 pub(crate) use values::{ExtentReq, Placed, PublishReq};
 
 pub(crate) struct PutReq {
@@ -748,55 +748,5 @@ impl Writer {
             "a record's header, as written, decodes to what the index says of it"
         );
         loc
-    }
-
-    /// Submits the batch's record writes, durable ones (`RWF_DSYNC`) when `durable`;
-    /// `None` for a batch without records.
-    fn submit_writes(&self, writes: Vec<(AlignedBuf, u64)>, durable: bool) -> Option<BatchWrites> {
-        let ios: Vec<_> = writes
-            .into_iter()
-            .map(|(buf, off)| {
-                let dev = &self.core.device;
-                if durable {
-                    dev.write_durable_at(buf, off)
-                } else {
-                    dev.write_at(buf, off)
-                }
-            })
-            .collect();
-        (!ios.is_empty()).then(|| Box::pin(futures::future::join_all(ios)) as BatchWrites)
-    }
-
-    /// Hands a batch to the committer. Should the committer be gone, the batch leaves the
-    /// overlay, the node fails and the batch's commands are answered with errors.
-    async fn hand_to_committer(&self, job: CommitJob) {
-        if let Err(mpsc::error::SendError(CommitMsg::Job(job))) =
-            self.commit_tx.send(CommitMsg::Job(job)).await
-        {
-            self.overlay.lock().pop_back();
-            self.core
-                .fail("commit", &anyhow::anyhow!("the committer task stopped"));
-            job.replies
-                .into_iter()
-                .for_each(|r| r.send_err("the committer task stopped"));
-        }
-    }
-}
-
-fn reply_failed(cmd: WriteCmd) {
-    let e = || {
-        EngineError::Internal(anyhow::anyhow!(
-            "the node failed a device write or flush and accepts no writes"
-        ))
-    };
-    match cmd {
-        WriteCmd::Put(p) => drop(p.reply.send(Err(e()))),
-        WriteCmd::Extent(x) => drop(x.reply.send(Err(e()))),
-        WriteCmd::Publish(p) => drop(p.reply.send(Err(e()))),
-        WriteCmd::Delete { reply, .. } => drop(reply.send(Err(e()))),
-        WriteCmd::DropNamespace { reply, .. } => drop(reply.send(Err(e()))),
-        WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),
-        WriteCmd::Quarantine { .. } => {}
-        WriteCmd::Stop(tx) => drop(tx.send(())),
     }
 }

@@ -141,3 +141,61 @@ pub(crate) async fn commit_index(core: &Arc<Core>, job: CommitJob) {
         .group_commit_seconds
         .observe(job.started.elapsed().as_secs_f64());
 }
+
+/// The writer's side of the pipeline: submitting a batch's record writes and handing the
+/// batch to the committer.
+impl Writer {
+    /// Submits the batch's record writes, durable ones (`RWF_DSYNC`) when `durable`;
+    /// `None` for a batch without records.
+    pub(super) fn submit_writes(
+        &self,
+        writes: Vec<(AlignedBuf, u64)>,
+        durable: bool,
+    ) -> Option<BatchWrites> {
+        let ios: Vec<_> = writes
+            .into_iter()
+            .map(|(buf, off)| {
+                let dev = &self.core.device;
+                if durable {
+                    dev.write_durable_at(buf, off)
+                } else {
+                    dev.write_at(buf, off)
+                }
+            })
+            .collect();
+        (!ios.is_empty()).then(|| Box::pin(futures::future::join_all(ios)) as BatchWrites)
+    }
+
+    /// Hands a batch to the committer. Should the committer be gone, the batch leaves the
+    /// overlay, the node fails and the batch's commands are answered with errors.
+    pub(super) async fn hand_to_committer(&self, job: CommitJob) {
+        if let Err(mpsc::error::SendError(CommitMsg::Job(job))) =
+            self.commit_tx.send(CommitMsg::Job(job)).await
+        {
+            self.overlay.lock().pop_back();
+            self.core
+                .fail("commit", &anyhow::anyhow!("the committer task stopped"));
+            job.replies
+                .into_iter()
+                .for_each(|r| r.send_err("the committer task stopped"));
+        }
+    }
+}
+
+pub(super) fn reply_failed(cmd: WriteCmd) {
+    let e = || {
+        EngineError::Internal(anyhow::anyhow!(
+            "the node failed a device write or flush and accepts no writes"
+        ))
+    };
+    match cmd {
+        WriteCmd::Put(p) => drop(p.reply.send(Err(e()))),
+        WriteCmd::Extent(x) => drop(x.reply.send(Err(e()))),
+        WriteCmd::Publish(p) => drop(p.reply.send(Err(e()))),
+        WriteCmd::Delete { reply, .. } => drop(reply.send(Err(e()))),
+        WriteCmd::DropNamespace { reply, .. } => drop(reply.send(Err(e()))),
+        WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),
+        WriteCmd::Quarantine { .. } => {}
+        WriteCmd::Stop(tx) => drop(tx.send(())),
+    }
+}
