@@ -45,6 +45,9 @@ pub struct Metrics {
     pub evicted_regions: IntCounter,
     pub reinserted_blocks: IntCounter,
     pub device_written_bytes: IntCounter,
+    /// Record writes the writer issued: a group commit's records, back to back on the
+    /// device, are one vectored write.
+    pub device_writes: IntCounter,
     pub device_read_bytes: IntCounter,
     /// Payload bytes users asked to store (the denominator of write amplification).
     pub user_written_bytes: IntCounter,
@@ -268,6 +271,11 @@ impl Metrics {
             evicted_regions,
             reinserted_blocks,
             device_written_bytes,
+            device_writes: counter(
+                &r,
+                "ctxpod_device_writes_total",
+                "Record writes issued to the device (a group commit's records, back to back, are one)",
+            ),
             device_read_bytes,
             user_written_bytes,
             device_flushes,

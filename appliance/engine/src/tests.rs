@@ -744,3 +744,49 @@ async fn a_block_match_finds_is_one_get_serves() {
     }
     e.shutdown().await;
 }
+
+/// A group commit's records lie back to back in the log and go to the device as one
+/// (vectored) write, durable or not: one I/O and one `RWF_DSYNC` for the group instead of one
+/// per record. On this current-thread runtime every put is queued before the writer runs, so
+/// each round is one group commit.
+#[tokio::test]
+async fn a_group_commit_is_one_device_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = Arc::new(Metrics::new());
+    let e = Engine::open(cfg(dir.path(), 80 << 20), metrics.clone())
+        .await
+        .expect("open");
+    for (round, durability) in [Durability::Durable, Durability::Fast]
+        .into_iter()
+        .enumerate()
+    {
+        let writes = metrics.device_writes.get();
+        let commits = metrics.group_commit_blocks.get_sample_count();
+        let blocks: Vec<(Vec<u8>, Bytes)> = (0..16u8)
+            .map(|i| {
+                let key = format!("r{round}/layer{i}").into_bytes();
+                (key, data(i ^ (round as u8 * 16), 64 << 10))
+            })
+            .collect();
+        let puts = blocks
+            .iter()
+            .map(|(k, d)| e.put("default", k, d.clone(), None, durability));
+        for r in futures::future::join_all(puts).await {
+            assert_eq!(r.expect("put"), PutStatus::Created);
+        }
+        assert_eq!(
+            metrics.group_commit_blocks.get_sample_count() - commits,
+            1,
+            "the 16 puts were one group commit"
+        );
+        assert_eq!(
+            metrics.device_writes.get() - writes,
+            1,
+            "a group commit of 16 records ({durability:?}) is one device write"
+        );
+        for (k, d) in &blocks {
+            let (got, _) = e.get("default", k).await.expect("get").expect("found");
+            assert!(got == d, "each record reads back whole");
+        }
+    }
+}

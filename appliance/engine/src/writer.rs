@@ -25,7 +25,7 @@ use super::events::KvEventKind;
 use super::index::{self, by_region_key, BlockLoc, RegionMeta, RegionState};
 use super::presence;
 use super::{Core, EngineError, Namespace, PutStatus, Result};
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, VECTORED_BUFS_MAX};
 use ctxpod_format::record::{self, RecordHeader};
 use ctxpod_wire::Durability;
 use parking_lot::Mutex;
@@ -143,7 +143,7 @@ type Pending = HashMap<Vec<u8>, Option<BlockLoc>>;
 /// The record writes of one batch, submitted to the device when the batch was made (the
 /// future only collects them): each buffer comes back with its result.
 type BatchWrites = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Vec<(AlignedBuf, std::io::Result<()>)>> + Send>,
+    Box<dyn std::future::Future<Output = Vec<(Vec<AlignedBuf>, std::io::Result<()>)>> + Send>,
 >;
 
 /// A batch whose records are being written, for the committer to make durable and answer.

@@ -1,7 +1,10 @@
 //! Fallback engine: pread/pwrite/fdatasync on tokio's blocking pool, for hosts that refuse
 //! io_uring (container seccomp profiles, old kernels).
 
-use super::{check_aligned, AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture};
+use super::{
+    check_aligned, check_vectored, iovecs_from, AlignedBuf, Device, DeviceInfo, FlushFuture,
+    IoFuture, VecIoFuture,
+};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -44,24 +47,29 @@ where
     })
 }
 
-/// `pwritev2(RWF_DSYNC)` of all of `buf`: durable when it returns.
-fn write_all_dsync(file: &File, buf: &AlignedBuf, offset: u64) -> io::Result<()> {
+/// `pwritev2` of all of `bufs`, back to back from `offset`, with `flags` (`RWF_DSYNC`:
+/// durable when it returns); a short write goes on with the rest.
+fn pwritev_all(
+    file: &File,
+    bufs: &[AlignedBuf],
+    offset: u64,
+    flags: libc::c_int,
+) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut iov = Vec::with_capacity(bufs.len());
     let mut done = 0usize;
-    while done < buf.len() {
-        let iov = libc::iovec {
-            // The cast is for the C signature: pwritev2 only reads through this pointer.
-            iov_base: buf[done..].as_ptr() as *mut libc::c_void,
-            iov_len: buf.len() - done,
-        };
-        // SAFETY: one valid iovec over a live buffer, on an open fd.
+    while done < total {
+        iovecs_from(bufs, done, &mut iov);
+        // SAFETY: valid iovecs over live buffers (at most VECTORED_BUFS_MAX, checked by the
+        // callers), on an open fd.
         let n = unsafe {
             libc::pwritev2(
                 file.as_raw_fd(),
-                &iov,
-                1,
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
                 (offset + done as u64) as libc::off_t,
-                libc::RWF_DSYNC,
+                flags,
             )
         };
         if n < 0 {
@@ -94,7 +102,24 @@ impl Device for SyncDevice {
 
     fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
         blocking_io(self.file.clone(), buf, offset, |f, b, o| {
-            write_all_dsync(f, b, o)
+            pwritev_all(f, std::slice::from_ref(b), o, libc::RWF_DSYNC)
+        })
+    }
+
+    fn write_vectored_at(&self, bufs: Vec<AlignedBuf>, offset: u64, durable: bool) -> VecIoFuture {
+        if let Err(e) = check_vectored(&bufs, offset) {
+            return Box::pin(async move { (bufs, Err(e)) });
+        }
+        let file = self.file.clone();
+        let flags = if durable { libc::RWF_DSYNC } else { 0 };
+        let running = tokio::task::spawn_blocking(move || {
+            let r = pwritev_all(&file, &bufs, offset, flags);
+            (bufs, r)
+        });
+        Box::pin(async move {
+            running
+                .await
+                .unwrap_or_else(|e| (Vec::new(), Err(io::Error::other(e))))
         })
     }
 

@@ -5,7 +5,10 @@
 //! it), resubmits short transfers for the remainder, and keeps up to [`RING_DEPTH`]` - 1`
 //! operations in flight; more wait in a backlog.
 
-use super::{check_aligned, AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture};
+use super::{
+    check_aligned, check_vectored, iovecs_from, AlignedBuf, Device, DeviceInfo, FlushFuture,
+    IoFuture, VecIoFuture,
+};
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -28,12 +31,39 @@ enum Kind {
     Flush,
 }
 
+/// What an operation reads into or writes from, and where its answer goes.
+enum Payload {
+    One(AlignedBuf, oneshot::Sender<(AlignedBuf, io::Result<()>)>),
+    /// A vectored write: the buffers back to back.
+    Many(
+        Vec<AlignedBuf>,
+        oneshot::Sender<(Vec<AlignedBuf>, io::Result<()>)>,
+    ),
+}
+
 struct Op {
     kind: Kind,
-    buf: AlignedBuf,
+    payload: Payload,
     offset: u64,
+    /// Bytes transferred so far (a short transfer is resubmitted for the rest).
     done: usize,
-    reply: oneshot::Sender<(AlignedBuf, io::Result<()>)>,
+}
+
+impl Op {
+    fn len(&self) -> usize {
+        match &self.payload {
+            Payload::One(buf, _) => buf.len(),
+            Payload::Many(bufs, _) => bufs.iter().map(|b| b.len()).sum(),
+        }
+    }
+
+    /// Answers the caller, handing the buffers back.
+    fn finish(self, r: io::Result<()>) {
+        match self.payload {
+            Payload::One(buf, tx) => drop(tx.send((buf, r))),
+            Payload::Many(bufs, tx) => drop(tx.send((bufs, r))),
+        }
+    }
 }
 
 struct Shared {
@@ -92,15 +122,8 @@ impl UringDevice {
         })
     }
 
-    fn submit(&self, kind: Kind, buf: AlignedBuf, offset: u64) -> IoFuture {
-        let (tx, rx) = oneshot::channel();
-        let op = Op {
-            kind,
-            buf,
-            offset,
-            done: 0,
-            reply: tx,
-        };
+    /// Queues `op` for the ring's thread, waking it when the queue was empty.
+    fn enqueue(&self, op: Op) {
         let was_empty = {
             let mut q = self.shared.queue.lock();
             q.push(op);
@@ -109,6 +132,16 @@ impl UringDevice {
         if was_empty {
             self.shared.wake();
         }
+    }
+
+    fn submit(&self, kind: Kind, buf: AlignedBuf, offset: u64) -> IoFuture {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(Op {
+            kind,
+            payload: Payload::One(buf, tx),
+            offset,
+            done: 0,
+        });
         Box::pin(async move {
             rx.await.unwrap_or_else(|_| {
                 (
@@ -152,6 +185,29 @@ impl Device for UringDevice {
         self.submit(Kind::WriteDurable, buf, offset)
     }
 
+    fn write_vectored_at(&self, bufs: Vec<AlignedBuf>, offset: u64, durable: bool) -> VecIoFuture {
+        match check_vectored(&bufs, offset) {
+            Err(e) => return Box::pin(async move { (bufs, Err(e)) }),
+            Ok(0) => return Box::pin(async move { (bufs, Ok(())) }),
+            Ok(_) => {}
+        }
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(Op {
+            kind: if durable {
+                Kind::WriteDurable
+            } else {
+                Kind::Write
+            },
+            payload: Payload::Many(bufs, tx),
+            offset,
+            done: 0,
+        });
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| (Vec::new(), Err(io::Error::other("io_uring thread stopped"))))
+        })
+    }
+
     fn flush(&self) -> FlushFuture {
         let fut = self.submit(Kind::Flush, AlignedBuf::zeroed(0), 0);
         Box::pin(async move { fut.await.1 })
@@ -162,28 +218,54 @@ impl Device for UringDevice {
     }
 }
 
-fn entry_for(op: &mut Op, fd: types::Fd, token: u64) -> io_uring::squeue::Entry {
-    let remaining = (op.buf.len() - op.done) as u32;
+/// The submission entry for what is left of `op`; a vectored write's iovecs go into `iov`,
+/// the slot's own, which must stay untouched until the completion for `token` arrives.
+fn entry_for(
+    op: &mut Op,
+    fd: types::Fd,
+    token: u64,
+    iov: &mut Vec<libc::iovec>,
+) -> io_uring::squeue::Entry {
+    let len = op.len();
+    let remaining = (len - op.done) as u32;
     let off = op.offset + op.done as u64;
-    debug_assert!(op.done <= op.buf.len(), "an op never moves past its buffer");
-    // SAFETY: `op.done <= op.buf.len()`, so the pointer is within the buffer or one past
-    // its end; the buffer lives in `op`, which stays in its slot until the completion for
-    // `token` arrives, so the kernel is done with it before it can be freed.
-    let at = unsafe { op.buf.as_mut_ptr().add(op.done) };
-    match op.kind {
-        Kind::Read => opcode::Read::new(fd, at, remaining).offset(off).build(),
-        Kind::Write => opcode::Write::new(fd, at.cast_const(), remaining)
-            .offset(off)
-            .build(),
-        Kind::WriteDurable => opcode::Write::new(fd, at.cast_const(), remaining)
-            .offset(off)
-            .rw_flags(libc::RWF_DSYNC)
-            .build(),
-        Kind::Flush => opcode::Fsync::new(fd)
-            .flags(types::FsyncFlags::DATASYNC)
-            .build(),
-    }
-    .user_data(token)
+    debug_assert!(op.done <= len, "an op never moves past its buffers");
+    let flags = if matches!(op.kind, Kind::WriteDurable) {
+        libc::RWF_DSYNC
+    } else {
+        0
+    };
+    let entry = match &mut op.payload {
+        Payload::Many(bufs, _) => {
+            iovecs_from(bufs, op.done, iov);
+            // SAFETY: the iovecs point into `bufs`, which live in `op` (in its slot until the
+            // completion for `token` arrives), as does `iov`, the slot's own vector; the
+            // kernel reads both before then.
+            opcode::Writev::new(fd, iov.as_ptr(), iov.len() as u32)
+                .offset(off)
+                .rw_flags(flags)
+                .build()
+        }
+        Payload::One(buf, _) => {
+            // SAFETY: `op.done <= buf.len()`, so the pointer is within the buffer or one past
+            // its end; the buffer lives in `op`, which stays in its slot until the completion
+            // for `token` arrives, so the kernel is done with it before it can be freed.
+            let at = unsafe { buf.as_mut_ptr().add(op.done) };
+            match op.kind {
+                Kind::Read => opcode::Read::new(fd, at, remaining).offset(off).build(),
+                Kind::Write | Kind::WriteDurable => {
+                    opcode::Write::new(fd, at.cast_const(), remaining)
+                        .offset(off)
+                        .rw_flags(flags)
+                        .build()
+                }
+                Kind::Flush => opcode::Fsync::new(fd)
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build(),
+            }
+        }
+    };
+    entry.user_data(token)
 }
 
 fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
@@ -192,6 +274,8 @@ fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
     let slots_n = RING_DEPTH as usize - 1;
     let mut slots: Vec<Option<Op>> = (0..slots_n).map(|_| None).collect();
     let mut free: Vec<usize> = (0..slots_n).rev().collect();
+    // Per slot: the iovecs of the vectored write in it, kept until its completion.
+    let mut iovs: Vec<Vec<libc::iovec>> = (0..slots_n).map(|_| Vec::new()).collect();
     let mut backlog: VecDeque<Op> = VecDeque::new();
     let mut efd_buf = Box::new([0u8; 8]);
     let arm = |ring: &mut IoUring, efd_buf: &mut [u8; 8]| {
@@ -213,9 +297,7 @@ fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
                     .filter_map(Option::take)
                     .chain(backlog.drain(..))
                 {
-                    let _ = op
-                        .reply
-                        .send((op.buf, Err(io::Error::new(e.kind(), e.to_string()))));
+                    op.finish(Err(io::Error::new(e.kind(), e.to_string())));
                 }
                 return;
             }
@@ -238,24 +320,22 @@ fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
             if res == -libc::EINTR || res == -libc::EAGAIN {
                 backlog.push_front(op);
             } else if res < 0 {
-                let _ = op
-                    .reply
-                    .send((op.buf, Err(io::Error::from_raw_os_error(-res))));
+                op.finish(Err(io::Error::from_raw_os_error(-res)));
             } else if matches!(op.kind, Kind::Flush) {
-                let _ = op.reply.send((op.buf, Ok(())));
+                op.finish(Ok(()));
             } else if res == 0 {
                 let kind = if matches!(op.kind, Kind::Read) {
                     io::ErrorKind::UnexpectedEof
                 } else {
                     io::ErrorKind::WriteZero
                 };
-                let _ = op.reply.send((op.buf, Err(kind.into())));
+                op.finish(Err(kind.into()));
             } else {
                 op.done += res as usize;
-                if op.done < op.buf.len() {
+                if op.done < op.len() {
                     backlog.push_front(op);
                 } else {
-                    let _ = op.reply.send((op.buf, Ok(())));
+                    op.finish(Ok(()));
                 }
             }
             free.push(idx);
@@ -274,7 +354,7 @@ fn run(mut ring: IoUring, file: Arc<File>, shared: Arc<Shared>) {
         while !backlog.is_empty() {
             let Some(idx) = free.pop() else { break };
             let mut op = backlog.pop_front().expect("backlog is not empty");
-            let e = entry_for(&mut op, fd, idx as u64);
+            let e = entry_for(&mut op, fd, idx as u64, &mut iovs[idx]);
             slots[idx] = Some(op);
             // SAFETY: see entry_for; at most slots_n + 1 entries exist, the ring's size.
             unsafe { ring.submission().push(&e) }.expect("one SQ entry per free slot");

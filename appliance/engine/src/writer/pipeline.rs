@@ -146,23 +146,20 @@ pub(crate) async fn commit_index(core: &Arc<Core>, job: CommitJob) {
 /// batch to the committer.
 impl Writer {
     /// Submits the batch's record writes, durable ones (`RWF_DSYNC`) when `durable`;
-    /// `None` for a batch without records.
+    /// `None` for a batch without records. Records that lie back to back on the device (a
+    /// batch's do, up to the end of a region) go as one vectored write: one I/O and one
+    /// durability point for a group commit instead of one per record.
     pub(super) fn submit_writes(
         &self,
         writes: Vec<(AlignedBuf, u64)>,
         durable: bool,
     ) -> Option<BatchWrites> {
-        let ios: Vec<_> = writes
+        let dev = &self.core.device;
+        let ios: Vec<_> = contiguous_runs(writes, VECTORED_BUFS_MAX)
             .into_iter()
-            .map(|(buf, off)| {
-                let dev = &self.core.device;
-                if durable {
-                    dev.write_durable_at(buf, off)
-                } else {
-                    dev.write_at(buf, off)
-                }
-            })
+            .map(|(off, bufs)| dev.write_vectored_at(bufs, off, durable))
             .collect();
+        self.core.metrics.device_writes.inc_by(ios.len() as u64);
         (!ios.is_empty()).then(|| Box::pin(futures::future::join_all(ios)) as BatchWrites)
     }
 
@@ -197,5 +194,58 @@ pub(super) fn reply_failed(cmd: WriteCmd) {
         WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),
         WriteCmd::Quarantine { .. } => {}
         WriteCmd::Stop(tx) => drop(tx.send(())),
+    }
+}
+
+/// `writes` (buffer, device offset) in runs of at most `max_bufs` buffers that lie back to
+/// back: each run's offset and buffers, in the order given.
+fn contiguous_runs(writes: Vec<(AlignedBuf, u64)>, max_bufs: usize) -> Vec<(u64, Vec<AlignedBuf>)> {
+    let mut runs: Vec<(u64, u64, Vec<AlignedBuf>)> = Vec::new();
+    for (buf, off) in writes {
+        match runs.last_mut() {
+            Some((_, end, bufs)) if *end == off && bufs.len() < max_bufs => {
+                *end += buf.len() as u64;
+                bufs.push(buf);
+            }
+            _ => runs.push((off, off + buf.len() as u64, vec![buf])),
+        }
+    }
+    runs.into_iter().map(|(off, _, bufs)| (off, bufs)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(n: usize) -> AlignedBuf {
+        AlignedBuf::zeroed(n * 4096)
+    }
+
+    #[test]
+    fn back_to_back_writes_go_as_runs() {
+        let shape = |runs: Vec<(u64, Vec<AlignedBuf>)>| -> Vec<(u64, Vec<usize>)> {
+            runs.into_iter()
+                .map(|(off, bufs)| (off, bufs.iter().map(|b| b.len() / 4096).collect()))
+                .collect()
+        };
+        // Two back to back, a gap, then two more back to back; then one at a lower offset.
+        let writes = vec![
+            (page(1), 0),
+            (page(2), 4096),
+            (page(1), 5 * 4096),
+            (page(3), 6 * 4096),
+            (page(1), 4096),
+        ];
+        assert_eq!(
+            shape(contiguous_runs(writes, 8)),
+            vec![(0, vec![1, 2]), (5 * 4096, vec![1, 3]), (4096, vec![1])]
+        );
+        // A run is cut at `max_bufs`.
+        let writes = (0..5).map(|i| (page(1), i * 4096)).collect();
+        assert_eq!(
+            shape(contiguous_runs(writes, 2)),
+            vec![(0, vec![1, 1]), (2 * 4096, vec![1, 1]), (4 * 4096, vec![1])]
+        );
+        assert!(contiguous_runs(Vec::new(), 2).is_empty());
     }
 }
