@@ -102,6 +102,9 @@ pub(crate) struct ClientInner {
     busy_retries: AtomicU64,
     /// One request's deadline ([`Deadlines::request`](crate::connect::Deadlines)).
     request_deadline: Duration,
+    /// The TCP socket's descriptor, open as long as `wr` (which owns the socket, or shares
+    /// its TLS stream) lives: reset at a request's deadline.
+    fd: std::os::fd::RawFd,
 }
 
 pub struct TransferClient {
@@ -120,6 +123,13 @@ impl ClientInner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Gives the connection up at a deadline: every request on it fails, and it is reset
+    /// ([`reset`]), so the node applies nothing more of what it sent.
+    pub(crate) fn give_up(&self) {
+        self.shared.pending.lock().expect("pending map").take();
+        reset(self.fd);
+    }
+
     /// Sends `req` under `id` and waits for its response, within the request deadline. A
     /// request past it closes the connection (a frame may be half written, and a node that
     /// does not answer one request will not answer the next): every request on it fails,
@@ -128,7 +138,7 @@ impl ClientInner {
         match tokio::time::timeout(self.request_deadline, self.call_as_now(id, req)).await {
             Ok(r) => r,
             Err(_) => {
-                self.shared.pending.lock().expect("pending map").take();
+                self.give_up();
                 Err(TransferError::TimedOut {
                     what: format!("a CXP1 {:?} request", req.op()),
                     which: "request",
@@ -237,6 +247,28 @@ impl ClientInner {
     }
 }
 
+/// Resets a connection given up on: `connect` with `AF_UNSPEC` dissolves a TCP socket's
+/// association without closing its descriptor (which the reader and writer halves still
+/// hold), sending an RST at once and dropping what was not sent yet. The node then finds the
+/// connection reset when it gets to it, and applies none of the requests that still wait in
+/// its socket buffers (a node frozen, or too slow, past the deadline): a put the client gave
+/// up on cannot land after a delete it made since (api/PROTOCOL.md, "Deadlines").
+fn reset(fd: std::os::fd::RawFd) {
+    // SAFETY: a zeroed `sockaddr` is a valid value; only its family is read for AF_UNSPEC.
+    let mut addr: libc::sockaddr = unsafe { std::mem::zeroed() };
+    addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: `fd` is this connection's socket, open while the client holds its halves;
+    // `addr` is a live sockaddr of the length given. A failure leaves the socket as it was
+    // (already closed by the node, say), which is as good.
+    unsafe {
+        libc::connect(
+            fd,
+            &addr,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+}
+
 impl TransferClient {
     /// A plain TCP connection without credentials.
     pub async fn connect(addr: &str) -> Result<TransferClient, TransferError> {
@@ -270,6 +302,7 @@ impl TransferClient {
     ) -> Result<TransferClient, TransferError> {
         let sock = TcpStream::connect(addr).await?;
         sock.set_nodelay(true)?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         let (mut rd, mut wr): (Rd, Wr) = match &how.tls {
             None => {
                 let (r, w) = sock.into_split();
@@ -322,6 +355,7 @@ impl TransferClient {
                 next_id: AtomicU64::new(1),
                 busy_retries: AtomicU64::new(0),
                 request_deadline: how.deadlines.request,
+                fd,
             }),
             reader,
         };

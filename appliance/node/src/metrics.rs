@@ -53,6 +53,9 @@ pub struct NodeMetrics {
     pub pod_member_records_rejected: IntGauge,
     /// Copies of a deleted block refused (read repair, backfill).
     pub copies_refused: IntCounter,
+    /// CXP1 write requests not applied: read after their client closed or reset the
+    /// connection (it gave up on them at its deadline).
+    pub abandoned_writes: IntCounter,
 }
 
 impl NodeMetrics {
@@ -86,6 +89,7 @@ impl NodeMetrics {
             pod_etcd_last_ok: d.etcd_last_ok,
             pod_member_records_rejected: d.member_records_rejected,
             copies_refused: d.copies_refused,
+            abandoned_writes: d.abandoned_writes,
         }
     }
 
@@ -298,6 +302,7 @@ struct PodSeries {
     etcd_last_ok: IntGauge,
     member_records_rejected: IntGauge,
     copies_refused: IntCounter,
+    abandoned_writes: IntCounter,
 }
 
 impl PodSeries {
@@ -330,6 +335,11 @@ impl PodSeries {
                 r,
                 "ctxpod_copies_refused_total",
                 "Copies of a block the pod deleted refused (read repair, backfill)",
+            ),
+            abandoned_writes: counter(
+                r,
+                "ctxpod_abandoned_writes_total",
+                "CXP1 write requests not applied: read after their client reset or closed the connection",
             ),
         }
     }

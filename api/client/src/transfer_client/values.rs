@@ -441,12 +441,7 @@ impl TransferClient {
     /// A request past its deadline: the connection is closed, as [`ClientInner::call_as`]
     /// does (a frame may be half written).
     fn timed_out(&self, what: &str) -> TransferError {
-        self.inner
-            .shared
-            .pending
-            .lock()
-            .expect("pending map")
-            .take();
+        self.inner.give_up();
         TransferError::TimedOut {
             what: what.into(),
             which: "request",

@@ -5,7 +5,7 @@
 //! (At adc7102 one CXP1 Get frame of 2.6 KB naming one 8 MiB block 512 times raised the
 //! node's RSS by 4.1 GiB, as did 64 HTTP `batch/get`s of 8 × 8 MiB that were never read.)
 
-use crate::common;
+use crate::common::{self, counter};
 
 use common::{content, rss_bytes, Node};
 use ctxpod_wire::proto::Request;
@@ -592,13 +592,6 @@ fn refused_on_both_listeners(m: &str, why: &str) -> u64 {
             )
         })
         .sum()
-}
-
-fn counter(m: &str, name_and_labels: &str) -> u64 {
-    m.lines()
-        .find_map(|l| l.strip_prefix(name_and_labels))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
 }
 
 /// 50 connections that trickle an HTTP request head one byte every 300 ms (never idle),

@@ -1,7 +1,7 @@
 //! The CXP1 listener: connections accepted (and their TLS), the hello and authentication,
 //! then one task reading requests and one writing frames per connection.
 
-use crate::auth::{Authenticator, Principal};
+use crate::auth::{Access, Authenticator, Principal};
 use crate::budget::Budgets;
 use crate::conn::Gate;
 use bytes::Bytes;
@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::conn::{Activity, Conn, Out, Rd, Wr};
+use super::conn::{client_gone, Activity, Conn, Out, Rd, Wr};
 use super::error;
 use super::handshake::{access_of_op, authenticate, refuse, scope_request};
 use super::ops::{get, handle, handle_put, read_put, Parsed};
@@ -73,6 +73,8 @@ pub(crate) async fn connection(
     gate: Arc<Gate>,
 ) -> anyhow::Result<()> {
     sock.set_nodelay(true)?;
+    // Open as long as the read half is, which `read_requests` owns.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
     // Who the connection is before any `Auth`: everyone's admin when authentication is off,
     // else the identity of its verified client certificate, if it maps to one.
     let mut who = (!auth.enabled()).then(Principal::anonymous_admin);
@@ -104,7 +106,7 @@ pub(crate) async fn connection(
     });
     let idle = gate.limits.idle;
     let (result, let_go) = tokio::select! {
-        r = read_requests(&conn, FrameInput::new(rd, MAX_FRAME_BYTES), who) => (r, false),
+        r = read_requests(&conn, (FrameInput::new(rd, MAX_FRAME_BYTES), fd), who) => (r, false),
         () = watchdog(&conn, &gate, idle) => (Ok(()), true),
     };
     conn.closed.cancel();
@@ -248,9 +250,12 @@ async fn watchdog(conn: &Conn, gate: &Gate, idle: Duration) {
     }
 }
 
+/// Reads and dispatches a connection's requests until it ends. `fd` is its socket, open
+/// while `input` (its read half) lives: a write request read after the client closed or
+/// reset the connection ([`client_gone`]) is not applied, and the connection ends.
 pub(crate) async fn read_requests(
     conn: &Arc<Conn>,
-    mut input: FrameInput<Rd>,
+    (mut input, fd): (FrameInput<Rd>, std::os::fd::RawFd),
     mut who: Option<Principal>,
 ) -> anyhow::Result<()> {
     let inflight = conn.inflight.clone();
@@ -291,7 +296,8 @@ pub(crate) async fn read_requests(
         };
         // A value's pieces are received into its writer, admitted once, at its first piece.
         if op == Op::PutValue {
-            if !super::values::read_piece(conn, &mut input, (id, body_len), &p, &mut open).await? {
+            let piece = (id, body_len, fd);
+            if !super::values::read_piece(conn, &mut input, piece, &p, &mut open).await? {
                 return Ok(());
             }
             continue;
@@ -315,6 +321,10 @@ pub(crate) async fn read_requests(
         // PUT bodies are received straight into their records' buffers; other requests
         // are small and decoded whole.
         let req = parse(&mut input, header, body_len, &p).await?;
+        if access_of_op(op) == Access::Write && client_gone(fd) {
+            conn.metrics.abandoned_writes.inc();
+            return Ok(());
+        }
         let conn = conn.clone();
         tokio::spawn(async move {
             let parts = match req {

@@ -60,7 +60,7 @@ struct Fixed {
 pub(crate) async fn read_piece(
     conn: &Arc<Conn>,
     input: &mut FrameInput<Rd>,
-    (id, body_len): (u64, usize),
+    (id, body_len, fd): (u64, usize, std::os::fd::RawFd),
     p: &Principal,
     open: &mut Open,
 ) -> anyhow::Result<bool> {
@@ -114,6 +114,13 @@ pub(crate) async fn read_piece(
     piece.advance(data_len);
     r.next += data_len as u64;
     let last = r.next == fixed.len;
+    // Not the last piece of a value its client gave up on (it reset the connection): its
+    // writer, its pieces ended, stores nothing.
+    if last && super::conn::client_gone(fd) {
+        open.remove(&id);
+        conn.metrics.abandoned_writes.inc();
+        return Ok(false);
+    }
     // The writer takes pieces as it writes them: the reader waits meanwhile.
     if r.tx.send(piece).await.is_err() || last {
         open.remove(&id);

@@ -390,6 +390,15 @@ pub async fn answered(req: reqwest::RequestBuilder, status: u16) -> reqwest::Res
     r
 }
 
+/// The value of the series `name_and_labels` (its name, its labels if any, and a space) in
+/// the Prometheus text `m`; 0 when it is not there.
+pub fn counter(m: &str, name_and_labels: &str) -> u64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
 /// Checks that `node`'s metrics (the Prometheus text) contain `text`.
 pub async fn metrics_contain(node: &Node, text: &str) {
     let m = node.client.metrics().await.expect("metrics");

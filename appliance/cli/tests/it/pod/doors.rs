@@ -97,7 +97,7 @@ impl Door {
         }
     }
 
-    async fn delete(&self, ns: &str, key: &[u8]) -> String {
+    pub(super) async fn delete(&self, ns: &str, key: &[u8]) -> String {
         let done = |r: Result<bool, ClientError>| match r {
             Ok(true) => "done".to_string(),
             Ok(false) => "miss".to_string(),

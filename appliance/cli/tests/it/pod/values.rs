@@ -10,8 +10,8 @@
 
 use super::doors::{http, key_for, open_doors, Door, DoorPod};
 use super::{create_replicated, within};
-use crate::common::block;
 use crate::common::etcd::EtcdServer;
+use crate::common::{block, counter};
 use bytes::Bytes;
 use ctxpod_client::pod_client::PodClient;
 
@@ -304,6 +304,82 @@ async fn a_frozen_member_costs_large_values_one_deadline_not_a_hang() {
                 door.get(NS, key, data).await,
                 "hit",
                 "{} after",
+                door.name()
+            );
+        }
+    }
+}
+
+/// A put a frozen member receives late (its bytes waited in its socket buffers while the
+/// client gave up on it and stored the value on the two others) must not undo a delete
+/// made meanwhile: once thawed, the member serves no copy of the deleted value, through any
+/// door. The CXP1 client resets its connection at the deadline, and the thawed node, which
+/// finds the whole put frame in its buffers (64 KiB), refuses to apply it and counts it
+/// (`ctxpod_abandoned_writes_total`). Before, the put landed on c after the delete's
+/// tombstone in 1 of 3 runs, and the deleted value was back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_a_frozen_member_receives_late_never_undoes_a_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let pod = DoorPod::start(tmp.path(), &etcd, "late", "512MiB").await;
+    let (nodes, urls, pc) = (&pod.nodes, &pod.urls, &pod.pc);
+    create_replicated(&nodes[0], NS, 2).await;
+    let doors = open_doors(&pod.seeds, &nodes[0]).await;
+    let writers: Vec<&Door> = doors
+        .iter()
+        .filter(|d| matches!(d, Door::Http(_) | Door::Cxp1(_) | Door::Forward(_)))
+        .collect();
+    // Each door talks to c before the freeze, so its connection is open and warm.
+    for (d, door) in writers.iter().enumerate() {
+        let key = key_for(pc, NS, door.name(), 40, Some("c"));
+        assert_eq!(
+            door.put(NS, &key, block(400 + d as u64, MIB)).await,
+            "stored"
+        );
+    }
+    nodes[2].freeze();
+    let bound = std::time::Duration::from_secs(25);
+    let mut put = Vec::new();
+    for (d, door) in writers.iter().enumerate() {
+        let key = key_for(pc, NS, door.name(), 41, Some("c"));
+        let data = block(500 + d as u64, 64 << 10);
+        let what = format!("{} putting while c is frozen", door.name());
+        let (got, _) = within(bound, &what, door.put(NS, &key, data.clone())).await;
+        assert_eq!(got, "stored", "{what}");
+        assert_eq!(holders(&urls[..2], &key).await, ["a", "b"], "{what}");
+        let what = format!("{} deleting it", door.name());
+        let (got, _) = within(bound, &what, doors[0].delete(NS, &key)).await;
+        assert_eq!(got, "done", "{what}");
+        put.push((key, data, door.name()));
+    }
+    nodes[2].thaw();
+    // Whatever waited in c's socket buffers is read within moments of the thaw.
+    let abandoned = "ctxpod_abandoned_writes_total ";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // (A metrics call in the moments of the thaw may fail: asked again.)
+    while counter(
+        &nodes[2].client.metrics().await.unwrap_or_default(),
+        abandoned,
+    ) < 1
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CXP1 put c read after its client reset the connection was not refused"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    for (key, data, put_by) in &put {
+        assert!(
+            holders(urls, key).await.is_empty(),
+            "the value {put_by} put while c was frozen, then deleted, is back on {:?}",
+            holders(urls, key).await
+        );
+        for door in &doors {
+            assert_eq!(
+                door.get(NS, key, data).await,
+                "miss",
+                "{} reading the value {put_by} put and deleted while c was frozen",
                 door.name()
             );
         }
