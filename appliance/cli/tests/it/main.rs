@@ -10,6 +10,7 @@ mod common;
 mod crash;
 mod events;
 mod eviction;
+mod gave_up;
 mod hostile;
 mod keys;
 mod layers;
