@@ -44,44 +44,14 @@ pub trait Device: Send + Sync + 'static {
     /// Like [`Device::write_at`], but durable when it completes (`RWF_DSYNC`: a FUA write,
     /// or the write and a flush) — without flushing anything else.
     fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture;
-    /// Writes `bufs` back to back from `offset`, durable on completion when `durable`: one
-    /// I/O where the backend can (`pwritev2`, io_uring `WRITEV`). A group commit's records lie
+    /// Writes `bufs` back to back from `offset`, durable on completion when `durable`, as one
+    /// I/O (`pwritev2`, io_uring `WRITEV`, one command of the simulated device, which a power
+    /// cut may tear anywhere). A group commit's records lie
     /// back to back in the log, so they go to the device as one write, and one `RWF_DSYNC`,
     /// instead of one of each per record. Every buffer and `offset` must be
-    /// [`IO_ALIGN_BYTES`]-aligned; at most [`VECTORED_BUFS_MAX`] buffers. This default issues
-    /// one write per buffer (the simulated device models each write).
-    fn write_vectored_at(&self, bufs: Vec<AlignedBuf>, offset: u64, durable: bool) -> VecIoFuture {
-        if let Err(e) = check_vectored(&bufs, offset) {
-            return Box::pin(async move { (bufs, Err(e)) });
-        }
-        let mut at = offset;
-        let writes: Vec<IoFuture> = bufs
-            .into_iter()
-            .map(|buf| {
-                let off = at;
-                at += buf.len() as u64;
-                if durable {
-                    self.write_durable_at(buf, off)
-                } else {
-                    self.write_at(buf, off)
-                }
-            })
-            .collect();
-        Box::pin(async move {
-            let mut first_err = None;
-            let bufs = futures::future::join_all(writes)
-                .await
-                .into_iter()
-                .map(|(buf, r)| {
-                    if let (Err(e), None) = (r, &first_err) {
-                        first_err = Some(e);
-                    }
-                    buf
-                })
-                .collect();
-            (bufs, first_err.map_or(Ok(()), Err))
-        })
-    }
+    /// [`IO_ALIGN_BYTES`]-aligned; at most [`VECTORED_BUFS_MAX`] buffers; else nothing is
+    /// written and the answer is `InvalidInput`.
+    fn write_vectored_at(&self, bufs: Vec<AlignedBuf>, offset: u64, durable: bool) -> VecIoFuture;
     /// Makes every completed write durable (fdatasync / NVMe flush).
     fn flush(&self) -> FlushFuture;
     /// What the device is: its size, I/O engine, and whether it bypasses the page cache.
@@ -344,7 +314,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_simulated_device_reads_what_it_wrote() {
-        // Its vectored write is the trait's default: one modelled write per buffer.
+        // Its vectored write is one modelled command, as the kernel's is one I/O.
         let dir = tempfile::tempdir().expect("tempdir");
         let dev = sim::SimBackend::open("tlc", &dir.path().join("sim.dev"), 8 << 20, None)
             .expect("open simulated device");

@@ -5,7 +5,7 @@
 //! sees them in the order the engine issues them), and completed when their future runs: at
 //! once in instant mode, after sleeping until the modelled completion time in real-time mode.
 
-use super::{AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture};
+use super::{check_vectored, AlignedBuf, Device, DeviceInfo, FlushFuture, IoFuture, VecIoFuture};
 use ctxpod_firmware_sim::{FaultPlan, Media, Profile, SimDevice, SimError, Ticket};
 use std::io;
 use std::path::Path;
@@ -62,29 +62,32 @@ async fn finish(dev: Arc<SimDevice>, t: Ticket) -> io::Result<()> {
     dev.complete(t).map_err(to_io)
 }
 
+/// The future of a submitted command: `bufs` back with its completion (or the refusal).
+fn completed<B: Send + 'static>(
+    dev: &Arc<SimDevice>,
+    submitted: Result<Ticket, SimError>,
+    bufs: B,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = (B, io::Result<()>)> + Send>> {
+    let dev = dev.clone();
+    Box::pin(async move {
+        match submitted {
+            Ok(t) => (bufs, finish(dev, t).await),
+            Err(e) => (bufs, Err(to_io(e))),
+        }
+    })
+}
+
 impl SimBackend {
     fn write(&self, buf: AlignedBuf, offset: u64, fua: bool) -> IoFuture {
         let submitted = self.dev.submit_write(offset, &buf, fua);
-        let dev = self.dev.clone();
-        Box::pin(async move {
-            match submitted {
-                Ok(t) => (buf, finish(dev, t).await),
-                Err(e) => (buf, Err(to_io(e))),
-            }
-        })
+        completed(&self.dev, submitted, buf)
     }
 }
 
 impl Device for SimBackend {
     fn read_at(&self, mut buf: AlignedBuf, offset: u64) -> IoFuture {
         let submitted = self.dev.submit_read(offset, &mut buf);
-        let dev = self.dev.clone();
-        Box::pin(async move {
-            match submitted {
-                Ok(t) => (buf, finish(dev, t).await),
-                Err(e) => (buf, Err(to_io(e))),
-            }
-        })
+        completed(&self.dev, submitted, buf)
     }
 
     fn write_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
@@ -93,6 +96,19 @@ impl Device for SimBackend {
 
     fn write_durable_at(&self, buf: AlignedBuf, offset: u64) -> IoFuture {
         self.write(buf, offset, true)
+    }
+
+    /// One command for the whole run, as the kernel makes of a vectored write: a power cut
+    /// may tear it anywhere, across records (the buffers are copied into one, for the model).
+    fn write_vectored_at(&self, bufs: Vec<AlignedBuf>, offset: u64, durable: bool) -> VecIoFuture {
+        let total = match check_vectored(&bufs, offset) {
+            Ok(n) => n,
+            Err(e) => return Box::pin(async move { (bufs, Err(e)) }),
+        };
+        let mut whole = Vec::with_capacity(total);
+        bufs.iter().for_each(|b| whole.extend_from_slice(b));
+        let submitted = self.dev.submit_write(offset, &whole, durable);
+        completed(&self.dev, submitted, bufs)
     }
 
     fn flush(&self) -> FlushFuture {
