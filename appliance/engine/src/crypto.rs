@@ -5,6 +5,10 @@
 //!   another key, namespace or key generation fails to open.
 //! - Payload nonce = [`ctxpod_format::record::nonce_for`]`(seq, salt)`: unique per node and write
 //!   (the sequence number), and across copies of one data directory (the incarnation's salt).
+//! - A segmented record's segment `i` is sealed on its own under `nonce_for(seq + i, salt)`
+//!   (the record took `n` sequence numbers) and [`segment_aad`]: its record's AAD ‖
+//!   `"/segment"` ‖ the record's length ‖ `i`, so that no segment opens at another place,
+//!   in another record, or in a record cut shorter or longer.
 //! - DEK wrapping: AES-256-GCM under the KEK with a random nonce, AAD binding ns_id and key_id.
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
@@ -67,6 +71,36 @@ pub fn extent_aad(ns_id: u32, key_id: u32, key: &[u8], value_seq: u64, index: u3
     aad.extend_from_slice(&value_seq.to_le_bytes());
     aad.extend_from_slice(&index.to_le_bytes());
     aad
+}
+
+/// The associated data of segment `index` of a segmented record of `len` bytes whose
+/// record (block or extent) is sealed under `record_aad`.
+pub fn segment_aad(record_aad: &[u8], len: u32, index: u32) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(record_aad.len() + 16);
+    aad.extend_from_slice(record_aad);
+    aad.extend_from_slice(b"/segment");
+    aad.extend_from_slice(&len.to_le_bytes());
+    aad.extend_from_slice(&index.to_le_bytes());
+    aad
+}
+
+/// Decrypts `in_out` in place against a tag kept apart from it.
+pub fn open_separate(
+    key: &AeadKey,
+    nonce: [u8; 12],
+    aad: &[u8],
+    tag: &[u8; 16],
+    in_out: &mut [u8],
+) -> Result<(), AuthError> {
+    key.0
+        .open_in_place_separate_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            tag,
+            in_out,
+        )
+        .map(|_| ())
+        .map_err(|_| AuthError)
 }
 
 /// Encrypts `in_out` in place; returns the tag.

@@ -173,7 +173,7 @@ struct NsKeys {
 }
 
 pub use ctxpod_format::config::DEK_ROTATE_AFTER_WRITES;
-pub use read::{Found, Scrubbed};
+pub use read::{BlockPart, Found, Scrubbed};
 
 impl Namespace {
     pub fn quota_bytes(&self) -> Option<u64> {
@@ -417,13 +417,21 @@ impl Core {
         Ok(())
     }
 
+    /// One sequence number (a value's generation, an upload's id; the nonce of an
+    /// unsegmented record).
     fn next_seq(&self) -> anyhow::Result<u64> {
-        let s = self.seq.next.fetch_add(1, Ordering::Relaxed);
-        if s < self.seq.reserved_fast.load(Ordering::Acquire) {
+        self.next_seqs(1)
+    }
+
+    /// `n` consecutive sequence numbers, the first returned: a record's nonces, one per
+    /// segment ([`record::seqs_for`]).
+    fn next_seqs(&self, n: u64) -> anyhow::Result<u64> {
+        let s = self.seq.next.fetch_add(n, Ordering::Relaxed);
+        if s + n <= self.seq.reserved_fast.load(Ordering::Acquire) {
             return Ok(s);
         }
         let mut r = self.seq.reserved.lock();
-        while s >= *r {
+        while s + n > *r {
             let hi = *r + SEQ_CHUNK;
             let mut wo = rocksdb::WriteOptions::default();
             wo.set_sync(true);
@@ -506,16 +514,15 @@ fn record_aad(ns_id: u32, key_id: u32, key: &[u8], extent: Option<record::Extent
     }
 }
 
-/// [`open_record`] of a block (`extent` `None`) or of the extent `extent` of a large value
-/// (whose `loc` then describes that extent's record).
-fn open_record_of(
-    mut buf: AlignedBuf,
-    dek: Option<&AeadKey>,
+/// A record's header, decoded from its first bytes, against its index entry: the same
+/// namespace, key, length, CRC32C, sequence number, data key and place in a value.
+fn check_header(
+    buf: &[u8],
     (ns_id, key): (u32, &[u8]),
     loc: &BlockLoc,
     extent: Option<record::ExtentOf>,
-) -> Result<Bytes, String> {
-    let h = match RecordHeader::decode(&buf) {
+) -> Result<RecordHeader, String> {
+    let h = match RecordHeader::decode(buf) {
         Ok(h) => h,
         Err(e) => return Err(format!("record header: {e}")),
     };
@@ -527,28 +534,132 @@ fn open_record_of(
         || h.key_id != loc.key_id
         || h.extent != extent
         || !record::nonce_matches(h.seq, &h.nonce)
+        || h.record_bytes() != loc.record_len as usize
     {
         return Err("record header does not match the index".into());
     }
-    let len = h.len as usize;
+    Ok(h)
+}
+
+/// Which key, if any, opens a record of header `h`: with `dek` `None` (a plaintext node)
+/// only plaintext records are accepted, and with a key only sealed ones.
+fn key_for_record<'a>(
+    dek: Option<&'a AeadKey>,
+    h: &RecordHeader,
+) -> Result<Option<&'a AeadKey>, String> {
     match (dek, h.plaintext) {
-        (Some(dek), false) => {
-            let aad = record_aad(ns_id, h.key_id, key, extent);
-            match crypto::open(
-                dek,
-                h.nonce,
-                &aad,
-                &mut buf[HEADER_BYTES..HEADER_BYTES + len + TAG_BYTES],
-            ) {
+        (Some(dek), false) => Ok(Some(dek)),
+        (None, true) => Ok(None),
+        (Some(_), true) => Err("a plaintext record on an encrypting node".into()),
+        (None, false) => Err("a sealed record on a plaintext node".into()),
+    }
+}
+
+/// Opens, in place, segments `segs` of the segmented record of header `h` and segment table
+/// `table`; `body` holds their ciphertext, from the first byte of segment `segs.start`.
+fn open_segments(
+    h: &RecordHeader,
+    table: &[u8],
+    (dek, aad): (&AeadKey, &[u8]),
+    body: &mut [u8],
+    segs: std::ops::Range<usize>,
+) -> Result<(), String> {
+    let base = h.segment_range(segs.start).start;
+    for i in segs {
+        let r = h.segment_range(i);
+        let (tag, _) = record::table_entry(table, i);
+        crypto::open_separate(
+            dek,
+            record::segment_nonce(&h.nonce, i),
+            &crypto::segment_aad(aad, h.len, i as u32),
+            &tag,
+            &mut body[r.start - base..r.end - base],
+        )
+        .map_err(|_| format!("AES-GCM authentication of segment {i} failed"))?;
+    }
+    Ok(())
+}
+
+/// [`open_record`] of a block (`extent` `None`) or of the extent `extent` of a large value
+/// (whose `loc` then describes that extent's record).
+fn open_record_of(
+    mut buf: AlignedBuf,
+    dek: Option<&AeadKey>,
+    (ns_id, key): (u32, &[u8]),
+    loc: &BlockLoc,
+    extent: Option<record::ExtentOf>,
+) -> Result<Bytes, String> {
+    let h = check_header(&buf, (ns_id, key), loc, extent)?;
+    let (len, at) = (h.len as usize, h.body_offset());
+    let dek = key_for_record(dek, &h)?;
+    let (head, body) = buf.split_at_mut(at);
+    // A segmented record's table is checked on every read, whole ones too: a range read
+    // trusts its CRC32Cs.
+    let Some(table) = h.segment_table(head) else {
+        return Err("segment table CRC32C mismatch".into());
+    };
+    if let Some(dek) = dek {
+        let aad = record_aad(ns_id, h.key_id, key, extent);
+        if h.segmented.is_some() {
+            open_segments(&h, table, (dek, &aad), body, 0..h.segments())?;
+        } else {
+            match crypto::open(dek, h.nonce, &aad, &mut body[..len + TAG_BYTES]) {
                 Ok(n) if n == len => {}
                 _ => return Err("AES-GCM authentication failed".into()),
             }
         }
-        (None, true) => {}
-        (Some(_), true) => return Err("a plaintext record on an encrypting node".into()),
-        (None, false) => return Err("a sealed record on a plaintext node".into()),
     }
-    Ok(Bytes::from_owner(buf).slice(HEADER_BYTES..HEADER_BYTES + len))
+    Ok(Bytes::from_owner(buf).slice(at..at + len))
+}
+
+/// Part of a segmented record, read and opened: its segments `segs` (`body`, read from the
+/// device from segment `segs.start`'s first byte), checked against the record's first
+/// [`record::SEGMENTED_HEAD_BYTES`] (`head`: header and segment table) and its index entry.
+/// The plaintext of those segments and each one's CRC32C from the table; they still need
+/// [`check_segments`]. `Ok(None)`: the record is not segmented (written before segments
+/// existed): it must be read whole.
+fn open_record_part(
+    head: &[u8],
+    mut body: AlignedBuf,
+    dek: Option<&AeadKey>,
+    (ns_id, key): (u32, &[u8]),
+    (loc, extent): (&BlockLoc, Option<record::ExtentOf>),
+    segs: std::ops::Range<usize>,
+) -> Result<Option<(Bytes, Vec<u32>)>, String> {
+    let h = check_header(head, (ns_id, key), loc, extent)?;
+    if h.segmented.is_none() {
+        return Ok(None);
+    }
+    let dek = key_for_record(dek, &h)?;
+    let Some(table) = h.segment_table(head) else {
+        return Err("segment table CRC32C mismatch".into());
+    };
+    if segs.end > h.segments() {
+        return Err("a range past the record's segments".into());
+    }
+    if let Some(dek) = dek {
+        let aad = record_aad(ns_id, h.key_id, key, extent);
+        open_segments(&h, table, (dek, &aad), &mut body, segs.clone())?;
+    }
+    let crcs = segs
+        .clone()
+        .map(|i| record::table_entry(table, i).1)
+        .collect();
+    let bytes = h.segment_range(segs.end - 1).end - h.segment_range(segs.start).start;
+    Ok(Some((Bytes::from_owner(body).slice(..bytes), crcs)))
+}
+
+/// The plaintext of consecutive segments of `segment_bytes` each against their CRC32Cs from
+/// the record's table: the CRC engine's half of a part read's checks.
+fn check_segments(plain: Bytes, crcs: &[u32], segment_bytes: usize) -> Verified {
+    for (i, (chunk, &crc)) in plain.chunks(segment_bytes).zip(crcs).enumerate() {
+        if crc32c::crc32c(chunk) != crc {
+            return Verified::Bad(format!(
+                "plaintext CRC32C mismatch in segment {i} of the part read"
+            ));
+        }
+    }
+    Verified::Ok(plain)
 }
 
 /// Holds on blocks (see [`Engine::hold`]), released when dropped.
@@ -704,3 +815,6 @@ mod coherence_tests;
 
 #[cfg(test)]
 mod value_tests;
+
+#[cfg(test)]
+mod segment_tests;

@@ -43,7 +43,7 @@ impl Engine {
             self.check_quota(&ns, len).await?;
         }
         let seq = if existing.is_none() {
-            self.core.next_seq()?
+            self.core.next_seqs(record::seqs_for(len))?
         } else {
             0
         };
@@ -55,7 +55,7 @@ impl Engine {
             .ok_or_else(|| anyhow::anyhow!("namespace {} has no current data key", ns.name))?;
         // The body's CRC32C was computed inline with its landing copy; the AEAD engine seals
         // it: the request thread only hands the buffer over.
-        let crc = staged.crc;
+        let crc = staged.crc32c();
         if client_crc.is_some_and(|c| c != crc) {
             return Err(EngineError::Integrity(format!(
                 "body CRC32C is {crc:08x}, not the {:08x} the client sent",

@@ -37,6 +37,53 @@ enum FoundAt {
     Flash { loc: BlockLoc, ticket: u64 },
 }
 
+/// What a read of (part of) a block gave: the bytes of the range asked for, and the whole
+/// block's CRC32C and length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockPart {
+    pub bytes: Bytes,
+    pub crc32c: u32,
+    pub len: u64,
+}
+
+impl BlockPart {
+    /// `range` (clamped) of the whole block `b`.
+    fn of(b: Bytes, crc32c: u32, range: Option<(u64, u64)>) -> BlockPart {
+        let len = b.len() as u64;
+        let (lo, hi) = range.map_or((0, len), |(lo, hi)| (lo.min(len), hi.min(len)));
+        BlockPart {
+            bytes: b.slice(lo as usize..hi.max(lo) as usize),
+            crc32c,
+            len,
+        }
+    }
+}
+
+/// How a range of the block at `loc` is read in part: the segments that hold it, and the
+/// range clamped to the block. `None`: read the record whole (no range, an empty one, one
+/// that needs every segment, a record that is not segmented, a large value's manifest).
+/// A record whose length on the device is a segmented one's is taken to be one; a record
+/// written before segments existed may have that length too, and is then read whole
+/// ([`read_checked_part`] finds it out from its header).
+pub(crate) fn part_plan(
+    loc: &BlockLoc,
+    range: Option<(u64, u64)>,
+) -> Option<(std::ops::Range<usize>, u64, u64)> {
+    let (lo, hi) = range?;
+    let len = loc.len as usize;
+    let (lo, hi) = (lo.min(len as u64), hi.min(len as u64));
+    if loc.extents > 0
+        || hi <= lo
+        || !record::is_segmented(len)
+        || loc.record_len as usize != record::record_bytes(len)
+    {
+        return None;
+    }
+    let s = record::SEGMENT_BYTES as u64;
+    let segs = (lo / s) as usize..hi.div_ceil(s) as usize;
+    (segs.len() < record::segments_for(len)).then_some((segs, lo, hi))
+}
+
 impl Found {
     /// The block's length: for a value stored as extents, the whole value's.
     pub fn len(&self) -> usize {
@@ -94,14 +141,31 @@ impl Engine {
     /// moved since (stored again, evicted, quarantined), the index is asked once more and
     /// what it holds now is read: `None` when that is nothing.
     pub async fn read_found(&self, key: &[u8], f: Found) -> Result<Option<(Bytes, u32)>> {
+        Ok(self
+            .read_found_range(key, f, None)
+            .await?
+            .map(|p| (p.bytes, p.crc32c)))
+    }
+
+    /// [`Engine::read_found`] of the bytes `range` of the block (all of it when `None`;
+    /// clamped to the block). A range of a block on flash whose record is segmented reads
+    /// and checks only the segments that hold it (and the record's first 4 KiB: header and
+    /// segment table), and leaves the DRAM tier as it is; any other read reads the record
+    /// whole.
+    pub async fn read_found_range(
+        &self,
+        key: &[u8],
+        f: Found,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<BlockPart>> {
         let ns = f.ns.clone();
-        if let Some(got) = self.read_at(key, f).await? {
+        if let Some(got) = self.read_at(key, f, range).await? {
             return Ok(Some(got));
         }
         let Some(f) = self.find_in(ns, key)? else {
             return Ok(None);
         };
-        let got = self.read_at(key, f).await?;
+        let got = self.read_at(key, f, range).await?;
         if got.is_none() {
             self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
             self.core.metrics.misses.inc();
@@ -109,28 +173,88 @@ impl Engine {
         Ok(got)
     }
 
-    /// The read of a found block, counted as a hit; `None` (not counted) when its record no
-    /// longer holds it or failed its checks.
-    async fn read_at(&self, key: &[u8], f: Found) -> Result<Option<(Bytes, u32)>> {
+    /// The read of (part of) a found block, counted as a hit; `None` (not counted) when its
+    /// record no longer holds it or failed its checks.
+    async fn read_at(
+        &self,
+        key: &[u8],
+        f: Found,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<BlockPart>> {
         let c = &self.core;
         let (bkey, got, label) = match f.at {
             FoundAt::Dram(b, crc) => {
                 c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
-                (f.bkey, (b, crc), "dram")
+                (f.bkey, BlockPart::of(b, crc, range), "dram")
             }
-            FoundAt::Flash { loc, ticket } => {
-                let Some(b) = self.read_record(&f.ns, key, &f.bkey, loc).await? else {
-                    return Ok(None);
-                };
-                c.dram_admit(f.bkey.clone(), b.clone(), &loc, ticket)?;
-                (f.bkey, (b, loc.crc32c), "flash")
-            }
+            FoundAt::Flash { loc, ticket } => match part_plan(&loc, range) {
+                Some((segs, lo, hi)) => {
+                    let checked = read_checked_part(
+                        &self.core,
+                        &self.writer_tx,
+                        (&f.ns, key, &f.bkey),
+                        (loc, loc),
+                        None,
+                        segs.clone(),
+                    )
+                    .await?;
+                    let b = match checked {
+                        Some(Checked::Good(b)) => b,
+                        Some(Checked::Corrupt | Checked::Moved) => return Ok(None),
+                        // Written before segments existed: read whole.
+                        None => {
+                            return self
+                                .read_whole_at(key, f.ns, f.bkey, (loc, ticket), range)
+                                .await
+                        }
+                    };
+                    let from = (segs.start * record::SEGMENT_BYTES) as u64;
+                    let bytes = b.slice((lo - from) as usize..(hi - from) as usize);
+                    let part = BlockPart {
+                        bytes,
+                        crc32c: loc.crc32c,
+                        len: loc.len as u64,
+                    };
+                    (f.bkey, part, "flash")
+                }
+                None => {
+                    return self
+                        .read_whole_at(key, f.ns, f.bkey, (loc, ticket), range)
+                        .await
+                }
+            },
         };
-        self.reference(&bkey, got.0.len());
-        c.read_bits.set(&bkey);
-        c.counters.hits.fetch_add(1, Ordering::Relaxed);
-        c.metrics.hits.with_label_values(&[label]).inc();
+        self.count_hit(&bkey, got.len as usize, label);
         Ok(Some(got))
+    }
+
+    /// [`Engine::read_at`] of a block on flash, its record read whole (and put in the DRAM
+    /// tier).
+    async fn read_whole_at(
+        &self,
+        key: &[u8],
+        ns: Arc<Namespace>,
+        bkey: CacheKey,
+        (loc, ticket): (BlockLoc, u64),
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<BlockPart>> {
+        let Some(b) = self.read_record(&ns, key, &bkey, loc).await? else {
+            return Ok(None);
+        };
+        self.core
+            .dram_admit(bkey.clone(), b.clone(), &loc, ticket)?;
+        let got = BlockPart::of(b, loc.crc32c, range);
+        self.count_hit(&bkey, got.len as usize, "flash");
+        Ok(Some(got))
+    }
+
+    /// A block served: a hit, a reference for the miss-ratio curve, marked read.
+    fn count_hit(&self, bkey: &[u8], len: usize, tier: &str) {
+        let c = &self.core;
+        self.reference(bkey, len);
+        c.read_bits.set(bkey);
+        c.counters.hits.fetch_add(1, Ordering::Relaxed);
+        c.metrics.hits.with_label_values(&[tier]).inc();
     }
 
     pub(crate) async fn read_record(
@@ -440,6 +564,89 @@ pub(crate) async fn read_checked_record(
         }
         Err(why) => Verified::Bad(why),
     };
+    judge(c, writer_tx, (ns, key, bkey), (rec, entry), extent, verdict).await
+}
+
+/// Segments `segs` of the segmented record `loc` (a block's, or for an extent of a large
+/// value (`extent`) that extent's, as in [`read_checked_record`]) read from flash and
+/// checked: the record's first 4 KiB (header, segment table) and those segments' bytes, read
+/// side by side; the header against the index, the table's CRC32C, each segment's tag and
+/// CRC32C. The segments' plaintext, or corrupt (the block quarantined) or moved, as
+/// [`read_checked_record`]; `None` when the record turns out not to be segmented (it was
+/// written before segments existed) and must be read whole.
+pub(crate) async fn read_checked_part(
+    c: &Arc<Core>,
+    writer_tx: &tokio::sync::mpsc::Sender<WriteCmd>,
+    (ns, key, bkey): (&Arc<Namespace>, &[u8], &[u8]),
+    (loc, entry): (BlockLoc, BlockLoc),
+    extent: Option<record::ExtentOf>,
+    segs: std::ops::Range<usize>,
+) -> Result<Option<Checked>> {
+    let Some(dek) = ns.opening_key(loc.key_id, c.geometry.plaintext_at_rest) else {
+        return Err(anyhow::anyhow!("no data key {} for namespace {}", loc.key_id, ns.name).into());
+    };
+    let (s, len) = (record::SEGMENT_BYTES, loc.len as usize);
+    let body_lo = record::SEGMENTED_HEAD_BYTES + segs.start * s;
+    let body_hi = (record::SEGMENTED_HEAD_BYTES + (segs.end * s).min(len))
+        .next_multiple_of(ctxpod_format::IO_ALIGN_BYTES);
+    let at = c.dev_offset(loc.region, loc.offset);
+    // Not zeroed, as in `read_checked_record`: what a failed read would leave cannot pass
+    // the checks.
+    let head = AlignedBuf::reused(record::SEGMENTED_HEAD_BYTES);
+    let body = AlignedBuf::reused(body_hi - body_lo);
+    let ((head, rh), (body, rb)) = futures::join!(
+        c.device.read_at(head, at),
+        c.device.read_at(body, at + body_lo as u64)
+    );
+    for r in [rh, rb] {
+        r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
+    }
+    c.metrics
+        .device_read_bytes
+        .inc_by((record::SEGMENTED_HEAD_BYTES + body_hi - body_lo) as u64);
+    let (ns_id, key2, n) = (ns.id, key.to_vec(), body_hi - body_lo);
+    let opened = match dek {
+        // A plaintext node's read checks only the header and table here.
+        None => open_record_part(&head, body, None, (ns_id, &key2), (&loc, extent), segs),
+        Some(dek) => {
+            c.offload
+                .aead(n, move || {
+                    open_record_part(
+                        &head,
+                        body,
+                        Some(&dek),
+                        (ns_id, &key2),
+                        (&loc, extent),
+                        segs,
+                    )
+                })
+                .await?
+        }
+    };
+    let verdict = match opened {
+        Ok(None) => return Ok(None),
+        Ok(Some((plain, crcs))) => {
+            c.offload
+                .crc(plain.len(), move || check_segments(plain, &crcs, s))
+                .await?
+        }
+        Err(why) => Verified::Bad(why),
+    };
+    Ok(Some(
+        judge(c, writer_tx, (ns, key, bkey), (loc, entry), extent, verdict).await?,
+    ))
+}
+
+/// A read's verdict on the record `rec` (of the index entry `entry`): its plaintext, or,
+/// when it failed its checks, corrupt (`entry` quarantined) or moved while it was read.
+async fn judge(
+    c: &Arc<Core>,
+    writer_tx: &tokio::sync::mpsc::Sender<WriteCmd>,
+    (ns, key, bkey): (&Arc<Namespace>, &[u8], &[u8]),
+    (rec, entry): (BlockLoc, BlockLoc),
+    extent: Option<record::ExtentOf>,
+    verdict: Verified,
+) -> Result<Checked> {
     match verdict {
         Verified::Ok(b) => Ok(Checked::Good(b)),
         Verified::Bad(why) => {

@@ -498,7 +498,9 @@ fn reconcile_blocks(
                 let loc = BlockLoc::decode(&v)?;
                 debug_assert!(
                     loc.extents > 0
-                        || loc.record_len as usize == record::record_bytes(loc.len as usize),
+                        || loc.record_len as usize == record::record_bytes(loc.len as usize)
+                        || loc.record_len as usize
+                            == record::unsegmented_record_bytes(loc.len as usize),
                     "an index entry's record length is that of its block's record"
                 );
                 ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
@@ -568,7 +570,7 @@ async fn recover_open_tail(
         let Ok(h) = RecordHeader::decode(&buf) else {
             break;
         };
-        let record_len = record::record_bytes(h.len as usize) as u64;
+        let record_len = h.record_bytes() as u64;
         if h.region_epoch != m.tail_epoch || pos + record_len > end {
             break;
         }

@@ -123,13 +123,15 @@ async fn nonces_are_never_reused_across_restarts() {
 async fn staged_blocks_fill_in_pieces_and_must_be_complete() {
     let d = data(9, 100_000);
     let mut st = StagedBlock::new(d.len()).expect("stage");
+    // Segmented (over 64 KiB): the CRC32C is kept per segment and combined.
     for piece in d.chunks(7_777) {
         assert!(st.append(piece));
+        assert_eq!(st.crc32c(), crc32c::crc32c(st.payload()));
     }
     assert!(!st.append(b"x"), "nothing past the announced length");
     assert!(st.is_complete());
     assert_eq!(st.payload(), &d[..]);
-    assert_eq!(st.crc, crc32c::crc32c(&d));
+    assert_eq!(st.crc32c(), crc32c::crc32c(&d));
     assert!(matches!(StagedBlock::new(0), Err(EngineError::Invalid(_))));
     assert!(matches!(
         StagedBlock::new(ctxpod_wire::BLOCK_BYTES_MAX + 1),

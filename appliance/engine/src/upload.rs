@@ -356,7 +356,7 @@ impl PartWriter<'_> {
                 piece.len()
             )));
         }
-        self.crc = crc32c::crc32c_combine(self.crc, piece.crc, piece.len());
+        self.crc = crc32c::crc32c_combine(self.crc, piece.crc32c(), piece.len());
         let index = self.number << 16 | (self.received / EXTENT_BYTES as u64) as u32;
         self.received += piece.len() as u64;
         let (ns, key) = (&self.upload.ns, &self.upload.key);

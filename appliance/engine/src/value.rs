@@ -189,7 +189,7 @@ impl ValueWriter<'_> {
                 piece.payload().len()
             )));
         }
-        self.crc = crc32c::crc32c_combine(self.crc, piece.crc, piece.len());
+        self.crc = crc32c::crc32c_combine(self.crc, piece.crc32c(), piece.len());
         let offset = self.received;
         self.received += piece.len() as u64;
         match &mut self.state {
@@ -276,8 +276,8 @@ impl Engine {
             let front = x.in_flight.pop_front().expect("extents in flight");
             x.done.push(settle(front).await?);
         }
-        let seq = self.core.next_seq()?;
-        let (len, crc) = (piece.len(), piece.crc);
+        let seq = self.core.next_seqs(record::seqs_for(piece.len()))?;
+        let (len, crc) = (piece.len(), piece.crc32c());
         let of = record::ExtentOf {
             value_seq: x.value_seq,
             index,
@@ -383,6 +383,9 @@ enum ReadBody {
     Extents(Box<ExtentReads>),
 }
 
+/// A read of (part of) an extent under way: its bytes from the offset in it they begin at.
+type ExtentRead = tokio::task::JoinHandle<Result<(u64, Checked)>>;
+
 struct ExtentReads {
     core: Arc<Core>,
     writer_tx: mpsc::Sender<WriteCmd>,
@@ -397,8 +400,8 @@ struct ExtentReads {
     end: u64,
     /// The next extent to start reading.
     next: usize,
-    /// Reads started, in order: each extent's index and its read.
-    ahead: VecDeque<(usize, tokio::task::JoinHandle<Result<Checked>>)>,
+    /// Reads started, in order: each extent's index and its read (from where in it).
+    ahead: VecDeque<(usize, ExtentRead)>,
     /// Whether extents are taken from, and put into, the DRAM tier (a GET's read; not a
     /// scrub's, which must read flash and must not fill the tier).
     cached: bool,
@@ -443,17 +446,20 @@ impl Engine {
         let nsa = self.ns(ns)?;
         let bkey = block_key(nsa.id, key);
         let Some(manifest) = self.core.index.get_manifest(&bkey)? else {
-            let Some((b, crc)) = self.get(ns, key).await? else {
+            // One record: a range of it reads only the segments that hold the range.
+            let Some(found) = self.find(ns, key)? else {
+                return Ok(None);
+            };
+            let Some(part) = self.read_found_range(key, found, range).await? else {
                 return Ok(None);
             };
             let meta = self.block_meta(ns, key).await?;
-            let len = b.len() as u64;
-            let (lo, hi) = clamp(range, len);
+            let b = part.bytes;
             return Ok(Some(ValueReader {
-                len,
-                crc32c: crc,
+                len: part.len,
+                crc32c: part.crc32c,
                 stored_ms: meta.map_or(0, |m| m.stored_ms),
-                body: ReadBody::Single((hi > lo).then(|| b.slice(lo as usize..hi as usize))),
+                body: ReadBody::Single((!b.is_empty()).then_some(b)),
             }));
         };
         let c = &self.core;
@@ -601,7 +607,7 @@ impl ExtentReads {
             self.ahead.push_back((i, self.start_read(i)));
         }
         let (i, h) = self.ahead.pop_front().expect("a read is started");
-        let checked = h
+        let (from, checked) = h
             .await
             .map_err(|e| anyhow::anyhow!("extent read task: {e}"))??;
         let b = match checked {
@@ -617,11 +623,15 @@ impl ExtentReads {
                 ))
             }
         };
-        let start = self.starts[i];
+        // `b` holds the extent's bytes from `from` on (all of them, or the segments a part
+        // read took).
+        let start = self.starts[i] + from;
         let lo = (self.pos - start) as usize;
         let hi = ((self.end - start) as usize).min(b.len());
         self.pos = start + hi as u64;
-        self.last_crc = (lo == 0 && hi == b.len()).then_some(self.manifest.extents[i].crc32c);
+        let whole = from == 0 && b.len() == self.manifest.extents[i].len as usize;
+        self.last_crc =
+            (whole && lo == 0 && hi == b.len()).then_some(self.manifest.extents[i].crc32c);
         Ok(Some(b.slice(lo..hi)))
     }
 
@@ -636,10 +646,12 @@ impl ExtentReads {
     }
 
     /// Starts reading and checking extent `i`: from the DRAM tier when it holds it, else
-    /// from flash (and then into the tier, for a GET's read).
-    fn start_read(&self, i: usize) -> tokio::task::JoinHandle<Result<Checked>> {
+    /// from flash: only the segments that hold the part of it still to give out when that
+    /// is not all of it, else whole (and then into the tier, for a GET's read). Its bytes
+    /// from the offset in the extent they begin at.
+    fn start_read(&self, i: usize) -> ExtentRead {
         if let Some(b) = self.cached_extent(i) {
-            return tokio::spawn(async move { Ok(Checked::Good(b)) });
+            return tokio::spawn(async move { Ok((0, Checked::Good(b))) });
         }
         let x = self.manifest.extents[i];
         let head = self.manifest.head;
@@ -658,18 +670,33 @@ impl ExtentReads {
             value_seq: head.seq,
             index: x.index,
         };
+        // The part of the extent still to give out: reads ahead start at its beginning.
+        let start = self.starts[i];
+        let want = (
+            self.pos.saturating_sub(start),
+            (self.end - start).min(x.len as u64),
+        );
+        let plan = read::part_plan(&rec, Some(want));
         let (core, tx, ns) = (self.core.clone(), self.writer_tx.clone(), self.ns.clone());
         let (key, bkey) = (self.key.clone(), self.bkey.clone());
         let cache_as = self
             .cached
             .then(|| extent_cache_key(ns.id, head.seq, x.index));
         tokio::spawn(async move {
-            let r = read_checked_record(&core, &tx, (&ns, &key, &bkey), (rec, head), Some(of));
-            let r = r.await?;
+            let at = (&ns, &key[..], &bkey[..]);
+            if let Some((segs, _, _)) = plan {
+                let from = (segs.start * record::SEGMENT_BYTES) as u64;
+                let r = read::read_checked_part(&core, &tx, at, (rec, head), Some(of), segs);
+                if let Some(r) = r.await? {
+                    return Ok((from, r));
+                }
+                // Written before segments existed: read whole.
+            }
+            let r = read_checked_record(&core, &tx, at, (rec, head), Some(of)).await?;
             if let (Some(k), Checked::Good(b)) = (cache_as, &r) {
                 core.dram.lock().insert(k, b.clone(), x.crc32c);
             }
-            Ok(r)
+            Ok((0, r))
         })
     }
 }

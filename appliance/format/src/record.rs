@@ -22,7 +22,9 @@
 //! | 52 | 8 | an extent's value sequence number (the value's generation), else zero |
 //! | 60 | 4 | an extent's index within its value, else zero |
 //! | 64 | 128 | key, zero padded |
-//! | 192 | 60 | reserved, zero |
+//! | 192 | 4 | a segmented record's segment size (flag bit 2), else zero |
+//! | 196 | 4 | a segmented record's CRC32C of its segment table, else zero |
+//! | 200 | 52 | reserved, zero |
 //! | 252 | 4 | CRC32C of bytes 0..252 |
 //!
 //! The header makes every record self-describing: the index is checked against it on every
@@ -40,6 +42,23 @@
 //! AEAD binds too: an extent cannot be taken for another value's, another generation's, or
 //! another place in the same value. An extent is never indexed on its own: the value becomes
 //! visible when its manifest (the list of its extents) is written to the index.
+//!
+//! A record of more than [`SEGMENT_BYTES`] is **segmented** (flag bit 2), so that a read of
+//! part of it reads and checks only the segments that hold that part:
+//!
+//! ```text
+//! [ header: 256 bytes | segment table: n × 20 bytes | zero pad to 4 KiB | ciphertext: len bytes | zero pad to 4 KiB ]
+//! ```
+//!
+//! Segment `i` is bytes `i × S .. min((i + 1) × S, len)` of the body (`S` the header's
+//! segment size, a multiple of 4 KiB, so every segment starts 4 KiB-aligned on the device),
+//! sealed on its own under nonce [`nonce_for`]`(seq + i, salt)` (a segmented record takes
+//! `n` consecutive sequence numbers: [`seqs_for`]) with associated data that binds the
+//! record's length and the segment's index. Its table entry is its GCM tag (16 bytes) and
+//! its plaintext's CRC32C (4); the header holds the CRC32C of the whole table and, as for
+//! any record, the whole body's CRC32C. A record of at most one segment keeps the layout
+//! above, byte for byte, and records written before segments existed (unsegmented at any
+//! length) read as they always did.
 
 use crate::IO_ALIGN_BYTES;
 
@@ -52,6 +71,25 @@ pub const NONCE_BYTES: usize = 12;
 pub const FLAG_PLAINTEXT: u8 = 1;
 /// Header flag: the record is one extent of a large value.
 pub const FLAG_EXTENT: u8 = 2;
+/// Header flag: the body is sealed and checksummed in segments ([`SEGMENT_BYTES`] each).
+pub const FLAG_SEGMENTED: u8 = 4;
+/// The integrity unit of a new record's body: records longer than this are segmented.
+pub const SEGMENT_BYTES: usize = 64 * 1024;
+/// A segment's entry in its record's table: GCM tag (16) ‖ plaintext CRC32C (4).
+pub const SEGMENT_ENTRY_BYTES: usize = TAG_BYTES + 4;
+/// Where a segmented record's body begins: its header and segment table, padded.
+pub const SEGMENTED_HEAD_BYTES: usize = IO_ALIGN_BYTES;
+/// Most segments a record's table holds.
+pub const SEGMENTS_MAX: usize = (SEGMENTED_HEAD_BYTES - HEADER_BYTES) / SEGMENT_ENTRY_BYTES;
+
+/// How a segmented record is cut (flag bit 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segmented {
+    /// Bytes per segment (the last may be shorter): a power of two, at least 4 KiB.
+    pub segment_bytes: u32,
+    /// CRC32C of the segment table (`n` entries of [`SEGMENT_ENTRY_BYTES`] at offset 256).
+    pub table_crc: u32,
+}
 
 /// Which part of which value an extent record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +115,8 @@ pub struct RecordHeader {
     pub plaintext: bool,
     /// The record is an extent of a large value (flag bit 1).
     pub extent: Option<ExtentOf>,
+    /// The body is sealed in segments (flag bit 2).
+    pub segmented: Option<Segmented>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,9 +131,62 @@ pub enum RecordError {
     BadField,
 }
 
-/// Bytes a record of `len` plaintext bytes occupies on the device.
+/// Whether a new record of `len` plaintext bytes is segmented.
+pub fn is_segmented(len: usize) -> bool {
+    len > SEGMENT_BYTES
+}
+
+/// Bytes a new record of `len` plaintext bytes occupies on the device.
 pub fn record_bytes(len: usize) -> usize {
+    if is_segmented(len) {
+        (SEGMENTED_HEAD_BYTES + len).next_multiple_of(IO_ALIGN_BYTES)
+    } else {
+        unsegmented_record_bytes(len)
+    }
+}
+
+/// Bytes an unsegmented record of `len` plaintext bytes occupies (every record written
+/// before segments existed is one).
+pub fn unsegmented_record_bytes(len: usize) -> usize {
     (HEADER_BYTES + len + TAG_BYTES).next_multiple_of(IO_ALIGN_BYTES)
+}
+
+/// Where the body of a new record of `len` plaintext bytes begins in it.
+pub fn body_offset(len: usize) -> usize {
+    if is_segmented(len) {
+        SEGMENTED_HEAD_BYTES
+    } else {
+        HEADER_BYTES
+    }
+}
+
+/// Segments of a new record of `len` plaintext bytes (1: unsegmented).
+pub fn segments_for(len: usize) -> usize {
+    if is_segmented(len) {
+        len.div_ceil(SEGMENT_BYTES)
+    } else {
+        1
+    }
+}
+
+/// Sequence numbers a new record of `len` plaintext bytes takes: one nonce per segment.
+pub fn seqs_for(len: usize) -> u64 {
+    segments_for(len) as u64
+}
+
+/// A segment table's entry `i`: its GCM tag and its plaintext's CRC32C.
+pub fn table_entry(table: &[u8], i: usize) -> ([u8; TAG_BYTES], u32) {
+    let e = &table[i * SEGMENT_ENTRY_BYTES..(i + 1) * SEGMENT_ENTRY_BYTES];
+    let tag = e[..TAG_BYTES].try_into().expect("16 bytes");
+    let crc = u32::from_le_bytes(e[TAG_BYTES..].try_into().expect("4 bytes"));
+    (tag, crc)
+}
+
+/// Writes a segment table's entry `i`.
+pub fn set_table_entry(table: &mut [u8], i: usize, tag: &[u8; TAG_BYTES], crc: u32) {
+    let e = &mut table[i * SEGMENT_ENTRY_BYTES..(i + 1) * SEGMENT_ENTRY_BYTES];
+    e[..TAG_BYTES].copy_from_slice(tag);
+    e[TAG_BYTES..].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The nonce of the record written with sequence number `seq` by a node incarnation whose
@@ -112,6 +205,15 @@ pub fn nonce_for(seq: u64, salt: [u8; 4]) -> [u8; NONCE_BYTES] {
 /// before the salt existed carry the constant `CXPN` there, which passes too.
 pub fn nonce_matches(seq: u64, nonce: &[u8; NONCE_BYTES]) -> bool {
     nonce[..8] == seq.to_le_bytes()
+}
+
+/// The nonce of segment `i` of a segmented record sealed under `nonce` (its first): the
+/// record's sequence number plus `i`, under the same salt.
+pub fn segment_nonce(nonce: &[u8; NONCE_BYTES], i: usize) -> [u8; NONCE_BYTES] {
+    let seq = u64::from_le_bytes(nonce[..8].try_into().expect("8 bytes"));
+    let mut n = *nonce;
+    n[..8].copy_from_slice(&seq.wrapping_add(i as u64).to_le_bytes());
+    n
 }
 
 /// Sets the region epoch of an encoded header in place (and its header CRC).
@@ -134,6 +236,11 @@ impl RecordHeader {
             h[7] |= FLAG_EXTENT;
             h[52..60].copy_from_slice(&x.value_seq.to_le_bytes());
             h[60..64].copy_from_slice(&x.index.to_le_bytes());
+        }
+        if let Some(s) = self.segmented {
+            h[7] |= FLAG_SEGMENTED;
+            h[192..196].copy_from_slice(&s.segment_bytes.to_le_bytes());
+            h[196..200].copy_from_slice(&s.table_crc.to_le_bytes());
         }
         h[8..12].copy_from_slice(&self.ns_id.to_le_bytes());
         h[12..16].copy_from_slice(&self.key_id.to_le_bytes());
@@ -166,11 +273,30 @@ impl RecordHeader {
         let len = le32(16);
         if key_len == 0
             || key_len > 128
-            || h[7] & !(FLAG_PLAINTEXT | FLAG_EXTENT) != 0
+            || h[7] & !(FLAG_PLAINTEXT | FLAG_EXTENT | FLAG_SEGMENTED) != 0
             || len as usize > ctxpod_wire::BLOCK_BYTES_MAX
         {
             return Err(RecordError::BadField);
         }
+        let segmented = if h[7] & FLAG_SEGMENTED != 0 {
+            let s = le32(192);
+            let n = (len as usize).div_ceil(s.max(1) as usize);
+            if !s.is_power_of_two()
+                || (s as usize) < IO_ALIGN_BYTES
+                || !(2..=SEGMENTS_MAX).contains(&n)
+            {
+                return Err(RecordError::BadField);
+            }
+            Some(Segmented {
+                segment_bytes: s,
+                table_crc: le32(196),
+            })
+        } else {
+            if le32(192) != 0 || le32(196) != 0 {
+                return Err(RecordError::BadField);
+            }
+            None
+        };
         Ok(RecordHeader {
             ns_id: le32(8),
             key_id: le32(12),
@@ -185,7 +311,56 @@ impl RecordHeader {
                 value_seq: u64::from_le_bytes(h[52..60].try_into().expect("8 bytes")),
                 index: le32(60),
             }),
+            segmented,
         })
+    }
+
+    /// Segments of the body (1: unsegmented).
+    pub fn segments(&self) -> usize {
+        match self.segmented {
+            Some(s) => (self.len as usize).div_ceil(s.segment_bytes as usize),
+            None => 1,
+        }
+    }
+
+    /// The plaintext bytes segment `i` covers.
+    pub fn segment_range(&self, i: usize) -> std::ops::Range<usize> {
+        let len = self.len as usize;
+        match self.segmented {
+            Some(s) => {
+                let s = s.segment_bytes as usize;
+                (i * s).min(len)..((i + 1) * s).min(len)
+            }
+            None => 0..len,
+        }
+    }
+
+    /// Where the body begins in the record.
+    pub fn body_offset(&self) -> usize {
+        if self.segmented.is_some() {
+            SEGMENTED_HEAD_BYTES
+        } else {
+            HEADER_BYTES
+        }
+    }
+
+    /// Bytes the record occupies on the device.
+    pub fn record_bytes(&self) -> usize {
+        if self.segmented.is_some() {
+            (SEGMENTED_HEAD_BYTES + self.len as usize).next_multiple_of(IO_ALIGN_BYTES)
+        } else {
+            unsegmented_record_bytes(self.len as usize)
+        }
+    }
+
+    /// The segment table, out of the record's first [`SEGMENTED_HEAD_BYTES`] (`head`), if
+    /// its CRC32C is the header's; empty for an unsegmented record.
+    pub fn segment_table<'a>(&self, head: &'a [u8]) -> Option<&'a [u8]> {
+        let Some(s) = self.segmented else {
+            return Some(&[]);
+        };
+        let t = head.get(HEADER_BYTES..HEADER_BYTES + self.segments() * SEGMENT_ENTRY_BYTES)?;
+        (crc32c::crc32c(t) == s.table_crc).then_some(t)
     }
 }
 
@@ -205,6 +380,7 @@ mod tests {
             key: vec![1, 2, 3],
             plaintext: false,
             extent: None,
+            segmented: None,
         }
     }
 
@@ -262,7 +438,7 @@ mod tests {
         plain.encode(&mut buf);
         assert_eq!(buf[7], FLAG_PLAINTEXT);
         assert_eq!(RecordHeader::decode(&buf), Ok(plain));
-        for flags in 4..=255u8 {
+        for flags in 8..=255u8 {
             buf[7] = flags;
             let crc = crc32c::crc32c(&buf[..252]);
             buf[252..256].copy_from_slice(&crc.to_le_bytes());
@@ -291,14 +467,90 @@ mod tests {
     }
 
     #[test]
+    fn a_segmented_header_round_trips_and_its_fields_are_checked() {
+        let len = 1_000_000u32;
+        let seg = RecordHeader {
+            len,
+            segmented: Some(Segmented {
+                segment_bytes: SEGMENT_BYTES as u32,
+                table_crc: 0x1234_5678,
+            }),
+            ..sample()
+        };
+        let mut buf = [0u8; HEADER_BYTES];
+        seg.encode(&mut buf);
+        assert_eq!(buf[7], FLAG_SEGMENTED);
+        assert_eq!(RecordHeader::decode(&buf), Ok(seg.clone()));
+        assert_eq!(seg.segments(), 16);
+        assert_eq!(seg.segment_range(15), 15 * SEGMENT_BYTES..len as usize);
+        assert_eq!(seg.body_offset(), 4096);
+        assert_eq!(seg.record_bytes(), record_bytes(len as usize));
+        // Segment sizes that are not powers of two of at least 4 KiB, or that cut the body
+        // in one piece or in more than the table holds, are refused; so are segment fields
+        // on an unsegmented record.
+        let with = |flags: u8, s: u32, len: u32| {
+            let mut b = buf;
+            b[7] = flags;
+            b[16..20].copy_from_slice(&len.to_le_bytes());
+            b[192..196].copy_from_slice(&s.to_le_bytes());
+            let crc = crc32c::crc32c(&b[..252]);
+            b[252..256].copy_from_slice(&crc.to_le_bytes());
+            RecordHeader::decode(&b)
+        };
+        for (s, l) in [
+            (0, len),
+            (2048, len),
+            (65_000, len),
+            (1 << 16, 1 << 16),
+            (4096, 4096 * 193),
+        ] {
+            assert_eq!(
+                with(FLAG_SEGMENTED, s, l),
+                Err(RecordError::BadField),
+                "{s} {l}"
+            );
+        }
+        assert!(with(FLAG_SEGMENTED, 4096, 4096 * 192).is_ok());
+        assert_eq!(with(0, 1 << 16, len), Err(RecordError::BadField));
+        // The table's CRC32C is checked against the table.
+        let mut head = vec![0u8; SEGMENTED_HEAD_BYTES];
+        let t = RecordHeader {
+            segmented: Some(Segmented {
+                segment_bytes: SEGMENT_BYTES as u32,
+                table_crc: crc32c::crc32c(&[7u8; 16 * SEGMENT_ENTRY_BYTES]),
+            }),
+            ..seg
+        };
+        head[HEADER_BYTES..HEADER_BYTES + 16 * SEGMENT_ENTRY_BYTES].fill(7);
+        assert!(t.segment_table(&head).is_some());
+        head[HEADER_BYTES + 5] ^= 1;
+        assert!(t.segment_table(&head).is_none());
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(record_bytes(1), 4096);
         assert_eq!(record_bytes(4096 - 272), 4096);
         assert_eq!(record_bytes(4096 - 271), 8192);
+        assert_eq!(record_bytes(SEGMENT_BYTES), SEGMENT_BYTES + 4096);
+        assert_eq!(record_bytes(SEGMENT_BYTES + 1), SEGMENT_BYTES + 8192);
         assert_eq!(record_bytes(1 << 20), (1 << 20) + 4096);
+        assert_eq!(unsegmented_record_bytes(1 << 20), (1 << 20) + 4096);
+        assert_eq!(record_bytes((1 << 20) + 100), (1 << 20) + 8192);
+        assert_eq!(unsegmented_record_bytes((1 << 20) + 100), (1 << 20) + 4096);
+        assert_eq!(
+            (seqs_for(SEGMENT_BYTES), seqs_for(SEGMENT_BYTES + 1)),
+            (1, 2)
+        );
+        assert_eq!(seqs_for(ctxpod_wire::BLOCK_BYTES_MAX), 128);
+        assert!(segments_for(ctxpod_wire::BLOCK_BYTES_MAX) <= SEGMENTS_MAX);
         assert_ne!(nonce_for(1, [0; 4]), nonce_for(2, [0; 4]));
         assert_ne!(nonce_for(1, [0; 4]), nonce_for(1, [1, 0, 0, 0]));
         assert!(nonce_matches(9, &nonce_for(9, *b"abcd")));
+        assert_eq!(
+            segment_nonce(&nonce_for(9, *b"abcd"), 3),
+            nonce_for(12, *b"abcd")
+        );
         assert!(!nonce_matches(9, &nonce_for(10, *b"abcd")));
     }
 }

@@ -722,3 +722,67 @@ async fn device_read_bytes(node: &Node) -> u64 {
         .expect("metrics text");
     common::metric_of(&text, "ctxpod_device_read_bytes_total") as u64
 }
+
+/// A range of a block (one record of up to 8 MiB, sealed and checksummed in 64 KiB
+/// segments) reads from flash only the segments that hold it and the record's first 4 KiB
+/// (header and segment table), through every door: a ranged GetObject (S3), a GET with
+/// `Range` (HTTP), a `GetValue` with an offset (CXP1, the SDK's transport). A whole GET
+/// reads the whole record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_of_a_block_reads_only_the_segments_that_hold_it_through_every_door() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
+    let s3 = client(&node, &ak, &sk);
+    create_bucket(&s3, "kvbm").await;
+    // The largest block: 8 MiB, one record (a KVBM block of a 70B model is about this).
+    let len = ctxpod_wire::BLOCK_BYTES_MAX;
+    let obj = common::block(21, len);
+    put(&s3, "kvbm", "block", ByteStream::from(obj.to_vec()))
+        .await
+        .expect("put object");
+    let blk = common::block(22, len);
+    common::put_durable(&node.client, "default", b"blk", blk.clone()).await;
+    let seg = ctxpod_format::record::SEGMENT_BYTES;
+    let reads = |segments: usize| (4096 + segments * seg) as u64;
+
+    // S3: 20 bytes across the boundary of segments 2 and 3.
+    let before = device_read_bytes(&node).await;
+    let (lo, hi) = (3 * seg - 10, 3 * seg + 9);
+    let part = get_bytes(&s3, "kvbm", "block", Some(format!("bytes={lo}-{hi}"))).await;
+    assert_eq!(part, obj.slice(lo..hi + 1));
+    assert_eq!(device_read_bytes(&node).await - before, reads(2), "S3");
+
+    // HTTP: the last 100 bytes.
+    let before = device_read_bytes(&node).await;
+    let r = node
+        .request(reqwest::Method::GET, "/v1/namespaces/default/blocks/626c6b")
+        .header("range", "bytes=-100")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 206);
+    let range = r.headers()["content-range"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    assert_eq!(range, format!("bytes {}-{}/{len}", len - 100, len - 1));
+    assert_eq!(r.bytes().await.expect("body"), blk.slice(len - 100..));
+    assert_eq!(device_read_bytes(&node).await - before, reads(1), "HTTP");
+
+    // CXP1: segments 5..9.
+    let before = device_read_bytes(&node).await;
+    let c = node.wire().await;
+    let key = bytes::Bytes::from_static(b"blk");
+    let (lo, hi) = (5 * seg + 1, 9 * seg);
+    let got = c
+        .get_value("default", &key, Some((lo as u64, hi as u64)))
+        .await;
+    assert_eq!(got.expect("get value").as_deref(), Some(&blk[lo..hi]));
+    assert_eq!(device_read_bytes(&node).await - before, reads(4), "CXP1");
+
+    // The whole block: its whole record.
+    let before = device_read_bytes(&node).await;
+    assert_eq!(get_bytes(&s3, "kvbm", "block", None).await, obj);
+    let record = ctxpod_format::record::record_bytes(len) as u64;
+    assert_eq!(device_read_bytes(&node).await - before, record, "whole");
+}

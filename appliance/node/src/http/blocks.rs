@@ -86,17 +86,20 @@ pub(crate) async fn get_block(
         let client = crate::budget::Client::at(peer, &p);
         return get_value(&st, client, (&ns, &key), range).await;
     }
+    // Only the range's bytes are read (a segmented record: the segments that hold them)
+    // and held in the egress budget.
+    let want = range.map_or(len, |(lo, hi)| (hi.min(len as u64) - lo) as usize);
     let permits = st
-        .admit_egress(crate::budget::Client::at(peer, &p), len)
+        .admit_egress(crate::budget::Client::at(peer, &p), want)
         .await?;
-    match st.engine.read_found(&key, found).await? {
-        Some((data, _)) if data.len() > len => Err(ApiError::busy(
+    match st.engine.read_found_range(&key, found, range).await? {
+        // The range was taken against the length found; another length is another block.
+        Some(part) if part.len != len as u64 => Err(ApiError::busy(
             "the block was replaced while it was read; retry",
         )),
-        Some((data, crc)) => {
-            let total = data.len() as u64;
+        Some(part) => {
+            let (total, crc, data) = (part.len, part.crc32c, part.bytes);
             let (lo, hi) = range.map_or((0, total), |(lo, hi)| (lo, hi.min(total)));
-            let data = data.slice(lo.min(hi) as usize..hi as usize);
             st.metrics.sent_bytes.inc_by(data.len() as u64);
             let body = body_holding(vec![data], permits);
             Ok(value_answer(crc, total, range.map(|_| (lo, hi)), body))
