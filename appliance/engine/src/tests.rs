@@ -161,7 +161,7 @@ async fn staged_blocks_fill_in_pieces_and_must_be_complete() {
 }
 
 /// The index entry of `bkey` and its record as stored on the device.
-async fn stored_record(e: &Engine, bkey: &[u8]) -> (BlockLoc, AlignedBuf) {
+pub(crate) async fn stored_record(e: &Engine, bkey: &[u8]) -> (BlockLoc, AlignedBuf) {
     let loc = e.core.index.get_block(bkey).expect("index").expect("entry");
     let (buf, r) = e
         .core

@@ -390,7 +390,11 @@ async fn eviction_takes_a_large_value_whole_and_spares_a_leased_one() {
 /// Flips `bits` of the byte `at` bytes into extent `x`'s body, on the device itself.
 async fn rot(e: &Engine, x: ExtentLoc, at: u64, bits: u8) {
     let body = record::body_offset(x.len as usize) as u64;
-    let at = e.core.dev_offset(x.region, x.offset) + body + at;
+    flip_on_device(e, e.core.dev_offset(x.region, x.offset) + body + at, bits).await;
+}
+
+/// Flips `bits` of the device's byte `at`, on the device itself.
+pub(crate) async fn flip_on_device(e: &Engine, at: u64, bits: u8) {
     let (mut buf, r) = e
         .core
         .device
