@@ -71,7 +71,9 @@ def main() -> None:
             try:
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
                 c.request("GET", "/readyz")
-                if c.getresponse().status == 200:
+                r = c.getresponse()
+                r.read()
+                if r.status == 200:
                     break
             except OSError:
                 pass
@@ -89,7 +91,7 @@ def main() -> None:
 
 def read_bytes(c: http.client.HTTPConnection) -> int:
     c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
+    text = c.getresponse().read().decode()  # read whole: the connection is reused
     return int(re.search(r"^ctxpod_device_read_bytes_total (\d+)", text, re.M).group(1))
 
 
