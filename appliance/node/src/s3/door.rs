@@ -5,7 +5,7 @@
 //! | S3 | HTTP API v1 |
 //! |---|---|
 //! | PutObject | `PUT /v1/namespaces/{bucket}/blocks/{key}`; Content-MD5 and every `x-amz-checksum-*` (header or trailer) checked as the body streams in, before the block commits; a CRC32C header goes to the node as `x-ctxpod-crc32c` |
-//! | GetObject (whole, `Range`) | `GET …/blocks/{key}` with the `Range` (the node reads only the extents that hold it) |
+//! | GetObject (whole, `Range`) | `GET …/blocks/{key}` with the `Range` (the node reads only the 64 KiB segments that hold it) |
 //! | HeadObject | `HEAD …/blocks/{key}` (length, CRC32C, time stored) |
 //! | DeleteObject(s) | `DELETE …/blocks/{key}` (absent keys are deleted, as in S3) |
 //! | ListObjectsV2 | `GET …/blocks?prefix&after&limit&meta=true`; `Delimiter` folds keys into common prefixes |

@@ -43,7 +43,7 @@ impl Door {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let i = &req.input;
-        // A range goes to the node, which reads only the extents that hold it.
+        // A range goes to the node, which reads only the segments that hold it.
         let mut h = HeaderMap::new();
         if let Some(r) = &i.range {
             let spec = match r {
