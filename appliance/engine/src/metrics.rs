@@ -49,6 +49,8 @@ pub struct Metrics {
     /// device, are one vectored write.
     pub device_writes: IntCounter,
     pub device_read_bytes: IntCounter,
+    /// Reads of part of a segmented record: its 4 KiB head and the segments a range needs.
+    pub part_reads: IntCounter,
     /// Payload bytes users asked to store (the denominator of write amplification).
     pub user_written_bytes: IntCounter,
     pub device_flushes: IntCounter,
@@ -277,6 +279,11 @@ impl Metrics {
                 "Record writes issued to the device (a group commit's records, back to back, are one)",
             ),
             device_read_bytes,
+            part_reads: counter(
+                &r,
+                "ctxpod_part_reads_total",
+                "Range reads that read only the segments of a record holding the range (and its 4 KiB head)",
+            ),
             user_written_bytes,
             device_flushes,
             group_commit_blocks,

@@ -604,6 +604,7 @@ pub(crate) async fn read_checked_part(
     c.metrics
         .device_read_bytes
         .inc_by((record::SEGMENTED_HEAD_BYTES + body_hi - body_lo) as u64);
+    c.metrics.part_reads.inc();
     let (ns_id, key2, n) = (ns.id, key.to_vec(), body_hi - body_lo);
     let opened = match dek {
         // A plaintext node's read checks only the header and table here.

@@ -120,6 +120,8 @@ async fn a_range_of_a_block_reads_only_the_segments_that_hold_it() {
                 part_bytes(len, 1..3)
             );
         }
+        // Per block: five of the ranges above, and the value reader's.
+        assert_eq!(metrics.part_reads.get(), 3 * 6);
         assert_eq!(metrics.integrity_errors.get(), 0);
         e.shutdown().await;
     }
