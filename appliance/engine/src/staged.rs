@@ -48,10 +48,10 @@ impl StagedBlock {
         let mut whole = 0;
         for (i, &c) in self.segment_crcs.iter().enumerate() {
             let r = record::SEGMENT_BYTES * i..(record::SEGMENT_BYTES * (i + 1)).min(self.len);
-            whole = crc32c::crc32c_combine(whole, c, r.len());
+            whole = ctxpod_wire::crc32c_combine(whole, c, r.len());
         }
         let done = (record::SEGMENT_BYTES * self.segment_crcs.len()).min(self.filled);
-        crc32c::crc32c_combine(whole, self.crc, self.filled - done)
+        ctxpod_wire::crc32c_combine(whole, self.crc, self.filled - done)
     }
 
     /// Checksums payload bytes `from..to`, just received, segment by segment.

@@ -321,7 +321,7 @@ impl Upload {
                 EngineError::Invalid(format!("part {n} was not uploaded (InvalidPart)"))
             })?;
             extents.extend_from_slice(&p.extents);
-            crc = crc32c::crc32c_combine(crc, p.crc, p.len as usize);
+            crc = ctxpod_wire::crc32c_combine(crc, p.crc, p.len as usize);
             len += p.len;
         }
         Ok((extents, len, crc))
@@ -356,7 +356,7 @@ impl PartWriter<'_> {
                 piece.len()
             )));
         }
-        self.crc = crc32c::crc32c_combine(self.crc, piece.crc32c(), piece.len());
+        self.crc = ctxpod_wire::crc32c_combine(self.crc, piece.crc32c(), piece.len());
         let index = self.number << 16 | (self.received / EXTENT_BYTES as u64) as u32;
         self.received += piece.len() as u64;
         let (ns, key) = (&self.upload.ns, &self.upload.key);

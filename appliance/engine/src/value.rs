@@ -189,7 +189,7 @@ impl ValueWriter<'_> {
                 piece.payload().len()
             )));
         }
-        self.crc = crc32c::crc32c_combine(self.crc, piece.crc32c(), piece.len());
+        self.crc = ctxpod_wire::crc32c_combine(self.crc, piece.crc32c(), piece.len());
         let offset = self.received;
         self.received += piece.len() as u64;
         match &mut self.state {
