@@ -59,6 +59,17 @@ impl BlockPart {
     }
 }
 
+/// `part` (a slice of `whole`, a buffer just read from flash) on its own when it is
+/// shorter: a small range must not keep a large read buffer alive while its answer waits for
+/// a slow client (the doors hold only the range's bytes of their egress budget).
+fn detached(part: Bytes, whole: &Bytes) -> Bytes {
+    if part.len() < whole.len() {
+        Bytes::copy_from_slice(&part)
+    } else {
+        part
+    }
+}
+
 /// How a range of the block at `loc` is read in part: the segments that hold it, and the
 /// range clamped to the block. `None`: read the record whole (no range, an empty one, one
 /// that needs every segment, a record that is not segmented, a large value's manifest).
@@ -210,6 +221,7 @@ impl Engine {
                     };
                     let from = (segs.start * record::SEGMENT_BYTES) as u64;
                     let bytes = b.slice((lo - from) as usize..(hi - from) as usize);
+                    let bytes = detached(bytes, &b);
                     let part = BlockPart {
                         bytes,
                         crc32c: loc.crc32c,
@@ -243,7 +255,8 @@ impl Engine {
         };
         self.core
             .dram_admit(bkey.clone(), b.clone(), &loc, ticket)?;
-        let got = BlockPart::of(b, loc.crc32c, range);
+        let mut got = BlockPart::of(b.clone(), loc.crc32c, range);
+        got.bytes = detached(got.bytes, &b);
         self.count_hit(&bkey, got.len as usize, "flash");
         Ok(Some(got))
     }

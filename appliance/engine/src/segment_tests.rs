@@ -418,3 +418,34 @@ async fn a_record_written_before_segments_still_reads_whole_and_in_ranges() {
     assert_eq!(metrics.integrity_errors.get(), 0);
     e.shutdown().await;
 }
+
+/// A segmented record's header rewritten to claim another segment size (128 KiB), its
+/// table's and header's CRCs recomputed (they are not keyed: anyone with the drive can): the range read
+/// that meets it fails its checks, counts an integrity error and quarantines the block; it
+/// never plans a read by one size and slices by the other. (Before the header refused any
+/// size but 64 KiB, `bytes=0-0` of such an 8 MiB block panicked in the AEAD stage.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_claiming_another_segment_size_fails_its_checks() {
+    for encrypt in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (e, metrics) = open(dir.path(), encrypt).await;
+        let v = data(3, ctxpod_wire::BLOCK_BYTES_MAX);
+        let put = e.put("default", b"b", v.clone(), None, Durability::Durable);
+        assert_eq!(put.await.expect("put"), PutStatus::Created);
+        let l = loc(&e, b"b").expect("stored");
+        edit_head(&e, &l, |h| {
+            // 64 segments of 128 KiB: the table's first 64 entries, their CRC32C in place.
+            h[192..196].copy_from_slice(&(2 * SEGMENT_BYTES as u32).to_le_bytes());
+            let t = record::HEADER_BYTES;
+            let table_crc = crc32c::crc32c(&h[t..t + 64 * record::SEGMENT_ENTRY_BYTES]);
+            h[196..200].copy_from_slice(&table_crc.to_le_bytes());
+            let crc = crc32c::crc32c(&h[..252]);
+            h[252..256].copy_from_slice(&crc.to_le_bytes());
+        })
+        .await;
+        assert_eq!(range(&e, b"b", 0, 1).await, None, "encrypt {encrypt}");
+        assert_eq!(metrics.integrity_errors.get(), 1);
+        assert_eq!(loc(&e, b"b"), None, "quarantined");
+        e.shutdown().await;
+    }
+}

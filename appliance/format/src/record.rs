@@ -51,7 +51,7 @@
 //! ```
 //!
 //! Segment `i` is bytes `i × S .. min((i + 1) × S, len)` of the body (`S` the header's
-//! segment size, a multiple of 4 KiB, so every segment starts 4 KiB-aligned on the device),
+//! segment size, [`SEGMENT_BYTES`], so every segment starts 4 KiB-aligned on the device),
 //! sealed on its own under nonce [`nonce_for`]`(seq + i, salt)` (a segmented record takes
 //! `n` consecutive sequence numbers: [`seqs_for`]) with associated data that binds the
 //! record's length and the segment's index. Its table entry is its GCM tag (16 bytes) and
@@ -85,7 +85,8 @@ pub const SEGMENTS_MAX: usize = (SEGMENTED_HEAD_BYTES - HEADER_BYTES) / SEGMENT_
 /// How a segmented record is cut (flag bit 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segmented {
-    /// Bytes per segment (the last may be shorter): a power of two, at least 4 KiB.
+    /// Bytes per segment (the last may be shorter): [`SEGMENT_BYTES`], the only size this
+    /// version writes or reads.
     pub segment_bytes: u32,
     /// CRC32C of the segment table (`n` entries of [`SEGMENT_ENTRY_BYTES`] at offset 256).
     pub table_crc: u32,
@@ -279,12 +280,13 @@ impl RecordHeader {
             return Err(RecordError::BadField);
         }
         let segmented = if h[7] & FLAG_SEGMENTED != 0 {
+            // The segment size is in the header so that a record describes itself; the read
+            // path plans and checks segments of [`SEGMENT_BYTES`], the only size written, so
+            // any other is refused here (a header rewritten with another, its CRC recomputed,
+            // must fail its checks, not steer a read past its buffer).
             let s = le32(192);
             let n = (len as usize).div_ceil(s.max(1) as usize);
-            if !s.is_power_of_two()
-                || (s as usize) < IO_ALIGN_BYTES
-                || !(2..=SEGMENTS_MAX).contains(&n)
-            {
+            if s as usize != SEGMENT_BYTES || !(2..=SEGMENTS_MAX).contains(&n) {
                 return Err(RecordError::BadField);
             }
             Some(Segmented {
@@ -485,9 +487,9 @@ mod tests {
         assert_eq!(seg.segment_range(15), 15 * SEGMENT_BYTES..len as usize);
         assert_eq!(seg.body_offset(), 4096);
         assert_eq!(seg.record_bytes(), record_bytes(len as usize));
-        // Segment sizes that are not powers of two of at least 4 KiB, or that cut the body
-        // in one piece or in more than the table holds, are refused; so are segment fields
-        // on an unsegmented record.
+        // Segment sizes other than the one the read path plans with (64 KiB), or one that
+        // leaves the body in one piece, are refused; so are segment fields on an
+        // unsegmented record.
         let with = |flags: u8, s: u32, len: u32| {
             let mut b = buf;
             b[7] = flags;
@@ -500,9 +502,10 @@ mod tests {
         for (s, l) in [
             (0, len),
             (2048, len),
+            (4096, len),
             (65_000, len),
+            (1 << 17, len),
             (1 << 16, 1 << 16),
-            (4096, 4096 * 193),
         ] {
             assert_eq!(
                 with(FLAG_SEGMENTED, s, l),
@@ -510,7 +513,7 @@ mod tests {
                 "{s} {l}"
             );
         }
-        assert!(with(FLAG_SEGMENTED, 4096, 4096 * 192).is_ok());
+        assert!(with(FLAG_SEGMENTED, 1 << 16, (1 << 16) + 1).is_ok());
         assert_eq!(with(0, 1 << 16, len), Err(RecordError::BadField));
         // The table's CRC32C is checked against the table.
         let mut head = vec![0u8; SEGMENTED_HEAD_BYTES];
