@@ -84,6 +84,13 @@ pub fn segment_aad(record_aad: &[u8], len: u32, index: u32) -> Vec<u8> {
     aad
 }
 
+/// Makes `aad`, a [`segment_aad`], that of segment `index` of the same record (in place: one
+/// buffer for all of a record's segments).
+pub fn set_segment_index(aad: &mut [u8], index: u32) {
+    let n = aad.len();
+    aad[n - 4..].copy_from_slice(&index.to_le_bytes());
+}
+
 /// Decrypts `in_out` in place against a tag kept apart from it.
 pub fn open_separate(
     key: &AeadKey,

@@ -557,18 +557,10 @@ pub(crate) async fn read_checked_record(
     r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", rec.region))?;
     c.metrics.device_read_bytes.inc_by(rec.record_len as u64);
     let (ns_id, key2) = (ns.id, key.to_vec());
-    let opened = match dek {
-        // A plaintext node's read checks only the header here: no trip to the AEAD
-        // engine.
-        None => open_record_of(buf, None, (ns_id, &key2), &rec, extent),
-        Some(dek) => {
-            c.offload
-                .aead(rec.len as usize, move || {
-                    open_record_of(buf, Some(&dek), (ns_id, &key2), &rec, extent)
-                })
-                .await?
-        }
-    };
+    let opened = open_on_aead(c, dek, rec.len as usize, move |dek| {
+        open_record_of(buf, dek, (ns_id, &key2), &rec, extent)
+    })
+    .await?;
     let verdict = match opened {
         Ok(plain) => {
             c.offload
@@ -619,24 +611,10 @@ pub(crate) async fn read_checked_part(
         .inc_by((record::SEGMENTED_HEAD_BYTES + body_hi - body_lo) as u64);
     c.metrics.part_reads.inc();
     let (ns_id, key2, n) = (ns.id, key.to_vec(), body_hi - body_lo);
-    let opened = match dek {
-        // A plaintext node's read checks only the header and table here.
-        None => open_record_part(&head, body, None, (ns_id, &key2), (&loc, extent), segs),
-        Some(dek) => {
-            c.offload
-                .aead(n, move || {
-                    open_record_part(
-                        &head,
-                        body,
-                        Some(&dek),
-                        (ns_id, &key2),
-                        (&loc, extent),
-                        segs,
-                    )
-                })
-                .await?
-        }
-    };
+    let opened = open_on_aead(c, dek, n, move |dek| {
+        open_record_part(&head, body, dek, (ns_id, &key2), (&loc, extent), segs)
+    })
+    .await?;
     let verdict = match opened {
         Ok(None) => return Ok(None),
         Ok(Some((plain, crcs))) => {
@@ -649,6 +627,21 @@ pub(crate) async fn read_checked_part(
     Ok(Some(
         judge(c, writer_tx, (ns, key, bkey), (loc, entry), extent, verdict).await?,
     ))
+}
+
+/// `open` run with the namespace's data key on the AEAD engine; on a node that stores
+/// records in plaintext (`dek` `None`) run here: it then checks only headers, tables and
+/// modes, no trip to the engine.
+async fn open_on_aead<T: Send + 'static>(
+    c: &Arc<Core>,
+    dek: Option<Arc<AeadKey>>,
+    bytes: usize,
+    open: impl FnOnce(Option<&AeadKey>) -> T + Send + 'static,
+) -> Result<T> {
+    Ok(match dek {
+        None => open(None),
+        Some(dek) => c.offload.aead(bytes, move || open(Some(&dek))).await?,
+    })
 }
 
 /// A read's verdict on the record `rec` (of the index entry `entry`): its plaintext, or,

@@ -138,6 +138,16 @@ async fn edit_head(e: &Engine, l: &BlockLoc, edit: impl FnOnce(&mut [u8])) {
     e.core.device.flush().await.expect("flush");
 }
 
+/// Rewrites a record head's table CRC32C (of its first `entries` entries) and its header
+/// CRC to match what the head now holds, as someone with the drive could.
+fn table_crc_made_right(h: &mut [u8], entries: usize) {
+    let t = record::HEADER_BYTES;
+    let mut head = RecordHeader::decode(h).expect("header");
+    let table = &h[t..t + entries * record::SEGMENT_ENTRY_BYTES];
+    head.segmented.as_mut().expect("segmented").table_crc = crc32c::crc32c(table);
+    head.encode(h);
+}
+
 /// Flips a bit of the byte `at` bytes into the block's body, on the device itself.
 async fn rot_body(e: &Engine, l: &BlockLoc, at: u64) {
     let at = e.core.dev_offset(l.region, l.offset) + SEGMENTED_HEAD_BYTES as u64 + at;
@@ -228,10 +238,7 @@ async fn sealed_segments_are_bound_to_their_record_and_place() {
         let saved: Vec<u8> = h[e1..e1 + 20].to_vec();
         h.copy_within(e2..e2 + 20, e1);
         h[e2..e2 + 20].copy_from_slice(&saved);
-        let mut head = RecordHeader::decode(h).expect("header");
-        let seg = head.segmented.as_mut().expect("segmented");
-        seg.table_crc = crc32c::crc32c(&h[t..t + 16 * 20]);
-        head.encode(h);
+        table_crc_made_right(h, 16);
     })
     .await;
     // Segment 3 of `b` into `c` (same length, same place, another record): with its table
@@ -251,9 +258,7 @@ async fn sealed_segments_are_bound_to_their_record_and_place() {
     edit_head(&e, &lc, |h| {
         let t = record::HEADER_BYTES;
         h[t + 60..t + 80].copy_from_slice(&hb[t + 60..t + 80]);
-        let mut head = RecordHeader::decode(h).expect("header");
-        head.segmented.as_mut().expect("segmented").table_crc = crc32c::crc32c(&h[t..t + 16 * 20]);
-        head.encode(h);
+        table_crc_made_right(h, 16);
     })
     .await;
     dev.flush().await.expect("flush");

@@ -192,13 +192,15 @@ impl StagedBlock {
         );
         let (head, body) = self.buf.split_at_mut(at);
         let table_end = HEADER_BYTES + n * record::SEGMENT_ENTRY_BYTES;
+        let mut seg_aad = crypto::segment_aad(aad, len as u32, 0);
         for (i, &seg_crc) in self.segment_crcs.iter().enumerate() {
             let r = record::SEGMENT_BYTES * i..(record::SEGMENT_BYTES * (i + 1)).min(len);
+            crypto::set_segment_index(&mut seg_aad, i as u32);
             let tag = match dek {
                 Some(dek) => crypto::seal(
                     dek,
                     record::nonce_for(seq + i as u64, salt),
-                    &crypto::segment_aad(aad, len as u32, i as u32),
+                    &seg_aad,
                     &mut body[r],
                 ),
                 None => [0; TAG_BYTES],
