@@ -422,3 +422,69 @@ async fn run_row(door: &Door, row: &Value, key: &[u8], data: &Bytes, large: usiz
     }
     failures
 }
+
+/// Bytes every live node of `nodes` has read from its device so far.
+async fn device_read_bytes(nodes: &[&Node]) -> u64 {
+    let mut sum = 0;
+    for n in nodes {
+        let r = n
+            .request(reqwest::Method::GET, "/metrics")
+            .send()
+            .await
+            .unwrap();
+        let text = r.text().await.unwrap();
+        sum += crate::common::metric_of(&text, "ctxpod_device_read_bytes_total") as u64;
+    }
+    sum
+}
+
+/// A Range GET of a 2 MiB block (a vLLM block of 16 tokens of Llama-3-8B, all layers) in a
+/// pod of three, R = 2, through member a, which holds no copy and forwards it: the holder
+/// reads only the 4 KiB head and the two segments that hold the range; with the first
+/// holder killed, the second does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_through_a_member_without_the_block_reads_only_its_segments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(tmp.path());
+    let DoorPod { mut nodes, pc, .. } = DoorPod::start(tmp.path(), &etcd, "ranges", "256MiB").await;
+    create_replicated(&nodes[0], NS, 2).await;
+    let key = (0..10_000)
+        .map(|n| format!("range/{n}").into_bytes())
+        .find(|k| !pc.ranked(NS, k)[..2].contains(&"a".to_string()))
+        .expect("a key a holds no copy of");
+    let holders: Vec<usize> = pc.ranked(NS, &key)[..2]
+        .iter()
+        .map(|id| ["a", "b", "c"].iter().position(|x| x == id).unwrap())
+        .collect();
+    let data = crate::common::block(5, 2 << 20);
+    pc.put(NS, &key, data.clone(), Durability::Durable)
+        .await
+        .unwrap();
+    let seg = ctxpod_format::record::SEGMENT_BYTES;
+    let (lo, hi) = (3 * seg - 10, 3 * seg + 9);
+    let path = format!("/v1/namespaces/{NS}/blocks/{}", hex::encode(&key));
+    for round in ["both holders up", "the first holder killed"] {
+        if round != "both holders up" {
+            nodes[holders[0]].kill9();
+        }
+        let live: Vec<&Node> = (0..3)
+            .filter(|&i| round == "both holders up" || i != holders[0])
+            .map(|i| &nodes[i])
+            .collect();
+        let before = device_read_bytes(&live).await;
+        let r = nodes[0]
+            .request(reqwest::Method::GET, &path)
+            .header("range", format!("bytes={lo}-{hi}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 206, "{round}");
+        assert_eq!(r.bytes().await.unwrap(), data.slice(lo..hi + 1), "{round}");
+        let read = device_read_bytes(&live).await - before;
+        assert_eq!(
+            read,
+            (4096 + 2 * seg) as u64,
+            "{round}: bytes read from flash"
+        );
+    }
+}
