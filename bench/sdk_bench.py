@@ -65,7 +65,7 @@ class SdkAdapter(benchlib.Adapter):
             self.node, url = start_node(self.a.ctxpod_bin, self.dir, self.a.capacity, self.a.dram, log=self.log)
         except SystemExit:
             raise SystemExit("the node did not start (see --server-log)")
-        self.store = ctxpod.Store.connect(url, namespace="default")
+        self.store = ctxpod.Store.connect(url, namespace="default", direct_connections=self.a.direct_connections)
         if self.a.api == "zerocopy":
             self.slot = max_size
             nbytes = max_size * max_batch
@@ -124,7 +124,14 @@ class SdkAdapter(benchlib.Adapter):
         return sum(self.store.batch_exists(ks[i: i + 256]).count(True) for i in range(0, len(ks), 256))
 
     def info(self):
-        return {"busy_retries": self.store.busy_retries() if self.store else 0, "sdk": ctxpod.__version__}
+        if self.store is None:
+            return {"sdk": ctxpod.__version__}
+        return {
+            "busy_retries": self.store.busy_retries(),
+            "direct_calls": self.store.direct_calls(),
+            "direct_connections": self.a.direct_connections,
+            "sdk": ctxpod.__version__,
+        }
 
     def close(self):
         if self.store is not None:
@@ -146,6 +153,12 @@ def main():
     p.add_argument("--dram", default="3GiB")
     p.add_argument("--data-root", default=None, help="where the node's temporary data dir goes")
     p.add_argument("--server-log", default="")
+    p.add_argument(
+        "--direct-connections",
+        type=int,
+        default=None,
+        help="Store.connect(direct_connections=N): 0 sends every call over the shared connection",
+    )
     a = p.parse_args()
     ad = SdkAdapter(a)
     try:

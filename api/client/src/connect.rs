@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 /// Credentials, transport security and deadlines of a connection. `Default`: plain TCP, no
 /// token, [`Deadlines::default`].
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Connect {
     /// Bearer token (`<id>.<secret>`), sent as `Authorization: Bearer` over HTTP and in an
     /// `Auth` request over CXP1.
@@ -17,6 +17,21 @@ pub struct Connect {
     /// for plain TCP.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub deadlines: Deadlines,
+    /// Connections per node for calls answered on the calling thread
+    /// ([`direct`](crate::transfer_client::direct)); 0: every call takes the shared
+    /// connection. Plain TCP only.
+    pub direct_connections: usize,
+}
+
+impl Default for Connect {
+    fn default() -> Self {
+        Connect {
+            token: None,
+            tls: None,
+            deadlines: Deadlines::default(),
+            direct_connections: crate::transfer_client::direct::LANE_CONNECTIONS,
+        }
+    }
 }
 
 /// How long a client waits on a node before it counts as unreachable for that call: a
@@ -77,6 +92,7 @@ impl std::fmt::Debug for Connect {
             .field("token", &self.token.as_ref().map(|_| "…"))
             .field("tls", &self.tls.is_some())
             .field("deadlines", &self.deadlines)
+            .field("direct_connections", &self.direct_connections)
             .finish()
     }
 }
@@ -159,7 +175,7 @@ impl Connect {
         Ok(Connect {
             token,
             tls,
-            deadlines: Deadlines::default(),
+            ..Connect::default()
         })
     }
 }

@@ -121,6 +121,12 @@ impl<R: AsyncRead + Unpin> FrameInput<R> {
         }
     }
 
+    /// The reader under the buffer (to adjust it between frames; reading from it directly
+    /// would lose the buffer's place).
+    pub fn reader_mut(&mut self) -> &mut R {
+        &mut self.rd
+    }
+
     /// The next frame's header and body length; `None` when the peer closed cleanly between
     /// frames. The body is still unread: take it with [`Self::take`], [`Self::read_into`] or
     /// [`Self::skip`].

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod direct;
 mod pool;
 mod reader;
 mod ticket;
@@ -105,6 +106,8 @@ pub(crate) struct ClientInner {
     /// The TCP socket's descriptor, open as long as `wr` (which owns the socket, or shares
     /// its TLS stream) lives: reset at a request's deadline.
     fd: std::os::fd::RawFd,
+    /// Connections for calls answered on the calling thread ([`direct`]); `None` over TLS.
+    direct: Option<direct::Lane>,
 }
 
 pub struct TransferClient {
@@ -135,6 +138,16 @@ impl ClientInner {
     /// does not answer one request will not answer the next): every request on it fails,
     /// and a pod client opens a new one, or asks another member.
     async fn call_as(&self, id: u64, req: &Request) -> Result<Response, TransferError> {
+        if let Some(lane) = self.direct.as_ref().filter(|l| l.takes(req)) {
+            let parts = req.encode_parts(id);
+            let len: usize = parts.iter().map(|p| p.len()).sum();
+            if len <= self.peer_max_frame {
+                let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                if let Some(r) = lane.call(id, req, &slices).await {
+                    return answered(r?);
+                }
+            }
+        }
         match tokio::time::timeout(self.request_deadline, self.call_as_now(id, req)).await {
             Ok(r) => r,
             Err(_) => {
@@ -184,14 +197,7 @@ impl ClientInner {
                 .map(|m| m.remove(&id));
             return Err(e.into());
         }
-        let (st, resp) = rx.await.map_err(|_| TransferError::Closed)?;
-        match resp {
-            Response::Error(message) => Err(TransferError::Refused {
-                status: st,
-                message,
-            }),
-            r => Ok(r),
-        }
+        answered(rx.await.map_err(|_| TransferError::Closed)?)
     }
 
     /// Runs `attempt` with a fresh id until the node stops answering BUSY (backoff 1 → 256
@@ -247,6 +253,36 @@ impl ClientInner {
     }
 }
 
+/// Sends our hello and reads the node's.
+pub(crate) async fn exchange_hellos<R, W>(rd: &mut R, wr: &mut W) -> Result<Hello, TransferError>
+where
+    R: tokio::io::AsyncRead + Unpin + ?Sized,
+    W: tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    let ours = Hello {
+        version: proto::VERSION,
+        flags: 0,
+        max_frame_bytes: proto::FRAME_BYTES_MAX,
+        value_bytes_max: 0,
+    };
+    wr.write_all(&ours.encode()).await?;
+    wr.flush().await?;
+    let mut h = [0u8; HELLO_BYTES];
+    rd.read_exact(&mut h).await?;
+    Ok(Hello::decode(&h)?)
+}
+
+/// A request's answer: its response, or the node's refusal.
+fn answered((st, resp): (u16, Response)) -> Result<Response, TransferError> {
+    match resp {
+        Response::Error(message) => Err(TransferError::Refused {
+            status: st,
+            message,
+        }),
+        r => Ok(r),
+    }
+}
+
 /// Resets a connection given up on: `connect` with `AF_UNSPEC` dissolves a TCP socket's
 /// association without closing its descriptor (which the reader and writer halves still
 /// hold), sending an RST at once and dropping what was not sent yet. The node then finds the
@@ -283,11 +319,21 @@ impl TransferClient {
         addr: &str,
         how: &crate::connect::Connect,
     ) -> Result<TransferClient, TransferError> {
+        Self::connect_counting(addr, how, Arc::default()).await
+    }
+
+    /// [`Self::connect_with`], counting its direct calls into `direct_calls` (a pod
+    /// client's count outlives the connections it replaces).
+    pub(crate) async fn connect_counting(
+        addr: &str,
+        how: &crate::connect::Connect,
+        direct_calls: Arc<AtomicU64>,
+    ) -> Result<TransferClient, TransferError> {
         how.deadlines
             .check()
             .map_err(|e| TransferError::Http(crate::client::ClientError::Invalid(e)))?;
         let after = how.deadlines.connect;
-        tokio::time::timeout(after, Self::connect_now(addr, how))
+        tokio::time::timeout(after, Self::connect_now(addr, how, direct_calls))
             .await
             .map_err(|_| TransferError::TimedOut {
                 what: format!("connecting to {addr}"),
@@ -299,6 +345,7 @@ impl TransferClient {
     async fn connect_now(
         addr: &str,
         how: &crate::connect::Connect,
+        direct_calls: Arc<AtomicU64>,
     ) -> Result<TransferClient, TransferError> {
         let sock = TcpStream::connect(addr).await?;
         sock.set_nodelay(true)?;
@@ -323,17 +370,7 @@ impl TransferClient {
                 (Box::new(r), Box::new(w))
             }
         };
-        let ours = Hello {
-            version: proto::VERSION,
-            flags: 0,
-            max_frame_bytes: proto::FRAME_BYTES_MAX,
-            value_bytes_max: 0,
-        };
-        wr.write_all(&ours.encode()).await?;
-        wr.flush().await?;
-        let mut h = [0u8; HELLO_BYTES];
-        rd.read_exact(&mut h).await?;
-        let theirs = Hello::decode(&h)?;
+        let theirs = exchange_hellos(&mut rd, &mut wr).await?;
         if theirs.flags & proto::HELLO_AUTH_REQUIRED != 0 && how.token.is_none() {
             return Err(TransferError::AuthRequired);
         }
@@ -356,6 +393,7 @@ impl TransferClient {
                 busy_retries: AtomicU64::new(0),
                 request_deadline: how.deadlines.request,
                 fd,
+                direct: direct::Lane::new(addr, how, direct_calls),
             }),
             reader,
         };
@@ -380,6 +418,14 @@ impl TransferClient {
     /// Requests, and entries of batch GETs, sent again because the node answered BUSY.
     pub fn busy_retries(&self) -> u64 {
         self.inner.busy_retries.load(Ordering::Relaxed)
+    }
+
+    /// Calls answered on the calling thread ([`direct`]).
+    pub fn direct_calls(&self) -> u64 {
+        self.inner
+            .direct
+            .as_ref()
+            .map_or(0, |l| l.calls.load(Ordering::Relaxed))
     }
 
     /// Whether the connection has closed (the node went away, or a refused token): every

@@ -60,6 +60,8 @@ pub struct TransferPod {
     how: Connect,
     /// One connection per member, by its CXP1 address.
     conns: tokio::sync::Mutex<HashMap<String, Arc<TransferClient>>>,
+    /// Calls answered on the calling thread, over every connection this client opened.
+    direct_calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A failure of a whole request to a member: the member cannot be reached (try the next),
@@ -86,6 +88,7 @@ impl TransferPod {
             pod,
             how: how.clone(),
             conns: tokio::sync::Mutex::new(HashMap::new()),
+            direct_calls: Arc::default(),
         })
     }
 
@@ -154,7 +157,8 @@ impl TransferPod {
         if let Some(c) = self.conns.lock().await.get(addr).filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
-        let c = Arc::new(TransferClient::connect_with(addr, &self.how).await?);
+        let c = TransferClient::connect_counting(addr, &self.how, self.direct_calls.clone());
+        let c = Arc::new(c.await?);
         let mut conns = self.conns.lock().await;
         // Another call may have opened one meanwhile: one connection per member.
         match conns.get(addr).filter(|c| !c.is_closed()) {
@@ -187,7 +191,10 @@ impl TransferPod {
         F: Fn(Arc<TransferClient>, Vec<usize>) -> Fut,
         Fut: std::future::Future<Output = Result<T, TransferError>>,
     {
-        let asked = futures::future::join_all(round.into_iter().map(|(m, idx)| {
+        // Members asked at once: no call among them may block the thread
+        // ([`direct`](crate::transfer_client::direct)); one member alone may.
+        let alone = round.len() == 1;
+        let all = futures::future::join_all(round.into_iter().map(|(m, idx)| {
             let (addr, ask) = (v.members[m].transfer.clone(), &ask);
             async move {
                 let r = match addr {
@@ -199,8 +206,11 @@ impl TransferPod {
                 };
                 (m, idx, r)
             }
-        }))
-        .await;
+        }));
+        let asked = match alone {
+            true => all.await,
+            false => crate::transfer_client::direct::side_by_side(all).await,
+        };
         for (m, _, r) in &asked {
             if r.as_ref().is_err_and(unreachable) {
                 self.lost_member(&v.members[*m]).await;
@@ -233,6 +243,12 @@ impl TransferPod {
             .values()
             .map(|c| c.busy_retries())
             .sum()
+    }
+
+    /// Calls answered on the calling thread, over every connection this client opened
+    /// ([`direct`](crate::transfer_client::direct)).
+    pub fn direct_calls(&self) -> u64 {
+        self.direct_calls.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stores blocks; per block, the status: 201 stored (200: already there) on all R

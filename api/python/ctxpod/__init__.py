@@ -20,6 +20,8 @@ from . import errors, hashing
 from ._ctxpod import (
     BLOCK_BYTES_MAX,
     CONNECT_TIMEOUT_S,
+    DIRECT_CONNECTIONS,
+    DIRECT_CONNECTIONS_MAX,
     DOWN_FOR_S,
     KEY_BYTES_MAX,
     LEASE_MS_MAX,
@@ -59,6 +61,8 @@ __all__ = [
     "dynamo_key",
     "BLOCK_BYTES_MAX",
     "CONNECT_TIMEOUT_S",
+    "DIRECT_CONNECTIONS",
+    "DIRECT_CONNECTIONS_MAX",
     "DOWN_FOR_S",
     "KEY_BYTES_MAX",
     "LEASE_MS_MAX",

@@ -7,6 +7,8 @@ KEY_BYTES_MAX: int
 CONNECT_TIMEOUT_S: float
 REQUEST_TIMEOUT_S: float
 DOWN_FOR_S: float
+DIRECT_CONNECTIONS: int
+DIRECT_CONNECTIONS_MAX: int
 BLOCK_BYTES_MAX: int
 MATCH_KEYS_MAX: int
 LIST_KEYS_MAX: int
@@ -56,6 +58,7 @@ class _Store:
         connect_timeout: float | None = None,
         request_timeout: float | None = None,
         down_for: float | None = None,
+        direct_connections: int | None = None,
     ) -> _Store: ...
     def members(self) -> list[tuple[str, str, str | None, str]]: ...
     def value_bytes_max(self) -> int: ...
@@ -107,6 +110,7 @@ class _Store:
     ) -> _Ticket: ...
     def subscribe(self, ns: str) -> _Events: ...
     def busy_retries(self) -> int: ...
+    def direct_calls(self) -> int: ...
 
 class _L2:
     """The I/O of LMCache's native_plugin L2 client (ctxpod.integrations.lmcache_l2)."""

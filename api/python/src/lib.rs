@@ -7,6 +7,7 @@
 //! alive by a reference to the Python object (and its buffer export) for as long as the
 //! client may write to it.
 
+use ctxpod_client::transfer_client::direct::on_caller_thread;
 use ctxpod_client::transfer_client::TransferError;
 use pyo3::prelude::*;
 use std::sync::OnceLock;
@@ -31,13 +32,15 @@ pub(crate) fn rt() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Runs `f` on the runtime with the GIL released.
+/// Runs `f` on the runtime with the GIL released. This thread waits for it, so small
+/// reads are answered on it directly (`transfer_client::direct`): one wake-up instead of
+/// two.
 pub(crate) fn block<F>(py: Python<'_>, f: F) -> F::Output
 where
     F: std::future::Future + Send,
     F::Output: Send,
 {
-    py.detach(|| rt().block_on(f))
+    py.detach(|| on_caller_thread(|| rt().block_on(f)))
 }
 
 /// The exception class (in `ctxpod.errors`) for an HTTP-like status.
@@ -137,6 +140,11 @@ fn _ctxpod(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CONNECT_TIMEOUT_S", CONNECT_DEADLINE.as_secs_f64())?;
     m.add("REQUEST_TIMEOUT_S", REQUEST_DEADLINE.as_secs_f64())?;
     m.add("DOWN_FOR_S", DOWN_FOR.as_secs_f64())?;
+    m.add(
+        "DIRECT_CONNECTIONS",
+        ctxpod_client::transfer_client::direct::LANE_CONNECTIONS,
+    )?;
+    m.add("DIRECT_CONNECTIONS_MAX", store::DIRECT_CONNECTIONS_MAX)?;
     m.add("BLOCK_BYTES_MAX", ctxpod_wire::BLOCK_BYTES_MAX)?;
     m.add("MATCH_KEYS_MAX", ctxpod_wire::MATCH_KEYS_MAX)?;
     m.add("LIST_KEYS_MAX", ctxpod_wire::LIST_KEYS_MAX)?;

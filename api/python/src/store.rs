@@ -98,13 +98,16 @@ fn status_of(e: &TransferError) -> u16 {
     }
 }
 
+/// The most direct connections a store opens per member (`Store.connect`).
+pub(crate) const DIRECT_CONNECTIONS_MAX: usize = 64;
+
 #[pymethods]
 impl Store {
     /// Connects through any of `seeds` (node URLs); TLS when a CA file is given. Deadlines
     /// in seconds (`None`: the client's defaults, `ctxpod_client::connect::Deadlines`).
     #[staticmethod]
     #[pyo3(signature = (seeds, token=None, ca_file=None, cert_file=None, key_file=None,
-        connect_timeout=None, request_timeout=None, down_for=None))]
+        connect_timeout=None, request_timeout=None, down_for=None, direct_connections=None))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -116,6 +119,7 @@ impl Store {
         connect_timeout: Option<f64>,
         request_timeout: Option<f64>,
         down_for: Option<f64>,
+        direct_connections: Option<usize>,
     ) -> PyResult<Store> {
         let identity = match (&cert_file, &key_file) {
             (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
@@ -143,6 +147,14 @@ impl Store {
                         ))
                     })?;
             }
+        }
+        if let Some(n) = direct_connections {
+            if n > DIRECT_CONNECTIONS_MAX {
+                return Err(invalid(format!(
+                    "direct_connections must be at most {DIRECT_CONNECTIONS_MAX}; got {n}"
+                )));
+            }
+            how.direct_connections = n;
         }
         let pod = block(py, TransferPod::connect(&seeds, &how)).map_err(error)?;
         Ok(Store {
@@ -555,6 +567,11 @@ impl Store {
     fn busy_retries(&self, py: Python<'_>) -> u64 {
         let pod = self.pod.clone();
         block(py, async move { pod.busy_retries().await })
+    }
+
+    /// Calls answered on the calling thread (over a direct connection).
+    fn direct_calls(&self) -> u64 {
+        self.pod.direct_calls()
     }
 }
 

@@ -519,7 +519,7 @@ def test_tokens_roles_and_tenants(auth_node):
     rw.create_namespace()
     assert rw.put(b"k", b"acme's") == 201
     ro = ctxpod.Store.connect(url, "shared", token=t["ro"])
-    assert ro.get(b"k") == b"acme's"
+    assert ro.get(b"k") == b"acme's" and ro.direct_calls() == 1
     with pytest.raises(errors.Forbidden):
         ro.put(b"k2", b"x")
     assert rw.get(b"k2") is None

@@ -70,6 +70,7 @@ def test_tls_with_a_token_stores_and_prefetches(tls_node, pki):
     data = bytes(range(256)) * 256
     assert s.put(b"tls", data) == 201
     assert s.get(b"tls") == data
+    assert s.direct_calls() == 0  # direct connections are plain TCP only: TLS reads share one
     mem = bytearray(len(data) + 16)
     buf = s.register_buffer(mem)
     assert s.prefetch([b"tls"], into=(buf, [8]), sizes=[len(data)]).wait() == [len(data)]
