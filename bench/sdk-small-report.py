@@ -12,12 +12,12 @@ import statistics
 import sys
 
 
-def sdk(out):
-    """{(round, batch): GB/s} of the SDK's gets."""
+def sdk(out, suffix=""):
+    """{(round, batch): GB/s} of the SDK's gets (labelled ``round<N><suffix>``)."""
     got = {}
     for line in open(os.path.join(out, "sdk.jsonl")):
         r = json.loads(line)
-        m = re.match(r"round(\d+)$", r.get("label", ""))
+        m = re.match(rf"round(\d+){re.escape(suffix)}$", r.get("label", ""))
         if m and r["op"] == "get":
             got[(int(m.group(1)), r["batch"])] = r["gbps"]
     return got
@@ -54,16 +54,20 @@ def ratio(a, b, rounds, batch):
 
 def main():
     out = sys.argv[1]
-    s, d, c = sdk(out), redis(out), rust(out)
+    s, d, c, sh = sdk(out), redis(out), rust(out), sdk(out, "-shared")
     rounds = sorted({r for r, _ in s})
-    print("| batch | SDK zero-copy | Redis no-persist | Rust client, one in flight | SDK ÷ Redis | SDK ÷ Rust |")
-    print("|---|---|---|---|---|---|")
+    head = ["batch", "SDK zero-copy", "Redis no-persist", "Rust client, one in flight"]
+    head += ["SDK, shared connection only"] if sh else []
+    head += ["SDK ÷ Redis", "SDK ÷ Rust"] + (["SDK ÷ shared only"] if sh else [])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     for b in sorted({b for _, b in s}):
         cells = []
-        for src in (s, d, c):
+        for src in (s, d, c) + ((sh,) if sh else ()):
             v = [src[(r, b)] for r in rounds if (r, b) in src]
             cells.append(" / ".join(f"{x:.3f}" for x in v) + (f" (median {statistics.median(v):.3f})" if v else ""))
-        print(f"| {b} | {' | '.join(cells)} | {ratio(s, d, rounds, b)} | {ratio(s, c, rounds, b)} |")
+        ratios = [ratio(s, d, rounds, b), ratio(s, c, rounds, b)] + ([ratio(s, sh, rounds, b)] if sh else [])
+        print(f"| {b} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
 if __name__ == "__main__":

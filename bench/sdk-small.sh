@@ -6,8 +6,10 @@
 #   2. through ctxpod's Rust client over CXP1 at the same depth (`ctxpod bench --batch B
 #      --concurrency 1`: one request in flight);
 #   3. Redis without persistence, redis-py with hiredis (../shared/bench-peers).
+# With SHARED_TOO=1 the SDK runs a second time per round with its direct connections off
+# (Store.connect(direct_connections=0)), for the ratio direct / shared.
 # Then bench/sdk-small-report.py OUT prints per batch the medians and the per-round ratios
-# SDK / Redis and SDK / Rust. About a minute a round here.
+# SDK / Redis and SDK / Rust (and direct / shared). About a minute a round here.
 #
 #   CTXPOD_BIN=~/.cache/ctxpod-target/debug/ctxpod ROUNDS=3 bash bench/sdk-small.sh
 set -euo pipefail
@@ -26,10 +28,19 @@ mkdir -p "$OUT" "$DIR"
 settle() { sync; sleep "${SETTLE_S:-3}"; }
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r of $ROUNDS ($(date +%T))" >&2
-  settle
-  PEERS=$PEERS timeout 600 "$SDK_PYTHON" "$here/sdk_bench.py" --ctxpod-bin "$CTXPOD_BIN" \
-    --api zerocopy --sizes "$SIZE" --batches 1,16,32 --bytes-per-config "$BYTES" \
-    --data-root "$DIR" --label "round$r" --jsonl "$OUT/sdk.jsonl" >"$OUT/sdk-$r.log" 2>&1
+  # The SDK as shipped; with SHARED_TOO=1 also with its direct connections off (every call
+  # over the shared connection), the two in alternating order from round to round.
+  arms=(direct)
+  [[ ${SHARED_TOO:-0} == 1 ]] && { ((r % 2)) && arms=(direct shared) || arms=(shared direct); }
+  for arm in "${arms[@]}"; do
+    settle
+    label=round$r extra=()
+    [[ $arm == shared ]] && { label=round$r-shared; extra=(--direct-connections 0); }
+    PEERS=$PEERS timeout 600 "$SDK_PYTHON" "$here/sdk_bench.py" --ctxpod-bin "$CTXPOD_BIN" \
+      --api zerocopy --sizes "$SIZE" --batches 1,16,32 --bytes-per-config "$BYTES" \
+      --data-root "$DIR" --label "$label" --jsonl "$OUT/sdk.jsonl" "${extra[@]}" \
+      >"$OUT/sdk-$r-$arm.log" 2>&1
+  done
   for b in 1 16 32; do
     settle
     timeout 600 "$CTXPOD_BIN" bench --dir "$DIR" --protocol cxp1 --sizes "${SIZE}iB" \
