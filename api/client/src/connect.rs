@@ -17,9 +17,8 @@ pub struct Connect {
     /// for plain TCP.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub deadlines: Deadlines,
-    /// Connections per node for calls answered on the calling thread
-    /// ([`direct`](crate::transfer_client::direct)); 0: every call takes the shared
-    /// connection. Plain TCP only.
+    /// Connections per node for calls answered on the calling thread (the CXP1 client's
+    /// direct calls); 0: every call takes the shared connection. Plain TCP only.
     pub direct_connections: usize,
 }
 
@@ -29,10 +28,14 @@ impl Default for Connect {
             token: None,
             tls: None,
             deadlines: Deadlines::default(),
-            direct_connections: crate::transfer_client::direct::LANE_CONNECTIONS,
+            direct_connections: DIRECT_CONNECTIONS,
         }
     }
 }
+
+/// The default [`Connect::direct_connections`]: calls from this many threads at once are
+/// answered on their own threads, more take the shared connection.
+pub const DIRECT_CONNECTIONS: usize = 8;
 
 /// How long a client waits on a node before it counts as unreachable for that call: a
 /// node that accepts connections and never answers (frozen, overloaded, a black-holed

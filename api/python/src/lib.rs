@@ -142,7 +142,7 @@ fn _ctxpod(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DOWN_FOR_S", DOWN_FOR.as_secs_f64())?;
     m.add(
         "DIRECT_CONNECTIONS",
-        ctxpod_client::transfer_client::direct::LANE_CONNECTIONS,
+        ctxpod_client::connect::DIRECT_CONNECTIONS,
     )?;
     m.add("DIRECT_CONNECTIONS_MAX", store::DIRECT_CONNECTIONS_MAX)?;
     m.add("BLOCK_BYTES_MAX", ctxpod_wire::BLOCK_BYTES_MAX)?;

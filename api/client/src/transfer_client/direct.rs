@@ -15,7 +15,8 @@
 //! - `Get` requests only (reads: asking again on a fresh connection is harmless), over plain
 //!   TCP (a TLS connection keeps the shared path);
 //! - while a lane has a connection free (at most
-//!   [`Connect::direct_connections`](crate::connect::Connect), default [`LANE_CONNECTIONS`]); otherwise, or while
+//!   [`Connect::direct_connections`](crate::connect::Connect), default
+//!   [`DIRECT_CONNECTIONS`](crate::connect::DIRECT_CONNECTIONS)); otherwise, or while
 //!   opening one fails, the call takes the shared connection as before.
 //!
 //! Deadlines are the shared connection's: opening within the connect deadline, each call
@@ -34,11 +35,6 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll};
 use std::time::Instant;
-
-/// Connections a lane opens at most by default
-/// ([`Connect::direct_connections`](crate::connect::Connect)): calls from this many threads
-/// at once go direct, more take the shared connection.
-pub const LANE_CONNECTIONS: usize = 8;
 
 /// How long a lane whose connection could not be opened sends every call the shared way.
 const OFF_AFTER_FAILURE: Duration = Duration::from_secs(10);
