@@ -352,6 +352,26 @@ pub struct PeerInfo {
     pub addr: SocketAddr,
     /// The common name of the client certificate the handshake verified, if any.
     pub subject: Option<Arc<str>>,
+    /// The connection's TCP socket, open as long as the connection is served (its
+    /// requests' handlers run inside it): what [`client_gone`] asks.
+    pub fd: std::os::fd::RawFd,
+}
+
+/// Whether the client has closed or reset the connection (its FIN or RST arrived), though
+/// what it sent before may still wait to be read. A client gives up on a request at its
+/// deadline by closing (HTTP: a forwarding node's member request past its stall bound) or
+/// resetting (CXP1) the connection; a write it sent then must not be applied late: a put
+/// that waited in a frozen node's socket buffers would land after a delete the client made
+/// since (api/PROTOCOL.md, "Deadlines"). `fd` must be the connection's open socket.
+pub(crate) fn client_gone(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout; `fd` is open (the caller holds the socket).
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// A connection's byte stream, plain or TLS.

@@ -186,7 +186,8 @@ impl Tls {
             .and_then(|c| c.first())
             .and_then(|c| subject_cn(c.as_ref()))
             .map(Arc::from);
-        Ok((stream, PeerInfo { addr, subject }))
+        let fd = std::os::fd::AsRawFd::as_raw_fd(stream.get_ref().0);
+        Ok((stream, PeerInfo { addr, subject, fd }))
     }
 }
 
@@ -212,6 +213,7 @@ pub fn accept_loop(
                 let peer = PeerInfo {
                     addr,
                     subject: None,
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&sock),
                 };
                 if tx.send((Box::new(sock), peer, place)).await.is_err() {
                     return;

@@ -168,18 +168,4 @@ impl Activity {
     }
 }
 
-/// Whether the client has closed or reset the connection (its FIN or RST arrived), though
-/// frames it sent before may still wait to be read. A client resets a connection when it
-/// gives up on a request at its deadline; what it sent then must not be applied late: a put
-/// that waited in a frozen node's socket buffers would land after a delete the client made
-/// since (api/PROTOCOL.md, "Deadlines"). `fd` must be the connection's open socket.
-pub(crate) fn client_gone(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, a zero timeout; `fd` is open (the caller holds the socket).
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
-}
+pub(crate) use crate::conn::client_gone;

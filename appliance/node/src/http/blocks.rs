@@ -18,6 +18,7 @@ use crate::errors::{ApiError, ApiResult};
 
 pub(crate) async fn put_block(
     BlockCall { st, p, ns, key }: BlockCall,
+    sock: ClientSocket,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
@@ -27,7 +28,7 @@ pub(crate) async fn put_block(
     let declared = content_length(&h);
     st.check_tenant_bytes(&p, declared.unwrap_or(0))?;
     if let Some(len) = declared.filter(|&l| l > ctxpod_wire::BLOCK_BYTES_MAX) {
-        return put_value(&st, (&ns, &key), len as u64, body, (crc, dur)).await;
+        return put_value(&st, (&ns, &key), len as u64, body, (crc, dur), sock).await;
     }
     let _permit = st.admit_body(
         declared
@@ -44,6 +45,7 @@ pub(crate) async fn put_block(
         _ => StagedBlock::copy_of(&read_body(&h, body, ctxpod_wire::BLOCK_BYTES_MAX).await?)?,
     };
     st.metrics.received_bytes.inc_by(staged.len() as u64);
+    sock.still_there(&st)?;
     match st.engine.put_staged(&ns, &key, staged, crc, dur).await? {
         PutStatus::Created => Ok(StatusCode::CREATED),
         PutStatus::Exists => Ok(StatusCode::OK),
@@ -59,10 +61,12 @@ async fn put_value(
     len: u64,
     body: Body,
     (crc, dur): (Option<u32>, ctxpod_wire::Durability),
+    sock: ClientSocket,
 ) -> ApiResult<StatusCode> {
     let _permit = st.admit_body((len as usize).min(ctxpod_engine::VALUE_WRITE_BYTES_MAX))?;
     let mut w = st.engine.begin_value(ns, key, len, dur).await?;
     super::input::read_pieces_into(body, &mut w, &st.metrics.received_bytes).await?;
+    sock.still_there(st)?;
     match w.finish(crc).await? {
         PutStatus::Created => Ok(StatusCode::CREATED),
         PutStatus::Exists => Ok(StatusCode::OK),
@@ -227,6 +231,43 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
     }
 }
 
+/// The socket of the request's connection ([`crate::conn::PeerInfo::fd`]).
+pub(crate) struct ClientSocket(Option<std::os::fd::RawFd>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientSocket {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(ClientSocket(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<crate::conn::PeerInfo>>()
+                .map(|c| c.0.fd),
+        ))
+    }
+}
+
+impl ClientSocket {
+    /// Refuses a write whose client closed or reset the connection while it waited to be
+    /// applied ([`crate::conn::client_gone`]): the client gave up on it (a forwarding node
+    /// past its stall bound, a frozen member thawed), so applying it now could undo a delete
+    /// made since. Not applied, counted in `ctxpod_abandoned_writes_total`.
+    pub(crate) fn still_there(&self, st: &AppState) -> ApiResult<()> {
+        if self.0.is_some_and(crate::conn::client_gone) {
+            st.metrics.abandoned_writes.inc();
+            return Err(ApiError::new(
+                StatusCode::from_u16(499).expect("a valid status"),
+                "client_gone",
+                "the client closed the connection before the write was applied: not applied",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Bytes of a body handed to hyper at a time: it asks for the next piece only once it has
 /// room for it, so what a body holds is given back as its bytes leave.
 pub(crate) const BODY_PIECE_BYTES: usize = 64 << 10;
@@ -280,7 +321,9 @@ pub(crate) async fn head_block(BlockCall { st, ns, key, .. }: BlockCall) -> ApiR
 
 pub(crate) async fn delete_block(
     BlockCall { st, ns, key, .. }: BlockCall,
+    sock: ClientSocket,
 ) -> ApiResult<StatusCode> {
+    sock.still_there(&st)?;
     if st.engine.delete(&ns, &key).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
