@@ -143,3 +143,46 @@ async fn a_put_whose_client_has_gone_is_not_applied_through_either_door() {
         .expect("the control Put");
     assert_eq!(st, [201]);
 }
+
+/// A `batch/put` whose client has gone is not applied either (the HTTP check that the
+/// forwarding node's late puts showed was needed covers the batch door too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_put_whose_client_has_gone_is_not_applied() {
+    let node = Node::fresh(&["--capacity", "256MiB"]).await;
+    let addr = node.url.trim_start_matches("http://").to_string();
+    let data = block(5);
+    let mut frame = Vec::new();
+    ctxpod_wire::frame::encode_header(1, &mut frame);
+    ctxpod_wire::frame::encode_entry(
+        &ctxpod_wire::frame::Entry {
+            key: b"batch-gone",
+            status: 0,
+            crc32c: Some(ctxpod_wire::crc32c(&data)),
+            len: data.len() as u32,
+            data: Some(&data),
+        },
+        &mut frame,
+    );
+    let mut req = format!(
+        "POST /v1/namespaces/default/batch/put HTTP/1.1\r\nhost: x\r\n\
+         content-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
+        frame.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&frame);
+    let s = TcpStream::connect(&addr).await.expect("connect");
+    let back = send_and_close(s, &req).await;
+    assert!(
+        !back.starts_with(b"HTTP/1.1 200"),
+        "a batch/put whose client had gone was answered: {:?}",
+        String::from_utf8_lossy(&back[..back.len().min(80)])
+    );
+    assert!(
+        !node
+            .client
+            .head("default", b"batch-gone")
+            .await
+            .expect("HEAD"),
+        "a batch/put over HTTP whose client had gone was stored"
+    );
+}

@@ -373,6 +373,7 @@ async fn ask_round(
 
 pub(crate) async fn batch_put(
     NsCall { st, p, ns, scoped }: NsCall,
+    sock: super::blocks::ClientSocket,
     h: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -410,6 +411,7 @@ pub(crate) async fn batch_put(
         jobs.push((e.key.to_vec(), body.slice_ref(d), e.crc32c));
     }
     st.metrics.received_bytes.inc_by(body.len() as u64);
+    sock.still_there(&st)?;
     let statuses = if st.answers_for_pod(&h) {
         pod_batch_put(&st, &p, &ns, &scoped, &h, &jobs, dur).await
     } else {
