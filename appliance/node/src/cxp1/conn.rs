@@ -167,5 +167,3 @@ impl Activity {
             .saturating_sub(Duration::from_millis(last))
     }
 }
-
-pub(crate) use crate::conn::client_gone;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::conn::{client_gone, Activity, Conn, Out, Rd, Wr};
+use super::conn::{Activity, Conn, Out, Rd, Wr};
 use super::error;
 use super::handshake::{access_of_op, authenticate, refuse, scope_request};
 use super::ops::{get, handle, handle_put, read_put, Parsed};
@@ -26,6 +26,7 @@ use super::{
     HELLO_TIMEOUT, INFLIGHT_PER_CONNECTION, MAX_FRAME_BYTES, OUT_BYTES_PER_CONNECTION,
     STAGING_PER_CONNECTION, WRITE_BATCH_BYTES, WRITE_BATCH_FRAMES,
 };
+use crate::conn::client_gone;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 

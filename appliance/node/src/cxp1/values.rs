@@ -116,7 +116,7 @@ pub(crate) async fn read_piece(
     let last = r.next == fixed.len;
     // Not the last piece of a value its client gave up on (it reset the connection): its
     // writer, its pieces ended, stores nothing.
-    if last && super::conn::client_gone(fd) {
+    if last && crate::conn::client_gone(fd) {
         open.remove(&id);
         conn.metrics.abandoned_writes.inc();
         return Ok(false);

@@ -215,6 +215,14 @@ pub(crate) fn body_streaming(
 /// The caller's address, when the listener gave it.
 pub(crate) struct Peer(pub Option<std::net::IpAddr>);
 
+/// The connection's [`crate::conn::PeerInfo`], as the HTTP server put it on each request.
+fn peer_info(parts: &axum::http::request::Parts) -> Option<&crate::conn::PeerInfo> {
+    parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<crate::conn::PeerInfo>>()
+        .map(|c| &c.0)
+}
+
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
     type Rejection = std::convert::Infallible;
 
@@ -222,12 +230,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> Result<Self, Self::Rejection> {
-        Ok(Peer(
-            parts
-                .extensions
-                .get::<axum::extract::ConnectInfo<crate::conn::PeerInfo>>()
-                .map(|c| c.0.addr.ip()),
-        ))
+        Ok(Peer(peer_info(parts).map(|p| p.addr.ip())))
     }
 }
 
@@ -241,12 +244,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientSocket {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> Result<Self, Self::Rejection> {
-        Ok(ClientSocket(
-            parts
-                .extensions
-                .get::<axum::extract::ConnectInfo<crate::conn::PeerInfo>>()
-                .map(|c| c.0.fd),
-        ))
+        Ok(ClientSocket(peer_info(parts).map(|p| p.fd)))
     }
 }
 
