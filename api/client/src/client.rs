@@ -630,7 +630,7 @@ impl Client {
             ns,
             &CreateNamespace {
                 quota_bytes,
-                replication: None,
+                ..CreateNamespace::default()
             },
         )
         .await

@@ -313,8 +313,15 @@ class Events:
 
 
 def _ns(t: tuple) -> dict[str, Any]:
-    name, quota, replication, used, blocks = t
-    return {"name": name, "quota_bytes": quota, "replication": replication, "used_bytes": used, "block_count": blocks}
+    name, quota, replication, used, blocks, klass = t
+    return {
+        "name": name,
+        "quota_bytes": quota,
+        "replication": replication,
+        "used_bytes": used,
+        "block_count": blocks,
+        "class": klass,
+    }
 
 
 def _ok(status: int) -> bool:
@@ -445,16 +452,27 @@ class Store:
         """Copies the pod keeps of each block of this namespace (R)."""
         return self._s.replication(self.namespace)
 
-    def create_namespace(self, *, quota_bytes: int | None = None, replication: int | None = None) -> dict[str, Any]:
+    def create_namespace(
+        self,
+        *,
+        quota_bytes: int | None = None,
+        replication: int | None = None,
+        namespace_class: str | None = None,
+    ) -> dict[str, Any]:
         """Creates this store's namespace in the pod (or sets these settings on it, if it
         exists): ``quota_bytes`` caps its live bytes, ``replication`` its copies of each
-        block (default: the pod's). Returns :meth:`namespace_info`. Namespaces are the
-        caller's tenant's."""
-        return _ns(self._s.create_namespace(self.namespace, quota_bytes, replication))
+        block (default: the pod's). ``namespace_class`` is what a namespace created here
+        holds: ``"kv"`` (the default; KV-cache blocks, evicted when the pod needs room) or
+        ``"weights"`` (model weights such as MoE expert shards: never evicted; a node full
+        of them refuses new writes instead). The class is fixed at creation: on an existing
+        namespace ``None`` keeps it and another class raises ``Conflict``; an unknown class
+        raises ``ValueError`` before anything is sent. Returns :meth:`namespace_info`.
+        Namespaces are the caller's tenant's."""
+        return _ns(self._s.create_namespace(self.namespace, quota_bytes, replication, namespace_class))
 
     def namespace_info(self) -> dict[str, Any]:
-        """This namespace's name, quota_bytes, replication, used_bytes and block_count;
-        raises ``NotFound`` if it does not exist."""
+        """This namespace's name, quota_bytes, replication, used_bytes, block_count and
+        class (``"kv"`` or ``"weights"``); raises ``NotFound`` if it does not exist."""
         return _ns(self._s.namespace_info(self.namespace))
 
     def namespaces(self) -> list[dict[str, Any]]:

@@ -50,8 +50,8 @@ impl Shared {
             return Ok(());
         }
         let settings = ctxpod_wire::types::CreateNamespace {
-            quota_bytes: None,
             replication: self.replication,
+            ..Default::default()
         };
         let known = self
             .pod

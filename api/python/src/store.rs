@@ -51,7 +51,7 @@ impl AsRef<[u8]> for Lent {
 /// the prefetch's landing in place without a copy pays for its extra frames.
 pub(crate) const GET_PATH_BYTES_MAX: usize = 1 << 20;
 
-type NsInfo = (String, Option<u64>, Option<u32>, u64, u64);
+type NsInfo = (String, Option<u64>, Option<u32>, u64, u64, &'static str);
 
 fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
     (
@@ -60,6 +60,7 @@ fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
         i.replication,
         i.used_bytes,
         i.block_count,
+        i.class.as_str(),
     )
 }
 
@@ -187,19 +188,26 @@ impl Store {
     }
 
     /// Creates namespace `ns` (or sets these settings on it): (name, quota_bytes,
-    /// replication, used_bytes, block_count).
-    #[pyo3(signature = (ns, quota_bytes=None, replication=None))]
+    /// replication, used_bytes, block_count, class). `namespace_class` (`kv`, `weights`)
+    /// is the class of a namespace this creates; an existing one keeps its own.
+    #[pyo3(signature = (ns, quota_bytes=None, replication=None, namespace_class=None))]
     fn create_namespace(
         &self,
         py: Python<'_>,
         ns: String,
         quota_bytes: Option<u64>,
         replication: Option<u32>,
+        namespace_class: Option<String>,
     ) -> PyResult<NsInfo> {
         let pod = self.pod.clone();
+        let class = namespace_class
+            .map(|c| c.parse::<ctxpod_wire::types::NamespaceClass>())
+            .transpose()
+            .map_err(pyo3::exceptions::PyValueError::new_err)?;
         let settings = ctxpod_wire::types::CreateNamespace {
             quota_bytes,
             replication,
+            class,
         };
         let i = block(py, async move {
             pod.on_any_member(|c| {

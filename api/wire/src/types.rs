@@ -12,6 +12,51 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// What a namespace holds, and so how a node keeps it: fixed when the namespace is created.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespaceClass {
+    /// KV-cache blocks (the default): evicted oldest first when the device needs room,
+    /// unless leased or recently read.
+    #[default]
+    Kv,
+    /// Model weights (MoE expert shards): written once by a loader, read by many engines,
+    /// never evicted while the namespace exists (a device full of them refuses new writes,
+    /// 507, rather than drop one).
+    Weights,
+}
+
+impl NamespaceClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NamespaceClass::Kv => "kv",
+            NamespaceClass::Weights => "weights",
+        }
+    }
+
+    pub fn is_kv(&self) -> bool {
+        *self == NamespaceClass::Kv
+    }
+}
+
+impl std::fmt::Display for NamespaceClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for NamespaceClass {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kv" => Ok(NamespaceClass::Kv),
+            "weights" => Ok(NamespaceClass::Weights),
+            other => Err(format!("unknown namespace class {other:?} (kv, weights)")),
+        }
+    }
+}
+
 /// `PUT /v1/namespaces/{ns}` body (optional).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +67,10 @@ pub struct CreateNamespace {
     /// Copies of each block in a pod (1..=5); absent = the pod's `replication`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<u32>,
+    /// The namespace's class when it is created (absent: `kv`). Fixed from then on: on an
+    /// existing namespace, absent keeps its class and another class is refused (409).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<NamespaceClass>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -31,6 +80,9 @@ pub struct NamespaceInfo {
     /// Copies of each block in a pod, when the namespace sets its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<u32>,
+    /// What the namespace holds (`kv` or `weights`).
+    #[serde(default)]
+    pub class: NamespaceClass,
     /// Bytes of live blocks (payload bytes, before encryption overhead).
     pub used_bytes: u64,
     pub block_count: u64,

@@ -15,6 +15,7 @@
 //! tail); everything else — deletes, region transitions — is written in a synced checkpoint.
 
 use anyhow::Context;
+use ctxpod_wire::types::NamespaceClass;
 use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -279,6 +280,10 @@ pub struct NsMeta {
     /// namespace the pod never spoke of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<u64>,
+    /// What the namespace holds; fixed at creation (absent in indexes made before classes:
+    /// `kv`).
+    #[serde(default, skip_serializing_if = "NamespaceClass::is_kv")]
+    pub class: NamespaceClass,
 }
 
 /// Device layout, fixed when the node is first formatted.

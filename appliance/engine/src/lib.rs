@@ -42,7 +42,7 @@ use crate::offload::{OffloadEngine, OffloadError};
 use bytes::Bytes;
 use ctxpod_format::config::Config;
 use ctxpod_format::record::{self, RecordHeader, HEADER_BYTES, TAG_BYTES};
-use ctxpod_wire::types::{NamespaceInfo, Stats};
+use ctxpod_wire::types::{NamespaceClass, NamespaceInfo, Stats};
 use ctxpod_wire::Durability;
 use dram::{CacheKey, S3Fifo};
 use index::{block_key, BlockLoc, Geometry, Index, NsMeta};
@@ -75,6 +75,9 @@ pub enum EngineError {
     Quota(String),
     #[error("busy: {0} is full, retry later")]
     Busy(&'static str),
+    /// A change the namespace's fixed settings refuse (its class).
+    #[error("{0}")]
+    Fixed(String),
     #[error("internal error: {0:#}")]
     Internal(anyhow::Error),
 }
@@ -123,6 +126,8 @@ pub struct Namespace {
     replication: AtomicU32,
     /// [`NsMeta::incarnation`]; 0: none.
     incarnation: AtomicU64,
+    /// Fixed at creation.
+    class: NamespaceClass,
     created_ms: u64,
     keys: parking_lot::RwLock<NsKeys>,
     used_bytes: AtomicU64,
@@ -163,6 +168,9 @@ pub struct NsSettings {
     /// The pod's incarnation of the namespace (`pod::namespaces`), recorded when given;
     /// `None` keeps the one it has.
     pub incarnation: Option<u64>,
+    /// The class of a namespace created by this call (`None`: `kv`); an existing
+    /// namespace keeps its own, and another one is refused ([`EngineError::Fixed`]).
+    pub class: Option<NamespaceClass>,
 }
 
 /// A namespace's data keys: the current generation (new writes) and every generation still
@@ -214,11 +222,17 @@ impl Namespace {
         Some(self.replication.load(Ordering::Relaxed)).filter(|&r| r != 0)
     }
 
+    /// What the namespace holds: `weights` are never evicted.
+    pub fn class(&self) -> NamespaceClass {
+        self.class
+    }
+
     fn info(&self) -> NamespaceInfo {
         NamespaceInfo {
             name: self.name.clone(),
             quota_bytes: self.quota_bytes(),
             replication: self.replication(),
+            class: self.class,
             used_bytes: self.used_bytes.load(Ordering::Relaxed),
             block_count: self.blocks.load(Ordering::Relaxed),
         }
@@ -231,6 +245,7 @@ impl Namespace {
             quota: AtomicU64::new(meta.quota_bytes.unwrap_or(NO_QUOTA)),
             replication: AtomicU32::new(meta.replication.unwrap_or(0)),
             incarnation: AtomicU64::new(meta.incarnation.unwrap_or(0)),
+            class: meta.class,
             created_ms: meta.created_ms,
             keys: parking_lot::RwLock::new(NsKeys {
                 current: meta.key_id,
@@ -281,6 +296,7 @@ impl Namespace {
             key_seq: k.since_seq,
             replication: self.replication(),
             incarnation: self.incarnation(),
+            class: self.class,
         }
     }
 
@@ -373,6 +389,21 @@ impl Core {
 
     fn ns_by_id(&self, id: u32) -> Option<Arc<Namespace>> {
         self.ns_by_id.read().get(&id).cloned()
+    }
+
+    /// Whether a reclaim must keep the block or value `bkey` (its index key): it is leased,
+    /// or its namespace holds weights, which are never evicted.
+    fn kept(&self, bkey: &[u8]) -> bool {
+        self.leases.is_pinned(bkey) || self.holds_weights(bkey)
+    }
+
+    /// Whether `bkey`'s namespace is of class `weights`.
+    fn holds_weights(&self, bkey: &[u8]) -> bool {
+        bkey.get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+            .and_then(|id| self.ns_by_id(id))
+            .is_some_and(|ns| ns.class == NamespaceClass::Weights)
     }
 
     fn fail(&self, what: &str, e: &anyhow::Error) {
@@ -616,6 +647,9 @@ mod coherence_tests;
 
 #[cfg(test)]
 mod value_tests;
+
+#[cfg(test)]
+mod class_tests;
 
 #[cfg(test)]
 mod segment_tests;

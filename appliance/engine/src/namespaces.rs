@@ -47,6 +47,7 @@ impl Engine {
             quota_bytes,
             replication,
             incarnation,
+            class,
         } = settings;
         ctxpod_wire::namespace::check_scoped_name(name)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
@@ -63,6 +64,13 @@ impl Engine {
         let cf_ns = c.index.cf(index::CF_NAMESPACES);
         let existing = c.namespaces.read().get(name).cloned();
         if let Some(ns) = existing {
+            if let Some(c) = class.filter(|&c| c != ns.class) {
+                return Err(EngineError::Fixed(format!(
+                    "namespace {name:?} is of class {}, fixed when it was created: it cannot \
+                     become {c} (delete it and create it again)",
+                    ns.class
+                )));
+            }
             let incarnation = incarnation.or(ns.incarnation());
             if ns.quota_bytes() != quota_bytes
                 || ns.replication() != replication
@@ -108,6 +116,7 @@ impl Engine {
             key_seq: c.seq.next.load(Ordering::Relaxed),
             replication,
             incarnation,
+            class: class.unwrap_or_default(),
         };
         let mut wb = rocksdb::WriteBatch::default();
         wb.put_cf(

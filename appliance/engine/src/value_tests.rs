@@ -43,8 +43,13 @@ async fn write_all(w: &mut impl Pieces, v: &[u8]) -> Result<()> {
 }
 
 async fn store(e: &Engine, key: &[u8], v: &[u8]) -> Result<PutStatus> {
+    store_in(e, "default", key, v).await
+}
+
+/// Stores `v` as a large value under `key` in namespace `ns`, durably.
+pub(crate) async fn store_in(e: &Engine, ns: &str, key: &[u8], v: &[u8]) -> Result<PutStatus> {
     let mut w = e
-        .begin_value("default", key, v.len() as u64, Durability::Durable)
+        .begin_value(ns, key, v.len() as u64, Durability::Durable)
         .await?;
     write_all(&mut w, v).await?;
     w.finish(Some(crc32c::crc32c(v))).await
@@ -52,7 +57,17 @@ async fn store(e: &Engine, key: &[u8], v: &[u8]) -> Result<PutStatus> {
 
 /// The value's bytes in `range`, read piece by piece (`None`: absent).
 async fn read(e: &Engine, key: &[u8], range: Option<(u64, u64)>) -> Result<Option<Vec<u8>>> {
-    let Some(mut r) = e.open_value("default", key, range).await? else {
+    read_in(e, "default", key, range).await
+}
+
+/// [`read`] in namespace `ns`.
+pub(crate) async fn read_in(
+    e: &Engine,
+    ns: &str,
+    key: &[u8],
+    range: Option<(u64, u64)>,
+) -> Result<Option<Vec<u8>>> {
+    let Some(mut r) = e.open_value(ns, key, range).await? else {
         return Ok(None);
     };
     let mut out = Vec::new();

@@ -54,7 +54,7 @@ pub(crate) fn status_of(e: &EngineError) -> (StatusCode, &'static str) {
     match e {
         EngineError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
         EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "no_such_namespace"),
-        EngineError::Conflict => (StatusCode::CONFLICT, "conflict"),
+        EngineError::Conflict | EngineError::Fixed(_) => (StatusCode::CONFLICT, "conflict"),
         EngineError::Integrity(_) => (StatusCode::UNPROCESSABLE_ENTITY, "integrity"),
         EngineError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
         EngineError::NoSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),

@@ -22,6 +22,7 @@
 
 use super::etcd::Etcd;
 use ctxpod_engine::{Engine, EngineError, NsSettings};
+use ctxpod_wire::types::NamespaceClass;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -38,6 +39,10 @@ pub struct NsRecord {
     #[serde(default)]
     pub replication: Option<u32>,
     pub incarnation: u64,
+    /// The namespace's class, fixed when it was created (records written before classes:
+    /// `kv`).
+    #[serde(default, skip_serializing_if = "NamespaceClass::is_kv")]
+    pub class: NamespaceClass,
     /// Deleted: members holding this incarnation delete it.
     #[serde(default)]
     pub deleted: bool,
@@ -49,6 +54,7 @@ impl NsRecord {
             quota_bytes: self.quota_bytes,
             replication: self.replication,
             incarnation: Some(self.incarnation),
+            class: Some(self.class),
         }
     }
 }

@@ -1072,6 +1072,7 @@ fn replicated(copies: u32) -> ctxpod_wire::types::CreateNamespace {
     ctxpod_wire::types::CreateNamespace {
         quota_bytes: None,
         replication: Some(copies),
+        class: None,
     }
 }
 
@@ -1260,15 +1261,71 @@ async fn reqwest_text(url: &str) -> String {
         .unwrap()
 }
 
+/// c, back, has caught up from etcd with what changed while it was away (30 s at most).
+async fn c_caught_up(c: &ctxpod_client::client::Client) {
+    use ctxpod_wire::types::NamespaceClass;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let new = c.namespace("new").await.ok().and_then(|i| i.quota_bytes);
+        let experts = c.namespace("experts").await.ok().map(|i| i.class);
+        let hot_gone = c.namespace("hot").await.is_err();
+        // Absent for a moment while c replaces the old incarnation with the new one.
+        let late = c.namespace("late").await.ok();
+        let caught_up =
+            new == Some(1 << 30) && hot_gone && experts == Some(NamespaceClass::Weights);
+        if let (true, Some(l)) = (caught_up, &late) {
+            if l.replication == Some(2) {
+                assert_eq!(l.block_count, 0, "the old incarnation's blocks are gone");
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "c did not catch up: new {new:?}, experts {experts:?}, hot gone {hot_gone}, late {late:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `moe`, created `weights` through b: so on every member, and c cannot make it `kv`.
+async fn a_class_is_the_same_on_every_member(nodes: &[Node]) {
+    use ctxpod_wire::types::{CreateNamespace, NamespaceClass};
+    let class = |c: NamespaceClass| CreateNamespace {
+        class: Some(c),
+        ..CreateNamespace::default()
+    };
+    nodes[1]
+        .client
+        .create_namespace_with("moe", &class(NamespaceClass::Weights))
+        .await
+        .unwrap();
+    let refused = nodes[2]
+        .client
+        .create_namespace_with("moe", &class(NamespaceClass::Kv))
+        .await
+        .expect_err("another class through another member");
+    assert_eq!(refused.status(), Some(409), "{refused}");
+    for n in nodes {
+        assert_eq!(
+            n.client.namespace("moe").await.unwrap().class,
+            NamespaceClass::Weights
+        );
+    }
+}
+
 /// Namespaces are the pod's: created, changed and deleted through any node on every
 /// member; a member that was away catches up from etcd (a namespace created, one deleted,
-/// one deleted and created again, which drops the old blocks); a namespace's own
-/// replication holds for plain clients (forwarded) and the pod client alike.
+/// one deleted and created again, which drops the old blocks; one created with its class);
+/// a namespace's own replication holds for plain clients (forwarded) and the pod client
+/// alike; a namespace's class is the same on every member and cannot be changed through
+/// any of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_and_their_replication_are_the_pods() {
+    use ctxpod_wire::types::{CreateNamespace, NamespaceClass};
     let (_ground, mut nodes, pc) = pod_of_three("ns", "").await;
     // Every node's view must list all three before a namespace change goes out.
     wait_views(&nodes, 3).await;
+    a_class_is_the_same_on_every_member(&nodes).await;
     let info = create_replicated(&nodes[0], "hot", 3).await;
     assert_eq!(info.replication, Some(3));
     for n in &nodes {
@@ -1328,6 +1385,17 @@ async fn namespaces_and_their_replication_are_the_pods() {
     nodes[1].client.delete_namespace("hot").await.unwrap();
     nodes[0].client.delete_namespace("late").await.unwrap();
     create_replicated(&nodes[1], "late", 2).await;
+    nodes[0]
+        .client
+        .create_namespace_with(
+            "experts",
+            &CreateNamespace {
+                class: Some(NamespaceClass::Weights),
+                ..CreateNamespace::default()
+            },
+        )
+        .await
+        .unwrap();
     for n in &nodes[..2] {
         assert!(n.client.namespace("hot").await.is_err());
         assert_eq!(
@@ -1338,25 +1406,7 @@ async fn namespaces_and_their_replication_are_the_pods() {
         assert_eq!((l.replication, l.block_count), (Some(2), 0));
     }
     nodes[2].restart().await;
-    let c = &nodes[2].client;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let new = c.namespace("new").await.ok().and_then(|i| i.quota_bytes);
-        let hot_gone = c.namespace("hot").await.is_err();
-        // Absent for a moment while c replaces the old incarnation with the new one.
-        let late = c.namespace("late").await.ok();
-        if let (true, Some(l)) = (new == Some(1 << 30) && hot_gone, &late) {
-            if l.replication == Some(2) {
-                assert_eq!(l.block_count, 0, "the old incarnation's blocks are gone");
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "c did not catch up: new {new:?}, hot gone {hot_gone}, late {late:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    c_caught_up(&nodes[2].client).await;
     // Deleting `default` through one node empties it on every node.
     nodes[1].client.delete_namespace("default").await.unwrap();
     for n in &nodes {

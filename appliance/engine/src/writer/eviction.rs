@@ -1,8 +1,8 @@
 //! Eviction: free regions kept ahead of the writer (`ensure_free`), the oldest sealed region
-//! reclaimed, its recently read and leased records moved rather than dropped (a region
-//! mostly leased is kept in place). A large value with an extent in the region is evicted
-//! whole (its other extents become dead space where they lie), unless it is leased: then
-//! the region is kept in place.
+//! reclaimed, its recently read and kept records (leased, or of a `weights` namespace) moved
+//! rather than dropped (a region mostly kept is kept in place). A large value with an extent
+//! in the region is evicted whole (its other extents become dead space where they lie),
+//! unless it is kept: then the region is kept in place.
 
 use super::*;
 
@@ -44,7 +44,7 @@ impl Writer {
         let (live, values) = live_records(idx, r, &lo, &hi)?;
         // A large value is evicted whole; one under a lease keeps every region holding one
         // of its extents in place (its extents are never moved).
-        if values.iter().any(|(bkey, _)| core.leases.is_pinned(bkey)) {
+        if values.iter().any(|(bkey, _)| core.kept(bkey)) {
             self.sealed.push_back(r);
             core.metrics.reclaim_skipped.inc();
             tracing::debug!(
@@ -55,10 +55,7 @@ impl Writer {
         }
         let budget = core.geometry.region_bytes / 2;
         // Each record's lease, asked once.
-        let pinned: Vec<bool> = live
-            .iter()
-            .map(|(bkey, _)| core.leases.is_pinned(bkey))
-            .collect();
+        let pinned: Vec<bool> = live.iter().map(|(bkey, _)| core.kept(bkey)).collect();
         let leased: u64 = live
             .iter()
             .zip(&pinned)

@@ -113,6 +113,7 @@ pub(crate) async fn put_namespace(
         quota_bytes: req.quota_bytes,
         replication: req.replication,
         incarnation: None,
+        class: req.class,
     };
     let (created, info) = if let Some(inc) = routed_incarnation(&h)? {
         // A change another member made, sent on to this one.
@@ -120,7 +121,12 @@ pub(crate) async fn put_namespace(
         pns::apply(&st.engine, &ns, settings).await?
     } else if st.pod_wide() {
         // Made here for the whole pod: recorded in etcd, applied, sent to every member.
-        let inc = match st.live_record(&ns).await? {
+        let live = st.live_record(&ns).await?;
+        let held = st.engine.namespace(&ns).ok().map(|i| i.class);
+        // Checked before it is recorded: the pod's record never names another class than
+        // the one the namespace was created with.
+        let class = fixed_class(&ns, live.as_ref().map(|r| r.class).or(held), req.class)?;
+        let inc = match live {
             Some(rec) => rec.incarnation,
             None => st
                 .engine
@@ -135,6 +141,7 @@ pub(crate) async fn put_namespace(
                 quota_bytes: req.quota_bytes,
                 replication: req.replication,
                 incarnation: inc,
+                class,
                 deleted: false,
             },
         )
@@ -229,6 +236,7 @@ pub(crate) async fn delete_namespace(
             quota_bytes: None,
             replication: None,
             incarnation: pns::new_incarnation(),
+            class: NamespaceClass::Kv,
             deleted: false,
         }
     } else {
@@ -239,6 +247,7 @@ pub(crate) async fn delete_namespace(
                 .map(|r| r.incarnation)
                 .or(held)
                 .unwrap_or_else(pns::new_incarnation),
+            class: NamespaceClass::Kv,
             deleted: true,
         }
     };
@@ -252,6 +261,24 @@ pub(crate) async fn delete_namespace(
     st.namespace_to_members(Method::DELETE, &uri, &h, &p, Bytes::new(), sent)
         .await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The class a `PUT` leaves namespace `ns` with: the one it has (`existing`), which `asked`
+/// may repeat but not change (409), or for a new namespace `asked` (default `kv`).
+fn fixed_class(
+    ns: &str,
+    existing: Option<NamespaceClass>,
+    asked: Option<NamespaceClass>,
+) -> ApiResult<NamespaceClass> {
+    match (existing, asked) {
+        (Some(e), Some(a)) if e != a => Err(EngineError::Fixed(format!(
+            "namespace {ns:?} is of class {e}, fixed when it was created: it cannot become {a} \
+             (delete it and create it again)"
+        ))
+        .into()),
+        (Some(e), _) => Ok(e),
+        (None, a) => Ok(a.unwrap_or_default()),
+    }
 }
 
 /// The namespace incarnation a member sent with a change it made (a routed request).

@@ -358,6 +358,7 @@ async fn create_namespaces(node: &Node) {
             &ctxpod_wire::types::CreateNamespace {
                 quota_bytes: Some(1 << 20),
                 replication: Some(2),
+                class: None,
             },
         )
         .await
