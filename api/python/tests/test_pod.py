@@ -4,6 +4,7 @@ from every member, reads fall back when a member is down."""
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 import uuid
@@ -363,3 +364,37 @@ def test_concurrent_puts_through_three_members_never_take_the_pod_over_its_quota
     assert used <= (1 << 20) * replication, used
     assert stored <= 2
     s.close()
+
+
+def namespace_on(member_http: str, ns: str) -> dict:
+    """What this member itself says of namespace `ns` (GET /v1/namespaces/{ns})."""
+    with urllib.request.urlopen(f"{member_http}/v1/namespaces/{ns}", timeout=5) as r:
+        return json.loads(r.read())
+
+
+# One projection of one expert of Qwen1.5-MoE-A2.7B in bf16: 2048 x 1408 x 2 bytes.
+SHARD_BYTES = 2048 * 1408 * 2
+
+
+def test_a_weights_namespace_is_the_pods_and_its_class_is_fixed(pod):
+    s = ctxpod.Store.connect([n.http for n in pod], namespace=f"w-{uuid.uuid4().hex[:12]}")
+    try:
+        info = s.create_namespace(namespace_class="weights")
+        assert info["class"] == "weights"
+        assert [namespace_on(n.http, s.namespace)["class"] for n in pod] == ["weights"] * 3
+        # A settings change that leaves the class out keeps it.
+        assert s.create_namespace(quota_bytes=1 << 30)["class"] == "weights"
+        with pytest.raises(ctxpod.Conflict, match="weights"):
+            s.create_namespace(namespace_class="kv")
+        with pytest.raises(ValueError, match="unknown namespace class"):
+            s.create_namespace(namespace_class="cold")
+        assert [namespace_on(n.http, s.namespace)["class"] for n in pod] == ["weights"] * 3
+        assert s.with_namespace("default").namespace_info()["class"] == "kv"
+        # Expert shards go in and come back whole, from their R = 2 members.
+        rng = np.random.default_rng(36)
+        keys = [f"0/{e}".encode() for e in range(4)]
+        shards = [rng.integers(0, 256, SHARD_BYTES, dtype=np.uint8).tobytes() for _ in keys]
+        assert s.batch_put(keys, shards) == [201] * 4
+        assert s.batch_get(keys) == shards
+    finally:
+        s.close()
