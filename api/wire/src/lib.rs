@@ -141,6 +141,10 @@ pub const HEADER_COPY: &str = "x-ctxpod-copy";
 /// the answer this way, having taken it from its egress budget before asking.
 pub const HEADER_ANSWER_BYTES_MAX: &str = "x-ctxpod-answer-bytes-max";
 
+/// On an S3 CreateBucket: the class of the namespace it creates (`kv`, the default, or
+/// `weights`), as `class` in the body of `PUT /v1/namespaces/{ns}`.
+pub const HEADER_NAMESPACE_CLASS: &str = "x-ctxpod-namespace-class";
+
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)

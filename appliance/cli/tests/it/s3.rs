@@ -786,3 +786,44 @@ async fn a_range_of_a_block_reads_only_the_segments_that_hold_it_through_every_d
     let record = ctxpod_format::record::record_bytes(len) as u64;
     assert_eq!(device_read_bytes(&node).await - before, record, "whole");
 }
+
+/// CreateBucket with `x-ctxpod-namespace-class: weights` makes a `weights` namespace (the
+/// HTTP API shows it so); without the header a bucket is `kv`; an unknown class is refused
+/// (InvalidArgument) and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_takes_its_namespace_class_from_a_header() {
+    use ctxpod_wire::types::{NamespaceClass, NamespaceInfo};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
+    let s3 = client(&node, &ak, &sk);
+    let create = |name: &'static str, class: &'static str| {
+        s3.create_bucket()
+            .bucket(name)
+            .customize()
+            .mutate_request(move |r| {
+                r.headers_mut()
+                    .insert(ctxpod_wire::HEADER_NAMESPACE_CLASS, class);
+            })
+            .send()
+    };
+    create("experts", "weights").await.expect("create");
+    create_bucket(&s3, "kvcache").await;
+    let refused = create("cold", "cold").await.expect_err("unknown class");
+    assert_eq!(code(&refused), "InvalidArgument", "{refused:?}");
+    let class_of = |ns: &'static str| {
+        let node = &node;
+        async move {
+            let r = node
+                .request(reqwest::Method::GET, &format!("/v1/namespaces/{ns}"))
+                .header(ctxpod_wire::HEADER_TENANT, "a")
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(r.status(), 200, "{ns}");
+            r.json::<NamespaceInfo>().await.expect("json").class
+        }
+    };
+    assert_eq!(class_of("experts").await, NamespaceClass::Weights);
+    assert_eq!(class_of("kvcache").await, NamespaceClass::Kv);
+    assert_eq!(bucket_names(&s3).await, ["experts", "kvcache"]);
+}

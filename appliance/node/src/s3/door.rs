@@ -351,9 +351,21 @@ impl S3 for Door {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let created = async {
-            // An existing bucket keeps its settings (quota, replication): the node creates
-            // only (`If-None-Match: *`), and S3 answers BucketAlreadyOwnedByYou.
+            // An existing bucket keeps its settings (quota, replication, class): the node
+            // creates only (`If-None-Match: *`), and S3 answers BucketAlreadyOwnedByYou.
             let path = format!("/v1/namespaces/{}", namespace(&req.input.bucket)?);
+            // The namespace's class, from `x-ctxpod-namespace-class` (S3 has no field for it).
+            let body = match req.headers.get(ctxpod_wire::HEADER_NAMESPACE_CLASS) {
+                None => "{}".to_string(),
+                Some(v) => {
+                    let class: ctxpod_wire::types::NamespaceClass = v
+                        .to_str()
+                        .map_err(|e| e.to_string())
+                        .and_then(str::parse)
+                        .map_err(|e| s3_error!(InvalidArgument, "{e}"))?;
+                    serde_json::json!({ "class": class }).to_string()
+                }
+            };
             let mut h = HeaderMap::new();
             h.insert(
                 http::header::IF_NONE_MATCH,
@@ -364,7 +376,7 @@ impl S3 for Door {
                 http::HeaderValue::from_static("application/json"),
             );
             let resp = self
-                .send(&req, Method::PUT, path, h, Body::from("{}"))
+                .send(&req, Method::PUT, path, h, Body::from(body))
                 .await?;
             if !resp.status().is_success() {
                 return Err(refusal(resp, false).await);
