@@ -66,6 +66,8 @@ pub struct Metrics {
     pub capacity_bytes: IntGauge,
     pub used_bytes: IntGauge,
     pub live_bytes: IntGauge,
+    /// Payload bytes of live blocks and values by namespace class (`kv`, `weights`).
+    pub class_bytes: IntGaugeVec,
     pub blocks: IntGauge,
     pub dram_used_bytes: IntGauge,
     pub dram_capacity_bytes: IntGauge,
@@ -296,6 +298,12 @@ impl Metrics {
             capacity_bytes: gauge(&r, "ctxpod_capacity_bytes", "Configured flash capacity"),
             used_bytes: gauge(&r, "ctxpod_used_bytes", "Device bytes in regions in use"),
             live_bytes: gauge(&r, "ctxpod_live_bytes", "Payload bytes of live blocks"),
+            class_bytes: int_gauge_vec(
+                &r,
+                "ctxpod_class_bytes",
+                "Payload bytes of live blocks by namespace class (weights are never evicted)",
+                &["class"],
+            ),
             blocks: gauge(&r, "ctxpod_blocks", "Live blocks"),
             dram_used_bytes: gauge(&r, "ctxpod_dram_used_bytes", "Bytes held by the DRAM tier"),
             dram_capacity_bytes: gauge(&r, "ctxpod_dram_capacity_bytes", "DRAM tier limit"),

@@ -35,6 +35,18 @@ impl Engine {
             .set(c.counters.used_bytes.load(Ordering::Relaxed) as i64);
         m.live_bytes
             .set(c.counters.live_bytes.load(Ordering::Relaxed) as i64);
+        let mut by_class = [0u64; 2];
+        for ns in c.namespaces.read().values() {
+            by_class[usize::from(ns.class() == NamespaceClass::Weights)] += ns.used_bytes();
+        }
+        for (class, bytes) in [NamespaceClass::Kv, NamespaceClass::Weights]
+            .into_iter()
+            .zip(by_class)
+        {
+            m.class_bytes
+                .with_label_values(&[class.as_str()])
+                .set(bytes as i64);
+        }
         m.blocks
             .set(c.counters.blocks.load(Ordering::Relaxed) as i64);
         m.regions_free

@@ -184,6 +184,14 @@ async fn weights_are_never_evicted_on_any_door() {
     let s = c.stats().await.expect("stats");
     assert!(s.evicted_regions > 0 && s.evicted_blocks > 0, "{s:?}");
     check("after the churn").await;
+    common::metrics_contain(
+        &node,
+        &format!(
+            "ctxpod_class_bytes{{class=\"weights\"}} {}",
+            16 * SHARD_BYTES
+        ),
+    )
+    .await;
 
     fill_with_weights(&c, shard, key).await;
     check("with the device full").await;
