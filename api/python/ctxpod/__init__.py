@@ -32,7 +32,7 @@ from ._ctxpod import (
     VERSION,
     dynamo_block_hashes,
 )
-from ._store import LOST, POLICIES, Buffer, Event, Events, Key, Store, Ticket
+from ._store import LOST, POLICIES, Buffer, Event, Events, Key, Store, Ticket, expert_key
 from .errors import *  # noqa: F401,F403 (the exception classes, listed in errors.__all__)
 
 __version__ = VERSION
@@ -59,6 +59,7 @@ __all__ = [
     "hashing",
     "dynamo_block_hashes",
     "dynamo_key",
+    "expert_key",
     "BLOCK_BYTES_MAX",
     "CONNECT_TIMEOUT_S",
     "DIRECT_CONNECTIONS",

@@ -4,7 +4,7 @@ exceptions, asyncio. The I/O itself runs in Rust with the GIL released."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import Any, NamedTuple, Union
 
@@ -24,6 +24,14 @@ LOST = -1
 
 DEFAULT_LEASE_MS = 10_000
 POLICIES = ("best_effort", "wait_complete", "timeout")
+
+
+def expert_key(layer: int, expert: int, shard: str) -> bytes:
+    """The key of one shard of one expert in a ``weights`` namespace:
+    ``b"<layer>/<expert>/<shard>"`` (e.g. ``b"3/17/down_proj"``)."""
+    if layer < 0 or expert < 0 or not shard or "/" in shard:
+        raise InvalidRequest(f"expert_key({layer}, {expert}, {shard!r}): non-negative ids and a shard name without '/'")
+    return f"{layer}/{expert}/{shard}".encode()
 
 
 def _key(k: Key) -> bytes:
@@ -768,6 +776,56 @@ class Store:
         (lease_ms,) = _ints([lease_ms], "lease_ms")
         native = self._s.prefetch(self.namespace, keys, ptrs, sizes, policy, deadline_ms, lease_ms)
         return Ticket(native, keys)
+
+    def prefetch_experts(
+        self,
+        layer_experts: Mapping[int, Iterable[int]],
+        into: Mapping[int, Mapping[str, Any]],
+        *,
+        policy: str = "wait_complete",
+        deadline_ms: int | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+    ) -> Ticket:
+        """Stages the weights of the experts a router chose into registered engine memory,
+        ahead of use: one :meth:`prefetch` for every shard of every expert named, from
+        every member at once; returns its :class:`Ticket` at once.
+
+        ``layer_experts`` maps a layer to the expert ids its router picked (top-k, for the
+        next step or steps). ``into[layer]`` maps a shard name (``"gate_up_proj"``,
+        ``"down_proj"``, …) to a registered buffer's object laid out expert-major, as fused
+        MoE weights are (transformers' ``gate_up_proj``/``down_proj``, vLLM's ``w13``/``w2``):
+        ``shape[0]`` experts of equal size, expert ``e``'s shard at byte ``e * nbytes //
+        shape[0]``. Each shard is the value of key :func:`expert_key` ``(layer, e, shard)``
+        in this store's namespace (a ``weights`` namespace: never evicted). The ticket's
+        entries are the shards in that order (layers and experts as given, shards as
+        ``into[layer]`` lists them); a shard the pod does not hold is ``-404`` in
+        ``wait()``. ``policy``, ``deadline_ms`` and ``lease_ms`` are :meth:`prefetch`'s.
+        """
+        keys: list[bytes] = []
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        for layer, experts in layer_experts.items():
+            regions = into.get(layer)
+            if not regions:
+                raise InvalidRequest(f"prefetch_experts: no regions given for layer {layer}")
+            for e in experts:
+                for shard, obj in regions.items():
+                    buf = self._find(obj)
+                    shape = getattr(obj, "shape", None)
+                    if buf is None or not shape:
+                        raise InvalidRequest(
+                            f"prefetch_experts: layer {layer}'s {shard!r} is not a registered "
+                            "tensor or array (register_buffer it first)"
+                        )
+                    if not 0 <= int(e) < shape[0]:
+                        raise InvalidRequest(f"prefetch_experts: expert {e} of layer {layer}: it has {shape[0]}")
+                    each = buf.size // shape[0]
+                    keys.append(expert_key(layer, int(e), shard))
+                    ptrs.append(buf.ptr + int(e) * each)
+                    sizes.append(each)
+        if not keys:
+            raise InvalidRequest("prefetch_experts: no experts named")
+        return self.prefetch(keys, (ptrs, sizes), policy=policy, deadline_ms=deadline_ms, lease_ms=lease_ms)
 
     def events(self, namespace: str | None = None) -> Events:
         """KV events (stored, evicted, deleted keys) of a namespace (this one by default)
