@@ -176,11 +176,23 @@ def check(d, base, admin, viewer, tenant):
     # 200 hits and 20 misses since the start.
     wait_for("the hit ratio", lambda: text(d, "#m-hit").endswith(" / 0.909"))
     ns = wait_for("the namespace row", lambda: d.find_element(By.CSS_SELECTOR, 'tr[data-ns="default"]'))
+    if ns.find_element(By.CSS_SELECTOR, "td[data-class]").text != "kv":
+        fail(f"default's class: {ns.text!r}")
     cells = ns.find_elements(By.CSS_SELECTOR, "td[data-value]")
     if int(cells[0].get_attribute("data-value")) != BLOCKS:
         fail(f"namespace blocks: {cells[0].get_attribute('data-value')}")
     if int(cells[1].get_attribute("data-value")) != BLOCKS * BLOCK_BYTES:
         fail(f"namespace bytes: {cells[1].get_attribute('data-value')}")
+    # A weights namespace (never evicted) shows its class.
+    s, b = call(base, admin, "PUT", "/v1/namespaces/experts", b'{"class": "weights"}')
+    if s != 201:
+        fail(f"PUT a weights namespace: {s} {b[:200]!r}")
+
+    def experts_class():
+        row = d.find_element(By.CSS_SELECTOR, 'tr[data-ns="experts"] td[data-class]')
+        return row.text == "weights" and row.text
+
+    wait_for("the weights namespace's class", experts_class)
     node_row = d.find_element(By.CSS_SELECTOR, "#members tbody tr")
     if "ok" not in node_row.text:
         fail(f"node row: {node_row.text}")

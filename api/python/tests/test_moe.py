@@ -127,3 +127,28 @@ def test_a_model_whose_expert_is_missing_raises_rather_than_compute_with_zeros(w
             model(torch.tensor([[1, 2, 3]]))
     finally:
         moe.close()
+
+
+def test_experts_larger_than_the_pods_values_are_refused_when_built(limited_node):
+    """Qwen2-57B-A14B's expert shape (hidden 3584, expert intermediate 2560, bf16: a 36.7 MB
+    gate_up_proj shard) against a node whose values stop at 16 MiB."""
+    config = Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=3584,
+        intermediate_size=256,
+        moe_intermediate_size=2560,
+        shared_expert_intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        num_experts=2,
+        num_experts_per_tok=1,
+    )
+    with torch.device("meta"):
+        model = Qwen2MoeForCausalLM(config).to(torch.bfloat16)
+    s = ctxpod.Store.connect(limited_node.http, namespace="moe-too-big")
+    try:
+        with pytest.raises(ctxpod.InvalidRequest, match=r"gate_up_proj of layer 0 is 36700160 bytes.*16777216"):
+            ExpertOffload(s, model)
+    finally:
+        s.close()

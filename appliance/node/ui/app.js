@@ -199,6 +199,8 @@ function renderOverview(o) {
   const ns = o.namespaces.map((n) => {
     const tr = el("tr", { "data-ns": n.name });
     tr.appendChild(el("td", {}, n.name));
+    // weights are never evicted: what of the capacity they hold is not a cache.
+    tr.appendChild(el("td", { "data-class": n.class || "kv" }, n.class || "kv"));
     tr.appendChild(el("td", { class: "num", "data-value": n.block_count }, int(n.block_count)));
     tr.appendChild(el("td", { class: "num", "data-value": n.used_bytes }, bytes(n.used_bytes)));
     tr.appendChild(el("td", { class: "num" }, n.quota_bytes == null ? "none" : bytes(n.quota_bytes)));

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import Store, Ticket, expert_key
-from ..errors import NotFound
+from ..errors import InvalidRequest, NotFound
 
 #: The parameters of a fused experts module that hold expert weights, expert-major.
 SHARDS = ("gate_up_proj", "down_proj")
@@ -61,6 +61,18 @@ class ExpertOffload:
         self.model = model
         self.predict = predict
         self.experts = experts_of(model)
+        # Refused when built, not when the first shard fails to store: every shard is one
+        # value, at most the pod's value limit.
+        limit = store.value_bytes_max
+        for layer, m in sorted(self.experts.items()):
+            for shard in SHARDS:
+                t = getattr(m, shard)
+                each = t[0].numel() * t.element_size()
+                if each > limit:
+                    raise InvalidRequest(
+                        f"an expert's {shard} of layer {layer} is {each} bytes, over the pod's "
+                        f"value limit of {limit} bytes (value_bytes_max: raise it, up to 1 GiB)"
+                    )
         self.routers = {i: getattr(m, "gate", None) for i, m in self._blocks().items()}
         self.loaded: dict[int, set[int]] = {i: set() for i in self.experts}
         self._ahead: dict[int, tuple[Ticket, list[int]]] = {}
