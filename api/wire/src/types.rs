@@ -37,6 +37,21 @@ impl NamespaceClass {
     pub fn is_kv(&self) -> bool {
         *self == NamespaceClass::Kv
     }
+
+    /// The class namespace `name` has after a settings change that asks for `asked`: the
+    /// one it was created with (`existing`), which `asked` may repeat but not change, or,
+    /// for a new namespace, `asked` (default `kv`). The refusal names the namespace and
+    /// both classes (HTTP 409 `conflict`).
+    pub fn settle(name: &str, existing: Option<Self>, asked: Option<Self>) -> Result<Self, String> {
+        match (existing, asked) {
+            (Some(e), Some(a)) if e != a => Err(format!(
+                "namespace {name:?} is of class {e}, fixed when it was created: it cannot \
+                 become {a} (delete it and create it again)"
+            )),
+            (Some(e), _) => Ok(e),
+            (None, a) => Ok(a.unwrap_or_default()),
+        }
+    }
 }
 
 impl std::fmt::Display for NamespaceClass {

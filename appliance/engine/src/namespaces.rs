@@ -64,13 +64,7 @@ impl Engine {
         let cf_ns = c.index.cf(index::CF_NAMESPACES);
         let existing = c.namespaces.read().get(name).cloned();
         if let Some(ns) = existing {
-            if let Some(c) = class.filter(|&c| c != ns.class) {
-                return Err(EngineError::Fixed(format!(
-                    "namespace {name:?} is of class {}, fixed when it was created: it cannot \
-                     become {c} (delete it and create it again)",
-                    ns.class
-                )));
-            }
+            NamespaceClass::settle(name, Some(ns.class), class).map_err(EngineError::Fixed)?;
             let incarnation = incarnation.or(ns.incarnation());
             if ns.quota_bytes() != quota_bytes
                 || ns.replication() != replication
@@ -116,7 +110,7 @@ impl Engine {
             key_seq: c.seq.next.load(Ordering::Relaxed),
             replication,
             incarnation,
-            class: class.unwrap_or_default(),
+            class: NamespaceClass::settle(name, None, class).map_err(EngineError::Fixed)?,
         };
         let mut wb = rocksdb::WriteBatch::default();
         wb.put_cf(

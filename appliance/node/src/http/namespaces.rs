@@ -125,7 +125,8 @@ pub(crate) async fn put_namespace(
         let held = st.engine.namespace(&ns).ok().map(|i| i.class);
         // Checked before it is recorded: the pod's record never names another class than
         // the one the namespace was created with.
-        let class = fixed_class(&ns, live.as_ref().map(|r| r.class).or(held), req.class)?;
+        let class = NamespaceClass::settle(&ns, live.as_ref().map(|r| r.class).or(held), req.class)
+            .map_err(EngineError::Fixed)?;
         let inc = match live {
             Some(rec) => rec.incarnation,
             None => st
@@ -261,24 +262,6 @@ pub(crate) async fn delete_namespace(
     st.namespace_to_members(Method::DELETE, &uri, &h, &p, Bytes::new(), sent)
         .await;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The class a `PUT` leaves namespace `ns` with: the one it has (`existing`), which `asked`
-/// may repeat but not change (409), or for a new namespace `asked` (default `kv`).
-fn fixed_class(
-    ns: &str,
-    existing: Option<NamespaceClass>,
-    asked: Option<NamespaceClass>,
-) -> ApiResult<NamespaceClass> {
-    match (existing, asked) {
-        (Some(e), Some(a)) if e != a => Err(EngineError::Fixed(format!(
-            "namespace {ns:?} is of class {e}, fixed when it was created: it cannot become {a} \
-             (delete it and create it again)"
-        ))
-        .into()),
-        (Some(e), _) => Ok(e),
-        (None, a) => Ok(a.unwrap_or_default()),
-    }
 }
 
 /// The namespace incarnation a member sent with a change it made (a routed request).
