@@ -299,6 +299,47 @@ pub struct Geometry {
     /// from the superblocks of encrypted nodes, so theirs are unchanged.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plaintext_at_rest: bool,
+    /// The node's tiers (`fast` then `dense`), each a range of regions on its own device;
+    /// empty for a node of one device (whose superblock is then unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<TierGeometry>,
+}
+
+/// One tier of a node: regions `first_region..first_region + regions`, on its own device
+/// (whose byte `data_offset` is the first region's first byte).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TierGeometry {
+    pub name: String,
+    pub first_region: u32,
+    pub regions: u32,
+}
+
+impl Geometry {
+    /// How many tiers the node has (1 without `tiers`).
+    pub fn tier_count(&self) -> usize {
+        self.tiers.len().max(1)
+    }
+
+    /// The regions of tier `t` (all of them for a node of one device).
+    pub fn tier_regions(&self, t: usize) -> std::ops::Range<u32> {
+        match self.tiers.get(t) {
+            Some(tg) => tg.first_region..tg.first_region + tg.regions,
+            None => 0..self.regions,
+        }
+    }
+
+    /// The tier that holds region `r`.
+    pub fn tier_of(&self, r: u32) -> usize {
+        self.tiers
+            .iter()
+            .rposition(|tg| tg.first_region <= r)
+            .unwrap_or(0)
+    }
+
+    /// The name of tier `t` (`device` for a node of one device).
+    pub fn tier_name(&self, t: usize) -> &str {
+        self.tiers.get(t).map_or("device", |tg| tg.name.as_str())
+    }
 }
 
 pub fn block_key(ns_id: u32, key: &[u8]) -> Vec<u8> {

@@ -530,7 +530,17 @@ impl Engine {
         metrics: Arc<Metrics>,
         device: Option<Arc<dyn crate::device::Device>>,
     ) -> anyhow::Result<Engine> {
-        let core = recovery::open(cfg, metrics, device).await?;
+        Self::open_on_tiers(cfg, metrics, device.map(|d| vec![d])).await
+    }
+
+    /// [`Engine::open`] on devices the caller made, one per tier (`fast` then `dense` for
+    /// a node configured with two; one otherwise).
+    pub async fn open_on_tiers(
+        cfg: Config,
+        metrics: Arc<Metrics>,
+        devices: Option<Vec<Arc<dyn crate::device::Device>>>,
+    ) -> anyhow::Result<Engine> {
+        let core = recovery::open(cfg, metrics, devices).await?;
         let t = Instant::now();
         let n = core.presence.rebuild(&core.index)?;
         tracing::info!(
@@ -653,3 +663,6 @@ mod class_tests;
 
 #[cfg(test)]
 mod segment_tests;
+
+#[cfg(test)]
+mod tier_tests;

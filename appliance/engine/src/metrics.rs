@@ -68,6 +68,13 @@ pub struct Metrics {
     pub live_bytes: IntGauge,
     /// Payload bytes of live blocks and values by namespace class (`kv`, `weights`).
     pub class_bytes: IntGaugeVec,
+    /// Per tier (`fast`, `dense`; `device` for a node of one): device bytes in regions in
+    /// use, and free regions.
+    pub tier_used_bytes: IntGaugeVec,
+    pub tier_regions_free: IntGaugeVec,
+    /// Records (and their device bytes) moved from `fast` to `dense` at `fast`'s reclaim.
+    pub tier_demoted_records: IntCounter,
+    pub tier_demoted_bytes: IntCounter,
     pub blocks: IntGauge,
     pub dram_used_bytes: IntGauge,
     pub dram_capacity_bytes: IntGauge,
@@ -256,6 +263,34 @@ fn engine_series(r: &Registry) -> (IntCounterVec, prometheus::GaugeVec, IntGauge
     )
 }
 
+/// Tiers: bytes used and free regions per tier, demotions.
+fn tier_series(r: &Registry) -> (IntGaugeVec, IntGaugeVec, IntCounter, IntCounter) {
+    (
+        int_gauge_vec(
+            r,
+            "ctxpod_tier_used_bytes",
+            "Device bytes in regions in use, by tier (fast, dense; device for a node of one)",
+            &["tier"],
+        ),
+        int_gauge_vec(
+            r,
+            "ctxpod_tier_regions_free",
+            "Free regions, by tier (fast, dense; device for a node of one)",
+            &["tier"],
+        ),
+        counter(
+            r,
+            "ctxpod_tier_demoted_records_total",
+            "Records moved from the fast tier to the dense tier when a fast region was reclaimed",
+        ),
+        counter(
+            r,
+            "ctxpod_tier_demoted_bytes_total",
+            "Device bytes of records moved from the fast tier to the dense tier",
+        ),
+    )
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
@@ -266,6 +301,8 @@ impl Metrics {
         let (group_commit_blocks, group_commit_seconds, flush_seconds, index_commit_seconds) =
             commit_series(&r);
         let (busy_rejections, offload, io_engine_info) = engine_series(&r);
+        let (tier_used_bytes, tier_regions_free, tier_demoted_records, tier_demoted_bytes) =
+            tier_series(&r);
         Metrics {
             hits,
             misses,
@@ -304,6 +341,10 @@ impl Metrics {
                 "Payload bytes of live blocks by namespace class (weights are never evicted)",
                 &["class"],
             ),
+            tier_used_bytes,
+            tier_regions_free,
+            tier_demoted_records,
+            tier_demoted_bytes,
             blocks: gauge(&r, "ctxpod_blocks", "Live blocks"),
             dram_used_bytes: gauge(&r, "ctxpod_dram_used_bytes", "Bytes held by the DRAM tier"),
             dram_capacity_bytes: gauge(&r, "ctxpod_dram_capacity_bytes", "DRAM tier limit"),

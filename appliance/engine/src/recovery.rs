@@ -40,12 +40,12 @@ pub const DATA_OFFSET_BYTES: u64 = 1 << 20;
 /// Bits of the "recently read" table (512 KiB of memory).
 const READ_BITS: usize = 1 << 22;
 
-/// Opens the node on the configured device, or on `device` when given (a simulated device
-/// the caller keeps, in the reliability suites).
+/// Opens the node on the configured device (or tiers), or on `devices` when given, one per
+/// tier (simulated devices the caller keeps, in the reliability suites).
 pub(super) async fn open(
     cfg: Config,
     metrics: Arc<Metrics>,
-    device: Option<Arc<dyn Device>>,
+    devices: Option<Vec<Arc<dyn Device>>>,
 ) -> anyhow::Result<Core> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("create data dir {}", cfg.data_dir.display()))?;
@@ -69,10 +69,15 @@ pub(super) async fn open(
     let wanted = geometry_for(&cfg)?;
     let stored = stored_geometry(&index)?;
     if let Some(g) = &stored {
-        check_unchanged(g, &wanted, device.is_some(), &cfg)?;
+        check_unchanged(g, &wanted, devices.is_some(), &cfg)?;
     }
-    let device = device_for(device, &cfg, &wanted)?;
-    let geometry = format_or_check(&*device, &cfg, &index, stored, wanted).await?;
+    let devices = devices_for(devices, &cfg, &wanted)?;
+    let geometry = format_or_check(&devices, &cfg, &index, stored, wanted).await?;
+    let device: Arc<dyn Device> = if geometry.tiers.is_empty() {
+        devices.into_iter().next().context("one device")?
+    } else {
+        Arc::new(device::tiered::TieredDevice::new(devices, &geometry))
+    };
     announce_device(&metrics, &*device, &geometry);
 
     let namespaces = load_namespaces(&index, &kek)?;
@@ -189,47 +194,96 @@ fn check_unchanged(
         !wanted.plaintext_at_rest
     );
     ensure!(
-        device_given || cfg.device_path().exists(),
-        "device {} does not exist, but the index describes a formatted node: refusing to \
-         start on an empty device (its superblock is missing); move the index away to \
-         start afresh",
-        cfg.device_path().display()
+        g.tiers == wanted.tiers,
+        "this node was formatted with {}; the configuration now asks for {}: tiers are \
+         fixed at format time, use the original settings or a new data dir",
+        describe_tiers(g),
+        describe_tiers(wanted)
     );
+    for t in 0..g.tier_count() {
+        let path = tier_path(cfg, t);
+        ensure!(
+            device_given || path.exists(),
+            "device {} does not exist, but the index describes a formatted node: refusing \
+             to start on an empty device (its superblock is missing); move the index away \
+             to start afresh",
+            path.display()
+        );
+    }
     Ok(())
 }
 
-/// The device: `device` when given (it must hold the capacity), else the configured
-/// simulated device, else the device file through the configured I/O engine.
-fn device_for(
-    device: Option<Arc<dyn Device>>,
-    cfg: &Config,
-    wanted: &Geometry,
-) -> anyhow::Result<Arc<dyn Device>> {
-    Ok(match (device, cfg.sim_profile()) {
-        (Some(d), _) => {
-            ensure!(
-                d.len() >= wanted.capacity_bytes,
-                "device of {} bytes is smaller than the capacity {}",
-                d.len(),
-                wanted.capacity_bytes
-            );
-            d
-        }
-        (None, Some(profile)) => Arc::new(device::sim::SimBackend::open(
-            &profile,
-            &cfg.device_path(),
-            wanted.capacity_bytes,
-            cfg.sim_faults.as_deref(),
-        )?),
-        (None, None) => device::open(&cfg.device_path(), wanted.capacity_bytes, cfg.io_engine)?,
-    })
+/// "one device", or each tier's name and regions.
+fn describe_tiers(g: &Geometry) -> String {
+    if g.tiers.is_empty() {
+        return "one device".into();
+    }
+    let tiers: Vec<String> = g
+        .tiers
+        .iter()
+        .map(|t| format!("{} ({} regions)", t.name, t.regions))
+        .collect();
+    format!("tiers {}", tiers.join(" + "))
 }
 
-/// The node's geometry: the `stored` one once its superblock is checked on the device, or
-/// on first start `wanted`, written to a new device (zero-filled first if asked) and to the
-/// index.
+/// The device file (or simulated device's medium) of tier `t`.
+fn tier_path(cfg: &Config, t: usize) -> std::path::PathBuf {
+    match cfg.tiers.get(t) {
+        Some(tc) => tc.device_path(&cfg.data_dir),
+        None => cfg.device_path(),
+    }
+}
+
+/// The devices, one per tier: `given` ones (each must hold its tier), else the configured
+/// simulated device or the device file through the configured I/O engine.
+fn devices_for(
+    given: Option<Vec<Arc<dyn Device>>>,
+    cfg: &Config,
+    wanted: &Geometry,
+) -> anyhow::Result<Vec<Arc<dyn Device>>> {
+    let n = wanted.tier_count();
+    if let Some(ds) = given {
+        ensure!(
+            ds.len() == n,
+            "{} devices given for a node of {n} tiers",
+            ds.len()
+        );
+        for (t, d) in ds.iter().enumerate() {
+            let need = format::tier_bytes(wanted, t);
+            ensure!(
+                d.len() >= need,
+                "device of {} bytes is smaller than the {need} bytes of {}",
+                d.len(),
+                wanted.tier_name(t)
+            );
+        }
+        return Ok(ds);
+    }
+    (0..n)
+        .map(|t| {
+            let profile = match cfg.tiers.get(t) {
+                Some(tc) => tc.sim_profile(),
+                None => cfg.sim_profile(),
+            };
+            let (path, len) = (tier_path(cfg, t), format::tier_bytes(wanted, t));
+            Ok::<Arc<dyn Device>, anyhow::Error>(match profile {
+                Some(profile) => Arc::new(device::sim::SimBackend::open(
+                    &profile,
+                    &path,
+                    len,
+                    cfg.sim_faults.as_deref(),
+                )?),
+                None => device::open(&path, len, cfg.io_engine)?,
+            })
+        })
+        .collect()
+}
+
+/// The node's geometry: the `stored` one once its superblock is checked on every tier's
+/// device, or on first start `wanted`, written to the new devices (zero-filled first if
+/// asked) and to the index.
 async fn format_or_check(
-    device: &dyn Device,
+    devices: &[Arc<dyn Device>],
     cfg: &Config,
     index: &Index,
     stored: Option<Geometry>,
@@ -237,17 +291,21 @@ async fn format_or_check(
 ) -> anyhow::Result<Geometry> {
     Ok(match stored {
         Some(g) => {
-            check_superblock(device, &g).await?;
+            for (t, d) in devices.iter().enumerate() {
+                check_superblock(&**d, &g, t).await?;
+            }
             g
         }
         None => {
-            // A simulated device has no filesystem extents to convert.
-            let is_file = device.sim().is_none()
-                && std::fs::metadata(cfg.device_path()).is_ok_and(|m| m.is_file());
-            if cfg.zero_fill && is_file {
-                zero_fill(device, &wanted).await?;
+            for (t, d) in devices.iter().enumerate() {
+                // A simulated device has no filesystem extents to convert.
+                let is_file = d.sim().is_none()
+                    && std::fs::metadata(tier_path(cfg, t)).is_ok_and(|m| m.is_file());
+                if cfg.zero_fill && is_file {
+                    zero_fill(&**d, &wanted, t).await?;
+                }
+                write_superblock(&**d, &wanted, t).await?;
             }
-            write_superblock(device, &wanted).await?;
             let mut wb = rocksdb::WriteBatch::default();
             wb.put(index::META_GEOMETRY, serde_json::to_vec(&wanted)?);
             index.write(wb, index::WriteMode::Wal { sync: true })?;
@@ -255,6 +313,7 @@ async fn format_or_check(
                 capacity = wanted.capacity_bytes,
                 region_bytes = wanted.region_bytes,
                 regions = wanted.regions,
+                tiers = %describe_tiers(&wanted),
                 encrypt_at_rest = !wanted.plaintext_at_rest,
                 "formatted a new node"
             );
@@ -533,6 +592,9 @@ fn reconcile_blocks(
 /// scan stops at the first that does not. Every acknowledged put lies before that point: a
 /// durable put is acknowledged only once it and every record before it are on stable media
 /// (its batch was written `RWF_DSYNC`, and a flush covered any earlier `fast` records).
+///
+/// A node of two tiers has an open region in each (puts write `fast`'s, demotions
+/// `dense`'s): each one's tail is scanned.
 async fn recover_open_tail(
     dev: &dyn Device,
     index: &Index,
@@ -541,9 +603,29 @@ async fn recover_open_tail(
     namespaces: &HashMap<u32, Arc<Namespace>>,
     stop_at: Option<(u32, u32)>,
 ) -> anyhow::Result<TailScan> {
-    let Some(r) = newest_open_region(regions) else {
-        return Ok(TailScan::default());
-    };
+    let mut scan = TailScan::default();
+    for t in 0..g.tier_count() {
+        if let Some(r) = newest_open_region(regions, g.tier_regions(t)) {
+            let s = scan_tail(dev, index, g, regions, namespaces, stop_at, r).await?;
+            scan.records += s.records;
+            scan.media_errors += s.media_errors;
+            scan.bad_records += s.bad_records;
+            scan.extents += s.extents;
+        }
+    }
+    Ok(scan)
+}
+
+/// The tail scan of open region `r` (see [`recover_open_tail`]).
+async fn scan_tail(
+    dev: &dyn Device,
+    index: &Index,
+    g: &Geometry,
+    regions: &mut [RegionMeta],
+    namespaces: &HashMap<u32, Arc<Namespace>>,
+    stop_at: Option<(u32, u32)>,
+    r: usize,
+) -> anyhow::Result<TailScan> {
     let m = regions[r];
     let base = g.data_offset + r as u64 * g.region_bytes;
     let mut pos = m.write_ptr as u64;
@@ -637,12 +719,13 @@ async fn recover_open_tail(
     Ok(scan)
 }
 
-/// The open region with the newest epoch, if any: the one whose tail is scanned.
-fn newest_open_region(regions: &[RegionMeta]) -> Option<usize> {
+/// The open region with the newest epoch among `within` (a tier's regions), if any: the
+/// one whose tail is scanned.
+fn newest_open_region(regions: &[RegionMeta], within: std::ops::Range<u32>) -> Option<usize> {
     regions
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.state == RegionState::Open)
+        .filter(|(r, m)| m.state == RegionState::Open && within.contains(&(*r as u32)))
         .max_by_key(|(_, m)| m.open_seq)
         .map(|(r, _)| r)
 }

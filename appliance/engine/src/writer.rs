@@ -39,8 +39,10 @@ use tokio::sync::{mpsc, oneshot};
 mod eviction;
 mod pipeline;
 mod removals;
+mod tiers;
 mod values;
 use pipeline::{committer, reply_failed};
+use tiers::TierRegions;
 pub(crate) use values::{ExtentReq, Placed, PublishReq};
 
 pub(crate) struct PutReq {
@@ -114,18 +116,15 @@ impl Reply {
 pub(crate) struct Writer {
     core: Arc<Core>,
     regions: Vec<RegionMeta>,
-    free: VecDeque<u32>,
-    /// Sealed regions, oldest first.
-    sealed: VecDeque<u32>,
-    open: Option<u32>,
+    /// Each tier's free, sealed and open regions (one tier for a node of one device;
+    /// `fast` then `dense` for a node of two).
+    tiers: Vec<TierRegions>,
     /// Regions whose metadata changed since the last checkpoint.
     touched: BTreeSet<u32>,
     /// A region was opened, sealed or freed since the last checkpoint.
     transition: bool,
     /// Index entries (`blocks`, `by_region`) of puts since the last checkpoint.
     uncheckpointed: Vec<(Vec<u8>, BlockLoc)>,
-    /// Free regions kept in reserve so that one group commit and one eviction always fit.
-    reserve: usize,
     /// Index changes of batches written but not yet committed, oldest first.
     overlay: Arc<Mutex<VecDeque<Pending>>>,
     /// To the committer task, which ends when the writer drops this.
@@ -248,25 +247,8 @@ const COMMIT_QUEUE_DEPTH: usize = 8;
 
 impl Writer {
     pub fn new(core: Arc<Core>) -> anyhow::Result<Writer> {
-        let g = &core.geometry;
-        let regions = super::recovery::load_regions(&core.index, g)?;
-        let mut open: Vec<u32> = Vec::new();
-        let mut sealed: Vec<u32> = Vec::new();
-        let mut free = VecDeque::new();
-        for (r, m) in regions.iter().enumerate() {
-            match m.state {
-                RegionState::Free => free.push_back(r as u32),
-                RegionState::Open => open.push(r as u32),
-                RegionState::Sealed => sealed.push(r as u32),
-            }
-        }
-        // At most one region is open; should an older one be found open, it is sealed.
-        open.sort_by_key(|&r| regions[r as usize].open_seq);
-        let current = open.pop();
-        sealed.extend(open);
-        sealed.sort_by_key(|&r| regions[r as usize].open_seq);
-        let batch_regions = core.cfg.group_commit_max_bytes.0.div_ceil(g.region_bytes) as usize;
-        let reserve = (batch_regions + 2).min(g.regions as usize / 2).max(1);
+        let regions = super::recovery::load_regions(&core.index, &core.geometry)?;
+        let tiers = tiers::load(&core, &regions);
         let overlay = Arc::new(Mutex::new(VecDeque::new()));
         let (commit_tx, commit_rx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
         let committer = tokio::spawn(committer(core.clone(), overlay.clone(), commit_rx));
@@ -275,31 +257,15 @@ impl Writer {
             commit_tx,
             core,
             regions,
-            free,
-            sealed: sealed.into(),
-            open: current,
+            tiers,
             touched: BTreeSet::new(),
             transition: false,
             uncheckpointed: Vec::new(),
-            reserve,
             batches: 0,
             committer: Some(committer),
         };
         w.publish();
         Ok(w)
-    }
-
-    fn publish(&self) {
-        let rb = self.core.geometry.region_bytes;
-        let used = self.sealed.len() as u64 * rb
-            + self
-                .open
-                .map_or(0, |r| self.regions[r as usize].write_ptr as u64);
-        self.core.counters.used_bytes.store(used, Ordering::Relaxed);
-        self.core
-            .counters
-            .regions_free
-            .store(self.free.len() as u64, Ordering::Relaxed);
     }
 
     pub async fn run(mut self, mut rx: mpsc::Receiver<WriteCmd>) {
@@ -443,49 +409,6 @@ impl Writer {
             return Ok(*p);
         }
         self.core.index.get_block(bkey)
-    }
-
-    /// Space for a record of `bytes` in the open region, opening a new one when it is full;
-    /// `None` when no region is free.
-    ///
-    /// A region's epoch (`open_seq`, and the `tail_epoch` its records carry) is a fresh
-    /// number from the node's sequence, which is never handed out twice, not even across
-    /// crashes: records left over from any earlier life of the region, acknowledged or not,
-    /// can never carry the current epoch. Each start gives the open region's tail a fresh
-    /// epoch too (see `recovery::open`).
-    fn alloc(&mut self, bytes: usize) -> anyhow::Result<Option<(u32, u32)>> {
-        let rb = self.core.geometry.region_bytes as usize;
-        loop {
-            if let Some(r) = self.open {
-                let m = &mut self.regions[r as usize];
-                let wp = m.write_ptr as usize;
-                if wp + bytes <= rb {
-                    m.write_ptr = (wp + bytes) as u32;
-                    self.touched.insert(r);
-                    return Ok(Some((r, wp as u32)));
-                }
-                debug_assert_eq!(m.state, RegionState::Open, "only the open region is sealed");
-                m.state = RegionState::Sealed;
-                self.touched.insert(r);
-                self.transition = true;
-                self.sealed.push_back(r);
-                self.open = None;
-            }
-            let Some(&r) = self.free.front() else {
-                return Ok(None);
-            };
-            let epoch = self.core.next_seq()?;
-            self.free.pop_front();
-            self.transition = true;
-            debug_assert_eq!(
-                self.regions[r as usize].state,
-                RegionState::Free,
-                "only a free region is opened"
-            );
-            self.regions[r as usize] = RegionMeta::opened(epoch);
-            self.touched.insert(r);
-            self.open = Some(r);
-        }
     }
 
     fn put_touched(&mut self, wb: &mut WriteBatch) {
@@ -646,7 +569,7 @@ impl Writer {
             return;
         };
         p.reply = reply;
-        let (region, offset) = match self.alloc(p.record.len()) {
+        let (region, offset) = match self.alloc_put(p.record.len()) {
             Ok(Some(place)) => place,
             Ok(None) => {
                 let _ = p.reply.send(Err(EngineError::NoSpace(

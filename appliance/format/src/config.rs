@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 mod auth;
 mod pod;
 mod scrub;
+mod tiers;
 pub use auth::{AuthConfig, IdentityConfig, TenantConfig, TlsConfig, TokenConfig};
 pub use pod::{valid_node_id, PodConfig, StaticMember};
 pub use scrub::{ScrubConfig, SCRUB_BYTES_PER_S_MAX};
+pub use tiers::{TierConfig, TIER_NAMES};
 
 /// A size in bytes, written as an integer or with a binary or decimal unit: `512MiB`, `4GiB`,
 /// `1g`, `65536`.
@@ -146,7 +148,8 @@ pub struct Config {
     /// to run without it. Port 0 picks a free port, written to `<data_dir>/ctxpod.s3.addr`.
     pub s3_listen: Option<SocketAddr>,
     /// Bytes of flash the node may use: the size of the device file (or the part of the raw
-    /// block device) that holds block records.
+    /// block device) that holds block records. With `tiers`, the sum of theirs (set when
+    /// the configuration is loaded).
     pub capacity: ByteSize,
     /// Bytes of decrypted blocks the DRAM tier may hold.
     pub dram: ByteSize,
@@ -157,6 +160,10 @@ pub struct Config {
     pub device: Option<PathBuf>,
     /// Fault plan (TOML, see docs/FIRMWARE-SIM.md) for a simulated device.
     pub sim_faults: Option<PathBuf>,
+    /// Two flash tiers instead of one device (`[[tiers]]`, `fast` then `dense`; see
+    /// docs/OPERATIONS.md, "Tiers"): blocks are written to `fast` and demoted to `dense`
+    /// as `fast` fills. Fixed when the node is formatted.
+    pub tiers: Vec<TierConfig>,
     /// Size of one region (the unit of eviction), a multiple of 4 KiB. Default: capacity / 32
     /// clamped to 16..=64 MiB.
     pub region_bytes: Option<ByteSize>,
@@ -288,6 +295,7 @@ impl Default for Config {
             dram: ByteSize(256 << 20),
             device: None,
             sim_faults: None,
+            tiers: Vec::new(),
             region_bytes: None,
             io_engine: IoEngine::Auto,
             zero_fill: true,
@@ -344,16 +352,25 @@ impl Config {
             fig = fig.merge(Toml::file(f));
         }
         fig = fig.merge(Env::prefixed("CTXPOD_")).merge(overrides);
-        let cfg: Config = fig.extract()?;
+        let mut cfg: Config = fig.extract()?;
+        cfg.settle_tiers();
         cfg.validate()?;
         Ok(cfg)
     }
 
+    /// With tiers, the node's capacity is the sum of theirs.
+    pub fn settle_tiers(&mut self) {
+        if !self.tiers.is_empty() {
+            self.capacity = ByteSize(self.tiers.iter().map(|t| t.capacity.0).sum());
+        }
+    }
+
     /// A configuration from TOML text over the defaults (no environment, no flags), checked.
     pub fn from_toml(text: &str) -> anyhow::Result<Config> {
-        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+        let mut cfg: Config = Figment::from(Serialized::defaults(Config::default()))
             .merge(Toml::string(text))
             .extract()?;
+        cfg.settle_tiers();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -437,6 +454,13 @@ impl Config {
                 .contains(&self.value_bytes_max.0),
             "value_bytes_max must be within 8MiB..=1GiB"
         );
+        tiers::validate(&self.tiers, self.device.as_deref())?;
+        if !self.tiers.is_empty() {
+            anyhow::ensure!(
+                self.capacity.0 == self.tiers.iter().map(|t| t.capacity.0).sum::<u64>(),
+                "with tiers, capacity is the sum of the tiers' capacities"
+            );
+        }
         self.validate_tls()?;
         self.pod.validate()?;
         self.scrub.validate()?;
@@ -594,5 +618,28 @@ mod tests {
         assert_eq!(c.dram, ByteSize(32 << 20));
         assert_eq!(c.region_bytes(), 32 << 20);
         assert!(Config::load(Some(&dir.path().join("missing.toml")), Figment::new()).is_err());
+    }
+
+    /// Two tiers, fast then dense: the capacity is theirs; anything else is refused.
+    #[test]
+    fn tiers_are_fast_then_dense() {
+        let two = "[[tiers]]\nname = \"fast\"\ndevice = \"sim:slc\"\ncapacity = \"256MiB\"\n\
+                   [[tiers]]\nname = \"dense\"\ndevice = \"sim:qlc\"\ncapacity = \"1GiB\"\n";
+        let c = Config::from_toml(two).expect("two tiers");
+        assert_eq!(c.capacity, ByteSize((256 << 20) + (1 << 30)));
+        assert_eq!(c.tiers[0].sim_profile().as_deref(), Some("slc"));
+        assert_eq!(
+            c.tiers[1].device_path(Path::new("/d")),
+            Path::new("/d/blocks.dense.sim")
+        );
+        let swapped = two
+            .replace("\"fast\"", "\"x\"")
+            .replace("\"dense\"", "\"fast\"");
+        let e = Config::from_toml(&swapped).expect_err("names");
+        assert!(e.to_string().contains("fast then dense"), "{e}");
+        let e = Config::from_toml(&format!("device = \"/dev/x\"\n{two}")).expect_err("both");
+        assert!(e.to_string().contains("exclude"), "{e}");
+        let e = Config::from_toml(&two.replace("256MiB", "1MiB")).expect_err("tiny");
+        assert!(e.to_string().contains("below 64MiB"), "{e}");
     }
 }

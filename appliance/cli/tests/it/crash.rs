@@ -42,7 +42,12 @@ fn spec(seed: u64, cycle: u32, i: u32) -> (Vec<u8>, u64, usize) {
     (key, s, rng.gen_range(1..=(1usize << exp)))
 }
 
-async fn verify(node: &Node, seed: u64, keys: &[(u32, u32)], must_exist: bool) -> (u64, u64) {
+pub(crate) async fn verify(
+    node: &Node,
+    seed: u64,
+    keys: &[(u32, u32)],
+    must_exist: bool,
+) -> (u64, u64) {
     let (mut missing, mut corrupt) = (0, 0);
     for chunk in keys.chunks(64) {
         let ks: Vec<Vec<u8>> = chunk.iter().map(|&(c, i)| spec(seed, c, i).0).collect();
@@ -94,26 +99,15 @@ async fn kill_9_loop_loses_no_acknowledged_block() {
         let writer = Writer::spawn(node.client.clone(), seed, cycle);
         let delay = rng.gen_range(5..250);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        node.kill9();
-        let (this, cut) = run.after_the_kill(writer, cycle).await;
-        node.restart().await;
-        run.recovered += node.client.stats().await.expect("stats").recovered_records;
-        let (missing, corrupt) = verify(&node, seed, &this, true).await;
-        let (_, corrupt_cut) = verify(&node, seed, &cut, false).await;
-        assert_eq!(
-            (missing, corrupt + corrupt_cut),
-            (0, 0),
-            "cycle {cycle} (seed {seed}, killed after {delay} ms): {} acked, {} cut short",
-            this.len(),
-            cut.len()
-        );
+        run.kill_restart_and_check(&mut node, writer, cycle, delay)
+            .await;
     }
     run.check_the_end(&node, cycles).await;
 }
 
 /// A writer putting a cycle's blocks, four at a time, until one fails (the node was
 /// killed): which it started and which were acknowledged.
-struct Writer {
+pub(crate) struct Writer {
     task: tokio::task::JoinHandle<()>,
     acked: Arc<Mutex<BTreeSet<u32>>>,
     started: Arc<Mutex<BTreeSet<u32>>>,
@@ -121,7 +115,7 @@ struct Writer {
 
 impl Writer {
     /// Starts writing the blocks of `cycle` through `client`.
-    fn spawn(client: ctxpod_client::client::Client, seed: u64, cycle: u32) -> Writer {
+    pub(crate) fn spawn(client: ctxpod_client::client::Client, seed: u64, cycle: u32) -> Writer {
         let acked = Arc::new(Mutex::new(BTreeSet::new()));
         let started = Arc::new(Mutex::new(BTreeSet::new()));
         let (a2, s2) = (acked.clone(), started.clone());
@@ -160,18 +154,43 @@ impl Writer {
 
 /// What the kill loop has seen so far, across cycles.
 #[derive(Default)]
-struct CrashRun {
-    seed: u64,
+pub(crate) struct CrashRun {
+    pub seed: u64,
     /// Bytes of every record a put was started for.
-    started_record_bytes: u64,
+    pub started_record_bytes: u64,
     /// Records re-indexed from region tails, over all restarts.
-    recovered: u64,
+    pub recovered: u64,
     /// Every acknowledged durable block: (cycle, index).
-    acked_all: Vec<(u32, u32)>,
-    acked_bytes: u64,
+    pub acked_all: Vec<(u32, u32)>,
+    pub acked_bytes: u64,
 }
 
 impl CrashRun {
+    /// `kill -9` of `node` `delay` ms into `cycle`, a restart, and the cycle's checks:
+    /// every acknowledged durable block there byte for byte, the rest absent or whole.
+    pub(crate) async fn kill_restart_and_check(
+        &mut self,
+        node: &mut Node,
+        writer: Writer,
+        cycle: u32,
+        delay: u64,
+    ) {
+        node.kill9();
+        let (this, cut) = self.after_the_kill(writer, cycle).await;
+        node.restart().await;
+        self.recovered += node.client.stats().await.expect("stats").recovered_records;
+        let (missing, corrupt) = verify(node, self.seed, &this, true).await;
+        let (_, corrupt_cut) = verify(node, self.seed, &cut, false).await;
+        assert_eq!(
+            (missing, corrupt + corrupt_cut),
+            (0, 0),
+            "cycle {cycle} (seed {}, killed after {delay} ms): {} acked, {} cut short",
+            self.seed,
+            this.len(),
+            cut.len()
+        );
+    }
+
     /// Waits (30 s at most) for the killed cycle's writer to stop, and accounts for what it
     /// did: the acknowledged durable blocks (which must be there), and the blocks cut short
     /// or put `fast` (which may be absent but never wrong).

@@ -21,6 +21,7 @@ mod replay;
 mod s3;
 mod sim_faults;
 mod tamper;
+mod tiers;
 mod tls;
 mod transfer;
 mod values;

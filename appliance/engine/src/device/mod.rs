@@ -7,6 +7,7 @@
 mod aligned;
 pub mod sim;
 pub mod sync;
+pub mod tiered;
 pub mod uring;
 
 pub use aligned::AlignedBuf;
@@ -67,6 +68,11 @@ pub trait Device: Send + Sync + 'static {
     /// The simulated device behind this one, if it is simulated (firmware-sim).
     fn sim(&self) -> Option<&Arc<ctxpod_firmware_sim::SimDevice>> {
         None
+    }
+    /// The devices of a node's tiers, in order, when this is a [`tiered::TieredDevice`]
+    /// (empty otherwise).
+    fn tier_devices(&self) -> &[Arc<dyn Device>] {
+        &[]
     }
 }
 

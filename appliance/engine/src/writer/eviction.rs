@@ -3,39 +3,76 @@
 //! rather than dropped (a region mostly kept is kept in place). A large value with an extent
 //! in the region is evicted whole (its other extents become dead space where they lie),
 //! unless it is kept: then the region is kept in place.
+//!
+//! On a node of two tiers, reclaim of a `fast` region **demotes**: every live record moves
+//! into `dense` (byte for byte, as any move), and only `dense` evicts. Should `dense` have
+//! no room (every region of it kept), `fast` reclaims as a node of one tier would.
 
 use super::*;
 
 impl Writer {
-    /// Reclaims the oldest sealed regions until the reserve of free regions is met (or no
-    /// sealed region is left to try).
+    /// Reclaims the oldest sealed regions of each tier until its reserve of free regions is
+    /// met (or no sealed region is left to try): the evicting tier first, so that the
+    /// demotions of `fast`'s reclaim find room.
     pub(crate) async fn ensure_free(&mut self) -> anyhow::Result<()> {
-        // Bounded: a device whose oldest regions are mostly leased answers puts 507 at once
-        // rather than scanning every region on every commit.
-        let mut tries = self.sealed.len().min(RECLAIM_TRIES_MAX);
-        if self.free.len() < self.reserve && tries > 0 {
+        if self
+            .tiers
+            .iter()
+            .any(|t| t.free.len() < t.reserve && !t.sealed.is_empty())
+        {
             // Reclaim reads and rewrites the index: only over committed state.
             self.drain_committer().await;
         }
-        while self.free.len() < self.reserve && tries > 0 {
-            tries -= 1;
-            self.evict_oldest().await?;
+        let last = self.evicting_tier();
+        self.reclaim_tier(last).await?;
+        for t in (0..last).rev() {
+            self.reclaim_tier(t).await?;
         }
         self.publish();
         Ok(())
     }
 
-    /// Reclaims the oldest sealed region. Blocks that are leased, or were read since they were
-    /// written (up to half a region), are moved to the open region byte for byte (same
+    /// Tier `t`'s reserve met, demoting into the next tier while it has room.
+    async fn reclaim_tier(&mut self, t: usize) -> anyhow::Result<()> {
+        // Bounded: a device whose oldest regions are mostly leased answers puts 507 at once
+        // rather than scanning every region on every commit.
+        let mut tries = self.tiers[t].sealed.len().min(RECLAIM_TRIES_MAX);
+        while self.tiers[t].free.len() < self.tiers[t].reserve && tries > 0 {
+            tries -= 1;
+            let to = if t < self.evicting_tier() && self.room_for_demotion(t + 1).await? {
+                t + 1
+            } else {
+                t
+            };
+            self.evict_oldest(t, to).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether tier `t` can take one region's demotion: two free regions (the rest of its
+    /// open region may be too small for the next record), its oldest reclaimed as needed.
+    async fn room_for_demotion(&mut self, t: usize) -> anyhow::Result<bool> {
+        let mut tries = self.tiers[t].sealed.len().min(RECLAIM_TRIES_MAX);
+        while self.tiers[t].free.len() < 2 && tries > 0 {
+            tries -= 1;
+            self.evict_oldest(t, t).await?;
+        }
+        Ok(self.tiers[t].free.len() >= 2)
+    }
+
+    /// Reclaims tier `t`'s oldest sealed region. With `to` another tier, every live block
+    /// record is demoted into it. Otherwise blocks that are kept, or were read since they were
+    /// written (up to half a region), are moved to the tier's open region byte for byte (same
     /// sequence number, nonce and ciphertext); the rest leave the index. A region more than
-    /// half of which is leased records is not rewritten: it goes to the back of the queue
+    /// half of which is kept records is not rewritten: it goes to the back of the queue
     /// as it is (counted in `ctxpod_reclaim_skipped_regions_total`). So a reclaim moves at
     /// most one region's worth of records (half leased, half recently read), and a device
     /// full of leases is not rewritten over and over by every commit.
-    pub(crate) async fn evict_oldest(&mut self) -> anyhow::Result<()> {
-        let Some(r) = self.sealed.pop_front() else {
+    pub(crate) async fn evict_oldest(&mut self, t: usize, to: usize) -> anyhow::Result<()> {
+        let Some(r) = self.tiers[t].sealed.pop_front() else {
             return Ok(());
         };
+        let demote = to != t;
         let core = self.core.clone();
         let idx = &core.index;
         let cf_br = idx.cf(index::CF_BY_REGION);
@@ -45,7 +82,7 @@ impl Writer {
         // A large value is evicted whole; one under a lease keeps every region holding one
         // of its extents in place (its extents are never moved).
         if values.iter().any(|(bkey, _)| core.kept(bkey)) {
-            self.sealed.push_back(r);
+            self.tiers[t].sealed.push_back(r);
             core.metrics.reclaim_skipped.inc();
             tracing::debug!(
                 region = r,
@@ -62,8 +99,8 @@ impl Writer {
             .filter(|(_, p)| **p)
             .map(|((_, loc), _)| loc.record_len as u64)
             .sum();
-        if leased > budget {
-            self.sealed.push_back(r);
+        if leased > budget && !demote {
+            self.tiers[t].sealed.push_back(r);
             core.metrics.reclaim_skipped.inc();
             tracing::debug!(region = r, leased, "region mostly leased: kept in place");
             return Ok(());
@@ -73,11 +110,12 @@ impl Writer {
             reinsert_bytes: 0,
             wb: WriteBatch::default(),
             moved: 0,
+            demoted: 0,
             written: 0,
             gone: Vec::new(),
         };
         for ((bkey, loc), pinned) in live.into_iter().zip(pinned) {
-            self.reclaim_record(&core, r, bkey, loc, pinned, &mut st)
+            self.reclaim_record(&core, (r, t, to), bkey, loc, pinned, &mut st)
                 .await?;
         }
         for (bkey, head) in values {
@@ -87,6 +125,7 @@ impl Writer {
         let Reclaim {
             mut wb,
             moved,
+            demoted,
             written,
             gone,
             ..
@@ -112,35 +151,41 @@ impl Writer {
         }
         idx.write(wb, index::WriteMode::Wal { sync: true })?;
         core.dram_forget(gone.iter().map(Vec::as_slice), &[]);
-        self.free.push_back(r);
+        self.tiers[t].free.push_back(r);
         core.counters
             .evicted_regions
             .fetch_add(1, Ordering::Relaxed);
         core.counters
             .reinserted_blocks
-            .fetch_add(moved, Ordering::Relaxed);
+            .fetch_add(moved - demoted, Ordering::Relaxed);
         core.metrics.evicted_regions.inc();
-        core.metrics.reinserted_blocks.inc_by(moved);
-        tracing::debug!(region = r, moved, "region reclaimed");
+        core.metrics.reinserted_blocks.inc_by(moved - demoted);
+        tracing::debug!(region = r, moved, demoted, "region reclaimed");
         Ok(())
     }
 
     /// One live record of region `r` at reclaim: moved to the open region when it is leased
     /// or was read recently (within `st.budget`) and reads back intact, otherwise out of the
     /// index (an unreadable or damaged one counted, a damaged one quarantined).
+    ///
+    /// `(r, t, to)`: the region, its tier, and the tier to move into (another one: a
+    /// demotion, which moves every record that reads back intact).
     async fn reclaim_record(
         &mut self,
         core: &Core,
-        r: u32,
+        (r, t, to): (u32, usize, usize),
         bkey: Vec<u8>,
         loc: BlockLoc,
         pinned: bool,
         st: &mut Reclaim,
     ) -> anyhow::Result<()> {
         let idx = &core.index;
-        let hot =
-            core.read_bits.take(&bkey) && st.reinsert_bytes + loc.record_len as u64 <= st.budget;
-        if !(pinned || hot) {
+        let demote = to != t;
+        // A demoted record keeps its read bit, for the dense tier's own reclaim.
+        let hot = !demote
+            && core.read_bits.take(&bkey)
+            && st.reinsert_bytes + loc.record_len as u64 <= st.budget;
+        if !(pinned || hot || demote) {
             self.evict_entry(&mut st.wb, &bkey, &loc);
             st.gone.push(bkey);
             return Ok(());
@@ -161,7 +206,13 @@ impl Writer {
         let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
             h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
         });
-        let target = if intact { self.alloc(buf.len())? } else { None };
+        let target = match (intact, self.alloc(to, buf.len())?) {
+            (false, _) => None,
+            (true, Some(place)) => Some(place),
+            // A kept record the next tier cannot take stays in its own.
+            (true, None) if demote && pinned => self.alloc(t, buf.len())?,
+            (true, None) => None,
+        };
         let Some((nr, noff)) = target else {
             // A record that no longer checks out, or no room left: it leaves the index.
             self.evict_entry(&mut st.wb, &bkey, &loc);
@@ -176,8 +227,13 @@ impl Writer {
             st.gone.push(bkey);
             return Ok(());
         };
-        if !pinned {
+        if !pinned && !demote {
             st.reinsert_bytes += loc.record_len as u64;
+        }
+        if self.core.geometry.tier_of(nr) != t {
+            st.demoted += 1;
+            core.metrics.tier_demoted_records.inc();
+            core.metrics.tier_demoted_bytes.inc_by(buf.len() as u64);
         }
         // The same record, byte for byte, but for the epoch of the region it now lives in.
         record::stamp_region_epoch(
@@ -209,6 +265,8 @@ struct Reclaim {
     /// The reclaim's index changes.
     wb: WriteBatch,
     moved: u64,
+    /// Of `moved`, records moved into another tier.
+    demoted: u64,
     /// Bytes of moved records written to the device.
     written: u64,
     /// Blocks that leave the index: their DRAM copies go once it is written.

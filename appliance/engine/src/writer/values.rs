@@ -45,7 +45,7 @@ impl Writer {
             ))));
             return;
         }
-        let (region, offset) = match self.alloc(x.record.len()) {
+        let (region, offset) = match self.alloc_extent(x.record.len()) {
             Ok(Some(place)) => place,
             Ok(None) => {
                 let _ = x.reply.send(Err(EngineError::NoSpace(
