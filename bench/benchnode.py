@@ -18,14 +18,24 @@ def free_port() -> int:
 
 
 def start_node(
-    binary: str, data_dir: str, capacity: str = "4GiB", dram: str = "2GiB", log=None
+    binary: str, data_dir: str, capacity: str = "4GiB", dram: str = "2GiB", log=None,
+    config: str | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """The node process and its HTTP URL (its output to `log`, an open file, or nowhere);
-    raises SystemExit if it is not ready within 60 s."""
+    """The node process and its HTTP URL (its output to `log`, an open file, or nowhere;
+    `config`: TOML text for `--config`, e.g. `[[tiers]]`); raises SystemExit if it is not
+    ready within 60 s."""
     port, tport = free_port(), free_port()
+    extra = []
+    if config is not None:
+        os.makedirs(data_dir, exist_ok=True)
+        path = os.path.join(data_dir, "bench.toml")
+        with open(path, "w") as f:
+            f.write(config)
+        extra = ["--config", path]
     node = subprocess.Popen(
         [binary, "serve", "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
-         "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", capacity, "--dram", dram],
+         "--transfer-listen", f"127.0.0.1:{tport}", "--capacity", capacity, "--dram", dram,
+         *extra],
         stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL,
         env=dict(os.environ, CTXPOD_ZERO_FILL="false"))
     url = f"http://127.0.0.1:{port}"

@@ -620,6 +620,17 @@ impl Client {
         Ok(resp.json::<UnpinResponse>().await?.unpinned)
     }
 
+    /// Moves `keys` to the fast tier of the node (in a pod, of every member holding them):
+    /// how many were moved, and how many are in the fast tier now.
+    pub async fn promote(
+        &self,
+        ns: &str,
+        keys: &[Vec<u8>],
+    ) -> Result<PromoteResponse, ClientError> {
+        let resp = self.post_ns(ns, "promote", &keys_request(keys)).await?;
+        Ok(resp.json::<PromoteResponse>().await?)
+    }
+
     /// Creates a namespace (201) or confirms it exists (200).
     pub async fn create_namespace(
         &self,

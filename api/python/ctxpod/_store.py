@@ -650,6 +650,17 @@ class Store:
         """Ends the pins (and prefetch leases) of the blocks; how many were pinned."""
         return self._s.unpin(self.namespace, _keys(keys))
 
+    def promote(self, keys: Sequence[Key]) -> dict[str, int]:
+        """Moves the blocks to the fast tier (SLC) of every member holding them, ahead of
+        use, as far as each member's move budget (``tier_move_bytes_per_s``) and its fast
+        tier's room allow; returns ``{"promoted": moved now, "fast": in the fast tier
+        now}``. A read meanwhile finds each block in one tier or the other, never misses.
+        On members of one tier every present block counts as ``fast``. Pinned and
+        prefetched blocks (and blocks read twice) are promoted without asking, when the
+        member is idle. Large values (over 8 MiB) stay where they are."""
+        promoted, fast = self._s.promote(self.namespace, _keys(keys))
+        return {"promoted": promoted, "fast": fast}
+
     # -- caller memory --------------------------------------------------------------
 
     def register_buffer(self, obj: Any, size: int | None = None) -> Buffer:

@@ -426,6 +426,28 @@ impl Store {
         block(py, async move { pod.unpin(&ns, &keys).await }).map_err(error)
     }
 
+    /// Moves the keys to the fast tier of every member holding them (the HTTP door, which
+    /// answers for the pod), at most a batch of keys per request: (moved now, in the fast
+    /// tier now).
+    fn promote(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>) -> PyResult<(u64, u64)> {
+        let pod = self.pod.clone();
+        block(py, async move {
+            let (mut promoted, mut fast) = (0, 0);
+            for chunk in keys.chunks(ctxpod_wire::BATCH_ENTRIES_MAX) {
+                let r = pod
+                    .on_any_member(|c| {
+                        let (ns, chunk) = (ns.clone(), chunk.to_vec());
+                        async move { c.promote(&ns, &chunk).await }
+                    })
+                    .await?;
+                promoted += r.promoted;
+                fast += r.fast;
+            }
+            Ok((promoted, fast))
+        })
+        .map_err(error)
+    }
+
     /// Deletes each key from the pod; per key, whether a member held it.
     fn remove(&self, py: Python<'_>, ns: String, keys: Vec<Vec<u8>>) -> PyResult<Vec<bool>> {
         let pod = self.pod.clone();

@@ -181,6 +181,21 @@ pub struct UnpinResponse {
     pub each: Option<Vec<bool>>,
 }
 
+/// `promote` answer: blocks moved to the node's fast tier (docs/OPERATIONS.md, "Tiers
+/// inside a node").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PromoteResponse {
+    /// Keys moved to the fast tier by this request.
+    pub promoted: u64,
+    /// Keys in the fast tier after this request (moved now, or there already; every
+    /// present key on a node of one tier).
+    pub fast: u64,
+    /// Per key of the request, whether it is in the fast tier now: given to a request
+    /// routed by another member (`x-ctxpod-forwarded-by`), which combines the answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub each: Option<Vec<bool>>,
+}
+
 /// `GET /v1/cluster`: the pod as the answering node sees it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Cluster {

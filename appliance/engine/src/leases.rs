@@ -267,9 +267,11 @@ impl ReadBits {
         ((bit / 64) as usize, 1 << (bit % 64))
     }
 
-    pub fn set(&self, bkey: &[u8]) {
+    /// Sets `bkey`'s bit; whether it was set already (read before, since its region was
+    /// last reclaimed).
+    pub fn set(&self, bkey: &[u8]) -> bool {
         let (w, m) = self.slot(bkey);
-        self.words[w].fetch_or(m, Ordering::Relaxed);
+        self.words[w].fetch_or(m, Ordering::Relaxed) & m != 0
     }
 
     pub fn take(&self, bkey: &[u8]) -> bool {

@@ -53,6 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
+pub use writer::Fate as Promotion;
 use writer::WriteCmd;
 
 /// What went wrong, as the caller must act on it.
@@ -336,6 +337,9 @@ struct SeqAlloc {
 
 const SEQ_CHUNK: u64 = 1 << 20;
 
+/// Promotion hints queued at most.
+const PROMOTE_HINTS_MAX: usize = 4096;
+
 pub(crate) struct Core {
     pub cfg: Config,
     pub geometry: Geometry,
@@ -380,9 +384,32 @@ pub(crate) struct Core {
     /// Set by the writer after a commit that skipped the flush and sync (`fast` puts only),
     /// cleared by the next synced commit.
     unsynced: AtomicBool,
+    /// Blocks (index keys) hinted for promotion to the fast tier (pins, prefetch holds,
+    /// second reads from `dense`), moved by the writer when idle; bounded.
+    promote_hints: Mutex<std::collections::VecDeque<(Vec<u8>, bool)>>,
+    /// Wakes the idle writer when a hint is queued.
+    promote_wake: tokio::sync::Notify,
 }
 
 impl Core {
+    /// Hints `bkey` for promotion to the fast tier (nothing on a node of one tier); a full
+    /// queue drops it (counted). A `strong` hint (a pin, a prefetch hold: the block is
+    /// about to be read) may demote `fast`'s oldest region to make room; a weak one (a
+    /// second read) takes only room `fast` has, so that reads spread over more than `fast`
+    /// holds do not churn the tiers.
+    pub(crate) fn hint_promote(&self, bkey: &[u8], strong: bool) {
+        if self.geometry.tiers.len() < 2 || !self.cfg.tier_promote_hints {
+            return;
+        }
+        let mut q = self.promote_hints.lock();
+        if q.len() < PROMOTE_HINTS_MAX {
+            q.push_back((bkey.to_vec(), strong));
+            self.promote_wake.notify_one();
+        } else {
+            self.metrics.tier.promote_hints_dropped.inc();
+        }
+    }
+
     pub fn dev_offset(&self, region: u32, offset: u32) -> u64 {
         self.geometry.data_offset + region as u64 * self.geometry.region_bytes + offset as u64
     }

@@ -68,13 +68,8 @@ pub struct Metrics {
     pub live_bytes: IntGauge,
     /// Payload bytes of live blocks and values by namespace class (`kv`, `weights`).
     pub class_bytes: IntGaugeVec,
-    /// Per tier (`fast`, `dense`; `device` for a node of one): device bytes in regions in
-    /// use, and free regions.
-    pub tier_used_bytes: IntGaugeVec,
-    pub tier_regions_free: IntGaugeVec,
-    /// Records (and their device bytes) moved from `fast` to `dense` at `fast`'s reclaim.
-    pub tier_demoted_records: IntCounter,
-    pub tier_demoted_bytes: IntCounter,
+    /// Tiers inside the node: per tier use, demotions, promotions.
+    pub tier: TierMetrics,
     pub blocks: IntGauge,
     pub dram_used_bytes: IntGauge,
     pub dram_capacity_bytes: IntGauge,
@@ -263,32 +258,63 @@ fn engine_series(r: &Registry) -> (IntCounterVec, prometheus::GaugeVec, IntGauge
     )
 }
 
-/// Tiers: bytes used and free regions per tier, demotions.
-fn tier_series(r: &Registry) -> (IntGaugeVec, IntGaugeVec, IntCounter, IntCounter) {
-    (
-        int_gauge_vec(
-            r,
-            "ctxpod_tier_used_bytes",
-            "Device bytes in regions in use, by tier (fast, dense; device for a node of one)",
-            &["tier"],
-        ),
-        int_gauge_vec(
-            r,
-            "ctxpod_tier_regions_free",
-            "Free regions, by tier (fast, dense; device for a node of one)",
-            &["tier"],
-        ),
-        counter(
-            r,
-            "ctxpod_tier_demoted_records_total",
-            "Records moved from the fast tier to the dense tier when a fast region was reclaimed",
-        ),
-        counter(
-            r,
-            "ctxpod_tier_demoted_bytes_total",
-            "Device bytes of records moved from the fast tier to the dense tier",
-        ),
-    )
+/// Tiers inside a node (issue #36): per tier (`fast`, `dense`; `device` for a node of
+/// one) device bytes in regions in use and free regions; demotions and promotions.
+pub struct TierMetrics {
+    pub used_bytes: IntGaugeVec,
+    pub regions_free: IntGaugeVec,
+    /// Records (and their device bytes) moved from `fast` to `dense` at `fast`'s reclaim.
+    pub demoted_records: IntCounter,
+    pub demoted_bytes: IntCounter,
+    /// Records (and their device bytes) moved from `dense` to `fast` by promotion.
+    pub promoted_records: IntCounter,
+    pub promoted_bytes: IntCounter,
+    /// Promotion hints dropped for a full queue.
+    pub promote_hints_dropped: IntCounter,
+}
+
+impl TierMetrics {
+    fn register(r: &Registry) -> TierMetrics {
+        TierMetrics {
+            used_bytes: int_gauge_vec(
+                r,
+                "ctxpod_tier_used_bytes",
+                "Device bytes in regions in use, by tier (fast, dense; device for a node of one)",
+                &["tier"],
+            ),
+            regions_free: int_gauge_vec(
+                r,
+                "ctxpod_tier_regions_free",
+                "Free regions, by tier (fast, dense; device for a node of one)",
+                &["tier"],
+            ),
+            demoted_records: counter(
+                r,
+                "ctxpod_tier_demoted_records_total",
+                "Records moved from the fast tier to the dense tier when a fast region was reclaimed",
+            ),
+            demoted_bytes: counter(
+                r,
+                "ctxpod_tier_demoted_bytes_total",
+                "Device bytes of records moved from the fast tier to the dense tier",
+            ),
+            promoted_records: counter(
+                r,
+                "ctxpod_tier_promoted_records_total",
+                "Records moved from the dense tier to the fast tier by promotion",
+            ),
+            promoted_bytes: counter(
+                r,
+                "ctxpod_tier_promoted_bytes_total",
+                "Device bytes of records moved from the dense tier to the fast tier",
+            ),
+            promote_hints_dropped: counter(
+                r,
+                "ctxpod_tier_promote_hints_dropped_total",
+                "Promotion hints (pins, prefetch holds, second reads) dropped: the queue was full",
+            ),
+        }
+    }
 }
 
 impl Metrics {
@@ -301,8 +327,6 @@ impl Metrics {
         let (group_commit_blocks, group_commit_seconds, flush_seconds, index_commit_seconds) =
             commit_series(&r);
         let (busy_rejections, offload, io_engine_info) = engine_series(&r);
-        let (tier_used_bytes, tier_regions_free, tier_demoted_records, tier_demoted_bytes) =
-            tier_series(&r);
         Metrics {
             hits,
             misses,
@@ -341,10 +365,7 @@ impl Metrics {
                 "Payload bytes of live blocks by namespace class (weights are never evicted)",
                 &["class"],
             ),
-            tier_used_bytes,
-            tier_regions_free,
-            tier_demoted_records,
-            tier_demoted_bytes,
+            tier: TierMetrics::register(&r),
             blocks: gauge(&r, "ctxpod_blocks", "Live blocks"),
             dram_used_bytes: gauge(&r, "ctxpod_dram_used_bytes", "Bytes held by the DRAM tier"),
             dram_capacity_bytes: gauge(&r, "ctxpod_dram_capacity_bytes", "DRAM tier limit"),

@@ -39,6 +39,10 @@ impl Engine {
                     self.lease_gauges();
                     return Err(self.lease_refused(e));
                 }
+                // A pinned prefix is about to be read: a hint to promote it.
+                if self.core.geometry.tier_of(loc.region) > 0 {
+                    self.core.hint_promote(&bkey, true);
+                }
             }
             each.push(loc.is_some());
         }
@@ -88,6 +92,10 @@ impl Engine {
                     });
                     if ok {
                         held.bkeys.push(bkey.clone());
+                        // A prefetched block is about to be read: a hint to promote it.
+                        if loc.is_some_and(|l| core.geometry.tier_of(l.region) > 0) {
+                            core.hint_promote(bkey, true);
+                        }
                     }
                     present.push(ok);
                 }
@@ -143,6 +151,24 @@ impl Engine {
         let m = &self.core.metrics;
         m.leases.set(self.core.leases.len() as i64);
         m.leased_bytes.set(self.core.leases.bytes() as i64);
+    }
+
+    /// Moves the present keys among `keys` into the fast tier now, as the move budget and
+    /// the fast tier's room allow (its oldest regions are demoted to make room); each key's
+    /// outcome. On a node of one tier every present key is [`Promotion::Fast`].
+    pub async fn promote(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<Vec<Promotion>> {
+        for k in &keys {
+            Self::check_key(k)?;
+        }
+        let ns = self.ns(ns)?;
+        let bkeys = keys.iter().map(|k| block_key(ns.id, k)).collect();
+        let (tx, rx) = oneshot::channel();
+        self.writer_tx
+            .send(WriteCmd::Promote { bkeys, reply: tx })
+            .await
+            .map_err(|_| anyhow::anyhow!("the writer stopped"))?;
+        rx.await
+            .map_err(|_| anyhow::anyhow!("the writer dropped a promotion"))?
     }
 
     pub async fn unpin(&self, ns: &str, keys: Vec<Vec<u8>>) -> Result<u64> {

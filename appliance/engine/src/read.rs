@@ -110,6 +110,11 @@ impl Found {
     }
 }
 
+/// Times a read asks the index again after the record it found moved while it was read.
+/// Each try means the block moved again meanwhile (a region is reclaimed at most once per
+/// batch of the writer), so a few suffice; a quarantined block ends them at once.
+const READ_MOVED_TRIES: usize = 4;
+
 impl Engine {
     /// The block's bytes, verified, and their CRC32C, or `None`.
     pub async fn get(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
@@ -173,10 +178,18 @@ impl Engine {
         if let Some(got) = self.read_at(key, f, range).await? {
             return Ok(Some(got));
         }
-        let Some(f) = self.find_in(ns, key)? else {
-            return Ok(None);
-        };
-        let got = self.read_at(key, f, range).await?;
+        // Moved while it was read (stored again, evicted, quarantined, or moved between
+        // tiers, perhaps more than once): the index is asked again, a few times at most.
+        let mut got = None;
+        for _ in 0..READ_MOVED_TRIES {
+            let Some(f) = self.find_in(ns.clone(), key)? else {
+                return Ok(None);
+            };
+            got = self.read_at(key, f, range).await?;
+            if got.is_some() {
+                break;
+            }
+        }
         if got.is_none() {
             self.core.counters.misses.fetch_add(1, Ordering::Relaxed);
             self.core.metrics.misses.inc();
@@ -257,17 +270,24 @@ impl Engine {
             .dram_admit(bkey.clone(), b.clone(), &loc, ticket)?;
         let mut got = BlockPart::of(b.clone(), loc.crc32c, range);
         got.bytes = detached(got.bytes, &b);
-        self.count_hit(&bkey, got.len as usize, "flash");
+        // Read from `dense` a second time: hot, a hint to promote it.
+        if self.count_hit(&bkey, got.len as usize, "flash")
+            && self.core.geometry.tier_of(loc.region) > 0
+        {
+            self.core.hint_promote(&bkey, false);
+        }
         Ok(Some(got))
     }
 
-    /// A block served: a hit, a reference for the miss-ratio curve, marked read.
-    fn count_hit(&self, bkey: &[u8], len: usize, tier: &str) {
+    /// A block served: a hit, a reference for the miss-ratio curve, marked read; whether
+    /// it was marked read already.
+    fn count_hit(&self, bkey: &[u8], len: usize, tier: &str) -> bool {
         let c = &self.core;
         self.reference(bkey, len);
-        c.read_bits.set(bkey);
+        let again = c.read_bits.set(bkey);
         c.counters.hits.fetch_add(1, Ordering::Relaxed);
         c.metrics.hits.with_label_values(&[tier]).inc();
+        again
     }
 
     pub(crate) async fn read_record(
@@ -510,6 +530,16 @@ impl Engine {
             crc32c: l.crc32c,
             stored_ms: l.stored_ms,
         }))
+    }
+
+    /// The tier whose device holds the block's record (`fast`, `dense`, or `device` on a
+    /// node of one); `None`: absent.
+    pub fn tier_of(&self, ns: &str, key: &[u8]) -> Result<Option<&str>> {
+        Self::check_key(key)?;
+        let ns = self.ns(ns)?;
+        let loc = self.core.index.get_block(&block_key(ns.id, key))?;
+        let g = &self.core.geometry;
+        Ok(loc.map(|l| g.tier_name(g.tier_of(l.region))))
     }
 
     /// Whether the index holds the block (it is on flash), whatever the DRAM tier holds.

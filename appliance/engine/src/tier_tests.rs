@@ -1,6 +1,8 @@
 //! Tiers inside a node (issue #36): a node of two tiers formats and restarts on its two
 //! devices and refuses them swapped; blocks fill `fast`, and `fast`'s reclaim demotes them
-//! into `dense` byte for byte, while readers read them: none missing, none wrong.
+//! into `dense` byte for byte, while readers read them: none missing, none wrong; promotion
+//! moves them back (asked, or hinted by a pin, a prefetch hold or a second read), within
+//! its budget, while readers read and writers demote.
 
 use super::value_tests::data;
 use super::*;
@@ -11,6 +13,11 @@ const MIB: u64 = 1 << 20;
 
 /// A node of `fast` (4 regions of 16 MiB) and `dense` (12), on files in `dir`.
 fn tiered(dir: &std::path::Path) -> Config {
+    tiered_with(dir, 200 * MIB)
+}
+
+/// A node of `fast` (4 regions of 16 MiB) and a `dense` tier of `dense` bytes.
+fn tiered_with(dir: &std::path::Path, dense: u64) -> Config {
     let tier = |name: &str, capacity: u64| TierConfig {
         name: name.into(),
         device: None,
@@ -20,7 +27,7 @@ fn tiered(dir: &std::path::Path) -> Config {
         data_dir: dir.to_path_buf(),
         dram: ByteSize(4 * MIB),
         region_bytes: Some(ByteSize(16 * MIB)),
-        tiers: vec![tier("fast", 80 * MIB), tier("dense", 200 * MIB)],
+        tiers: vec![tier("fast", 80 * MIB), tier("dense", dense)],
         ..Config::default()
     };
     c.settle_tiers();
@@ -171,7 +178,7 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         r1 + r2 > BLOCKS,
         "the readers read throughout ({r1} + {r2})"
     );
-    let demoted = e.metrics().tier_demoted_records.get();
+    let demoted = e.metrics().tier.demoted_records.get();
     assert!(
         demoted >= 16,
         "fast's oldest regions were demoted ({demoted} records; {:?})",
@@ -183,7 +190,7 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         check(&e, i).await.expect("after the demotions");
     }
     let used =
-        |e: &Engine, tier: &str| e.metrics().tier_used_bytes.with_label_values(&[tier]).get();
+        |e: &Engine, tier: &str| e.metrics().tier.used_bytes.with_label_values(&[tier]).get();
     assert!(
         used(&e, "dense") > 0 && used(&e, "fast") > 0,
         "both tiers hold records"
@@ -195,6 +202,226 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         .expect("restart");
     for i in 0..BLOCKS {
         check(&e, i).await.expect("after a restart");
+    }
+    e.shutdown().await;
+}
+
+/// Blocks `b0..b80` put; the keys of the first `n` of them demoted to `dense` by then.
+async fn demoted(e: &Engine, n: usize) -> Vec<Vec<u8>> {
+    for i in 0..80 {
+        put(e, i).await;
+    }
+    let keys: Vec<Vec<u8>> = (0..80)
+        .map(|i| format!("b{i}").into_bytes())
+        .filter(|k| e.tier_of("default", k).expect("tier") == Some("dense"))
+        .take(n)
+        .collect();
+    assert_eq!(keys.len(), n, "{n} demoted blocks");
+    keys
+}
+
+/// Readers of every block written so far (until `done`, 120 s at most): the reads and what
+/// was wrong with them.
+async fn read_all_until(
+    e: &Engine,
+    written: &AtomicU64,
+    done: &AtomicBool,
+    seed: u64,
+) -> (u64, Vec<String>) {
+    let mut reads = 0u64;
+    let mut errors = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut round = 0u64;
+    while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        let n = written.load(Ordering::SeqCst);
+        round += 1;
+        let i = (round * 7 + seed) % n;
+        if let Err(why) = check(e, i).await {
+            errors.push(why);
+        }
+        reads += 1;
+    }
+    (reads, errors)
+}
+
+/// Demoted blocks promoted back, chunk by chunk, while readers read every block and a
+/// writer puts more (which demotes `fast`'s oldest regions, promoted blocks among them):
+/// no read misses or sees wrong bytes, promoted blocks are in `fast`, nothing is evicted,
+/// and after a restart every block is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promotion_and_demotion_under_concurrent_reads() {
+    const FIRST: u64 = 80;
+    const MORE: u64 = 40;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Room in `dense` for the blocks and the copies the moves leave behind: nothing is
+    // evicted, so every miss would be the moves'.
+    let cfg = tiered_with(dir.path(), 400 * MIB);
+    let e = Engine::open(cfg.clone(), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    for i in 0..FIRST {
+        put(&e, i).await;
+    }
+    let key = |i: u64| format!("b{i}").into_bytes();
+    let dense: Vec<u64> = (0..FIRST)
+        .filter(|&i| e.tier_of("default", &key(i)).expect("tier") == Some("dense"))
+        .collect();
+    assert!(dense.len() >= 16, "blocks were demoted: {}", dense.len());
+    let written = AtomicU64::new(FIRST);
+    let done = AtomicBool::new(false);
+    let mut promoted = Vec::new();
+    let work = async {
+        for (n, chunk) in dense.chunks(4).enumerate() {
+            let fates = e
+                .promote("default", chunk.iter().map(|&i| key(i)).collect())
+                .await
+                .expect("promote");
+            for (&i, f) in chunk.iter().zip(fates) {
+                if f == Promotion::Promoted {
+                    promoted.push(i);
+                }
+            }
+            // A block between promotions: `fast` fills and demotes meanwhile.
+            if (n as u64) < MORE {
+                put(&e, FIRST + n as u64).await;
+                written.store(FIRST + n as u64 + 1, Ordering::SeqCst);
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+    };
+    let ((), (r1, e1), (r2, e2)) = tokio::join!(
+        work,
+        read_all_until(&e, &written, &done, 0),
+        read_all_until(&e, &written, &done, 5)
+    );
+    assert!(
+        e1.is_empty() && e2.is_empty(),
+        "reads during promotion: {e1:?} {e2:?}"
+    );
+    assert!(r1 + r2 > 0);
+    assert!(
+        promoted.len() >= dense.len() / 2,
+        "{} of {} demoted blocks promoted",
+        promoted.len(),
+        dense.len()
+    );
+    // The readers' second reads promote too (hints).
+    assert!(e.metrics().tier.promoted_records.get() >= promoted.len() as u64);
+    let last = *promoted.last().expect("some promoted");
+    assert_eq!(
+        e.tier_of("default", &key(last)).expect("tier"),
+        Some("fast")
+    );
+    assert_eq!(e.stats().evicted_blocks, 0, "nothing evicted");
+    assert_eq!(e.stats().integrity_errors, 0);
+    let total = written.load(Ordering::SeqCst);
+    for i in 0..total {
+        check(&e, i).await.expect("after the moves");
+    }
+    e.shutdown().await;
+    drop(e);
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("restart");
+    for i in 0..total {
+        check(&e, i).await.expect("after a restart");
+    }
+    assert_eq!(
+        e.tier_of("default", &key(last)).expect("tier"),
+        Some("fast")
+    );
+    e.shutdown().await;
+}
+
+/// The move budget holds: at 8 MiB a second (a second's worth at once), one promotion of
+/// 32 blocks of 1 MiB moves at most 8 MiB and defers the rest; a node of one tier
+/// answers every present key `Fast` and an absent one `Absent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promotion_keeps_its_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config {
+        tier_move_bytes_per_s: ByteSize(8 * MIB),
+        ..tiered(dir.path())
+    };
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    let keys = demoted(&e, 32).await;
+    let started = std::time::Instant::now();
+    let fates = e.promote("default", keys).await.expect("promote");
+    let secs = started.elapsed().as_secs_f64();
+    let moved = fates.iter().filter(|f| **f == Promotion::Promoted).count();
+    let deferred = fates.iter().filter(|f| **f == Promotion::Deferred).count();
+    assert!(
+        moved >= 1 && moved + deferred == 32 && deferred > 0,
+        "{moved} promoted, {deferred} deferred"
+    );
+    // A second's worth at once, and what the budget earned while the call ran.
+    let bytes = e.metrics().tier.promoted_bytes.get();
+    assert!(
+        bytes as f64 <= 8.0 * MIB as f64 * (1.0 + secs),
+        "{bytes} bytes promoted in {secs} s"
+    );
+    e.shutdown().await;
+    drop(e);
+    let one = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(
+        Config {
+            data_dir: one.path().to_path_buf(),
+            capacity: ByteSize(80 * MIB),
+            region_bytes: Some(ByteSize(16 * MIB)),
+            ..Config::default()
+        },
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .expect("open one tier");
+    put(&e, 1).await;
+    let fates = e
+        .promote("default", vec![b"b1".to_vec(), b"nope".to_vec()])
+        .await
+        .expect("promote");
+    assert_eq!(fates, vec![Promotion::Fast, Promotion::Absent]);
+    e.shutdown().await;
+}
+
+/// Hints: a pinned block, a block held by a prefetch, and a block read twice from `dense`
+/// are each moved to `fast` by the idle writer, without a promote call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_prefetch_holds_and_second_reads_promote() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(tiered(dir.path()), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    let dense = demoted(&e, 3).await;
+    e.pin("default", vec![dense[0].clone()], Duration::from_secs(60))
+        .await
+        .expect("pin");
+    let (held, present) = e
+        .hold("default", vec![Bytes::from(dense[1].clone())])
+        .await
+        .expect("hold");
+    assert_eq!(present, vec![true]);
+    for _ in 0..2 {
+        e.get("default", &dense[2])
+            .await
+            .expect("get")
+            .expect("present");
+    }
+    // Bounded: the idle writer moves hints within its budget, well inside 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let in_fast = |k: &[u8]| e.tier_of("default", k).expect("tier") == Some("fast");
+    while !dense.iter().all(|k| in_fast(k)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let where_: Vec<_> = dense
+        .iter()
+        .map(|k| e.tier_of("default", k).expect("tier"))
+        .collect();
+    assert_eq!(where_, vec![Some("fast"); 3], "pinned, held, read twice");
+    drop(held);
+    for i in 0..80 {
+        check(&e, i).await.expect("after the promotions");
     }
     e.shutdown().await;
 }

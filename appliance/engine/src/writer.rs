@@ -38,10 +38,12 @@ use tokio::sync::{mpsc, oneshot};
 
 mod eviction;
 mod pipeline;
+mod promote;
 mod removals;
 mod tiers;
 mod values;
 use pipeline::{committer, reply_failed};
+pub use promote::Fate;
 use tiers::TierRegions;
 pub(crate) use values::{ExtentReq, Placed, PublishReq};
 
@@ -79,6 +81,11 @@ pub(crate) enum WriteCmd {
     },
     /// Answer once everything acknowledged so far is flushed and synced.
     Barrier(oneshot::Sender<Result<()>>),
+    /// Move these blocks (index keys) into the fast tier now, as the move budget allows.
+    Promote {
+        bkeys: Vec<Vec<u8>>,
+        reply: oneshot::Sender<Result<Vec<Fate>>>,
+    },
     Stop(oneshot::Sender<()>),
 }
 
@@ -119,6 +126,8 @@ pub(crate) struct Writer {
     /// Each tier's free, sealed and open regions (one tier for a node of one device;
     /// `fast` then `dense` for a node of two).
     tiers: Vec<TierRegions>,
+    /// Bytes per second that may move between tiers (promotions).
+    budget: promote::MoveBudget,
     /// Regions whose metadata changed since the last checkpoint.
     touched: BTreeSet<u32>,
     /// A region was opened, sealed or freed since the last checkpoint.
@@ -249,6 +258,7 @@ impl Writer {
     pub fn new(core: Arc<Core>) -> anyhow::Result<Writer> {
         let regions = super::recovery::load_regions(&core.index, &core.geometry)?;
         let tiers = tiers::load(&core, &regions);
+        let core_move_budget = core.cfg.tier_move_bytes_per_s.0;
         let overlay = Arc::new(Mutex::new(VecDeque::new()));
         let (commit_tx, commit_rx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
         let committer = tokio::spawn(committer(core.clone(), overlay.clone(), commit_rx));
@@ -258,6 +268,7 @@ impl Writer {
             core,
             regions,
             tiers,
+            budget: promote::MoveBudget::new(core_move_budget),
             touched: BTreeSet::new(),
             transition: false,
             uncheckpointed: Vec::new(),
@@ -271,7 +282,7 @@ impl Writer {
     pub async fn run(mut self, mut rx: mpsc::Receiver<WriteCmd>) {
         let max_blocks = self.core.cfg.group_commit_max_blocks;
         let max_bytes = self.core.cfg.group_commit_max_bytes.0 as usize;
-        while let Some(first) = rx.recv().await {
+        while let Some(first) = self.next_cmd(&mut rx).await {
             let mut stop = None;
             let mut cmds = Vec::new();
             let mut bytes = 0;
@@ -468,6 +479,25 @@ impl Writer {
             }
             return;
         }
+        // Promotions first, over committed state; the batch's other commands after them.
+        let (promotes, cmds): (Vec<WriteCmd>, Vec<WriteCmd>) = cmds
+            .into_iter()
+            .partition(|c| matches!(c, WriteCmd::Promote { .. }));
+        for cmd in promotes {
+            let WriteCmd::Promote { bkeys, reply } = cmd else {
+                continue;
+            };
+            match self.promote_now(&bkeys, true).await {
+                Ok(fates) => drop(reply.send(Ok(fates))),
+                Err(e) => {
+                    self.core.fail("promotion", &e);
+                    let _ = reply.send(Err(EngineError::Internal(e)));
+                }
+            }
+        }
+        if cmds.is_empty() {
+            return;
+        }
         let core = self.core.clone();
         let cfs = (
             core.index.cf(index::CF_BLOCKS),
@@ -492,6 +522,7 @@ impl Writer {
                     b.replies.push(Reply::Done(reply));
                 }
                 WriteCmd::Stop(_) => unreachable!("run() handles Stop"),
+                WriteCmd::Promote { .. } => unreachable!("handled before the batch"),
             }
         }
         let written: u64 = b.writes.iter().map(|(buf, _)| buf.len() as u64).sum();

@@ -164,6 +164,13 @@ pub struct Config {
     /// docs/OPERATIONS.md, "Tiers"): blocks are written to `fast` and demoted to `dense`
     /// as `fast` fills. Fixed when the node is formatted.
     pub tiers: Vec<TierConfig>,
+    /// Bytes per second that promotion may move from `dense` to `fast` (a second's worth
+    /// at once): the move budget of a node of two tiers.
+    pub tier_move_bytes_per_s: ByteSize,
+    /// Promote blocks on hints (a pin, a prefetch hold, a second read from `dense`) when
+    /// the writer is idle; `false` leaves promotion to explicit `promote` calls (the
+    /// benchmark's "promotion off").
+    pub tier_promote_hints: bool,
     /// Size of one region (the unit of eviction), a multiple of 4 KiB. Default: capacity / 32
     /// clamped to 16..=64 MiB.
     pub region_bytes: Option<ByteSize>,
@@ -296,6 +303,8 @@ impl Default for Config {
             device: None,
             sim_faults: None,
             tiers: Vec::new(),
+            tier_move_bytes_per_s: ByteSize(256 << 20),
+            tier_promote_hints: true,
             region_bytes: None,
             io_engine: IoEngine::Auto,
             zero_fill: true,
@@ -429,6 +438,7 @@ impl Config {
             ("egress_bytes_max", self.egress_bytes_max),
             ("egress_bytes_per_peer_max", self.egress_bytes_per_peer_max),
             ("prefetch_staging_bytes", self.prefetch_staging_bytes),
+            ("tier_move_bytes_per_s", self.tier_move_bytes_per_s),
         ] {
             anyhow::ensure!(
                 b.0 >= ctxpod_wire::BLOCK_BYTES_MAX as u64,

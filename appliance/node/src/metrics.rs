@@ -11,7 +11,7 @@ use prometheus::{
 
 pub struct NodeMetrics {
     /// Request latency per operation (`put`, `get`, `head`, `delete`, `match`, `batch_get`,
-    /// `batch_put`, `pin`, `unpin`, `namespace`).
+    /// `batch_put`, `pin`, `unpin`, `promote`, `namespace`).
     pub request_seconds: HistogramVec,
     /// Answers per operation and status class.
     pub responses: IntCounterVec,

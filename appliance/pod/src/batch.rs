@@ -25,7 +25,9 @@ use super::membership::MemberInfo;
 use super::Peers;
 use bytes::Bytes;
 use ctxpod_wire::frame;
-use ctxpod_wire::types::{KeysRequest, PinRequest, PinResponse, PresentResponse, UnpinResponse};
+use ctxpod_wire::types::{
+    KeysRequest, PinRequest, PinResponse, PresentResponse, PromoteResponse, UnpinResponse,
+};
 use http::HeaderMap;
 use std::time::Duration;
 
@@ -319,6 +321,26 @@ impl Asker<'_> {
         };
         match each {
             Some(e) if e.len() == keys.len() => Ok(e),
+            _ => Err(PeerError::Malformed),
+        }
+    }
+
+    /// Promotes `keys` to member `m`'s fast tier: how many it moved, and per key whether it
+    /// is in its fast tier now.
+    pub async fn promote(
+        &self,
+        m: &MemberInfo,
+        keys: &[&[u8]],
+    ) -> Result<(u64, Vec<bool>), PeerError> {
+        let req = self.post(m, "promote").json(&Self::keys_request(keys));
+        let r = self
+            .send(m, req)
+            .await?
+            .json::<PromoteResponse>()
+            .await
+            .map_err(|_| PeerError::Unreachable)?;
+        match r.each {
+            Some(e) if e.len() == keys.len() => Ok((r.promoted, e)),
             _ => Err(PeerError::Malformed),
         }
     }

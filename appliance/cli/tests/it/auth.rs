@@ -149,7 +149,8 @@ fn concrete(method: &str, route: &str, ns: &str) -> Option<(String, Vec<u8>)> {
         ("POST", "/v1/namespaces/{ns}/match")
         | ("POST", "/v1/namespaces/{ns}/present")
         | ("POST", "/v1/namespaces/{ns}/batch/get")
-        | ("POST", "/v1/namespaces/{ns}/unpin") => keys,
+        | ("POST", "/v1/namespaces/{ns}/unpin")
+        | ("POST", "/v1/namespaces/{ns}/promote") => keys,
         ("POST", "/v1/namespaces/{ns}/pin") => {
             format!("{{\"keys\":[\"{k}\"],\"ttl_ms\":60000}}").into_bytes()
         }

@@ -1454,6 +1454,10 @@ async fn batches_sent_to_any_node_are_answered_for_the_pod() {
     );
     assert_eq!(nodes[2].client.unpin("r2", &asked).await.unwrap(), 120);
     assert_eq!(nodes[0].client.unpin("r2", &asked).await.unwrap(), 0);
+    // Promotion through any member reaches every member holding a copy (of one tier
+    // each: every present block counts as in the fast tier, none moves).
+    let pr = nodes[2].client.promote("r2", &asked).await.unwrap();
+    assert_eq!((pr.promoted, pr.fast), (0, 120), "{pr:?}");
     pod_curve_and_overview_sum_the_members(&nodes).await;
     // With a member down, the R = 2 blocks are still all found, and a batch put still
     // stores two copies (the next member in rank order stands in).

@@ -1,5 +1,5 @@
 //! A node of two tiers (issue #36): blocks fill `fast`, `fast`'s reclaim demotes them into
-//! `dense`. A crash in the middle of a demotion — `kill -9` of the real node, or a power cut
+//! `dense`, promotion moves them back. A crash in the middle of a move — `kill -9` of the real node, or a power cut
 //! on a simulated SLC + QLC pair without power-loss protection — loses no acknowledged
 //! durable block and serves no wrong bytes.
 //!
@@ -47,8 +47,15 @@ fn tiers_toml(fast: &str, dense: &str, dense_bytes: u64) -> String {
 }
 
 /// Blocks of 1 MiB put `fast` through `client`, keys `{tag}-{i}`, `count` at most, until
-/// one fails (the node was killed): what keeps `fast` full and its regions demoting.
-async fn fill(client: ctxpod_client::client::Client, tag: String, count: u64) -> u64 {
+/// one fails (the node was killed): what keeps `fast` full and its regions demoting. With
+/// `promote`, after each put two blocks of the prefill (demoted by then) are promoted
+/// back: kills land in promotions too.
+async fn fill(
+    client: ctxpod_client::client::Client,
+    tag: String,
+    count: u64,
+    promote: bool,
+) -> u64 {
     for i in 0..count {
         let key = format!("{tag}-{i}").into_bytes();
         let put = client.put(
@@ -59,6 +66,18 @@ async fn fill(client: ctxpod_client::client::Client, tag: String, count: u64) ->
         );
         if put.await.is_err() {
             return i;
+        }
+        let back: Vec<Vec<u8>> = (0..2)
+            .map(|j| {
+                format!(
+                    "fill-{}",
+                    (i * 7 + j * 13 + tag.len() as u64) % PREFILL_BLOCKS
+                )
+            })
+            .map(String::into_bytes)
+            .collect();
+        if promote && client.promote("default", &back).await.is_err() {
+            return i + 1;
         }
     }
     count
@@ -90,13 +109,13 @@ async fn kill_9_during_demotion_loses_nothing() {
         false,
     )
     .await;
-    let prefilled = fill(node.client.clone(), "fill".into(), PREFILL_BLOCKS).await;
+    let prefilled = fill(node.client.clone(), "fill".into(), PREFILL_BLOCKS, false).await;
     assert_eq!(prefilled, PREFILL_BLOCKS);
     let mut run = CrashRun {
         seed,
         ..CrashRun::default()
     };
-    let (mut demoted, mut evicted) = (0.0, 0.0);
+    let (mut demoted, mut promoted, mut evicted) = (0.0, 0.0, 0.0);
     for cycle in 0..cycles {
         let writer = Writer::spawn(node.client.clone(), seed, cycle);
         // 8 MiB more a cycle: every other cycle or so demotes a region of `fast`.
@@ -104,12 +123,14 @@ async fn kill_9_during_demotion_loses_nothing() {
             node.client.clone(),
             format!("c{cycle}"),
             FILLER_BLOCKS,
+            true,
         ));
         let delay = rng.gen_range(20..400);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         // What this life did so far (its counters start at 0 with it).
         let m = node.client.metrics().await.unwrap_or_default();
         demoted += metric_of(&m, "ctxpod_tier_demoted_records_total");
+        promoted += metric_of(&m, "ctxpod_tier_promoted_records_total");
         evicted += metric_of(&m, "ctxpod_evicted_blocks_total");
         run.kill_restart_and_check(&mut node, writer, cycle, delay)
             .await;
@@ -121,13 +142,15 @@ async fn kill_9_during_demotion_loses_nothing() {
     let dense_used = metric_of(&m, "ctxpod_tier_used_bytes{tier=\"dense\"}");
     eprintln!(
         "{cycles} kill -9 cycles on two tiers: {} blocks acknowledged durable, {missing} \
-         lost, {corrupt} corrupt; {demoted} records demoted before the kills, dense holds \
-         {dense_used} bytes, {evicted} evicted, {} re-indexed from tails",
+         lost, {corrupt} corrupt; {demoted} records demoted and {promoted} promoted before \
+         the kills, dense holds {dense_used} bytes, {evicted} evicted, {} re-indexed from \
+         tails",
         run.acked_all.len(),
         run.recovered
     );
     assert_eq!((missing, corrupt), (0, 0));
     assert!(demoted > 0.0, "no kill came after a demotion");
+    assert!(promoted > 0.0, "no kill came after a promotion");
     assert!(dense_used > 0.0, "the dense tier holds the demoted records");
     assert_eq!(
         evicted + s.evicted_blocks as f64,
@@ -135,6 +158,62 @@ async fn kill_9_during_demotion_loses_nothing() {
         "test sizing: nothing may be evicted"
     );
     assert_eq!(s.integrity_errors, 0);
+}
+
+/// The HTTP door: `POST /v1/namespaces/{ns}/promote` moves demoted blocks back to `fast`
+/// and says how many moved and how many are in `fast` now; bad input is refused with
+/// nothing moved; every block still reads back byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_through_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("n");
+    std::fs::create_dir_all(&data).expect("data dir");
+    let (fast, dense) = (data.join("fast.dev"), data.join("dense.dev"));
+    let config = tiers_toml(&fast.to_string_lossy(), &dense.to_string_lossy(), 257 * MIB);
+    let node = Node::start_configured(&data, &[], &config, Default::default(), false).await;
+    assert_eq!(
+        fill(node.client.clone(), "fill".into(), 80, false).await,
+        80
+    );
+    let keys: Vec<Vec<u8>> = (0..80).map(|i| format!("fill-{i}").into_bytes()).collect();
+    let mut asked = keys.clone();
+    asked.push(b"absent".to_vec());
+    let c = &node.client;
+    let r = c.promote("default", &asked).await.expect("promote");
+    assert!(
+        r.promoted >= 1 && r.fast >= r.promoted && r.fast <= 80 && r.each.is_none(),
+        "{r:?}"
+    );
+    let m = c.metrics().await.expect("metrics");
+    assert_eq!(
+        metric_of(&m, "ctxpod_tier_promoted_records_total"),
+        r.promoted as f64
+    );
+    let url = format!("{}/v1/namespaces/default/promote", node.url);
+    let http = c.http();
+    let many: Vec<String> = (0..1025).map(|i| format!("{i:04x}")).collect();
+    common::answered(
+        http.post(&url).json(&serde_json::json!({ "keys": many })),
+        400,
+    )
+    .await;
+    common::answered(http.post(&url).body("{"), 400).await;
+    let nope = format!("{}/v1/namespaces/nope/promote", node.url);
+    common::answered(
+        http.post(&nope).json(&serde_json::json!({ "keys": [] })),
+        404,
+    )
+    .await;
+    let m = c.metrics().await.expect("metrics");
+    assert_eq!(
+        metric_of(&m, "ctxpod_tier_promoted_records_total"),
+        r.promoted as f64,
+        "refused requests moved nothing"
+    );
+    for k in &keys {
+        let got = c.get("default", k).await.expect("get");
+        assert_eq!(got.as_deref(), Some(&content(k, MIB as usize)[..]));
+    }
 }
 
 /// The node's configuration on two simulated tiers in `dir` (the devices come with it).
@@ -180,15 +259,17 @@ async fn open_tiers(
 struct Cut {
     acked_durable: u64,
     demoted: u64,
+    promoted: u64,
     /// The cut came from the plan, at one of the dense drive's commands past its format:
-    /// a demotion's write or flush.
+    /// a demotion's write or flush, or a promotion's read.
     mid_move: bool,
     failures: Vec<String>,
 }
 
-/// One seed: puts of 256 KiB to 1 MiB (all durable, or three in four) until the dense drive loses
-/// power at a seeded command (its commands are the demotions' writes and flushes), the
-/// fast drive with it; then recovery, and every block checked.
+/// One seed: puts of 256 KiB to 1 MiB (all durable, or three in four), and every eighth
+/// put a promotion of four earlier blocks, until the dense drive loses power at a seeded
+/// command (its commands are the demotions' writes and flushes and the promotions' reads),
+/// the fast drive with it; then recovery, and every block checked.
 fn power_cut_seed(seed: u64) -> Cut {
     let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -227,6 +308,16 @@ fn power_cut_seed(seed: u64) -> Cut {
             if r.is_err() {
                 break;
             }
+            // Every eighth put, four earlier blocks (demoted by then) promoted back: the
+            // dense drive's reads of a promotion are commands the cut may land on too.
+            if i % 8 == 7 {
+                let back = (0..4)
+                    .map(|_| format!("p{seed}-{}", rng.below(i)).into_bytes())
+                    .collect();
+                if node.promote("default", back).await.is_err() {
+                    break;
+                }
+            }
         }
         out.mid_move = !devs[1].is_powered();
         for d in &devs {
@@ -234,7 +325,8 @@ fn power_cut_seed(seed: u64) -> Cut {
                 d.power_cut();
             }
         }
-        out.demoted = node.metrics().tier_demoted_records.get();
+        out.demoted = node.metrics().tier.demoted_records.get();
+        out.promoted = node.metrics().tier.promoted_records.get();
         let held: BTreeMap<Vec<u8>, bool> = ledger
             .keys()
             .map(|k| (k.clone(), node.on_flash("default", k).unwrap_or(false)))
@@ -285,7 +377,8 @@ fn power_cut_seed(seed: u64) -> Cut {
 fn power_cuts_during_demotion_lose_nothing() {
     let seeds = common::seed_from_env("CTXPOD_TIER_POWER_SEEDS", 12);
     let first = common::seed_from_env("CTXPOD_TIER_POWER_SEED", 1);
-    let (mut acked, mut demoted, mut mid_move, mut failed) = (0, 0, 0, Vec::new());
+    let (mut acked, mut demoted, mut promoted, mut mid_move) = (0, 0, 0, 0);
+    let mut failed = Vec::new();
     for seed in first..first + seeds {
         let c = power_cut_seed(seed);
         if !c.failures.is_empty() {
@@ -299,15 +392,17 @@ fn power_cuts_during_demotion_lose_nothing() {
         }
         acked += c.acked_durable;
         demoted += c.demoted;
+        promoted += c.promoted;
         mid_move += u64::from(c.mid_move);
     }
     eprintln!(
         "{} of {seeds} power cuts on an SLC + QLC pair passed: {acked} acknowledged durable \
-         blocks checked, {demoted} records demoted before the cuts, {mid_move} cuts in \
-         the middle of a demotion",
+         blocks checked, {demoted} records demoted and {promoted} promoted before the cuts, \
+         {mid_move} cuts in the middle of a move",
         seeds - failed.len() as u64
     );
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
+    assert!(promoted > 0, "no cut came after a promotion");
     assert!(
         mid_move * 2 >= seeds,
         "most cuts must land in a demotion ({mid_move} of {seeds})"

@@ -1,7 +1,8 @@
 //! The device's format: the geometry a configuration gives, the superblock in the first
 //! 4 KiB (checked at every start), and the zero-fill of a new file-backed device.
 
-use super::{read_retrying, DATA_OFFSET_BYTES, FORMAT_VERSION, TAIL_READ_TRIES};
+use super::tail::{read_retrying, TAIL_READ_TRIES};
+use super::{DATA_OFFSET_BYTES, FORMAT_VERSION};
 use crate::device::{AlignedBuf, Device, IO_ALIGN_BYTES};
 use crate::index::{Geometry, TierGeometry};
 use anyhow::{bail, ensure, Context};

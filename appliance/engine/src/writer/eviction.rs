@@ -51,7 +51,7 @@ impl Writer {
 
     /// Whether tier `t` can take one region's demotion: two free regions (the rest of its
     /// open region may be too small for the next record), its oldest reclaimed as needed.
-    async fn room_for_demotion(&mut self, t: usize) -> anyhow::Result<bool> {
+    pub(super) async fn room_for_demotion(&mut self, t: usize) -> anyhow::Result<bool> {
         let mut tries = self.tiers[t].sealed.len().min(RECLAIM_TRIES_MAX);
         while self.tiers[t].free.len() < 2 && tries > 0 {
             tries -= 1;
@@ -191,7 +191,7 @@ impl Writer {
             return Ok(());
         }
         let buf = AlignedBuf::reused(loc.record_len as usize);
-        let (mut buf, res) = core
+        let (buf, res) = core
             .device
             .read_at(buf, core.dev_offset(r, loc.offset))
             .await;
@@ -203,9 +203,7 @@ impl Writer {
             st.gone.push(bkey);
             return Ok(());
         }
-        let intact = RecordHeader::decode(&buf).is_ok_and(|h| {
-            h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
-        });
+        let intact = still_the_record(&buf, &loc, &bkey);
         let target = match (intact, self.alloc(to, buf.len())?) {
             (false, _) => None,
             (true, Some(place)) => Some(place),
@@ -232,15 +230,33 @@ impl Writer {
         }
         if self.core.geometry.tier_of(nr) != t {
             st.demoted += 1;
-            core.metrics.tier_demoted_records.inc();
-            core.metrics.tier_demoted_bytes.inc_by(buf.len() as u64);
+            core.metrics.tier.demoted_records.inc();
+            core.metrics.tier.demoted_bytes.inc_by(buf.len() as u64);
         }
-        // The same record, byte for byte, but for the epoch of the region it now lives in.
+        st.written += self
+            .write_copy(core, &bkey, loc, buf, (nr, noff), &mut st.wb)
+            .await?;
+        st.moved += 1;
+        Ok(())
+    }
+
+    /// Writes `buf`, the record of `bkey` read from `loc`, at (`nr`, `noff`): the same
+    /// record byte for byte but for the epoch of the region it now lives in; its new place
+    /// into `wb`. The bytes written.
+    pub(super) async fn write_copy(
+        &self,
+        core: &Core,
+        bkey: &[u8],
+        loc: BlockLoc,
+        mut buf: AlignedBuf,
+        (nr, noff): (u32, u32),
+        wb: &mut WriteBatch,
+    ) -> anyhow::Result<u64> {
         record::stamp_region_epoch(
             &mut buf[..record::HEADER_BYTES],
             self.regions[nr as usize].tail_epoch,
         );
-        st.written += buf.len() as u64;
+        let written = buf.len() as u64;
         let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
         res?;
         let nloc = BlockLoc {
@@ -248,12 +264,19 @@ impl Writer {
             offset: noff,
             ..loc
         };
-        st.wb.put_cf(idx.cf(index::CF_BLOCKS), &bkey, nloc.encode());
-        st.wb
-            .put_cf(idx.cf(index::CF_BY_REGION), by_region_key(nr, noff), &bkey);
-        st.moved += 1;
-        Ok(())
+        let idx = &core.index;
+        wb.put_cf(idx.cf(index::CF_BLOCKS), bkey, nloc.encode());
+        wb.put_cf(idx.cf(index::CF_BY_REGION), by_region_key(nr, noff), bkey);
+        Ok(written)
     }
+}
+
+/// Whether `buf`, read from `loc`, is still the record of `bkey` that the index entry
+/// `loc` describes (a move copies only such a record).
+pub(super) fn still_the_record(buf: &[u8], loc: &BlockLoc, bkey: &[u8]) -> bool {
+    RecordHeader::decode(buf).is_ok_and(|h| {
+        h.seq == loc.seq && h.len == loc.len && h.crc32c == loc.crc32c && h.key == bkey[4..]
+    })
 }
 
 /// What one region's reclaim has done so far, record by record.

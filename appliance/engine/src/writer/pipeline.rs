@@ -192,6 +192,7 @@ pub(super) fn reply_failed(cmd: WriteCmd) {
         WriteCmd::Delete { reply, .. } => drop(reply.send(Err(e()))),
         WriteCmd::DropNamespace { reply, .. } => drop(reply.send(Err(e()))),
         WriteCmd::Barrier(reply) => drop(reply.send(Err(e()))),
+        WriteCmd::Promote { reply, .. } => drop(reply.send(Err(e()))),
         WriteCmd::Quarantine { .. } => {}
         WriteCmd::Stop(tx) => drop(tx.send(())),
     }

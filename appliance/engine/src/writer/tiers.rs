@@ -129,8 +129,9 @@ impl Writer {
                     .map_or(0, |r| self.regions[r as usize].write_ptr as u64);
             let name = self.core.geometry.tier_name(t);
             let m = &self.core.metrics;
-            m.tier_used_bytes.with_label_values(&[name]).set(u as i64);
-            m.tier_regions_free
+            m.tier.used_bytes.with_label_values(&[name]).set(u as i64);
+            m.tier
+                .regions_free
                 .with_label_values(&[name])
                 .set(tier.free.len() as i64);
             used += u;

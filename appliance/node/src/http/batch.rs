@@ -563,6 +563,79 @@ pub(crate) async fn unpin(
     Ok(Json(UnpinResponse { unpinned, each }))
 }
 
+/// Moves `keys` to the fast tier: here, or at every candidate member of each key in a pod
+/// (each member holding a copy moves its own).
+pub(crate) async fn promote(
+    NsCall { st, p, ns, scoped }: NsCall,
+    h: HeaderMap,
+    Keys(keys): Keys<{ ctxpod_wire::BATCH_ENTRIES_MAX }>,
+) -> ApiResult<Json<PromoteResponse>> {
+    Ok(Json(promote_keys(&st, &p, &ns, &scoped, &h, keys).await?))
+}
+
+async fn promote_keys(
+    st: &AppState,
+    p: &Principal,
+    ns: &str,
+    scoped: &str,
+    h: &HeaderMap,
+    keys: Vec<Vec<u8>>,
+) -> ApiResult<PromoteResponse> {
+    let local = |ks: Vec<Vec<u8>>| async move {
+        let fates = st.engine.promote(scoped, ks).await?;
+        let moved = fates
+            .iter()
+            .filter(|f| **f == ctxpod_engine::Promotion::Promoted)
+            .count() as u64;
+        let each: Vec<bool> = fates
+            .iter()
+            .map(|f| {
+                matches!(
+                    f,
+                    ctxpod_engine::Promotion::Promoted | ctxpod_engine::Promotion::Fast
+                )
+            })
+            .collect();
+        Ok::<_, ctxpod_engine::EngineError>((moved, each))
+    };
+    let count = |each: &[bool]| each.iter().filter(|b| **b).count() as u64;
+    if !st.answers_for_pod(h) {
+        let (promoted, each) = local(keys).await?;
+        let routed = h.contains_key(ctxpod_pod::route::HEADER_FORWARDED);
+        return Ok(PromoteResponse {
+            promoted,
+            fast: count(&each),
+            each: routed.then_some(each),
+        });
+    }
+    st.engine.namespace(scoped)?;
+    let view = st.pod.view();
+    let asker = st.asker(ns, h, p);
+    let promoted = std::sync::atomic::AtomicU64::new(0);
+    let each = st
+        .any_candidate(&view, ns, scoped, &keys, |m, idx| {
+            let (asker, keys, local, promoted) = (&asker, &keys, &local, &promoted);
+            async move {
+                let (moved, each) = if m.id == *st.node_id {
+                    local(idx.iter().map(|&i| keys[i].clone()).collect())
+                        .await
+                        .ok()?
+                } else {
+                    let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
+                    asker.promote(m, &ks).await.ok()?
+                };
+                promoted.fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
+                Some(each)
+            }
+        })
+        .await;
+    Ok(PromoteResponse {
+        promoted: promoted.into_inner(),
+        fast: count(&each),
+        each: None,
+    })
+}
+
 /// Pins (`ttl_ms` given) or unpins `keys`: here, or at every candidate member of each key
 /// in a pod (`pod::batch`). How many keys were, and per key whether it was when the
 /// request was routed here by another member.

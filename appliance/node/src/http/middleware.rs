@@ -30,6 +30,7 @@ pub(crate) fn op_name(method: &Method, path: &str) -> &'static str {
         (_, p) if p.ends_with("/batch/get") => "batch_get",
         (_, p) if p.ends_with("/batch/put") => "batch_put",
         (_, p) if p.ends_with("/unpin") => "unpin",
+        (_, p) if p.ends_with("/promote") => "promote",
         (_, p) if p.ends_with("/pin") => "pin",
         ("GET", p) if p.ends_with("/blocks") => "list",
         (_, p) if p.ends_with("/events") => "events",
@@ -80,7 +81,8 @@ pub fn access_of(method: &Method, path: &str) -> Option<Access> {
             "POST",
             "/v1/namespaces/{ns}/batch/put"
             | "/v1/namespaces/{ns}/pin"
-            | "/v1/namespaces/{ns}/unpin",
+            | "/v1/namespaces/{ns}/unpin"
+            | "/v1/namespaces/{ns}/promote",
         ) => Write,
         _ => return None,
     })

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::admin::{rotate_kek, rotate_key};
-use super::batch::{batch_get, batch_put, pin, unpin};
+use super::batch::{batch_get, batch_put, pin, promote, unpin};
 use super::blocks::{
     delete_block, get_block, head_block, list_blocks, match_prefix, present_keys, put_block,
 };
@@ -104,6 +104,7 @@ pub fn routes() -> Routes<AppState> {
         .add(M::POST, "/v1/namespaces/{ns}/batch/put", batch_put)
         .add(M::POST, "/v1/namespaces/{ns}/pin", pin)
         .add(M::POST, "/v1/namespaces/{ns}/unpin", unpin)
+        .add(M::POST, "/v1/namespaces/{ns}/promote", promote)
         .add(M::GET, "/v1/namespaces/{ns}/events", events)
         .add(M::POST, "/v1/namespaces/{ns}/rotate-key", rotate_key)
         .add(M::POST, "/v1/admin/rotate-kek", rotate_kek)

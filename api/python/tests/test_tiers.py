@@ -1,0 +1,99 @@
+"""A node of two flash tiers through the SDK (issue #36): blocks demoted to the dense tier
+as the fast one fills come back byte for byte; ``Store.promote`` moves them to the fast
+tier and says so; a prefetch promotes what it stages without being asked; a node of one
+tier counts every present block as fast."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+import ctxpod
+from conftest import Node, wait_for
+
+MIB = 1 << 20
+BLOCKS = 80
+
+
+@pytest.fixture(scope="module")
+def tiered(root):
+    """A node on a simulated SLC + QLC pair: fast 4 regions of 16 MiB, dense 16."""
+    extra = (
+        'region_bytes = "16MiB"\n'
+        '[[tiers]]\nname = "fast"\ndevice = "sim:slc"\ncapacity = "65MiB"\n'
+        '[[tiers]]\nname = "dense"\ndevice = "sim:qlc"\ncapacity = "257MiB"\n'
+    )
+    n = Node(root, "tiered", extra=extra)
+    yield n
+    n.stop()
+
+
+def metric(node: Node, name: str) -> float:
+    text = urllib.request.urlopen(node.http + "/metrics", timeout=5).read().decode()
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def blocks(n: int) -> list[bytes]:
+    rng = np.random.default_rng(36)
+    return [rng.integers(0, 256, MIB, dtype=np.uint8).tobytes() for _ in range(n)]
+
+
+def test_promote_moves_demoted_blocks_and_they_read_back(tiered):
+    s = ctxpod.Store.connect([tiered.http], namespace="default")
+    try:
+        keys = [f"t{uuid.uuid4().hex[:8]}-{i}".encode() for i in range(BLOCKS)]
+        data = blocks(BLOCKS)
+        for k, d in zip(keys, data):
+            s.put(k, d)
+        assert metric(tiered, "ctxpod_tier_demoted_records_total") > 0, "fast filled and demoted"
+        before = metric(tiered, "ctxpod_tier_promoted_records_total")
+        r = s.promote(keys + [b"absent"])
+        assert r["promoted"] >= 1 and r["promoted"] <= r["fast"] <= BLOCKS, r
+        assert metric(tiered, "ctxpod_tier_promoted_records_total") - before >= r["promoted"]
+        assert s.batch_get(keys) == data
+        with pytest.raises(ctxpod.InvalidRequest):
+            s.promote(["not a key" * 100])
+    finally:
+        s.close()
+
+
+def test_a_prefetch_promotes_what_it_stages(tiered):
+    s = ctxpod.Store.connect([tiered.http], namespace="default")
+    try:
+        keys = [f"p{uuid.uuid4().hex[:8]}-{i}".encode() for i in range(BLOCKS)]
+        data = blocks(BLOCKS)
+        for k, d in zip(keys, data):
+            s.put(k, d)
+        # The oldest blocks are in the dense tier by now: prefetch eight of them.
+        first = keys[:8]
+        buf = bytearray(8 * MIB)
+        s.register_buffer(buf)
+        before = metric(tiered, "ctxpod_tier_promoted_records_total")
+        t = s.prefetch(first, (buf, [i * MIB for i in range(8)]))
+        assert all(n == MIB for n in t.wait(timeout=60)), "every block staged"
+        assert bytes(buf) == b"".join(data[:8])
+        wait_for(
+            "prefetched blocks promoted by the idle node",
+            lambda: metric(tiered, "ctxpod_tier_promoted_records_total") - before >= 8,
+        )
+        # All eight are in the fast tier now: asking again moves none.
+        assert s.promote(first) == {"promoted": 0, "fast": 8}
+        s.unregister_buffer(buf)
+    finally:
+        s.close()
+
+
+def test_a_node_of_one_tier_counts_every_block_fast(node):
+    s = ctxpod.Store.connect([node.http], namespace="default")
+    try:
+        keys = [f"o{uuid.uuid4().hex[:8]}-{i}".encode() for i in range(3)]
+        for k in keys:
+            s.put(k, b"x" * 4096)
+        assert s.promote(keys + [b"absent"]) == {"promoted": 0, "fast": 3}
+    finally:
+        s.close()
