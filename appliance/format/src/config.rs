@@ -303,7 +303,7 @@ impl Default for Config {
             device: None,
             sim_faults: None,
             tiers: Vec::new(),
-            tier_move_bytes_per_s: ByteSize(256 << 20),
+            tier_move_bytes_per_s: ByteSize(64 << 20),
             tier_promote_hints: true,
             region_bytes: None,
             io_engine: IoEngine::Auto,
