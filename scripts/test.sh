@@ -35,8 +35,11 @@ cargo nextest run --workspace --no-fail-fast --failure-output final "$@"
 PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-build-isolation --config-settings=build-args="--profile dev" ./api/python
 # CTXPOD_REQUIRE_ENGINES: a suite whose engine does not import fails instead of skipping.
+# A run's temporary directories (about 12 GB: model chunks, node devices) are kept only for
+# failed tests: pytest's default keeps the last three runs whole, which filled this
+# machine's disk in a later run.
 CTXPOD_REQUIRE_ENGINES=1 LMCACHE_TRACK_USAGE=false CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" \
-  "$venv/bin/python" -m pytest -q api/python/tests
+  "$venv/bin/python" -m pytest -q -o tmp_path_retention_policy=failed api/python/tests
 # The Helm chart: every values file renders, lints and validates (Helm v4's engine in
 # process, Kubernetes 1.31 schemas), and the real binary accepts each rendered config.
 CTXPOD_BIN="$CARGO_TARGET_DIR/debug/ctxpod" "$venv/bin/python" scripts/helm-check.py

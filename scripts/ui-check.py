@@ -197,6 +197,14 @@ def check(d, base, admin, viewer, tenant):
     if "ok" not in node_row.text:
         fail(f"node row: {node_row.text}")
 
+    # The node's one flash tier ("device"), with the bytes the puts wrote to it.
+    def device_tier():
+        row = d.find_element(By.CSS_SELECTOR, '#tiers tr[data-tier="device"]')
+        cells = row.find_elements(By.TAG_NAME, "td")
+        return len(cells) == 8 and cells[5].text not in ("0 B", "–") and row.text
+
+    wait_for("the node's tier and its writes", device_tier)
+
     # Bandwidth and p99 over a window with traffic: keep reading while the page polls.
     def busy_window():
         for i in range(40):

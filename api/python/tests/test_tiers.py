@@ -5,6 +5,7 @@ tier counts every present block as fast."""
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 import uuid
@@ -56,6 +57,14 @@ def test_promote_moves_demoted_blocks_and_they_read_back(tiered):
         assert r["promoted"] >= 1 and r["promoted"] <= r["fast"] <= BLOCKS, r
         assert metric(tiered, "ctxpod_tier_promoted_records_total") - before >= r["promoted"]
         assert s.batch_get(keys) == data
+        # The node's stats name both tiers, their traffic, and (simulated drives) ratings.
+        stats = json.loads(urllib.request.urlopen(tiered.http + "/v1/stats", timeout=5).read())
+        fast, dense = stats["tiers"]
+        assert (fast["name"], dense["name"]) == ("fast", "dense")
+        assert fast["written_bytes"] > 0 and dense["written_bytes"] > 0 and dense["read_bytes"] > 0
+        assert fast["moved_out_bytes"] > 0, "demoted from fast"
+        per_byte = [t["rated_written_bytes"] / t["capacity_bytes"] for t in (fast, dense)]
+        assert per_byte[0] > 50 * per_byte[1], "SLC's 60 DWPD against QLC's 0.58"
         with pytest.raises(ctxpod.InvalidRequest):
             s.promote(["not a key" * 100])
     finally:

@@ -293,6 +293,33 @@ pub struct Stats {
     /// The node's background passes: scrub and backfill (re-replication).
     #[serde(default)]
     pub background: BackgroundStats,
+    /// Per tier of the node's flash (`fast`, `dense`; one `device` for a node of one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<TierStats>,
+}
+
+/// One tier of a node's flash (`/v1/stats`, the dashboard): its use, the bytes read from
+/// and written to it since the start, moves between tiers, and endurance.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TierStats {
+    /// `fast`, `dense`, or `device` for a node of one tier.
+    pub name: String,
+    pub capacity_bytes: u64,
+    /// Bytes of regions in use (sealed, and the open region's tail).
+    pub used_bytes: u64,
+    pub regions_total: u64,
+    pub regions_free: u64,
+    /// Record bytes read from the tier (client reads, moves, scrub) since the start.
+    pub read_bytes: u64,
+    /// Record bytes written to the tier (puts, moves) since the start.
+    pub written_bytes: u64,
+    /// Bytes demoted to `dense` from `fast`, and promoted from `dense` to `fast`, since the
+    /// start (counted on the tier moved out of).
+    pub moved_out_bytes: u64,
+    /// The tier's rated lifetime writes (its drive's DWPD × its bytes × 365 × warranty
+    /// years), for a simulated drive; `None` when the node does not know the drive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rated_written_bytes: Option<f64>,
 }
 
 /// How far the node's background passes are (`/v1/stats`, `ctxpod stat`): scrub's running

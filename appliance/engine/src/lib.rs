@@ -410,6 +410,19 @@ impl Core {
         }
     }
 
+    /// Counts `bytes` read from (`write` false) or written to the tier holding `region`.
+    pub(crate) fn count_tier_io(&self, region: u32, bytes: u64, write: bool) {
+        let g = &self.geometry;
+        let tier = g.tier_name(g.tier_of(region));
+        let m = &self.metrics.tier;
+        let c = if write {
+            &m.written_bytes
+        } else {
+            &m.read_bytes
+        };
+        c.with_label_values(&[tier]).inc_by(bytes);
+    }
+
     pub fn dev_offset(&self, region: u32, offset: u32) -> u64 {
         self.geometry.data_offset + region as u64 * self.geometry.region_bytes + offset as u64
     }

@@ -271,6 +271,9 @@ pub struct TierMetrics {
     pub promoted_bytes: IntCounter,
     /// Promotion hints dropped for a full queue.
     pub promote_hints_dropped: IntCounter,
+    /// Record bytes read from and written to each tier.
+    pub read_bytes: IntCounterVec,
+    pub written_bytes: IntCounterVec,
 }
 
 impl TierMetrics {
@@ -312,6 +315,18 @@ impl TierMetrics {
                 r,
                 "ctxpod_tier_promote_hints_dropped_total",
                 "Promotion hints (pins, prefetch holds, second reads) dropped: the queue was full",
+            ),
+            read_bytes: counter_vec(
+                r,
+                "ctxpod_tier_read_bytes_total",
+                "Record bytes read from each tier (fast, dense; device for a node of one)",
+                &["tier"],
+            ),
+            written_bytes: counter_vec(
+                r,
+                "ctxpod_tier_written_bytes_total",
+                "Record bytes written to each tier (fast, dense; device for a node of one)",
+                &["tier"],
             ),
         }
     }

@@ -103,6 +103,44 @@ impl Engine {
             latency_bounds_s: Vec::new(),
             latency: Vec::new(),
             background: Default::default(),
+            tiers: self.tier_stats(),
         }
+    }
+
+    /// Each tier's use, traffic, moves and (for a simulated drive) rated endurance.
+    fn tier_stats(&self) -> Vec<ctxpod_wire::types::TierStats> {
+        let c = &self.core;
+        let g = &c.geometry;
+        let m = &c.metrics.tier;
+        let sims: Vec<Option<&Arc<ctxpod_firmware_sim::SimDevice>>> = match g.tiers.len() {
+            0 => vec![c.device.sim()],
+            _ => c.device.tier_devices().iter().map(|d| d.sim()).collect(),
+        };
+        (0..g.tier_count())
+            .map(|t| {
+                let name = g.tier_name(t);
+                let regions = g.tier_regions(t);
+                let capacity = (regions.end - regions.start) as u64 * g.region_bytes;
+                let moved_out = match (g.tiers.len(), t) {
+                    (0 | 1, _) => 0,
+                    (_, 0) => m.demoted_bytes.get(),
+                    _ => m.promoted_bytes.get(),
+                };
+                ctxpod_wire::types::TierStats {
+                    name: name.to_string(),
+                    capacity_bytes: capacity,
+                    used_bytes: m.used_bytes.with_label_values(&[name]).get().max(0) as u64,
+                    regions_total: (regions.end - regions.start) as u64,
+                    regions_free: m.regions_free.with_label_values(&[name]).get().max(0) as u64,
+                    read_bytes: m.read_bytes.with_label_values(&[name]).get(),
+                    written_bytes: m.written_bytes.with_label_values(&[name]).get(),
+                    moved_out_bytes: moved_out,
+                    rated_written_bytes: sims.get(t).copied().flatten().map(|d| {
+                        let p = d.profile();
+                        p.rated_dwpd * capacity as f64 * 365.0 * p.warranty_years
+                    }),
+                }
+            })
+            .collect()
     }
 }

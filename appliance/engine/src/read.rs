@@ -586,6 +586,7 @@ pub(crate) async fn read_checked_record(
         .await;
     r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", rec.region))?;
     c.metrics.device_read_bytes.inc_by(rec.record_len as u64);
+    c.count_tier_io(rec.region, rec.record_len as u64, false);
     let (ns_id, key2) = (ns.id, key.to_vec());
     let opened = open_on_aead(c, dek, rec.len as usize, move |dek| {
         open_record_of(buf, dek, (ns_id, &key2), &rec, extent)
@@ -636,9 +637,9 @@ pub(crate) async fn read_checked_part(
     for r in [rh, rb] {
         r.map_err(|e| anyhow::anyhow!("device read of region {}: {e}", loc.region))?;
     }
-    c.metrics
-        .device_read_bytes
-        .inc_by((record::SEGMENTED_HEAD_BYTES + body_hi - body_lo) as u64);
+    let read = (record::SEGMENTED_HEAD_BYTES + body_hi - body_lo) as u64;
+    c.metrics.device_read_bytes.inc_by(read);
+    c.count_tier_io(loc.region, read, false);
     c.metrics.part_reads.inc();
     let (ns_id, key2, n) = (ns.id, key.to_vec(), body_hi - body_lo);
     let opened = open_on_aead(c, dek, n, move |dek| {

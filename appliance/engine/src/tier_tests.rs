@@ -195,6 +195,28 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         used(&e, "dense") > 0 && used(&e, "fast") > 0,
         "both tiers hold records"
     );
+    // Per tier in the stats: traffic, moves, and no rating for drives it does not know.
+    let t = e.stats().tiers;
+    assert_eq!(
+        t.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["fast", "dense"]
+    );
+    let demoted_bytes = e.metrics().tier.demoted_bytes.get();
+    assert_eq!(t[0].moved_out_bytes, demoted_bytes);
+    assert!(
+        t[0].written_bytes >= BLOCKS * MIB,
+        "every put went to fast: {t:?}"
+    );
+    assert!(
+        t[1].written_bytes >= demoted_bytes,
+        "the demotions went to dense"
+    );
+    assert!(
+        t[1].read_bytes > 0 && t[0].read_bytes > 0,
+        "reads from both: {t:?}"
+    );
+    assert_eq!((t[0].regions_total, t[1].regions_total), (4, 12));
+    assert!(t.iter().all(|t| t.rated_written_bytes.is_none()));
     e.shutdown().await;
     drop(e);
     let e = Engine::open(cfg, Arc::new(Metrics::new()))
@@ -382,6 +404,11 @@ async fn promotion_keeps_its_budget() {
         .await
         .expect("promote");
     assert_eq!(fates, vec![Promotion::Fast, Promotion::Absent]);
+    let t = e.stats().tiers;
+    assert!(
+        t.len() == 1 && t[0].name == "device" && t[0].written_bytes >= MIB,
+        "{t:?}"
+    );
     e.shutdown().await;
 }
 

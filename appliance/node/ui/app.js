@@ -196,6 +196,23 @@ function renderOverview(o) {
   });
   $("members").tBodies[0].replaceChildren(...rows);
 
+  // Each member's flash tiers (one "device" on a node of one): use, traffic since its
+  // start, moves between tiers, and the share of the drive's rated lifetime writes used.
+  const tiers = up.filter((m) => m.stats && m.stats.tiers).flatMap((m) => m.stats.tiers.map((t) => {
+    const tr = el("tr", { "data-node": m.id, "data-tier": t.name });
+    const cells = [
+      [m.id], [t.name],
+      [bytes(t.used_bytes) + " / " + bytes(t.capacity_bytes), "num"],
+      [int(t.regions_free) + " / " + int(t.regions_total), "num"],
+      [bytes(t.read_bytes), "num"], [bytes(t.written_bytes), "num"],
+      [bytes(t.moved_out_bytes), "num"],
+      [t.rated_written_bytes ? (100 * t.written_bytes / t.rated_written_bytes).toPrecision(2) + " %" : "–", "num"],
+    ];
+    for (const [text, cls] of cells) tr.appendChild(el("td", cls ? { class: cls } : {}, text));
+    return tr;
+  }));
+  $("tiers").tBodies[0].replaceChildren(...tiers);
+
   const ns = o.namespaces.map((n) => {
     const tr = el("tr", { "data-ns": n.name });
     tr.appendChild(el("td", {}, n.name));

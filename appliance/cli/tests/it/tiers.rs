@@ -355,22 +355,36 @@ fn power_cut_seed(seed: u64) -> Cut {
             }
             out.acked_durable += u64::from(durable);
         }
-        let key = b"after".to_vec();
-        let put = node
-            .put(
-                "default",
-                &key,
-                content(&key, 70_000),
-                None,
-                Durability::Durable,
-            )
-            .await;
-        if put.is_err() {
-            out.failures.push("the recovered node takes no put".into());
-        }
+        recovered_node_works(&node, &mut out.failures).await;
         node.shutdown().await;
     });
     out
+}
+
+/// The recovered node takes a put, and its stats give each simulated tier its rated
+/// lifetime writes (SLC's 60 DWPD against QLC's 0.58, per byte of the tier).
+async fn recovered_node_works(node: &ctxpod_engine::Engine, failures: &mut Vec<String>) {
+    let key = b"after".to_vec();
+    let put = node
+        .put(
+            "default",
+            &key,
+            content(&key, 70_000),
+            None,
+            Durability::Durable,
+        )
+        .await;
+    if put.is_err() {
+        failures.push("the recovered node takes no put".into());
+    }
+    let t = node.stats().tiers;
+    let per_byte: Vec<f64> = t
+        .iter()
+        .filter_map(|t| Some(t.rated_written_bytes? / t.capacity_bytes as f64))
+        .collect();
+    if per_byte.len() != 2 || per_byte[0] < 50.0 * per_byte[1] {
+        failures.push(format!("tier ratings: {t:?}"));
+    }
 }
 
 #[test]

@@ -259,6 +259,8 @@ impl Writer {
         let written = buf.len() as u64;
         let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
         res?;
+        core.count_tier_io(nr, written, true);
+        core.count_tier_io(loc.region, written, false);
         let nloc = BlockLoc {
             region: nr,
             offset: noff,

@@ -155,6 +155,11 @@ impl Writer {
         durable: bool,
     ) -> Option<BatchWrites> {
         let dev = &self.core.device;
+        let g = &self.core.geometry;
+        for (buf, off) in &writes {
+            let region = ((off - g.data_offset) / g.region_bytes) as u32;
+            self.core.count_tier_io(region, buf.len() as u64, true);
+        }
         let ios: Vec<_> = contiguous_runs(writes, VECTORED_BUFS_MAX)
             .into_iter()
             .map(|(off, bufs)| dev.write_vectored_at(bufs, off, durable))
