@@ -120,9 +120,32 @@ async fn pod_request(
     anyhow::Ok(t.elapsed())
 }
 
+/// Tries at starting a pod: ports picked free may be taken by another process's connection
+/// before a node binds them (the node then exits), so the pod starts again on other ports.
+const POD_START_TRIES: usize = 5;
+
 /// Starts a pod of `count` nodes on loopback (static membership) sized for `total` bytes of
 /// blocks, and waits until every node is ready: the nodes and their HTTP URLs.
 async fn start_pod(
+    a: &BenchArgs,
+    count: usize,
+    total: u64,
+) -> anyhow::Result<(Vec<PodNode>, Vec<String>)> {
+    let mut last = None;
+    for _ in 0..POD_START_TRIES {
+        match try_start_pod(a, count, total).await {
+            Ok(pod) => return Ok(pod),
+            Err(e) => {
+                eprintln!("the pod did not start ({e:#}); starting it again on other ports");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.expect("at least one try"))
+}
+
+/// One try of [`start_pod`]: fails as soon as a node exits (its nodes are stopped).
+async fn try_start_pod(
     a: &BenchArgs,
     count: usize,
     total: u64,
@@ -163,14 +186,25 @@ async fn start_pod(
         .iter()
         .map(|(h, _)| format!("http://127.0.0.1:{h}"))
         .collect();
-    for (node, url) in nodes.iter().zip(&urls) {
+    for (node, url) in nodes.iter_mut().zip(&urls) {
         let c = Client::new(url.clone());
         let every = Duration::from_millis(20);
-        ensure!(
-            poll_until(Duration::from_secs(60), every, async || c.ready().await).await,
-            "node {} not ready within 60 s",
-            node.dir.display()
-        );
+        let mut exited = None;
+        let ready = poll_until(Duration::from_secs(60), every, async || {
+            if let Ok(Some(status)) = node.child.try_wait() {
+                exited = Some(status);
+                return true;
+            }
+            c.ready().await
+        })
+        .await;
+        if let Some(status) = exited {
+            anyhow::bail!(
+                "node {} exited at start ({status}; a port taken?)",
+                node.dir.display()
+            );
+        }
+        ensure!(ready, "node {} not ready within 60 s", node.dir.display());
     }
     Ok((nodes, urls))
 }
