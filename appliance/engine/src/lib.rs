@@ -389,6 +389,9 @@ pub(crate) struct Core {
     promote_hints: Mutex<std::collections::VecDeque<(Vec<u8>, bool)>>,
     /// Wakes the idle writer when a hint is queued.
     promote_wake: tokio::sync::Notify,
+    /// Each tier's `ctxpod_tier_{read,written}_bytes_total` series, looked up once: they
+    /// count every record read and written.
+    tier_io: Vec<[prometheus::IntCounter; 2]>,
 }
 
 impl Core {
@@ -412,15 +415,7 @@ impl Core {
 
     /// Counts `bytes` read from (`write` false) or written to the tier holding `region`.
     pub(crate) fn count_tier_io(&self, region: u32, bytes: u64, write: bool) {
-        let g = &self.geometry;
-        let tier = g.tier_name(g.tier_of(region));
-        let m = &self.metrics.tier;
-        let c = if write {
-            &m.written_bytes
-        } else {
-            &m.read_bytes
-        };
-        c.with_label_values(&[tier]).inc_by(bytes);
+        self.tier_io[self.geometry.tier_of(region)][usize::from(write)].inc_by(bytes);
     }
 
     pub fn dev_offset(&self, region: u32, offset: u32) -> u64 {

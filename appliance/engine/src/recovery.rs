@@ -103,6 +103,7 @@ pub(super) async fn open(
         .values()
         .map(|n| (n.name.clone(), n.clone()))
         .collect();
+    let tier_io = tier_io_counters(&geometry, &metrics);
     Ok(Core {
         dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
         dram_invalidations: AtomicU64::new(0),
@@ -149,8 +150,22 @@ pub(super) async fn open(
         unsynced: AtomicBool::new(false),
         promote_hints: Mutex::new(std::collections::VecDeque::new()),
         promote_wake: tokio::sync::Notify::new(),
+        tier_io,
         cfg,
     })
+}
+
+/// Each tier's read and written byte counters, looked up once for the data path.
+fn tier_io_counters(g: &Geometry, metrics: &Metrics) -> Vec<[prometheus::IntCounter; 2]> {
+    (0..g.tier_count())
+        .map(|t| {
+            let (name, m) = (g.tier_name(t), &metrics.tier);
+            [
+                m.read_bytes.with_label_values(&[name]),
+                m.written_bytes.with_label_values(&[name]),
+            ]
+        })
+        .collect()
 }
 
 /// The geometry the node was formatted with, as the index keeps it (`None` before the first

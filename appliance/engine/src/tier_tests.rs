@@ -144,32 +144,11 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         }
         done.store(true, Ordering::SeqCst);
     };
-    let reader = |seed: u64| {
-        let (e, written, done) = (&e, &written, &done);
-        async move {
-            let mut reads = 0u64;
-            let mut errors = Vec::new();
-            // Bounded in time: every block written so far, over and over, until the
-            // writer ends.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-            let mut round = 0u64;
-            while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
-                let n = written.load(Ordering::SeqCst);
-                if n == 0 {
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                    continue;
-                }
-                round += 1;
-                let i = (round * 7 + seed) % n;
-                if let Err(why) = check(e, i).await {
-                    errors.push(why);
-                }
-                reads += 1;
-            }
-            (reads, errors)
-        }
-    };
-    let ((), (r1, e1), (r2, e2)) = tokio::join!(writer, reader(0), reader(3));
+    let ((), (r1, e1), (r2, e2)) = tokio::join!(
+        writer,
+        read_all_until(&e, &written, &done, 0),
+        read_all_until(&e, &written, &done, 3)
+    );
     assert!(
         e1.is_empty() && e2.is_empty(),
         "reads during demotion: {e1:?} {e2:?}"
@@ -256,6 +235,10 @@ async fn read_all_until(
     let mut round = 0u64;
     while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
         let n = written.load(Ordering::SeqCst);
+        if n == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            continue;
+        }
         round += 1;
         let i = (round * 7 + seed) % n;
         if let Err(why) = check(e, i).await {

@@ -155,10 +155,16 @@ impl Writer {
         durable: bool,
     ) -> Option<BatchWrites> {
         let dev = &self.core.device;
+        // Counted per tier once per batch (a batch writes one or two tiers).
         let g = &self.core.geometry;
+        let mut per_tier = [(0u32, 0u64); 2];
         for (buf, off) in &writes {
             let region = ((off - g.data_offset) / g.region_bytes) as u32;
-            self.core.count_tier_io(region, buf.len() as u64, true);
+            let slot = &mut per_tier[g.tier_of(region).min(1)];
+            *slot = (region, slot.1 + buf.len() as u64);
+        }
+        for (region, bytes) in per_tier.into_iter().filter(|p| p.1 > 0) {
+            self.core.count_tier_io(region, bytes, true);
         }
         let ios: Vec<_> = contiguous_runs(writes, VECTORED_BUFS_MAX)
             .into_iter()

@@ -15,6 +15,10 @@ pub(super) struct TierRegions {
     pub open: Option<u32>,
     /// Free regions kept in reserve so that one group commit and one reclaim always fit.
     pub reserve: usize,
+    /// Its `ctxpod_tier_used_bytes` and `ctxpod_tier_regions_free` series (set at every
+    /// batch, looked up once).
+    used_gauge: prometheus::IntGauge,
+    free_gauge: prometheus::IntGauge,
 }
 
 /// Each tier's regions from the region table. At most one region per tier is open; should
@@ -40,11 +44,14 @@ pub(super) fn load(core: &Core, regions: &[RegionMeta]) -> Vec<TierRegions> {
             sealed.extend(open);
             sealed.sort_by_key(|&r| regions[r as usize].open_seq);
             let n = (range.end - range.start) as usize;
+            let m = &core.metrics.tier;
             TierRegions {
                 free,
                 sealed: sealed.into(),
                 open: current,
                 reserve: (batch_regions + 2).min(n / 2).max(1),
+                used_gauge: m.used_bytes.with_label_values(&[g.tier_name(t)]),
+                free_gauge: m.regions_free.with_label_values(&[g.tier_name(t)]),
             }
         })
         .collect()
@@ -122,18 +129,13 @@ impl Writer {
     pub(super) fn publish(&self) {
         let rb = self.core.geometry.region_bytes;
         let (mut used, mut free) = (0, 0);
-        for (t, tier) in self.tiers.iter().enumerate() {
+        for tier in &self.tiers {
             let u = tier.sealed.len() as u64 * rb
                 + tier
                     .open
                     .map_or(0, |r| self.regions[r as usize].write_ptr as u64);
-            let name = self.core.geometry.tier_name(t);
-            let m = &self.core.metrics;
-            m.tier.used_bytes.with_label_values(&[name]).set(u as i64);
-            m.tier
-                .regions_free
-                .with_label_values(&[name])
-                .set(tier.free.len() as i64);
+            tier.used_gauge.set(u as i64);
+            tier.free_gauge.set(tier.free.len() as i64);
             used += u;
             free += tier.free.len() as u64;
         }
