@@ -321,7 +321,7 @@ class Events:
 
 
 def _ns(t: tuple) -> dict[str, Any]:
-    name, quota, replication, used, blocks, klass = t
+    name, quota, replication, used, blocks, klass, compression, compressed, stored = t
     return {
         "name": name,
         "quota_bytes": quota,
@@ -329,6 +329,9 @@ def _ns(t: tuple) -> dict[str, Any]:
         "used_bytes": used,
         "block_count": blocks,
         "class": klass,
+        "compression": compression,
+        "compressed_bytes": compressed,
+        "compressed_stored_bytes": stored,
     }
 
 
@@ -466,21 +469,31 @@ class Store:
         quota_bytes: int | None = None,
         replication: int | None = None,
         namespace_class: str | None = None,
+        compression: str | None = None,
     ) -> dict[str, Any]:
         """Creates this store's namespace in the pod (or sets these settings on it, if it
         exists): ``quota_bytes`` caps its live bytes, ``replication`` its copies of each
-        block (default: the pod's). ``namespace_class`` is what a namespace created here
+        block (default: the pod's). ``compression`` (``"lz4"`` or ``"zstd"``; default
+        ``None``, off) compresses its blocks as they move to a node's dense tier, when that
+        saves at least the node's ``compression_min_saving`` (reads decompress them; each
+        setting call sets it anew, ``None`` turning it off for later moves); an unknown
+        codec raises ``ValueError``. ``namespace_class`` is what a namespace created here
         holds: ``"kv"`` (the default; KV-cache blocks, evicted when the pod needs room) or
         ``"weights"`` (model weights such as MoE expert shards: never evicted; a node full
         of them refuses new writes instead). The class is fixed at creation: on an existing
         namespace ``None`` keeps it and another class raises ``Conflict``; an unknown class
         raises ``ValueError`` before anything is sent. Returns :meth:`namespace_info`.
         Namespaces are the caller's tenant's."""
-        return _ns(self._s.create_namespace(self.namespace, quota_bytes, replication, namespace_class))
+        return _ns(
+            self._s.create_namespace(self.namespace, quota_bytes, replication, namespace_class, compression)
+        )
 
     def namespace_info(self) -> dict[str, Any]:
-        """This namespace's name, quota_bytes, replication, used_bytes, block_count and
-        class (``"kv"`` or ``"weights"``); raises ``NotFound`` if it does not exist."""
+        """This namespace's name, quota_bytes, replication, used_bytes, block_count,
+        class (``"kv"`` or ``"weights"``), compression (``"lz4"``, ``"zstd"`` or ``None``),
+        compressed_bytes (of used_bytes, those held compressed on the member asked) and
+        compressed_stored_bytes (the device bytes they take there: compressed_bytes over it
+        is the ratio achieved); raises ``NotFound`` if it does not exist."""
         return _ns(self._s.namespace_info(self.namespace))
 
     def namespaces(self) -> list[dict[str, Any]]:

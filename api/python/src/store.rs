@@ -51,7 +51,17 @@ impl AsRef<[u8]> for Lent {
 /// the prefetch's landing in place without a copy pays for its extra frames.
 pub(crate) const GET_PATH_BYTES_MAX: usize = 1 << 20;
 
-type NsInfo = (String, Option<u64>, Option<u32>, u64, u64, &'static str);
+type NsInfo = (
+    String,
+    Option<u64>,
+    Option<u32>,
+    u64,
+    u64,
+    &'static str,
+    Option<&'static str>,
+    u64,
+    u64,
+);
 
 fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
     (
@@ -61,6 +71,9 @@ fn ns_info(i: ctxpod_wire::types::NamespaceInfo) -> NsInfo {
         i.used_bytes,
         i.block_count,
         i.class.as_str(),
+        i.compression.map(|c| c.as_str()),
+        i.compressed_bytes,
+        i.compressed_stored_bytes,
     )
 }
 
@@ -188,9 +201,11 @@ impl Store {
     }
 
     /// Creates namespace `ns` (or sets these settings on it): (name, quota_bytes,
-    /// replication, used_bytes, block_count, class). `namespace_class` (`kv`, `weights`)
-    /// is the class of a namespace this creates; an existing one keeps its own.
-    #[pyo3(signature = (ns, quota_bytes=None, replication=None, namespace_class=None))]
+    /// replication, used_bytes, block_count, class, compression, compressed_bytes,
+    /// compressed_stored_bytes). `namespace_class` (`kv`, `weights`) is the class of a
+    /// namespace this creates; an existing one keeps its own. `compression` (`lz4`, `zstd`)
+    /// compresses blocks as they move to a node's dense tier.
+    #[pyo3(signature = (ns, quota_bytes=None, replication=None, namespace_class=None, compression=None))]
     fn create_namespace(
         &self,
         py: Python<'_>,
@@ -198,16 +213,22 @@ impl Store {
         quota_bytes: Option<u64>,
         replication: Option<u32>,
         namespace_class: Option<String>,
+        compression: Option<String>,
     ) -> PyResult<NsInfo> {
         let pod = self.pod.clone();
         let class = namespace_class
             .map(|c| c.parse::<ctxpod_wire::types::NamespaceClass>())
             .transpose()
             .map_err(pyo3::exceptions::PyValueError::new_err)?;
+        let compression = compression
+            .map(|c| c.parse::<ctxpod_wire::types::Compression>())
+            .transpose()
+            .map_err(pyo3::exceptions::PyValueError::new_err)?;
         let settings = ctxpod_wire::types::CreateNamespace {
             quota_bytes,
             replication,
             class,
+            compression,
         };
         let i = block(py, async move {
             pod.on_any_member(|c| {

@@ -72,6 +72,44 @@ impl std::str::FromStr for NamespaceClass {
     }
 }
 
+/// How a namespace's blocks are compressed when they move to a node's dense tier
+/// (`compression` of `PUT /v1/namespaces/{ns}`; absent: never).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// LZ4 (block format): fast to decompress, saves less.
+    Lz4,
+    /// Zstandard (level 1): saves more, costs more CPU.
+    Zstd,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd),
+            other => Err(format!("unknown compression {other:?} (lz4, zstd)")),
+        }
+    }
+}
+
 /// `PUT /v1/namespaces/{ns}` body (optional).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -86,6 +124,11 @@ pub struct CreateNamespace {
     /// existing namespace, absent keeps its class and another class is refused (409).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<NamespaceClass>,
+    /// Compress the namespace's blocks as they move to a node's dense tier (`lz4` or
+    /// `zstd`) when that saves at least the node's `compression_min_saving`; absent: not.
+    /// Changes only later moves: blocks stored compressed stay readable either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -101,6 +144,17 @@ pub struct NamespaceInfo {
     /// Bytes of live blocks (payload bytes, before encryption overhead).
     pub used_bytes: u64,
     pub block_count: u64,
+    /// How blocks moving to the dense tier are compressed, if they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+    /// Of `used_bytes`, those held compressed (blocks demoted with `compression`).
+    #[serde(default)]
+    pub compressed_bytes: u64,
+    /// Device bytes those compressed blocks' records take (`compressed_bytes` over this:
+    /// the ratio achieved; their records uncompressed would take 4 KiB more each, rounded
+    /// up to 4 KiB).
+    #[serde(default)]
+    pub compressed_stored_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

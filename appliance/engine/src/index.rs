@@ -15,7 +15,7 @@
 //! tail); everything else — deletes, region transitions — is written in a synced checkpoint.
 
 use anyhow::Context;
-use ctxpod_wire::types::NamespaceClass;
+use ctxpod_wire::types::{Compression, NamespaceClass};
 use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -66,6 +66,17 @@ pub struct BlockLoc {
     /// `crc32c` are the whole value's, `seq` the value's sequence number, `record_len` the
     /// device bytes of all its extents, `region`/`offset` its first extent's.
     pub extents: u32,
+}
+
+impl BlockLoc {
+    /// Whether the block's record is stored compressed: a block (not a large value) whose
+    /// record is shorter than any uncompressed record of its length (compression writes
+    /// one only then).
+    pub fn is_compressed(&self) -> bool {
+        self.extents == 0
+            && (self.record_len as usize)
+                < ctxpod_format::record::unsegmented_record_bytes(self.len as usize)
+    }
 }
 
 /// One extent of a large value: where its record lives and what it must contain.
@@ -284,6 +295,9 @@ pub struct NsMeta {
     /// `kv`).
     #[serde(default, skip_serializing_if = "NamespaceClass::is_kv")]
     pub class: NamespaceClass,
+    /// How blocks are compressed as they move to the dense tier (absent: not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
 }
 
 /// Device layout, fixed when the node is first formatted.

@@ -7,6 +7,7 @@
 //!   and the plaintext CRC32C matched. Anything else is quarantined and answered as a miss.
 //! - Only the writer task ([`writer`]) mutates the block index and region table.
 
+pub mod compress;
 pub mod crypto;
 pub mod device;
 pub mod dram;
@@ -42,14 +43,14 @@ use crate::offload::{OffloadEngine, OffloadError};
 use bytes::Bytes;
 use ctxpod_format::config::Config;
 use ctxpod_format::record::{self, RecordHeader, HEADER_BYTES, TAG_BYTES};
-use ctxpod_wire::types::{NamespaceClass, NamespaceInfo, Stats};
+use ctxpod_wire::types::{Compression, NamespaceClass, NamespaceInfo, Stats};
 use ctxpod_wire::Durability;
 use dram::{CacheKey, S3Fifo};
 use index::{block_key, BlockLoc, Geometry, Index, NsMeta};
 use leases::{Leases, ReadBits};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -140,6 +141,11 @@ pub struct Namespace {
     grant: AtomicU64,
     blocks: AtomicU64,
     deleted: AtomicBool,
+    /// [`NsMeta::compression`] as [`compress::setting_code`]; 0: off.
+    compression: AtomicU8,
+    /// Live blocks held compressed: their plaintext bytes and their records' device bytes.
+    compressed_bytes: AtomicU64,
+    compressed_stored: AtomicU64,
 }
 
 const NO_QUOTA: u64 = u64::MAX;
@@ -172,6 +178,8 @@ pub struct NsSettings {
     /// The class of a namespace created by this call (`None`: `kv`); an existing
     /// namespace keeps its own, and another one is refused ([`EngineError::Fixed`]).
     pub class: Option<NamespaceClass>,
+    /// How blocks are compressed as they move to the dense tier (`None`: not).
+    pub compression: Option<Compression>,
 }
 
 /// A namespace's data keys: the current generation (new writes) and every generation still
@@ -236,7 +244,15 @@ impl Namespace {
             class: self.class,
             used_bytes: self.used_bytes.load(Ordering::Relaxed),
             block_count: self.blocks.load(Ordering::Relaxed),
+            compression: self.compression(),
+            compressed_bytes: self.compressed_bytes.load(Ordering::Relaxed),
+            compressed_stored_bytes: self.compressed_stored.load(Ordering::Relaxed),
         }
+    }
+
+    /// How the namespace's blocks are compressed as they move to the dense tier.
+    pub fn compression(&self) -> Option<Compression> {
+        compress::setting_of(self.compression.load(Ordering::Relaxed))
     }
 
     fn new(name: &str, meta: &NsMeta, deks: HashMap<u32, Arc<AeadKey>>) -> Namespace {
@@ -258,6 +274,9 @@ impl Namespace {
             grant: AtomicU64::new(NO_QUOTA),
             blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            compression: AtomicU8::new(compress::setting_code(meta.compression)),
+            compressed_bytes: AtomicU64::new(0),
+            compressed_stored: AtomicU64::new(0),
         }
     }
 
@@ -298,6 +317,7 @@ impl Namespace {
             replication: self.replication(),
             incarnation: self.incarnation(),
             class: self.class,
+            compression: self.compression(),
         }
     }
 
@@ -699,5 +719,7 @@ mod class_tests;
 #[cfg(test)]
 mod segment_tests;
 
+#[cfg(test)]
+mod compress_tests;
 #[cfg(test)]
 mod tier_tests;

@@ -70,6 +70,7 @@ pub struct Metrics {
     pub class_bytes: IntGaugeVec,
     /// Tiers inside the node: per tier use, demotions, promotions.
     pub tier: TierMetrics,
+    pub compression: CompressionMetrics,
     pub blocks: IntGauge,
     pub dram_used_bytes: IntGauge,
     pub dram_capacity_bytes: IntGauge,
@@ -332,6 +333,50 @@ impl TierMetrics {
     }
 }
 
+/// Cold compression at demotion (`compress`), by codec.
+pub struct CompressionMetrics {
+    /// Blocks written compressed into the dense tier.
+    pub records: IntCounterVec,
+    /// Device bytes of their records before and after.
+    pub input_bytes: IntCounterVec,
+    pub output_bytes: IntCounterVec,
+    /// Blocks demoted as they were: compressing saved too little.
+    pub skipped: IntCounterVec,
+}
+
+impl CompressionMetrics {
+    fn register(r: &Registry) -> CompressionMetrics {
+        let codec = &["codec"];
+        CompressionMetrics {
+            records: counter_vec(
+                r,
+                "ctxpod_compression_records_total",
+                "Blocks compressed as they moved to the dense tier, by codec",
+                codec,
+            ),
+            input_bytes: counter_vec(
+                r,
+                "ctxpod_compression_input_bytes_total",
+                "Device bytes of the records compressed (before), by codec",
+                codec,
+            ),
+            output_bytes: counter_vec(
+                r,
+                "ctxpod_compression_output_bytes_total",
+                "Device bytes of the compressed records written (after), by codec",
+                codec,
+            ),
+            skipped: counter_vec(
+                r,
+                "ctxpod_compression_skipped_total",
+                "Blocks of a compressing namespace demoted uncompressed: compression saved \
+                 less than compression_min_saving, by codec",
+                codec,
+            ),
+        }
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
@@ -381,6 +426,7 @@ impl Metrics {
                 &["class"],
             ),
             tier: TierMetrics::register(&r),
+            compression: CompressionMetrics::register(&r),
             blocks: gauge(&r, "ctxpod_blocks", "Live blocks"),
             dram_used_bytes: gauge(&r, "ctxpod_dram_used_bytes", "Bytes held by the DRAM tier"),
             dram_capacity_bytes: gauge(&r, "ctxpod_dram_capacity_bytes", "DRAM tier limit"),

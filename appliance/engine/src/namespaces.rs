@@ -48,6 +48,7 @@ impl Engine {
             replication,
             incarnation,
             class,
+            compression,
         } = settings;
         ctxpod_wire::namespace::check_scoped_name(name)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
@@ -69,11 +70,13 @@ impl Engine {
             if ns.quota_bytes() != quota_bytes
                 || ns.replication() != replication
                 || ns.incarnation() != incarnation
+                || ns.compression() != compression
             {
                 let meta = NsMeta {
                     quota_bytes,
                     replication,
                     incarnation,
+                    compression,
                     ..ns.meta()
                 };
                 let mut wb = rocksdb::WriteBatch::default();
@@ -89,6 +92,8 @@ impl Engine {
                     .store(replication.unwrap_or(0), Ordering::Relaxed);
                 ns.incarnation
                     .store(incarnation.unwrap_or(0), Ordering::Relaxed);
+                ns.compression
+                    .store(compress::setting_code(compression), Ordering::Relaxed);
             }
             return Ok((false, ns.info()));
         }
@@ -111,6 +116,7 @@ impl Engine {
             replication,
             incarnation,
             class: NamespaceClass::settle(name, None, class).map_err(EngineError::Fixed)?,
+            compression,
         };
         let mut wb = rocksdb::WriteBatch::default();
         wb.put_cf(

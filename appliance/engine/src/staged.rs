@@ -169,6 +169,7 @@ impl StagedBlock {
             plaintext: dek.is_none(),
             extent,
             segmented,
+            compressed: None,
         }
         .encode(&mut self.buf[..HEADER_BYTES]);
         self.buf

@@ -17,7 +17,7 @@ fn tiered(dir: &std::path::Path) -> Config {
 }
 
 /// A node of `fast` (4 regions of 16 MiB) and a `dense` tier of `dense` bytes.
-fn tiered_with(dir: &std::path::Path, dense: u64) -> Config {
+pub(crate) fn tiered_with(dir: &std::path::Path, dense: u64) -> Config {
     let tier = |name: &str, capacity: u64| TierConfig {
         name: name.into(),
         device: None,

@@ -82,7 +82,7 @@ pub(crate) fn check_header(
         || h.seq != loc.seq
         || h.key_id != loc.key_id
         || h.extent != extent
-        || !record::nonce_matches(h.seq, &h.nonce)
+        || !h.nonce_ok()
         || h.record_bytes() != loc.record_len as usize
     {
         return Err("record header does not match the index".into());
@@ -149,6 +149,9 @@ pub(crate) fn open_record_of(
     let Some(table) = h.segment_table(head) else {
         return Err("segment table CRC32C mismatch".into());
     };
+    if let Some(c) = h.compressed {
+        return open_compressed(&h, c, dek, (ns_id, key), body).map(Bytes::from);
+    }
     if let Some(dek) = dek {
         let aad = record_aad(ns_id, h.key_id, key, extent);
         if h.segmented.is_some() {
@@ -161,6 +164,26 @@ pub(crate) fn open_record_of(
         }
     }
     Ok(Bytes::from_owner(buf).slice(at..at + len))
+}
+
+/// A compressed record's body (`body`, from its first byte) opened, checked against its
+/// CRC32C and decompressed: the block's plaintext, still to be checked against its CRC32C.
+fn open_compressed(
+    h: &RecordHeader,
+    c: record::Compressed,
+    dek: Option<&AeadKey>,
+    (ns_id, key): (u32, &[u8]),
+    body: &mut [u8],
+) -> Result<Vec<u8>, String> {
+    let n = c.stored_len as usize;
+    if let Some(dek) = dek {
+        let aad = crypto::compressed_aad(ns_id, h.key_id, key, c.codec, h.len, h.crc32c);
+        match crypto::open(dek, h.nonce, &aad, &mut body[..n + TAG_BYTES]) {
+            Ok(m) if m == n => {}
+            _ => return Err("AES-GCM authentication failed".into()),
+        }
+    }
+    compress::open_stored(h, c, &body[..n])
 }
 
 /// Part of a segmented record, read and opened: its segments `segs` (`body`, read from the

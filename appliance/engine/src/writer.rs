@@ -36,6 +36,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
+mod compress;
+use compress::Demoted;
 mod eviction;
 mod pipeline;
 mod promote;
@@ -449,14 +451,16 @@ impl Writer {
     fn evict_entry(&self, wb: &mut WriteBatch, bkey: &[u8], loc: &BlockLoc) {
         let core = &self.core;
         wb.delete_cf(core.index.cf(index::CF_BLOCKS), bkey);
-        self.account_bkey(bkey, loc.len);
+        self.account_bkey(bkey, loc);
         core.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
         core.metrics.evicted_blocks.inc();
         core.events.block(bkey, KvEventKind::Evicted);
         core.presence.remove(bkey);
     }
 
-    fn account_bkey(&self, bkey: &[u8], len: u32) {
+    /// A block (entry `loc`) leaves the index: taken off its namespace's counts and the node's.
+    fn account_bkey(&self, bkey: &[u8], loc: &BlockLoc) {
+        let len = loc.len;
         let id = u32::from_be_bytes(
             bkey[..4]
                 .try_into()
@@ -464,6 +468,7 @@ impl Writer {
         );
         if let Some(ns) = self.core.ns_by_id(id) {
             self.account(&ns, len, false);
+            count_compressed(&ns, loc, false);
         } else {
             let c = &self.core.counters;
             c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);
@@ -702,5 +707,21 @@ impl Writer {
             "a record's header, as written, decodes to what the index says of it"
         );
         loc
+    }
+}
+
+/// A compressed block (entry `loc`; others are not counted) entering (`add`) or leaving
+/// its namespace's compressed bytes.
+pub(crate) fn count_compressed(ns: &Namespace, loc: &BlockLoc, add: bool) {
+    if !loc.is_compressed() {
+        return;
+    }
+    let (raw, stored) = (loc.len as u64, loc.record_len as u64);
+    if add {
+        ns.compressed_bytes.fetch_add(raw, Ordering::Relaxed);
+        ns.compressed_stored.fetch_add(stored, Ordering::Relaxed);
+    } else {
+        ns.compressed_bytes.fetch_sub(raw, Ordering::Relaxed);
+        ns.compressed_stored.fetch_sub(stored, Ordering::Relaxed);
     }
 }

@@ -171,6 +171,10 @@ pub struct Config {
     /// the writer is idle; `false` leaves promotion to explicit `promote` calls (the
     /// benchmark's "promotion off").
     pub tier_promote_hints: bool,
+    /// The least fraction of a record's device bytes that compressing it must save for a
+    /// block of a namespace with `compression` to be stored compressed when it moves to the
+    /// dense tier (otherwise it moves as it is), within 0..1.
+    pub compression_min_saving: f64,
     /// Size of one region (the unit of eviction), a multiple of 4 KiB. Default: capacity / 32
     /// clamped to 16..=64 MiB.
     pub region_bytes: Option<ByteSize>,
@@ -305,6 +309,7 @@ impl Default for Config {
             tiers: Vec::new(),
             tier_move_bytes_per_s: ByteSize(64 << 20),
             tier_promote_hints: true,
+            compression_min_saving: 0.125,
             region_bytes: None,
             io_engine: IoEngine::Auto,
             zero_fill: true,
@@ -428,6 +433,10 @@ impl Config {
                 && self.header_read_timeout_s > 0,
             "connections_max, connections_per_peer_max, tls_handshakes_max, idle_timeout_s \
              and header_read_timeout_s must be positive"
+        );
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.compression_min_saving),
+            "compression_min_saving must be within 0..1 (a fraction of a record's bytes)"
         );
         anyhow::ensure!(
             self.egress_wait_ms <= EGRESS_WAIT_MS_MAX,

@@ -11,7 +11,7 @@
 //! | 0 | 4 | magic `CXPR` |
 //! | 4 | 2 | format version (1) |
 //! | 6 | 1 | key length (1..=128) |
-//! | 7 | 1 | flags: bit 0 = plaintext (a node formatted with `encrypt_at_rest = false`); bit 1 = extent of a large value |
+//! | 7 | 1 | flags: bit 0 = plaintext (a node formatted with `encrypt_at_rest = false`); bit 1 = extent of a large value; bit 2 = segmented; bit 3 = compressed |
 //! | 8 | 4 | namespace id |
 //! | 12 | 4 | data-key id (generation of the namespace's DEK) |
 //! | 16 | 4 | plaintext length |
@@ -24,7 +24,11 @@
 //! | 64 | 128 | key, zero padded |
 //! | 192 | 4 | a segmented record's segment size (flag bit 2), else zero |
 //! | 196 | 4 | a segmented record's CRC32C of its segment table, else zero |
-//! | 200 | 52 | reserved, zero |
+//! | 200 | 1 | a compressed record's codec (1 = lz4, 2 = zstd; flag bit 3), else zero |
+//! | 201 | 3 | reserved, zero |
+//! | 204 | 4 | a compressed record's stored body length (the compressed bytes), else zero |
+//! | 208 | 4 | a compressed record's CRC32C of its stored (compressed) body, else zero |
+//! | 212 | 40 | reserved, zero |
 //! | 252 | 4 | CRC32C of bytes 0..252 |
 //!
 //! The header makes every record self-describing: the index is checked against it on every
@@ -59,6 +63,20 @@
 //! any record, the whole body's CRC32C. A record of at most one segment keeps the layout
 //! above, byte for byte, and records written before segments existed (unsegmented at any
 //! length) read as they always did.
+//!
+//! A **compressed** record (flag bit 3; written when a block of a namespace with
+//! `compression` is demoted to the dense tier) keeps the unsegmented layout around its
+//! stored body: `[ header | stored body: stored_len bytes | GCM tag | zero pad to 4 KiB ]`.
+//! Its header's length and CRC32C stay the block's own (the plaintext a read gives back, as
+//! the index holds them); bytes 200..212 say how the body is stored: the codec, the
+//! compressed length (less than the block's) and the compressed bytes' CRC32C. So a read
+//! checks the data twice: the compressed bytes against their CRC32C (and the AEAD tag)
+//! before they are decompressed, the block's bytes against theirs after. A compressed
+//! record is sealed when it is compressed, under a nonce of its own: `nonce_for(cseq,
+//! salt)`, `cseq` a sequence number taken then (so greater than the record's `seq`, which it
+//! keeps: the block's identity in the index), with associated data that binds the codec and
+//! the block's length and CRC32C (the engine's `crypto::compressed_aad`). It is never
+//! segmented and never an extent.
 
 use crate::IO_ALIGN_BYTES;
 
@@ -73,6 +91,8 @@ pub const FLAG_PLAINTEXT: u8 = 1;
 pub const FLAG_EXTENT: u8 = 2;
 /// Header flag: the body is sealed and checksummed in segments ([`SEGMENT_BYTES`] each).
 pub const FLAG_SEGMENTED: u8 = 4;
+/// Header flag: the body is stored compressed (bytes 200..212 say how).
+pub const FLAG_COMPRESSED: u8 = 8;
 /// The integrity unit of a new record's body: records longer than this are segmented.
 pub const SEGMENT_BYTES: usize = 64 * 1024;
 /// A segment's entry in its record's table: GCM tag (16) ‖ plaintext CRC32C (4).
@@ -90,6 +110,42 @@ pub struct Segmented {
     pub segment_bytes: u32,
     /// CRC32C of the segment table (`n` entries of [`SEGMENT_ENTRY_BYTES`] at offset 256).
     pub table_crc: u32,
+}
+
+/// How a compressed record's body is stored (flag bit 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compressed {
+    pub codec: Codec,
+    /// Bytes of the stored (compressed) body: less than the record's `len`.
+    pub stored_len: u32,
+    /// CRC32C of the stored body (after compression, before sealing).
+    pub stored_crc: u32,
+}
+
+/// A compressed record's codec (header byte 200).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// LZ4 block format (no frame), the decompressed length known from the header.
+    Lz4 = 1,
+    /// A Zstandard frame.
+    Zstd = 2,
+}
+
+impl Codec {
+    pub fn from_byte(b: u8) -> Option<Codec> {
+        match b {
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Lz4 => "lz4",
+            Codec::Zstd => "zstd",
+        }
+    }
 }
 
 /// Which part of which value an extent record is.
@@ -118,6 +174,8 @@ pub struct RecordHeader {
     pub extent: Option<ExtentOf>,
     /// The body is sealed in segments (flag bit 2).
     pub segmented: Option<Segmented>,
+    /// The body is stored compressed (flag bit 3).
+    pub compressed: Option<Compressed>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -217,6 +275,11 @@ pub fn segment_nonce(nonce: &[u8; NONCE_BYTES], i: usize) -> [u8; NONCE_BYTES] {
     n
 }
 
+/// The sequence number a nonce was made from ([`nonce_for`]).
+pub fn nonce_seq(nonce: &[u8; NONCE_BYTES]) -> u64 {
+    u64::from_le_bytes(nonce[..8].try_into().expect("8 bytes"))
+}
+
 /// Sets the region epoch of an encoded header in place (and its header CRC).
 pub fn stamp_region_epoch(header: &mut [u8], epoch: u64) {
     header[44..52].copy_from_slice(&epoch.to_le_bytes());
@@ -242,6 +305,12 @@ impl RecordHeader {
             h[7] |= FLAG_SEGMENTED;
             h[192..196].copy_from_slice(&s.segment_bytes.to_le_bytes());
             h[196..200].copy_from_slice(&s.table_crc.to_le_bytes());
+        }
+        if let Some(c) = self.compressed {
+            h[7] |= FLAG_COMPRESSED;
+            h[200] = c.codec as u8;
+            h[204..208].copy_from_slice(&c.stored_len.to_le_bytes());
+            h[208..212].copy_from_slice(&c.stored_crc.to_le_bytes());
         }
         h[8..12].copy_from_slice(&self.ns_id.to_le_bytes());
         h[12..16].copy_from_slice(&self.key_id.to_le_bytes());
@@ -274,7 +343,7 @@ impl RecordHeader {
         let len = le32(16);
         if key_len == 0
             || key_len > 128
-            || h[7] & !(FLAG_PLAINTEXT | FLAG_EXTENT | FLAG_SEGMENTED) != 0
+            || h[7] & !(FLAG_PLAINTEXT | FLAG_EXTENT | FLAG_SEGMENTED | FLAG_COMPRESSED) != 0
             || len as usize > ctxpod_wire::BLOCK_BYTES_MAX
         {
             return Err(RecordError::BadField);
@@ -299,6 +368,35 @@ impl RecordHeader {
             }
             None
         };
+        let compressed = if h[7] & FLAG_COMPRESSED != 0 {
+            // Compressed: a block (no extent, no segments) whose stored body is shorter
+            // than its length, under a nonce taken after its own sequence number.
+            let stored_len = le32(204);
+            let nonce: [u8; NONCE_BYTES] = h[32..44].try_into().expect("12 bytes");
+            let seq = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
+            match Codec::from_byte(h[200]) {
+                Some(codec)
+                    if segmented.is_none()
+                        && h[7] & FLAG_EXTENT == 0
+                        && h[201..204] == [0; 3]
+                        && stored_len > 0
+                        && stored_len < len
+                        && nonce_seq(&nonce) > seq =>
+                {
+                    Some(Compressed {
+                        codec,
+                        stored_len,
+                        stored_crc: le32(208),
+                    })
+                }
+                _ => return Err(RecordError::BadField),
+            }
+        } else {
+            if h[200..212] != [0; 12] {
+                return Err(RecordError::BadField);
+            }
+            None
+        };
         Ok(RecordHeader {
             ns_id: le32(8),
             key_id: le32(12),
@@ -314,7 +412,23 @@ impl RecordHeader {
                 index: le32(60),
             }),
             segmented,
+            compressed,
         })
+    }
+
+    /// Whether the nonce is the one this record must be sealed under: [`nonce_for`] its
+    /// sequence number, or for a compressed record one taken after it (checked when
+    /// decoded).
+    pub fn nonce_ok(&self) -> bool {
+        self.compressed.is_some() || nonce_matches(self.seq, &self.nonce)
+    }
+
+    /// Bytes of the body as stored: the compressed length, or the plaintext's.
+    pub fn stored_len(&self) -> usize {
+        match self.compressed {
+            Some(c) => c.stored_len as usize,
+            None => self.len as usize,
+        }
     }
 
     /// Segments of the body (1: unsegmented).
@@ -348,6 +462,9 @@ impl RecordHeader {
 
     /// Bytes the record occupies on the device.
     pub fn record_bytes(&self) -> usize {
+        if let Some(c) = self.compressed {
+            return unsegmented_record_bytes(c.stored_len as usize);
+        }
         if self.segmented.is_some() {
             (SEGMENTED_HEAD_BYTES + self.len as usize).next_multiple_of(IO_ALIGN_BYTES)
         } else {
@@ -383,6 +500,7 @@ mod tests {
             plaintext: false,
             extent: None,
             segmented: None,
+            compressed: None,
         }
     }
 
@@ -440,7 +558,7 @@ mod tests {
         plain.encode(&mut buf);
         assert_eq!(buf[7], FLAG_PLAINTEXT);
         assert_eq!(RecordHeader::decode(&buf), Ok(plain));
-        for flags in 8..=255u8 {
+        for flags in 16..=255u8 {
             buf[7] = flags;
             let crc = crc32c::crc32c(&buf[..252]);
             buf[252..256].copy_from_slice(&crc.to_le_bytes());
@@ -528,6 +646,77 @@ mod tests {
         assert!(t.segment_table(&head).is_some());
         head[HEADER_BYTES + 5] ^= 1;
         assert!(t.segment_table(&head).is_none());
+    }
+
+    #[test]
+    fn a_compressed_header_round_trips_and_its_fields_are_checked() {
+        let len = 1 << 20;
+        let c = RecordHeader {
+            len,
+            nonce: nonce_for(900, *b"salt"),
+            compressed: Some(Compressed {
+                codec: Codec::Zstd,
+                stored_len: 300_000,
+                stored_crc: 0x0bad_cafe,
+            }),
+            ..sample()
+        };
+        let mut buf = [0u8; HEADER_BYTES];
+        c.encode(&mut buf);
+        assert_eq!(buf[7], FLAG_COMPRESSED);
+        assert_eq!(RecordHeader::decode(&buf), Ok(c.clone()));
+        assert!(c.nonce_ok());
+        assert_eq!(c.stored_len(), 300_000);
+        assert_eq!(c.record_bytes(), unsegmented_record_bytes(300_000));
+        assert_eq!(c.body_offset(), HEADER_BYTES);
+        // Every field is under the header CRC.
+        for byte in 200..212 {
+            let mut b = buf;
+            b[byte] ^= 1;
+            assert_eq!(RecordHeader::decode(&b), Err(RecordError::BadHeaderCrc));
+        }
+        let with = |f: &dyn Fn(&mut [u8; HEADER_BYTES])| {
+            let mut b = buf;
+            f(&mut b);
+            let crc = crc32c::crc32c(&b[..252]);
+            b[252..256].copy_from_slice(&crc.to_le_bytes());
+            RecordHeader::decode(&b)
+        };
+        let set32 = |b: &mut [u8; HEADER_BYTES], at: usize, v: u32| {
+            b[at..at + 4].copy_from_slice(&v.to_le_bytes())
+        };
+        // Unknown codecs, a stored body no shorter than the block, an empty one, a nonce
+        // not taken after the record's sequence number, an extent or segments, stray
+        // bytes, and compression fields on a record without the flag: all refused.
+        type Edit<'a> = &'a dyn Fn(&mut [u8; HEADER_BYTES]);
+        let bad: [Edit<'_>; 9] = [
+            &|b| b[200] = 0,
+            &|b| b[200] = 3,
+            &|b| set32(b, 204, len),
+            &|b| set32(b, 204, 0),
+            &|b| b[32..40].copy_from_slice(&77u64.to_le_bytes()),
+            &|b| b[7] |= FLAG_EXTENT,
+            &|b| b[202] = 1,
+            &|b| b[7] = 0,
+            &|b| {
+                b[7] |= FLAG_SEGMENTED;
+                set32(b, 192, SEGMENT_BYTES as u32);
+            },
+        ];
+        for (i, f) in bad.iter().enumerate() {
+            assert_eq!(with(f), Err(RecordError::BadField), "case {i}");
+        }
+        assert_eq!(
+            with(&|b| b[200] = 1).map(|h| h.compressed.map(|c| c.codec)),
+            Ok(Some(Codec::Lz4))
+        );
+        // Uncompressed records still need the nonce of their own sequence number.
+        assert!(sample().nonce_ok());
+        let off = RecordHeader {
+            nonce: nonce_for(78, *b"salt"),
+            ..sample()
+        };
+        assert!(!off.nonce_ok());
     }
 
     #[test]

@@ -22,7 +22,7 @@
 
 use super::etcd::Etcd;
 use ctxpod_engine::{Engine, EngineError, NsSettings};
-use ctxpod_wire::types::NamespaceClass;
+use ctxpod_wire::types::{Compression, NamespaceClass};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ pub struct NsRecord {
     /// `kv`).
     #[serde(default, skip_serializing_if = "NamespaceClass::is_kv")]
     pub class: NamespaceClass,
+    /// How its blocks are compressed as they move to a member's dense tier (absent: not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
     /// Deleted: members holding this incarnation delete it.
     #[serde(default)]
     pub deleted: bool,
@@ -55,6 +58,7 @@ impl NsRecord {
             replication: self.replication,
             incarnation: Some(self.incarnation),
             class: Some(self.class),
+            compression: self.compression,
         }
     }
 }

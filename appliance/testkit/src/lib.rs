@@ -21,7 +21,7 @@ pub mod etcd;
 pub mod pki;
 pub mod process;
 
-pub use data::{answered_busy, block, content, env_or, seed_from_env};
+pub use data::{answered_busy, block, content, env_or, kv_content, seed_from_env};
 pub use process::{du, free_port, poll_until, rss_bytes};
 
 /// The scenario table every door of a pod runs (`appliance/testkit/pod_scenarios.json`):

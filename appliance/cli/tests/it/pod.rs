@@ -1073,6 +1073,7 @@ fn replicated(copies: u32) -> ctxpod_wire::types::CreateNamespace {
         quota_bytes: None,
         replication: Some(copies),
         class: None,
+        compression: None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! A node of two tiers (issue #36): blocks fill `fast`, `fast`'s reclaim demotes them into
-//! `dense`, promotion moves them back. A crash in the middle of a move — `kill -9` of the real node, or a power cut
-//! on a simulated SLC + QLC pair without power-loss protection — loses no acknowledged
-//! durable block and serves no wrong bytes.
+//! `dense` (compressed, for a namespace with `compression`, when that pays), promotion
+//! moves them back. A crash in the middle of a move — `kill -9` of the real node, or a
+//! power cut on a simulated SLC + QLC pair without power-loss protection — loses no
+//! acknowledged durable block and serves no wrong bytes.
 //!
 //! `CTXPOD_TIER_CRASH_CYCLES` (default 20) and `CTXPOD_TIER_POWER_SEEDS` (default 12) set
 //! the runs; `CTXPOD_CRASH_SEED` / `CTXPOD_TIER_POWER_SEED` the first seed.
@@ -9,7 +10,7 @@
 use crate::common;
 use crate::crash::{verify, CrashRun, Writer};
 
-use common::{content, life, metric_of, Node};
+use common::{content, kv_content, life, metric_of, Node};
 use ctxpod_firmware_sim::rng::Rng;
 use ctxpod_firmware_sim::{Fault, FaultPlan, Media, Profile, SimDevice};
 use ctxpod_format::config::{ByteSize, Config, TierConfig};
@@ -46,24 +47,20 @@ fn tiers_toml(fast: &str, dense: &str, dense_bytes: u64) -> String {
     )
 }
 
-/// Blocks of 1 MiB put `fast` through `client`, keys `{tag}-{i}`, `count` at most, until
-/// one fails (the node was killed): what keeps `fast` full and its regions demoting. With
-/// `promote`, after each put two blocks of the prefill (demoted by then) are promoted
-/// back: kills land in promotions too.
+/// Blocks of 1 MiB of a KV cache's bytes ([`kv_content`]: they compress) put `fast`
+/// through `client`, keys `{tag}-{i}`, `count` at most, until one fails (the node was
+/// killed): what keeps `fast` full and its regions demoting. With `promote`, after each put
+/// two blocks of the prefill (demoted by then) are promoted back: kills land in promotions
+/// too.
 async fn fill(
     client: ctxpod_client::client::Client,
     tag: String,
-    count: u64,
+    (count, durability): (u64, Durability),
     promote: bool,
 ) -> u64 {
     for i in 0..count {
         let key = format!("{tag}-{i}").into_bytes();
-        let put = client.put(
-            "default",
-            &key,
-            content(&key, MIB as usize),
-            Durability::Fast,
-        );
+        let put = client.put("default", &key, kv_content(&key, MIB as usize), durability);
         if put.await.is_err() {
             return i;
         }
@@ -83,10 +80,12 @@ async fn fill(
     count
 }
 
-/// Prefilled to `fast`'s size, the node is killed at random moments while a writer puts
-/// blocks and a filler 8 MiB more: kills land before, during and after demotions of
-/// `fast` regions. After every restart every
-/// acknowledged durable block is there byte for byte, and the rest are absent or whole.
+/// Prefilled to `fast`'s size (durable KV blocks of a namespace compressed with zstd), the
+/// node is killed at random moments while a writer puts blocks and a filler 8 MiB more:
+/// kills land before, during and after demotions of `fast` regions (compressed, or moved as
+/// they are for the writer's random bytes) and promotions. After every restart every
+/// acknowledged durable block is there byte for byte, and the rest are absent or whole;
+/// at the end every prefill block reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_demotion_loses_nothing() {
     let cycles = common::seed_from_env("CTXPOD_TIER_CRASH_CYCLES", 20) as u32;
@@ -109,20 +108,29 @@ async fn kill_9_during_demotion_loses_nothing() {
         false,
     )
     .await;
-    let prefilled = fill(node.client.clone(), "fill".into(), PREFILL_BLOCKS, false).await;
+    let zstd = ctxpod_wire::types::CreateNamespace {
+        compression: Some(ctxpod_wire::types::Compression::Zstd),
+        ..Default::default()
+    };
+    node.client
+        .create_namespace_with("default", &zstd)
+        .await
+        .expect("compression on");
+    let prefill = (PREFILL_BLOCKS, Durability::Durable);
+    let prefilled = fill(node.client.clone(), "fill".into(), prefill, false).await;
     assert_eq!(prefilled, PREFILL_BLOCKS);
     let mut run = CrashRun {
         seed,
         ..CrashRun::default()
     };
-    let (mut demoted, mut promoted, mut evicted) = (0.0, 0.0, 0.0);
+    let (mut demoted, mut promoted, mut evicted, mut compressed) = (0.0, 0.0, 0.0, 0.0);
     for cycle in 0..cycles {
         let writer = Writer::spawn(node.client.clone(), seed, cycle);
         // 8 MiB more a cycle: every other cycle or so demotes a region of `fast`.
         let filler = tokio::spawn(fill(
             node.client.clone(),
             format!("c{cycle}"),
-            FILLER_BLOCKS,
+            (FILLER_BLOCKS, Durability::Fast),
             true,
         ));
         let delay = rng.gen_range(20..400);
@@ -132,23 +140,41 @@ async fn kill_9_during_demotion_loses_nothing() {
         demoted += metric_of(&m, "ctxpod_tier_demoted_records_total");
         promoted += metric_of(&m, "ctxpod_tier_promoted_records_total");
         evicted += metric_of(&m, "ctxpod_evicted_blocks_total");
+        compressed += metric_of(&m, "ctxpod_compression_records_total{codec=\"zstd\"}");
         run.kill_restart_and_check(&mut node, writer, cycle, delay)
             .await;
         let _ = tokio::time::timeout(Duration::from_secs(30), filler).await;
     }
     let (missing, corrupt) = verify(&node, seed, &run.acked_all, true).await;
+    let mut prefill_wrong = Vec::new();
+    for i in 0..PREFILL_BLOCKS {
+        let key = format!("fill-{i}").into_bytes();
+        match node.client.get("default", &key).await {
+            Ok(Some(b)) if b == kv_content(&key, MIB as usize) => {}
+            other => prefill_wrong.push(format!("fill-{i}: {:?}", other.map(|b| b.is_some()))),
+        }
+    }
+    let info = node.client.namespace("default").await.expect("info");
     let s = node.client.stats().await.expect("stats");
     let m = node.client.metrics().await.expect("metrics");
     let dense_used = metric_of(&m, "ctxpod_tier_used_bytes{tier=\"dense\"}");
     eprintln!(
         "{cycles} kill -9 cycles on two tiers: {} blocks acknowledged durable, {missing} \
          lost, {corrupt} corrupt; {demoted} records demoted and {promoted} promoted before \
-         the kills, dense holds {dense_used} bytes, {evicted} evicted, {} re-indexed from \
-         tails",
+         the kills ({compressed} compressed), dense holds {dense_used} bytes, {evicted} \
+         evicted, {} re-indexed from tails; {} bytes held compressed in {}",
         run.acked_all.len(),
-        run.recovered
+        run.recovered,
+        info.compressed_bytes,
+        info.compressed_stored_bytes
     );
     assert_eq!((missing, corrupt), (0, 0));
+    assert_eq!(
+        prefill_wrong,
+        Vec::<String>::new(),
+        "durable prefill blocks"
+    );
+    assert!(compressed > 0.0, "no kill came after a compressed demotion");
     assert!(demoted > 0.0, "no kill came after a demotion");
     assert!(promoted > 0.0, "no kill came after a promotion");
     assert!(dense_used > 0.0, "the dense tier holds the demoted records");
@@ -160,20 +186,49 @@ async fn kill_9_during_demotion_loses_nothing() {
     assert_eq!(s.integrity_errors, 0);
 }
 
-/// The HTTP door: `POST /v1/namespaces/{ns}/promote` moves demoted blocks back to `fast`
-/// and says how many moved and how many are in `fast` now; bad input is refused with
-/// nothing moved; every block still reads back byte for byte.
+/// The HTTP door: a namespace's `compression` is set by `PUT /v1/namespaces/{ns}` (an
+/// unknown codec refused), its demoted blocks are held compressed and its info says how
+/// much; `POST /v1/namespaces/{ns}/promote` moves demoted blocks back to `fast` and says how
+/// many moved and how many are in `fast` now; bad input is refused with nothing moved;
+/// every block still reads back byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn promote_through_http() {
+async fn promote_and_compression_through_http() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("n");
     std::fs::create_dir_all(&data).expect("data dir");
     let (fast, dense) = (data.join("fast.dev"), data.join("dense.dev"));
     let config = tiers_toml(&fast.to_string_lossy(), &dense.to_string_lossy(), 257 * MIB);
     let node = Node::start_configured(&data, &[], &config, Default::default(), false).await;
+    let ns_url = format!("{}/v1/namespaces/default", node.url);
+    let http = node.client.http();
+    common::answered(
+        http.put(&ns_url)
+            .json(&serde_json::json!({"compression": "gzip"})),
+        400,
+    )
+    .await;
+    common::answered(
+        http.put(&ns_url)
+            .json(&serde_json::json!({"compression": "zstd"})),
+        200,
+    )
+    .await;
+    let filled = fill(
+        node.client.clone(),
+        "fill".into(),
+        (80, Durability::Fast),
+        false,
+    );
+    assert_eq!(filled.await, 80);
+    let info = node.client.namespace("default").await.expect("info");
     assert_eq!(
-        fill(node.client.clone(), "fill".into(), 80, false).await,
-        80
+        info.compression,
+        Some(ctxpod_wire::types::Compression::Zstd)
+    );
+    assert!(
+        info.compressed_bytes >= 8 * MIB
+            && info.compressed_stored_bytes * 8 < info.compressed_bytes * 7,
+        "{info:?}"
     );
     let keys: Vec<Vec<u8>> = (0..80).map(|i| format!("fill-{i}").into_bytes()).collect();
     let mut asked = keys.clone();
@@ -190,7 +245,6 @@ async fn promote_through_http() {
         r.promoted as f64
     );
     let url = format!("{}/v1/namespaces/default/promote", node.url);
-    let http = c.http();
     let many: Vec<String> = (0..1025).map(|i| format!("{i:04x}")).collect();
     common::answered(
         http.post(&url).json(&serde_json::json!({ "keys": many })),
@@ -212,7 +266,7 @@ async fn promote_through_http() {
     );
     for k in &keys {
         let got = c.get("default", k).await.expect("get");
-        assert_eq!(got.as_deref(), Some(&content(k, MIB as usize)[..]));
+        assert!(got.is_some_and(|b| b == kv_content(k, MIB as usize)));
     }
 }
 
@@ -260,14 +314,17 @@ struct Cut {
     acked_durable: u64,
     demoted: u64,
     promoted: u64,
+    /// Records compressed as they were demoted.
+    compressed: u64,
     /// The cut came from the plan, at one of the dense drive's commands past its format:
     /// a demotion's write or flush, or a promotion's read.
     mid_move: bool,
     failures: Vec<String>,
 }
 
-/// One seed: puts of 256 KiB to 1 MiB (all durable, or three in four), and every eighth
-/// put a promotion of four earlier blocks, until the dense drive loses power at a seeded
+/// One seed: puts of 256 KiB to 1 MiB (all durable, or three in four; every other one a KV
+/// block's bytes, in a namespace compressed with zstd), and every eighth put a promotion of
+/// four earlier blocks, until the dense drive loses power at a seeded
 /// command (its commands are the demotions' writes and flushes and the promotions' reads),
 /// the fast drive with it; then recovery, and every block checked.
 fn power_cut_seed(seed: u64) -> Cut {
@@ -293,6 +350,13 @@ fn power_cut_seed(seed: u64) -> Cut {
     let mut ledger: BTreeMap<Vec<u8>, (usize, bool)> = BTreeMap::new();
     let held = life(async {
         let node = open_tiers(&cfg, &devs).await.expect("format");
+        let zstd = ctxpod_engine::NsSettings {
+            compression: Some(ctxpod_wire::types::Compression::Zstd),
+            ..Default::default()
+        };
+        node.create_namespace_with("default", zstd)
+            .await
+            .expect("compression on");
         for i in 0..200u64 {
             let key = format!("p{seed}-{i}").into_bytes();
             let len = (256 << 10) + rng.below(768 << 10) as usize;
@@ -303,7 +367,7 @@ fn power_cut_seed(seed: u64) -> Cut {
             } else {
                 Durability::Fast
             };
-            let r = node.put("default", &key, content(&key, len), None, d).await;
+            let r = node.put("default", &key, body(&key, len), None, d).await;
             ledger.insert(key, (len, r.is_ok() && d == Durability::Durable));
             if r.is_err() {
                 break;
@@ -327,6 +391,12 @@ fn power_cut_seed(seed: u64) -> Cut {
         }
         out.demoted = node.metrics().tier.demoted_records.get();
         out.promoted = node.metrics().tier.promoted_records.get();
+        out.compressed = node
+            .metrics()
+            .compression
+            .records
+            .with_label_values(&["zstd"])
+            .get();
         let held: BTreeMap<Vec<u8>, bool> = ledger
             .keys()
             .map(|k| (k.clone(), node.on_flash("default", k).unwrap_or(false)))
@@ -343,7 +413,7 @@ fn power_cut_seed(seed: u64) -> Cut {
         for (key, &(len, durable)) in &ledger {
             let name = String::from_utf8_lossy(key).into_owned();
             match node.get("default", key).await {
-                Ok(Some((b, _))) if b != content(key, len) => {
+                Ok(Some((b, _))) if b != body(key, len) => {
                     out.failures.push(format!("{name}: wrong bytes"));
                 }
                 Ok(None) if durable && held.1.get(key) == Some(&true) => {
@@ -359,6 +429,16 @@ fn power_cut_seed(seed: u64) -> Cut {
         node.shutdown().await;
     });
     out
+}
+
+/// Block `key`'s bytes in the power-cut run: a KV block's (they compress) for keys ending
+/// in an even digit, random ones (they do not) for the others.
+fn body(key: &[u8], len: usize) -> bytes::Bytes {
+    if key.last().is_some_and(|d| d % 2 == 0) {
+        kv_content(key, len)
+    } else {
+        content(key, len)
+    }
 }
 
 /// The recovered node takes a put, and its stats give each simulated tier its rated
@@ -392,6 +472,7 @@ fn power_cuts_during_demotion_lose_nothing() {
     let seeds = common::seed_from_env("CTXPOD_TIER_POWER_SEEDS", 12);
     let first = common::seed_from_env("CTXPOD_TIER_POWER_SEED", 1);
     let (mut acked, mut demoted, mut promoted, mut mid_move) = (0, 0, 0, 0);
+    let mut compressed = 0;
     let mut failed = Vec::new();
     for seed in first..first + seeds {
         let c = power_cut_seed(seed);
@@ -407,15 +488,17 @@ fn power_cuts_during_demotion_lose_nothing() {
         acked += c.acked_durable;
         demoted += c.demoted;
         promoted += c.promoted;
+        compressed += c.compressed;
         mid_move += u64::from(c.mid_move);
     }
     eprintln!(
         "{} of {seeds} power cuts on an SLC + QLC pair passed: {acked} acknowledged durable \
-         blocks checked, {demoted} records demoted and {promoted} promoted before the cuts, \
-         {mid_move} cuts in the middle of a move",
+         blocks checked, {demoted} records demoted ({compressed} compressed) and {promoted} \
+         promoted before the cuts, {mid_move} cuts in the middle of a move",
         seeds - failed.len() as u64
     );
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
+    assert!(compressed > 0, "no demotion was compressed");
     assert!(promoted > 0, "no cut came after a promotion");
     assert!(
         mid_move * 2 >= seeds,

@@ -5,7 +5,8 @@
 //! unless it is kept: then the region is kept in place.
 //!
 //! On a node of two tiers, reclaim of a `fast` region **demotes**: every live record moves
-//! into `dense` (byte for byte, as any move), and only `dense` evicts. Should `dense` have
+//! into `dense` (byte for byte, as any move, or compressed for a namespace with
+//! `compression`: `writer::compress`), and only `dense` evicts. Should `dense` have
 //! no room (every region of it kept), `fast` reclaims as a node of one tier would.
 
 use super::*;
@@ -204,6 +205,16 @@ impl Writer {
             return Ok(());
         }
         let intact = still_the_record(&buf, &loc, &bkey);
+        // Into `dense`, a block of a compressing namespace may go compressed (`wloc`: the
+        // entry of what is written).
+        let (buf, wloc, intact) = match intact && demote {
+            true => match self.compress_for_dense(core, &bkey, loc, buf).await? {
+                Demoted::Same(b) => (b, loc, true),
+                Demoted::Compressed(b, wloc) => (b, wloc, true),
+                Demoted::Corrupt(b) => (b, loc, false),
+            },
+            false => (buf, loc, intact),
+        };
         let target = match (intact, self.alloc(to, buf.len())?) {
             (false, _) => None,
             (true, Some(place)) => Some(place),
@@ -234,15 +245,21 @@ impl Writer {
             core.metrics.tier.demoted_bytes.inc_by(buf.len() as u64);
         }
         st.written += self
-            .write_copy(core, &bkey, loc, buf, (nr, noff), &mut st.wb)
+            .write_copy(core, &bkey, wloc, buf, (nr, noff), &mut st.wb)
             .await?;
+        if wloc != loc {
+            if let Some(ns) = core.ns_by_id(u32::from_be_bytes(bkey[..4].try_into()?)) {
+                count_compressed(&ns, &wloc, true);
+            }
+        }
         st.moved += 1;
         Ok(())
     }
 
     /// Writes `buf`, the record of `bkey` read from `loc`, at (`nr`, `noff`): the same
-    /// record byte for byte but for the epoch of the region it now lives in; its new place
-    /// into `wb`. The bytes written.
+    /// record byte for byte but for the epoch of the region it now lives in (or, demoted
+    /// compressed, the compressed record `loc` describes); its new place into `wb`. The
+    /// bytes written.
     pub(super) async fn write_copy(
         &self,
         core: &Core,

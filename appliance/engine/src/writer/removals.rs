@@ -20,6 +20,7 @@ impl Writer {
                 b.presence.push(presence::Change::Remove(bkey.clone()));
                 b.needs_checkpoint = true;
                 self.account(&ns, loc.len, false);
+                count_compressed(&ns, &loc, false);
                 b.forget.push(bkey.clone());
                 b.pending.insert(bkey, None);
                 b.replies.push(Reply::Delete(reply, true));
@@ -44,7 +45,7 @@ impl Writer {
                 b.presence.push(presence::Change::Remove(bkey.clone()));
                 b.wb.put_cf(cfs.2, &bkey, loc.encode());
                 b.needs_checkpoint = true;
-                self.account_bkey(&bkey, loc.len);
+                self.account_bkey(&bkey, &loc);
                 // Gone from this node as surely as an evicted block: KV
                 // block managers drop it from their view.
                 self.core.events.block(&bkey, KvEventKind::Evicted);
@@ -78,6 +79,8 @@ impl Writer {
             .fetch_sub(ns.used_bytes.swap(0, Ordering::Relaxed), Ordering::Relaxed);
         c.blocks
             .fetch_sub(ns.blocks.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        ns.compressed_bytes.store(0, Ordering::Relaxed);
+        ns.compressed_stored.store(0, Ordering::Relaxed);
         b.sync = true;
         b.replies.push(Reply::Done(reply));
     }

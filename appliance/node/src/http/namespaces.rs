@@ -114,6 +114,7 @@ pub(crate) async fn put_namespace(
         replication: req.replication,
         incarnation: None,
         class: req.class,
+        compression: req.compression,
     };
     let (created, info) = if let Some(inc) = routed_incarnation(&h)? {
         // A change another member made, sent on to this one.
@@ -143,6 +144,7 @@ pub(crate) async fn put_namespace(
                 replication: req.replication,
                 incarnation: inc,
                 class,
+                compression: req.compression,
                 deleted: false,
             },
         )
@@ -238,6 +240,7 @@ pub(crate) async fn delete_namespace(
             replication: None,
             incarnation: pns::new_incarnation(),
             class: NamespaceClass::Kv,
+            compression: None,
             deleted: false,
         }
     } else {
@@ -249,6 +252,7 @@ pub(crate) async fn delete_namespace(
                 .or(held)
                 .unwrap_or_else(pns::new_incarnation),
             class: NamespaceClass::Kv,
+            compression: None,
             deleted: true,
         }
     };

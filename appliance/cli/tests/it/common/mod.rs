@@ -9,7 +9,7 @@ pub mod etcd;
 
 pub use ctxpod_testkit::pki;
 pub use ctxpod_testkit::process::deny_io_uring_setup;
-pub use ctxpod_testkit::{answered_busy, block, content, env_or, seed_from_env};
+pub use ctxpod_testkit::{answered_busy, block, content, env_or, kv_content, seed_from_env};
 
 use ctxpod_client::client::{Client, ClientError};
 use ctxpod_client::connect::Connect;

@@ -359,6 +359,7 @@ async fn create_namespaces(node: &Node) {
                 quota_bytes: Some(1 << 20),
                 replication: Some(2),
                 class: None,
+                compression: None,
             },
         )
         .await
