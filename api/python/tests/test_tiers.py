@@ -1,7 +1,8 @@
 """A node of two flash tiers through the SDK (issue #36): blocks demoted to the dense tier
 as the fast one fills come back byte for byte; ``Store.promote`` moves them to the fast
 tier and says so; a prefetch promotes what it stages without being asked; a node of one
-tier counts every present block as fast."""
+tier counts every present block as fast; a namespace with ``compression="zstd"`` holds a
+model's KV cache compressed in the dense tier and gives it back tensor for tensor."""
 
 from __future__ import annotations
 
@@ -105,4 +106,50 @@ def test_a_node_of_one_tier_counts_every_block_fast(node):
             s.put(k, b"x" * 4096)
         assert s.promote(keys + [b"absent"]) == {"promoted": 0, "fast": 3}
     finally:
+        s.close()
+
+
+def test_a_compressed_namespace_holds_a_models_kv_and_gives_it_back(tiered):
+    """The KV cache of a seeded Llama-shaped model (8 KV heads of head_dim 64, bf16), one
+    block per layer and 256-token chunk (LMCache's chunk size), in a namespace compressed
+    with zstd: more of it than the fast tier holds, so most is demoted, compressed; every
+    block reads back equal to the model's tensors, and the namespace says what it saved."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(36)
+    cfg = LlamaConfig(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=8, head_dim=64, vocab_size=1024, max_position_embeddings=512,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    s = ctxpod.Store.connect([tiered.http], namespace=f"kvz-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(ValueError):
+            s.create_namespace(compression="gzip")
+        assert s.create_namespace(compression="zstd")["compression"] == "zstd"
+        tensors: dict[bytes, torch.Tensor] = {}
+        with torch.no_grad():
+            for chunk in range(80):
+                ids = torch.randint(0, cfg.vocab_size, (1, 256), generator=torch.Generator().manual_seed(chunk))
+                cache = model(ids, use_cache=True).past_key_values
+                for layer in range(cfg.num_hidden_layers):
+                    kv = torch.stack([cache.layers[layer].keys, cache.layers[layer].values]).contiguous()
+                    key = f"{chunk}/{layer}".encode()
+                    tensors[key] = kv
+                    s.put(key, kv.view(torch.uint8).numpy().tobytes())
+        info = s.namespace_info()
+        assert info["compression"] == "zstd"
+        assert info["used_bytes"] == 160 * 512 * 1024
+        # Most chunks were demoted, and zstd saves at least an eighth on them.
+        assert info["compressed_bytes"] >= info["used_bytes"] // 4, info
+        assert info["compressed_stored_bytes"] * 8 <= info["compressed_bytes"] * 7, info
+        for key, kv in tensors.items():
+            got = torch.frombuffer(bytearray(s.get(key)), dtype=torch.bfloat16).view(kv.shape)
+            assert torch.equal(got, kv), key
+        # Off again: later moves leave blocks as they are; what is compressed still reads.
+        assert s.create_namespace()["compression"] is None
+        assert s.get(b"0/0") == tensors[b"0/0"].view(torch.uint8).numpy().tobytes()
+    finally:
+        s.delete_namespace()
         s.close()
