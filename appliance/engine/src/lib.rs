@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod device;
 pub mod dram;
 pub mod events;
+pub mod heat;
 pub mod index;
 mod keys;
 pub mod leases;
@@ -409,6 +410,9 @@ pub(crate) struct Core {
     promote_hints: Mutex<std::collections::VecDeque<(Vec<u8>, bool)>>,
     /// Wakes the idle writer when a hint is queued.
     promote_wake: tokio::sync::Notify,
+    /// How often each block is read (a node of two tiers counts every block served), for
+    /// promotion's admission (`writer::promote`); `None` on a node of one tier.
+    heat: Option<Mutex<heat::Sketch>>,
     /// Each tier's `ctxpod_tier_{read,written}_bytes_total` series, looked up once: they
     /// count every record read and written.
     tier_io: Vec<[prometheus::IntCounter; 2]>,
@@ -423,6 +427,10 @@ impl Core {
     pub(crate) fn hint_promote(&self, bkey: &[u8], strong: bool) {
         if self.geometry.tiers.len() < 2 || !self.cfg.tier_promote_hints {
             return;
+        }
+        // A pin or a prefetch hold announces a read: it counts as one for admission.
+        if let (true, Some(h)) = (strong, &self.heat) {
+            h.lock().add(bkey);
         }
         let mut q = self.promote_hints.lock();
         if q.len() < PROMOTE_HINTS_MAX {

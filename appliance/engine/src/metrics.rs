@@ -272,6 +272,9 @@ pub struct TierMetrics {
     pub promoted_bytes: IntCounter,
     /// Promotion hints dropped for a full queue.
     pub promote_hints_dropped: IntCounter,
+    /// Hinted promotions refused: the block was read less often than those its room
+    /// would have pushed out of `fast`.
+    pub promotions_not_admitted: IntCounter,
     /// Record bytes read from and written to each tier.
     pub read_bytes: IntCounterVec,
     pub written_bytes: IntCounterVec,
@@ -316,6 +319,12 @@ impl TierMetrics {
                 r,
                 "ctxpod_tier_promote_hints_dropped_total",
                 "Promotion hints (pins, prefetch holds, second reads) dropped: the queue was full",
+            ),
+            promotions_not_admitted: counter(
+                r,
+                "ctxpod_tier_promotions_not_admitted_total",
+                "Hinted promotions refused: the block was read less often than the fast tier's \
+                 oldest blocks, which its room would have demoted",
             ),
             read_bytes: counter_vec(
                 r,

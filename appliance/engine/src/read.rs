@@ -284,6 +284,9 @@ impl Engine {
     fn count_hit(&self, bkey: &[u8], len: usize, tier: &str) -> bool {
         let c = &self.core;
         self.reference(bkey, len);
+        if let Some(h) = &c.heat {
+            h.lock().add(bkey);
+        }
         let again = c.read_bits.set(bkey);
         c.counters.hits.fetch_add(1, Ordering::Relaxed);
         c.metrics.hits.with_label_values(&[tier]).inc();

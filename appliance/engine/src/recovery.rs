@@ -104,6 +104,7 @@ pub(super) async fn open(
         .map(|n| (n.name.clone(), n.clone()))
         .collect();
     let tier_io = tier_io_counters(&geometry, &metrics);
+    let heat = heat_sketch(&geometry);
     Ok(Core {
         dram: Mutex::new(S3Fifo::new(cfg.dram.0 as usize)),
         dram_invalidations: AtomicU64::new(0),
@@ -150,8 +151,18 @@ pub(super) async fn open(
         unsynced: AtomicBool::new(false),
         promote_hints: Mutex::new(std::collections::VecDeque::new()),
         promote_wake: tokio::sync::Notify::new(),
+        heat,
         tier_io,
         cfg,
+    })
+}
+
+/// The frequency sketch of a node of two tiers: a counter per 256 KiB of the node (a KV
+/// block's order of size), 4K to 1M per row: 4 rows of 4 bits, 8 KiB to 2 MiB of memory.
+fn heat_sketch(g: &Geometry) -> Option<Mutex<crate::heat::Sketch>> {
+    (g.tier_count() > 1).then(|| {
+        let width = (g.capacity_bytes >> 18).clamp(1 << 12, 1 << 20) as usize;
+        Mutex::new(crate::heat::Sketch::new(width))
     })
 }
 

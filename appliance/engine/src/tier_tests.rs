@@ -131,7 +131,9 @@ async fn two_tiers_format_restart_and_refuse_a_swap() {
 async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
     const BLOCKS: u64 = 96;
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = tiered(dir.path());
+    // Room in `dense` for the blocks and the dead copies that the readers' hinted
+    // promotions leave there (and their demotions again): nothing may be evicted.
+    let cfg = tiered_with(dir.path(), 320 * MIB);
     let e = Engine::open(cfg.clone(), Arc::new(Metrics::new()))
         .await
         .expect("open");
@@ -194,7 +196,7 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         t[1].read_bytes > 0 && t[0].read_bytes > 0,
         "reads from both: {t:?}"
     );
-    assert_eq!((t[0].regions_total, t[1].regions_total), (4, 12));
+    assert_eq!((t[0].regions_total, t[1].regions_total), (4, 19));
     assert!(t.iter().all(|t| t.rated_written_bytes.is_none()));
     e.shutdown().await;
     drop(e);
@@ -260,7 +262,12 @@ async fn promotion_and_demotion_under_concurrent_reads() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Room in `dense` for the blocks and the copies the moves leave behind: nothing is
     // evicted, so every miss would be the moves'.
-    let cfg = tiered_with(dir.path(), 400 * MIB);
+    // A move budget that the asked promotions do not exhaust on a loaded machine: what is
+    // under test is the moves against the readers (the budget has its own test).
+    let cfg = Config {
+        tier_move_bytes_per_s: ByteSize(1 << 30),
+        ..tiered_with(dir.path(), 400 * MIB)
+    };
     let e = Engine::open(cfg.clone(), Arc::new(Metrics::new()))
         .await
         .expect("open");
@@ -434,4 +441,94 @@ async fn pins_prefetch_holds_and_second_reads_promote() {
         check(&e, i).await.expect("after the promotions");
     }
     e.shutdown().await;
+}
+
+/// Admission: with `fast` full of blocks read often, a pin of a block read once does not
+/// demote them to make it room (counted as not admitted; it stays in `dense`), while a pin
+/// of a block read more often than they are does; an asked promotion is not judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hint_does_not_push_hotter_blocks_out_of_fast() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Arc::new(Metrics::new());
+    let e = Engine::open(tiered(dir.path()), m.clone())
+        .await
+        .expect("open");
+    let dense = demoted(&e, 3).await;
+    let fast: Vec<u64> = (0..80)
+        .filter(|i| {
+            e.tier_of("default", format!("b{i}").as_bytes())
+                .expect("tier")
+                == Some("fast")
+        })
+        .collect();
+    assert!(fast.len() >= 16, "{} blocks in fast", fast.len());
+    // Hot: every block in `fast` read ten times; the cold one once, the hottest twelve.
+    for _ in 0..10 {
+        for &i in &fast {
+            check(&e, i).await.expect("hot read");
+        }
+    }
+    let (cold, hottest) = (&dense[0], &dense[1]);
+    // Read from `dense` once each (a second read would hint it), then the hottest's heat
+    // added as the sketch counts reads.
+    e.get("default", cold).await.expect("get").expect("present");
+    e.get("default", hottest)
+        .await
+        .expect("get")
+        .expect("present");
+    e.heat_up("default", hottest, 11);
+    let in_fast = |k: &[u8]| e.tier_of("default", k).expect("tier") == Some("fast");
+    let refused = || m.tier.promotions_not_admitted.get();
+    let base = refused();
+    e.pin("default", vec![cold.clone()], Duration::from_secs(60))
+        .await
+        .expect("pin");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while refused() == base && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(refused(), base + 1, "the cold block's hint was judged");
+    assert!(
+        !in_fast(cold),
+        "a block read once does not push hot ones out"
+    );
+    let hot_left = fast
+        .iter()
+        .filter(|&&i| in_fast(format!("b{i}").as_bytes()))
+        .count();
+    e.pin("default", vec![hottest.clone()], Duration::from_secs(60))
+        .await
+        .expect("pin");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !in_fast(hottest) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(in_fast(hottest), "the hottest block is admitted");
+    assert!(
+        hot_left >= fast.len() - 4,
+        "{hot_left} of {} hot blocks kept",
+        fast.len()
+    );
+    // Asked, the cold block moves whatever its heat.
+    let asked = e
+        .promote("default", vec![cold.clone()])
+        .await
+        .expect("promote");
+    assert_eq!(asked, vec![Promotion::Promoted]);
+    for i in 0..80 {
+        check(&e, i).await.expect("every block");
+    }
+    e.shutdown().await;
+}
+
+impl Engine {
+    /// `n` reads of block `key` counted into the frequency sketch, without reading it (a
+    /// read from `dense` would hint it).
+    fn heat_up(&self, ns: &str, key: &[u8], n: usize) {
+        let bkey = block_key(self.ns(ns).expect("ns").id, key);
+        let mut h = self.core.heat.as_ref().expect("two tiers").lock();
+        for _ in 0..n {
+            h.add(&bkey);
+        }
+    }
 }

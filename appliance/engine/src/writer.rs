@@ -492,7 +492,7 @@ impl Writer {
             let WriteCmd::Promote { bkeys, reply } = cmd else {
                 continue;
             };
-            match self.promote_now(&bkeys, true).await {
+            match self.promote_now(&bkeys, promote::Room::Make).await {
                 Ok(fates) => drop(reply.send(Ok(fates))),
                 Err(e) => {
                     self.core.fail("promotion", &e);

@@ -2,7 +2,10 @@
 //! step 3). Asked by `Engine::promote` (answered at once, within the move budget) and hinted
 //! by pins, prefetch holds and a second read from `dense` (queued in `Core::promote_hints`,
 //! moved when the writer is idle and the budget allows; a hint that finds no room is
-//! dropped). The move is reclaim's: the record read and checked, copied byte for byte into
+//! dropped). Once `fast` has filled, a hint promotes a block only if it was read more often
+//! than the blocks of `fast`'s oldest region are on average (`Core::heat`, a TinyLFU
+//! frequency sketch), since every byte promoted brings that region's demotion closer:
+//! otherwise a hot set larger than `fast` turns it over and over for nothing. The move is reclaim's: the record read and checked, copied byte for byte into
 //! `fast`'s open region under its epoch, flushed, then the index repointed in a synced
 //! checkpoint. The `dense` copy stays where it was (dead space, reclaimed with its region),
 //! so a reader that found it still reads the same generation; nothing is ever in neither.
@@ -63,6 +66,19 @@ impl MoveBudget {
     }
 }
 
+/// How a promotion finds room in `fast`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// Only the room `fast` has, for blocks read more often than its oldest region's (a
+    /// second read's hint).
+    Avail,
+    /// `fast`'s oldest regions demoted as needed (an asked promotion).
+    Make,
+    /// `fast`'s oldest regions demoted as needed, for blocks read more often than the
+    /// oldest one's (a pin's or prefetch hold's hint).
+    MakeForHotter,
+}
+
 /// Hints taken from the queue per idle turn.
 const HINTS_PER_TURN: usize = 64;
 
@@ -94,12 +110,12 @@ impl Writer {
                     q.drain(..n).collect()
                 };
                 let (strong, weak): (Vec<_>, Vec<_>) = hints.into_iter().partition(|h| h.1);
-                for (keys, may_demote) in [(strong, true), (weak, false)] {
+                for (keys, room) in [(strong, Room::MakeForHotter), (weak, Room::Avail)] {
                     let keys: Vec<Vec<u8>> = keys.into_iter().map(|h| h.0).collect();
                     if keys.is_empty() {
                         continue;
                     }
-                    if let Err(e) = self.promote_now(&keys, may_demote).await {
+                    if let Err(e) = self.promote_now(&keys, room).await {
                         self.core.fail("promotion", &e);
                     }
                 }
@@ -113,25 +129,38 @@ impl Writer {
     }
 
     /// Moves the records of `bkeys` that live in `dense` into `fast`, as the move budget and
-    /// `fast`'s room allow (with `may_demote`, its oldest regions are demoted to make room);
-    /// each key's fate.
+    /// `fast`'s room allow (`room`: whether and for which blocks its oldest regions are
+    /// demoted to make room); each key's fate.
     pub(crate) async fn promote_now(
         &mut self,
         bkeys: &[Vec<u8>],
-        may_demote: bool,
+        room: Room,
     ) -> anyhow::Result<Vec<Fate>> {
         let core = self.core.clone();
         // Over committed state only: the index as the committer left it.
         self.drain_committer().await;
-        let (mut fates, todo) = self.promotion_fates(bkeys)?;
+        let (mut fates, mut todo) = self.promotion_fates(bkeys)?;
         if todo.is_empty() {
             return Ok(fates);
         }
-        let want: u64 = todo.iter().map(|(_, l)| l.record_len as u64).sum();
-        let room = if may_demote {
-            self.fast_room(want).await?
-        } else {
-            self.fast_avail()
+        let bytes = |todo: &[(usize, BlockLoc)]| -> u64 {
+            todo.iter().map(|(_, l)| l.record_len as u64).sum()
+        };
+        // Admission: once `fast` has filled (no free region beyond its reserve), every byte
+        // promoted brings the demotion of its oldest region closer, so a hint promotes only
+        // blocks read more often than that region's are; an asked promotion is not judged.
+        if room != Room::Make && !self.fast_has_free(bytes(&todo)) {
+            let bar = self.victim_heat()?;
+            let before = todo.len();
+            todo.retain(|(i, _)| self.heat_of(&bkeys[*i]) as f64 > bar);
+            core.metrics
+                .tier
+                .promotions_not_admitted
+                .inc_by((before - todo.len()) as u64);
+        }
+        let room = match room {
+            Room::Avail => self.fast_avail(),
+            Room::Make | Room::MakeForHotter => self.fast_room(bytes(&todo)).await?,
         };
         let mut st = Moves::default();
         for (i, _) in todo {
@@ -185,6 +214,41 @@ impl Writer {
         Ok((fates, todo))
     }
 
+    /// How often block `bkey` was read, as the frequency sketch estimates it.
+    fn heat_of(&self, bkey: &[u8]) -> u8 {
+        self.core
+            .heat
+            .as_ref()
+            .map_or(0, |h| h.lock().estimate(bkey))
+    }
+
+    /// How often, on average, the blocks of `fast`'s oldest sealed region (the next to be
+    /// demoted for room) were read: a promotion that would push them out must beat it.
+    fn victim_heat(&self) -> anyhow::Result<f64> {
+        let (Some(h), Some(&r)) = (&self.core.heat, self.tiers[0].sealed.front()) else {
+            return Ok(0.0);
+        };
+        let idx = &self.core.index;
+        let (lo, hi) = (by_region_key(r, 0), by_region_key(r + 1, 0));
+        let mut keys = Vec::new();
+        for item in idx.db.iterator_cf(
+            idx.cf(index::CF_BY_REGION),
+            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
+        ) {
+            let (k, bkey) = item?;
+            if k.as_ref() >= hi.as_slice() {
+                break;
+            }
+            keys.push(bkey);
+        }
+        if keys.is_empty() {
+            return Ok(0.0);
+        }
+        let h = h.lock();
+        let sum: u64 = keys.iter().map(|k| u64::from(h.estimate(k))).sum();
+        Ok(sum as f64 / keys.len() as f64)
+    }
+
     /// Bytes `fast` can take without touching its reserve: its open region's rest and its
     /// free regions beyond the reserve.
     fn fast_avail(&self) -> u64 {
@@ -194,6 +258,13 @@ impl Writer {
             .open
             .map_or(0, |r| rb - self.regions[r as usize].write_ptr as u64);
         open + t.free.len().saturating_sub(t.reserve) as u64 * rb
+    }
+
+    /// Whether `fast` has free regions beyond its reserve for `bytes` (it has not filled
+    /// since it was formatted, or emptied since).
+    fn fast_has_free(&self, bytes: u64) -> bool {
+        let t = &self.tiers[0];
+        t.free.len().saturating_sub(t.reserve) as u64 * self.core.geometry.region_bytes >= bytes
     }
 
     /// [`Writer::fast_avail`], `fast`'s oldest regions demoted (bounded) to reach `want`.
