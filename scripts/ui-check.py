@@ -201,7 +201,7 @@ def check(d, base, admin, viewer, tenant):
     def device_tier():
         row = d.find_element(By.CSS_SELECTOR, '#tiers tr[data-tier="device"]')
         cells = row.find_elements(By.TAG_NAME, "td")
-        return len(cells) == 8 and cells[5].text not in ("0 B", "–") and row.text
+        return len(cells) == 9 and cells[5].text not in ("0 B", "–") and row.text
 
     wait_for("the node's tier and its writes", device_tier)
 

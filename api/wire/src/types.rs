@@ -370,6 +370,10 @@ pub struct TierStats {
     /// Bytes demoted to `dense` from `fast`, and promoted from `dense` to `fast`, since the
     /// start (counted on the tier moved out of).
     pub moved_out_bytes: u64,
+    /// Client reads served from the tier's device since the start (DRAM hits are no
+    /// tier's): over all tiers' hits, the share each tier serves.
+    #[serde(default)]
+    pub hits: u64,
     /// The tier's rated lifetime writes (its drive's DWPD × its bytes × 365 × warranty
     /// years), for a simulated drive; `None` when the node does not know the drive.
     #[serde(default, skip_serializing_if = "Option::is_none")]

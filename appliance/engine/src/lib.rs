@@ -413,9 +413,10 @@ pub(crate) struct Core {
     /// How often each block is read (a node of two tiers counts every block served), for
     /// promotion's admission (`writer::promote`); `None` on a node of one tier.
     heat: Option<Mutex<heat::Sketch>>,
-    /// Each tier's `ctxpod_tier_{read,written}_bytes_total` series, looked up once: they
-    /// count every record read and written.
-    tier_io: Vec<[prometheus::IntCounter; 2]>,
+    /// Each tier's `ctxpod_tier_{read,written}_bytes_total` and `ctxpod_tier_hits_total`
+    /// series, looked up once: they count every record read and written, and every client
+    /// read served from flash.
+    tier_io: Vec<[prometheus::IntCounter; 3]>,
 }
 
 impl Core {
@@ -444,6 +445,11 @@ impl Core {
     /// Counts `bytes` read from (`write` false) or written to the tier holding `region`.
     pub(crate) fn count_tier_io(&self, region: u32, bytes: u64, write: bool) {
         self.tier_io[self.geometry.tier_of(region)][usize::from(write)].inc_by(bytes);
+    }
+
+    /// A client read served from the tier holding `region`.
+    pub(crate) fn count_tier_hit(&self, region: u32) {
+        self.tier_io[self.geometry.tier_of(region)][2].inc();
     }
 
     pub fn dev_offset(&self, region: u32, offset: u32) -> u64 {

@@ -278,6 +278,8 @@ pub struct TierMetrics {
     /// Record bytes read from and written to each tier.
     pub read_bytes: IntCounterVec,
     pub written_bytes: IntCounterVec,
+    /// Client reads served from each tier's device.
+    pub hits: IntCounterVec,
 }
 
 impl TierMetrics {
@@ -336,6 +338,13 @@ impl TierMetrics {
                 r,
                 "ctxpod_tier_written_bytes_total",
                 "Record bytes written to each tier (fast, dense; device for a node of one)",
+                &["tier"],
+            ),
+            hits: counter_vec(
+                r,
+                "ctxpod_tier_hits_total",
+                "Client reads served from each tier's device (fast, dense; device for a node \
+                 of one); DRAM hits are in ctxpod_hits_total{tier=\"dram\"}",
                 &["tier"],
             ),
         }

@@ -135,6 +135,7 @@ impl Engine {
                     read_bytes: m.read_bytes.with_label_values(&[name]).get(),
                     written_bytes: m.written_bytes.with_label_values(&[name]).get(),
                     moved_out_bytes: moved_out,
+                    hits: m.hits.with_label_values(&[name]).get(),
                     rated_written_bytes: sims.get(t).copied().flatten().map(|d| {
                         let p = d.profile();
                         p.rated_dwpd * capacity as f64 * 365.0 * p.warranty_years

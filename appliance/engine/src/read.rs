@@ -240,6 +240,7 @@ impl Engine {
                         crc32c: loc.crc32c,
                         len: loc.len as u64,
                     };
+                    self.core.count_tier_hit(loc.region);
                     (f.bkey, part, "flash")
                 }
                 None => {
@@ -270,6 +271,7 @@ impl Engine {
             .dram_admit(bkey.clone(), b.clone(), &loc, ticket)?;
         let mut got = BlockPart::of(b.clone(), loc.crc32c, range);
         got.bytes = detached(got.bytes, &b);
+        self.core.count_tier_hit(loc.region);
         // Read from `dense` a second time: hot, a hint to promote it.
         if self.count_hit(&bkey, got.len as usize, "flash")
             && self.core.geometry.tier_of(loc.region) > 0

@@ -166,14 +166,16 @@ fn heat_sketch(g: &Geometry) -> Option<Mutex<crate::heat::Sketch>> {
     })
 }
 
-/// Each tier's read and written byte counters, looked up once for the data path.
-fn tier_io_counters(g: &Geometry, metrics: &Metrics) -> Vec<[prometheus::IntCounter; 2]> {
+/// Each tier's read and written byte counters and its hits, looked up once for the data
+/// path.
+fn tier_io_counters(g: &Geometry, metrics: &Metrics) -> Vec<[prometheus::IntCounter; 3]> {
     (0..g.tier_count())
         .map(|t| {
             let (name, m) = (g.tier_name(t), &metrics.tier);
             [
                 m.read_bytes.with_label_values(&[name]),
                 m.written_bytes.with_label_values(&[name]),
+                m.hits.with_label_values(&[name]),
             ]
         })
         .collect()

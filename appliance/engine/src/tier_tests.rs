@@ -196,6 +196,7 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
         t[1].read_bytes > 0 && t[0].read_bytes > 0,
         "reads from both: {t:?}"
     );
+    assert!(t[0].hits > 0 && t[1].hits > 0, "hits on both: {t:?}");
     assert_eq!((t[0].regions_total, t[1].regions_total), (4, 19));
     assert!(t.iter().all(|t| t.rated_written_bytes.is_none()));
     e.shutdown().await;

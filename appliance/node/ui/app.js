@@ -197,9 +197,11 @@ function renderOverview(o) {
   $("members").tBodies[0].replaceChildren(...rows);
 
   // Each member's flash tiers (one "device" on a node of one): use, traffic since its
-  // start, moves between tiers, and the share of the drive's rated lifetime writes used.
+  // start, moves between tiers, the share of the drive's rated lifetime writes used, and
+  // the reads each tier served (and their share of the member's flash hits).
   const tiers = up.filter((m) => m.stats && m.stats.tiers).flatMap((m) => m.stats.tiers.map((t) => {
     const tr = el("tr", { "data-node": m.id, "data-tier": t.name });
+    const flashHits = m.stats.tiers.reduce((a, x) => a + (x.hits || 0), 0);
     const cells = [
       [m.id], [t.name],
       [bytes(t.used_bytes) + " / " + bytes(t.capacity_bytes), "num"],
@@ -207,6 +209,7 @@ function renderOverview(o) {
       [bytes(t.read_bytes), "num"], [bytes(t.written_bytes), "num"],
       [bytes(t.moved_out_bytes), "num"],
       [t.rated_written_bytes ? (100 * t.written_bytes / t.rated_written_bytes).toPrecision(2) + " %" : "–", "num"],
+      [int(t.hits || 0) + (flashHits ? " (" + Math.round(100 * (t.hits || 0) / flashHits) + " %)" : ""), "num"],
     ];
     for (const [text, cls] of cells) tr.appendChild(el("td", cls ? { class: cls } : {}, text));
     return tr;
