@@ -47,6 +47,16 @@ pub struct PlanArgs {
     pub drive: String,
     #[arg(long, default_value_t = 8)]
     pub drives: u32,
+    /// A fast tier's drive (a firmware-sim profile: `slc`, ...): plan nodes of two tiers,
+    /// this in front of --drive (sized from the reuse curve; docs/PLANNING.md).
+    #[arg(long)]
+    pub fast_drive: Option<String>,
+    /// Fast-tier drives per node.
+    #[arg(long, default_value_t = 2)]
+    pub fast_drives: u32,
+    /// Share of the planned hits the fast tier should serve.
+    #[arg(long, default_value_t = 0.5)]
+    pub fast_hit_share: f64,
     #[arg(long, default_value_t = 1)]
     pub nics: u32,
     #[arg(long, default_value_t = 400.0)]
@@ -142,7 +152,7 @@ impl Bound {
 }
 
 /// Every numeric argument's range (see [`Bound`]).
-pub const BOUNDS: [Bound; 15] = [
+pub const BOUNDS: [Bound; 17] = [
     Bound::real("params_b", 0.0, true, 1e6),
     Bound::whole("tokens_per_block", 1, 1 << 20),
     Bound::real("rate", 0.0, true, 1e9),
@@ -151,6 +161,8 @@ pub const BOUNDS: [Bound; 15] = [
     Bound::real("target_hit_ratio", 0.0, false, 1.0),
     Bound::real("retention_s", 0.0, false, 1e9),
     Bound::whole("drives", 1, 4096),
+    Bound::whole("fast_drives", 1, 4096),
+    Bound::real("fast_hit_share", 0.0, true, 1.0),
     Bound::whole("nics", 1, 4096),
     Bound::real("nic_gbps", 0.0, true, 1e6),
     Bound::real("usable", 0.0, true, 1.0),
@@ -161,7 +173,7 @@ pub const BOUNDS: [Bound; 15] = [
 ];
 
 /// The numeric arguments of `a` by name (`None`: not given).
-fn numbers(a: &PlanArgs) -> [(&'static str, Option<f64>); 15] {
+fn numbers(a: &PlanArgs) -> [(&'static str, Option<f64>); 17] {
     [
         ("params_b", a.params_b),
         ("tokens_per_block", Some(a.tokens_per_block as f64)),
@@ -171,6 +183,8 @@ fn numbers(a: &PlanArgs) -> [(&'static str, Option<f64>); 15] {
         ("target_hit_ratio", Some(a.target_hit_ratio)),
         ("retention_s", Some(a.retention_s)),
         ("drives", Some(a.drives as f64)),
+        ("fast_drives", Some(a.fast_drives as f64)),
+        ("fast_hit_share", Some(a.fast_hit_share)),
         ("nics", Some(a.nics as f64)),
         ("nic_gbps", Some(a.nic_gbps)),
         ("usable", Some(a.usable)),
@@ -193,7 +207,7 @@ pub fn check_ranges(a: &PlanArgs) -> anyhow::Result<()> {
 }
 
 /// The drive profiles the API accepts by name (a profile file is for the CLI only).
-pub const API_DRIVES: [&str; 4] = ["tlc", "qlc", "tlc-noplp", "qlc-noplp"];
+pub const API_DRIVES: [&str; 6] = ["tlc", "qlc", "slc", "tlc-noplp", "qlc-noplp", "slc-noplp"];
 
 /// Parameters per token of the presets (billions; active parameters for MoE), from the
 /// models' cards.
@@ -277,6 +291,14 @@ pub fn input_of(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<Plan
         replication: a.replication,
         gpu_flops: a.gpu_tflops * 1e12,
         gpu_mfu: a.gpu_mfu,
+        fast: match &a.fast_drive {
+            Some(d) => Some(ctxpod_plan::tiers::FastTier {
+                drives: a.fast_drives,
+                drive: drive_of(d)?,
+                hit_share: a.fast_hit_share,
+            }),
+            None => None,
+        },
     })
 }
 
@@ -401,11 +423,40 @@ pub fn run(a: &PlanArgs, live: Option<&MrcResponse>) -> anyhow::Result<planner::
             a.gpu_tflops,
             a.gpu_mfu * 100.0,
         );
+        if let (Some(t), Some(f)) = (&p.tiers, &input.fast) {
+            print_tiers(t, f);
+        }
         for n in &p.notes {
             println!("note: {n}");
         }
     }
     Ok(p)
+}
+
+/// The two tiers' lines of `ctxpod plan`.
+fn print_tiers(t: &ctxpod_plan::tiers::TierPlan, f: &ctxpod_plan::tiers::FastTier) {
+    println!(
+        "fast tier    {:.0} blocks, {:.2} TB on {} × {} TB {} a node: hit ratio {:.3} \
+         (nodes for its capacity {:.2}, for the writes it takes first {:.2})\n\
+         dense tier   {:.2} TB: hit ratio {:.3} (nodes for its capacity {:.2})\n\
+         tier wear    fast {:.2} drive writes per day: rated writes last {:.1} years; \
+         dense {:.3}: {:.1} years",
+        t.fast_capacity_blocks,
+        t.fast_capacity_bytes / 1e12,
+        f.drives,
+        f.drive.capacity_bytes as f64 / 1e12,
+        f.drive.name,
+        t.fast_hit_ratio,
+        t.nodes_for_fast_capacity,
+        t.nodes_for_fast_write,
+        t.dense_capacity_bytes / 1e12,
+        t.dense_hit_ratio,
+        t.nodes_for_dense_capacity,
+        t.fast_dwpd,
+        t.fast_lifetime_years,
+        t.dense_dwpd,
+        t.dense_lifetime_years,
+    );
 }
 
 #[cfg(test)]
@@ -510,6 +561,45 @@ mod tests {
                 check_ranges(&with(b.name, json(b.min))).expect("the minimum is taken");
             }
         }
+    }
+
+    /// A fast tier planned from the repository's Mooncake trace: half the hits from it,
+    /// the rest of the capacity dense, and the fast drives worn by every write first;
+    /// without a curve (a sharing ratio) or with an unknown drive, refused.
+    #[test]
+    fn a_fast_tier_from_a_trace() {
+        let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../bench/traces/mooncake_conversation_trace.jsonl");
+        let a = PlanArgs {
+            trace: Some(trace),
+            target_hit_ratio: 0.3,
+            fast_drive: Some("slc".into()),
+            ..Default::default()
+        };
+        let i = input_of(&a, None).expect("input");
+        let p = planner::plan(&i).expect("plan");
+        let t = p.tiers.expect("two tiers");
+        assert!((t.fast_hit_ratio - 0.15).abs() < 1e-9 && (t.dense_hit_ratio - 0.15).abs() < 1e-9);
+        assert!(t.fast_capacity_bytes > 0.0 && t.fast_capacity_bytes < p.capacity_bytes);
+        assert!((t.fast_capacity_bytes + t.dense_capacity_bytes - p.capacity_bytes).abs() < 1e3);
+        // The same bytes written on far fewer drive bytes: `fast` wears faster.
+        assert!(t.fast_dwpd > 10.0 * t.dense_dwpd, "{t:?}");
+        assert!(p.nodes as f64 >= t.nodes_for_fast_capacity.ceil());
+        let sharing = PlanArgs {
+            sharing: Some(0.3),
+            rate: Some(5.0),
+            input_tokens: Some(4000.0),
+            retention_s: 600.0,
+            fast_drive: Some("slc".into()),
+            ..Default::default()
+        };
+        let e = plan_json(&sharing, None).expect_err("no curve");
+        assert!(e.to_string().contains("reuse curve"), "{e}");
+        let unknown = PlanArgs {
+            fast_drive: Some("no-such-drive".into()),
+            ..sharing
+        };
+        assert!(input_of(&unknown, None).is_err());
     }
 
     /// What issue #32 found answered 200: a GPU's MFU of 1.4e308 and 1e296 TFLOP/s.

@@ -18,4 +18,5 @@ pub mod lru;
 pub mod model;
 pub mod mrc;
 pub mod planner;
+pub mod tiers;
 pub mod trace;

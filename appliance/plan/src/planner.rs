@@ -12,6 +12,7 @@
 //! the retention time.
 
 use crate::model::ModelShape;
+use crate::tiers::{FastTier, Sizing, TierPlan};
 use serde::{Deserialize, Serialize};
 
 /// One flash drive.
@@ -92,6 +93,9 @@ pub struct PlanInput {
     /// A GPU's dense bf16 FLOP/s and the share of it prefill reaches.
     pub gpu_flops: f64,
     pub gpu_mfu: f64,
+    /// A fast tier in front of the node's drives (`None`: one tier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast: Option<FastTier>,
 }
 
 /// What the planner found. Bandwidths in bytes per second.
@@ -122,6 +126,10 @@ pub struct Plan {
     pub gpus_saved: f64,
     /// Notes on the inputs (a target beyond what the reuse allows, ...).
     pub notes: Vec<String>,
+    /// With a fast tier: each tier's size, hits, node needs and wear (`dwpd` and
+    /// `drive_lifetime_years` above are then the dense drives').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TierPlan>,
 }
 
 /// Hit ratio of a curve at `capacity` (linear between points; flat past the last).
@@ -174,9 +182,14 @@ pub fn plan(i: &PlanInput) -> Result<Plan, String> {
     let capacity_bytes = capacity_blocks * block as f64 * r;
     let read = blocks_per_s * hit * block as f64;
     let write = written_blocks_per_s * block as f64 * r;
-    let for_capacity = capacity_bytes / i.node.capacity_bytes();
+    let mut tiers = tiers_of(i, (hit, capacity_blocks), block as f64, write)?;
+    let for_capacity = match &tiers {
+        Some(t) => t.nodes_for_fast_capacity.max(t.nodes_for_dense_capacity),
+        None => capacity_bytes / i.node.capacity_bytes(),
+    };
     let for_read = read / i.node.read_bytes_per_s();
-    let for_write = write / i.node.write_bytes_per_s(i.write_amplification);
+    let for_write = (write / i.node.write_bytes_per_s(i.write_amplification))
+        .max(tiers.as_ref().map_or(0.0, |t| t.nodes_for_fast_write));
     let need = for_capacity.max(for_read).max(for_write);
     // At least R nodes, for R copies on distinct nodes.
     let nodes = (need.ceil() as u32).max(i.replication);
@@ -196,6 +209,17 @@ pub fn plan(i: &PlanInput) -> Result<Plan, String> {
     } else {
         f64::INFINITY
     };
+    if let (Some(t), Some(f)) = (tiers.as_mut(), &i.fast) {
+        t.wear(f, &i.node, nodes, write * i.write_amplification);
+        if t.fast_lifetime_years < f.drive.warranty_years {
+            notes.push(format!(
+                "the fast tier's rated writes last {:.1} years, less than its {} years of \
+                 warranty: every block is written to it first (more or larger fast drives \
+                 spread the writes)",
+                t.fast_lifetime_years, f.drive.warranty_years
+            ));
+        }
+    }
     let tokens_saved = (blocks_per_s * hit * i.tokens_per_block as f64)
         .min(i.requests_per_s * i.mean_input_tokens);
     let flops = tokens_saved * 2.0 * i.active_params_b * 1e9;
@@ -218,7 +242,41 @@ pub fn plan(i: &PlanInput) -> Result<Plan, String> {
         prefill_tokens_saved_per_s: tokens_saved,
         gpus_saved: flops / (i.gpu_flops * i.gpu_mfu),
         notes,
+        tiers,
     })
+}
+
+/// The two tiers' plan for `hit` and `capacity_blocks`, when the input has a fast tier: it
+/// is sized from a reuse curve.
+fn tiers_of(
+    i: &PlanInput,
+    (hit, capacity_blocks): (f64, f64),
+    block_bytes: f64,
+    write_bytes_per_s: f64,
+) -> Result<Option<TierPlan>, String> {
+    let Some(f) = &i.fast else {
+        return Ok(None);
+    };
+    let Reuse::Curve {
+        points,
+        at_requests_per_s,
+    } = &i.reuse
+    else {
+        return Err(
+            "a fast tier is sized from a reuse curve: give a trace or the live curve".into(),
+        );
+    };
+    let sizing = Sizing {
+        curve: points,
+        scale: i.requests_per_s / at_requests_per_s,
+        hit,
+        capacity_blocks,
+        block_bytes,
+        copies: i.replication as f64,
+        write_bytes_per_s,
+        write_amplification: i.write_amplification,
+    };
+    TierPlan::size(f, &i.node, &sizing).map(Some)
 }
 
 /// Refuses inputs the arithmetic cannot take: rates and shares not positive, counts of 0,
@@ -321,6 +379,7 @@ mod tests {
             replication: 1,
             gpu_flops: 989e12,
             gpu_mfu: 0.5,
+            fast: None,
         }
     }
 
@@ -413,6 +472,68 @@ mod tests {
         assert!(plan(&bad).is_err());
         assert!(plan(&llama70(Reuse::Sharing { ratio: 0.3 }, 0.0, 0.0)).is_err());
         assert!(plan(&llama70(Reuse::Sharing { ratio: 1.3 }, 0.0, 60.0)).is_err());
+    }
+
+    #[test]
+    fn two_tiers_by_hand() {
+        // The llama_70b_by_hand plan (0.5 of 200,000 blocks of 160 MiB at 10 req/s, 13.42 GB/s
+        // written) with two SLC drives of 3.84 TB in front of the eight QLC ones, to serve
+        // half the hits: 0.25, which the curve reaches at 50,000 blocks at 5 req/s, so
+        // 100,000 blocks at 10 req/s in `fast` (16.78 TB) and the other 100,000 in `dense`.
+        let curve = Reuse::Curve {
+            points: vec![(50_000.0, 0.25), (100_000.0, 0.5), (400_000.0, 0.6)],
+            at_requests_per_s: 5.0,
+        };
+        let slc = Drive {
+            name: "slc".into(),
+            capacity_bytes: 3_840_000_000_000,
+            read_bytes_per_s: 7.0e9,
+            write_bytes_per_s: 6.0e9,
+            rated_dwpd: 60.0,
+            warranty_years: 5.0,
+        };
+        let mut i = llama70(curve, 0.5, 0.0);
+        i.fast = Some(FastTier {
+            drives: 2,
+            drive: slc,
+            hit_share: 0.5,
+        });
+        let p = plan(&i).unwrap();
+        let t = p.tiers.clone().expect("two tiers");
+        let block = 160.0 * 1048576.0;
+        assert!((t.fast_capacity_blocks - 100_000.0).abs() < 1e-6);
+        assert!((t.fast_capacity_bytes - 100_000.0 * block).abs() < 1.0);
+        assert!((t.dense_capacity_bytes - 100_000.0 * block).abs() < 1.0);
+        assert!(
+            (t.fast_hit_ratio - 0.25).abs() < 1e-12 && (t.dense_hit_ratio - 0.25).abs() < 1e-12
+        );
+        // `fast` per node: 2 × 3.84 TB × 0.9 = 6.912 TB, so 2.43 nodes for its 16.78 TB;
+        // its drives take min(2 × 6 / 1.25, 50) = 9.6 GB/s of the 13.42 written: 1.40 nodes.
+        assert!((t.nodes_for_fast_capacity - 100_000.0 * block / 6.912e12).abs() < 1e-9);
+        assert!((t.nodes_for_dense_capacity - 100_000.0 * block / 442.368e12).abs() < 1e-9);
+        assert!((t.nodes_for_fast_write - 80.0 * block / 9.6e9).abs() < 1e-9);
+        assert_eq!((p.nodes, p.bound_by.as_str()), (3, "capacity"));
+        // Wear at 3 nodes: 16.78 GB/s of device writes a day over 23.04 TB of SLC is 62.9
+        // DWPD (60 × 5 years last 4.77 years), over 1.47 PB of QLC 0.98.
+        let per_day = 80.0 * block * 1.25 * 86_400.0;
+        assert!(
+            (t.fast_dwpd - per_day / 23.04e12).abs() < 1e-9,
+            "{}",
+            t.fast_dwpd
+        );
+        assert!((t.fast_lifetime_years - 300.0 / t.fast_dwpd).abs() < 1e-9);
+        assert!((t.dense_dwpd - per_day / 1474.56e12).abs() < 1e-9);
+        assert!(
+            (p.dwpd - t.dense_dwpd).abs() < 1e-12,
+            "the plan's DWPD is the dense drives'"
+        );
+        // A sharing ratio gives no curve to size `fast` from; a share of 0 is refused.
+        let mut sharing = llama70(Reuse::Sharing { ratio: 0.3 }, 0.0, 3600.0);
+        sharing.fast.clone_from(&i.fast);
+        assert!(plan(&sharing).unwrap_err().contains("reuse curve"));
+        let mut zero = i.clone();
+        zero.fast.as_mut().unwrap().hit_share = 0.0;
+        assert!(plan(&zero).is_err());
     }
 
     #[test]

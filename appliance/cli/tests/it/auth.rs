@@ -1083,6 +1083,14 @@ async fn bad_plans_are_400_with_the_reason(node: &Node, auth: &[(&str, &str)]) {
             br#"{"live":true,"sharing":0.5,"input_tokens":512}"#,
             "give one reuse",
         ),
+        (
+            br#"{"fast_drive":"/etc/passwd","sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1}"#,
+            "drive",
+        ),
+        (
+            br#"{"fast_drive":"slc","sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1}"#,
+            "reuse curve",
+        ),
         // Numbers past the spec's maxima (issue #32 found these answered 200), named.
         (
             br#"{"sharing":0.4,"rate":1,"input_tokens":1,"retention_s":1,"gpu_mfu":1.4e308}"#,

@@ -182,12 +182,13 @@ pub async fn plan(
     };
     // Every number within the range api/openapi.json states (`plan_args::BOUNDS`), named.
     plan_args::check_ranges(&args).map_err(|e| ApiError::invalid(e.to_string()))?;
-    if !plan_args::API_DRIVES.contains(&args.drive.as_str()) {
-        return Err(ApiError::invalid(format!(
-            "drive {:?}: one of {}",
-            args.drive,
-            plan_args::API_DRIVES.join(", ")
-        )));
+    for drive in std::iter::once(&args.drive).chain(args.fast_drive.as_ref()) {
+        if !plan_args::API_DRIVES.contains(&drive.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "drive {drive:?}: one of {}",
+                plan_args::API_DRIVES.join(", ")
+            )));
+        }
     }
     let live = if args.live {
         // The live curve is the node's access pattern: the role `/v1/mrc` needs.
