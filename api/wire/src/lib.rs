@@ -145,6 +145,11 @@ pub const HEADER_ANSWER_BYTES_MAX: &str = "x-ctxpod-answer-bytes-max";
 /// `weights`), as `class` in the body of `PUT /v1/namespaces/{ns}`.
 pub const HEADER_NAMESPACE_CLASS: &str = "x-ctxpod-namespace-class";
 
+/// On an S3 CreateBucket: how the namespace's blocks are compressed as they move to a
+/// node's dense tier (`lz4` or `zstd`), as `compression` in the body of `PUT
+/// /v1/namespaces/{ns}`.
+pub const HEADER_NAMESPACE_COMPRESSION: &str = "x-ctxpod-compression";
+
 /// CRC32C (Castagnoli) of `bytes`, the checksum used everywhere on the wire and on disk.
 pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)

@@ -115,7 +115,8 @@ pub fn compressed_record(
     let nonce = record::nonce_for(s.cseq, s.salt);
     let tag = match s.dek {
         Some(dek) => {
-            let aad = crypto::compressed_aad(s.ns_id, s.key_id, s.key, codec, h.len, h.crc32c);
+            let aad =
+                crypto::compressed_aad((s.ns_id, s.key_id, s.key), codec, h.seq, (h.len, h.crc32c));
             crypto::seal(dek, nonce, &aad, &mut buf[HEADER_BYTES..HEADER_BYTES + n])
         }
         None => [0; TAG_BYTES],

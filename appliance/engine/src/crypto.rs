@@ -10,9 +10,9 @@
 //!   `"/segment"` ‖ the record's length ‖ `i`, so that no segment opens at another place,
 //!   in another record, or in a record cut shorter or longer.
 //! - A compressed record ([`compressed_aad`]): a block's AAD ‖ `"/compressed"` ‖ codec ‖
-//!   the block's length ‖ its CRC32C, under a nonce of its own sequence number: its stored
-//!   bytes cannot be taken for the block uncompressed, for another codec's, or for another
-//!   block's.
+//!   the block's sequence number ‖ its length ‖ its CRC32C, under a nonce of its own
+//!   sequence number: its stored bytes cannot be taken for the block uncompressed, for
+//!   another codec's, or for another block's or generation's.
 //! - DEK wrapping: AES-256-GCM under the KEK with a random nonce, AAD binding ns_id and key_id.
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
@@ -77,19 +77,21 @@ pub fn extent_aad(ns_id: u32, key_id: u32, key: &[u8], value_seq: u64, index: u3
     aad
 }
 
-/// The associated data of a compressed record of a block of `len` bytes and CRC32C `crc`
-/// whose body is stored `codec`-compressed.
+/// The associated data of a compressed record of the block written with sequence number
+/// `seq`, of `len` bytes and CRC32C `crc`, whose body is stored `codec`-compressed. The
+/// sequence number binds it to its generation (its nonce is not `seq`'s, unlike an
+/// uncompressed record's): a compressed body of an earlier block of the same key, length
+/// and CRC32C does not open as a later one's.
 pub fn compressed_aad(
-    ns_id: u32,
-    key_id: u32,
-    key: &[u8],
+    (ns_id, key_id, key): (u32, u32, &[u8]),
     codec: ctxpod_format::record::Codec,
-    len: u32,
-    crc: u32,
+    seq: u64,
+    (len, crc): (u32, u32),
 ) -> Vec<u8> {
     let mut aad = block_aad(ns_id, key_id, key);
     aad.extend_from_slice(b"/compressed");
     aad.push(codec as u8);
+    aad.extend_from_slice(&seq.to_le_bytes());
     aad.extend_from_slice(&len.to_le_bytes());
     aad.extend_from_slice(&crc.to_le_bytes());
     aad

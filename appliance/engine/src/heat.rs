@@ -10,7 +10,7 @@
 
 const ROWS: usize = 4;
 /// A 4-bit counter's ceiling.
-const COUNTER_MAX: u8 = 15;
+pub const COUNTER_MAX: u8 = 15;
 
 pub struct Sketch {
     /// `ROWS` rows of `width` counters, two per byte.
@@ -42,7 +42,8 @@ impl Sketch {
         (at / 2, (at % 2) as u32 * 4)
     }
 
-    fn hashes(key: &[u8]) -> (u64, u64) {
+    /// The hash pair a key is counted under: computed before the sketch's lock is taken.
+    pub fn hashes(key: &[u8]) -> (u64, u64) {
         let h = xxhash_rust::xxh3::xxh3_128(key);
         (h as u64, ((h >> 64) as u64) | 1)
     }
@@ -71,7 +72,8 @@ impl Sketch {
         self.estimate_hashed(Self::hashes(key))
     }
 
-    fn estimate_hashed(&self, h: (u64, u64)) -> u8 {
+    /// [`Sketch::estimate`] of a key by its [`Sketch::hashes`].
+    pub fn estimate_hashed(&self, h: (u64, u64)) -> u8 {
         (0..ROWS)
             .map(|row| {
                 let (b, s) = self.slot(row, h);

@@ -256,6 +256,22 @@ impl Namespace {
         compress::setting_of(self.compression.load(Ordering::Relaxed))
     }
 
+    /// A compressed block (entry `loc`; others are not counted) entering (`add`) or leaving
+    /// the namespace's compressed bytes.
+    pub(crate) fn count_compressed(&self, loc: &BlockLoc, add: bool) {
+        if !loc.is_compressed() {
+            return;
+        }
+        let (raw, stored) = (loc.len as u64, loc.record_len as u64);
+        if add {
+            self.compressed_bytes.fetch_add(raw, Ordering::Relaxed);
+            self.compressed_stored.fetch_add(stored, Ordering::Relaxed);
+        } else {
+            self.compressed_bytes.fetch_sub(raw, Ordering::Relaxed);
+            self.compressed_stored.fetch_sub(stored, Ordering::Relaxed);
+        }
+    }
+
     fn new(name: &str, meta: &NsMeta, deks: HashMap<u32, Arc<AeadKey>>) -> Namespace {
         Namespace {
             id: meta.id,

@@ -589,13 +589,16 @@ fn reconcile_blocks(
                 let loc = BlockLoc::decode(&v)?;
                 debug_assert!(
                     loc.extents > 0
-                        || loc.is_compressed()
+                        || (loc.is_compressed()
+                            && loc.record_len > 0
+                            && (loc.record_len as usize)
+                                .is_multiple_of(ctxpod_format::IO_ALIGN_BYTES))
                         || loc.record_len as usize == record::record_bytes(loc.len as usize)
                         || loc.record_len as usize
                             == record::unsegmented_record_bytes(loc.len as usize),
                     "an index entry's record length is that of its block's record"
                 );
-                crate::writer::count_compressed(ns, &loc, true);
+                ns.count_compressed(&loc, true);
                 ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                 ns.blocks.fetch_add(1, Ordering::Relaxed);
                 counters

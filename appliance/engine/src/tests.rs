@@ -792,3 +792,47 @@ async fn a_group_commit_is_one_device_write() {
         }
     }
 }
+
+/// A delete (or a second drop) that reaches the writer right after a namespace's drop,
+/// in the same batch, finds the block still in the index (the drop's range delete is not
+/// written yet): it must not take the block off the node's counts a second time, which
+/// wrapped `live_bytes` and `block_count` below zero (found by review, 2026-12-06).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_racing_a_namespace_drop_counts_its_blocks_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(cfg(dir.path(), 80 << 20), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    for round in 0..20 {
+        let ns = format!("r{round}");
+        e.create_namespace(&ns, None).await.expect("namespace");
+        for k in 0..4u8 {
+            e.put(
+                &ns,
+                &[k],
+                Bytes::from(vec![k; 65536]),
+                None,
+                Durability::Fast,
+            )
+            .await
+            .expect("put");
+        }
+        // Sent back to back: the drop, then deletes of its blocks.
+        let (dropped, d0, d1) = tokio::join!(
+            e.delete_namespace(&ns),
+            e.delete(&ns, &[0]),
+            e.delete(&ns, &[1])
+        );
+        dropped.expect("drop");
+        // The deletes answer as if before the drop (true) or after it (not found).
+        for d in [d0, d1] {
+            assert!(
+                matches!(d, Ok(true) | Err(EngineError::NotFound(_))),
+                "{d:?}"
+            );
+        }
+        let s = e.stats();
+        assert_eq!((s.live_bytes, s.block_count), (0, 0), "round {round}");
+    }
+    e.shutdown().await;
+}

@@ -177,7 +177,7 @@ fn open_compressed(
 ) -> Result<Vec<u8>, String> {
     let n = c.stored_len as usize;
     if let Some(dek) = dek {
-        let aad = crypto::compressed_aad(ns_id, h.key_id, key, c.codec, h.len, h.crc32c);
+        let aad = crypto::compressed_aad((ns_id, h.key_id, key), c.codec, h.seq, (h.len, h.crc32c));
         match crypto::open(dek, h.nonce, &aad, &mut body[..n + TAG_BYTES]) {
             Ok(m) if m == n => {}
             _ => return Err("AES-GCM authentication failed".into()),

@@ -468,7 +468,7 @@ impl Writer {
         );
         if let Some(ns) = self.core.ns_by_id(id) {
             self.account(&ns, len, false);
-            count_compressed(&ns, loc, false);
+            ns.count_compressed(loc, false);
         } else {
             let c = &self.core.counters;
             c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);
@@ -707,21 +707,5 @@ impl Writer {
             "a record's header, as written, decodes to what the index says of it"
         );
         loc
-    }
-}
-
-/// A compressed block (entry `loc`; others are not counted) entering (`add`) or leaving
-/// its namespace's compressed bytes.
-pub(crate) fn count_compressed(ns: &Namespace, loc: &BlockLoc, add: bool) {
-    if !loc.is_compressed() {
-        return;
-    }
-    let (raw, stored) = (loc.len as u64, loc.record_len as u64);
-    if add {
-        ns.compressed_bytes.fetch_add(raw, Ordering::Relaxed);
-        ns.compressed_stored.fetch_add(stored, Ordering::Relaxed);
-    } else {
-        ns.compressed_bytes.fetch_sub(raw, Ordering::Relaxed);
-        ns.compressed_stored.fetch_sub(stored, Ordering::Relaxed);
     }
 }

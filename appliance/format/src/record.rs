@@ -369,8 +369,9 @@ impl RecordHeader {
             None
         };
         let compressed = if h[7] & FLAG_COMPRESSED != 0 {
-            // Compressed: a block (no extent, no segments) whose stored body is shorter
-            // than its length, under a nonce taken after its own sequence number.
+            // Compressed: a block (no extent, no segments) whose record is shorter than
+            // any uncompressed record of its length (so the index's record length alone
+            // says it is compressed), under a nonce taken after its own sequence number.
             let stored_len = le32(204);
             let nonce: [u8; NONCE_BYTES] = h[32..44].try_into().expect("12 bytes");
             let seq = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
@@ -380,7 +381,8 @@ impl RecordHeader {
                         && h[7] & FLAG_EXTENT == 0
                         && h[201..204] == [0; 3]
                         && stored_len > 0
-                        && stored_len < len
+                        && unsegmented_record_bytes(stored_len as usize)
+                            < unsegmented_record_bytes(len as usize)
                         && nonce_seq(&nonce) > seq =>
                 {
                     Some(Compressed {
@@ -685,14 +687,16 @@ mod tests {
         let set32 = |b: &mut [u8; HEADER_BYTES], at: usize, v: u32| {
             b[at..at + 4].copy_from_slice(&v.to_le_bytes())
         };
-        // Unknown codecs, a stored body no shorter than the block, an empty one, a nonce
+        // Unknown codecs, a stored record no shorter than the block's, an empty one, a nonce
         // not taken after the record's sequence number, an extent or segments, stray
         // bytes, and compression fields on a record without the flag: all refused.
         type Edit<'a> = &'a dyn Fn(&mut [u8; HEADER_BYTES]);
-        let bad: [Edit<'_>; 9] = [
+        let bad: [Edit<'_>; 10] = [
             &|b| b[200] = 0,
             &|b| b[200] = 3,
             &|b| set32(b, 204, len),
+            // Shorter, but not by a page: the index could not tell it is compressed.
+            &|b| set32(b, 204, len - 100),
             &|b| set32(b, 204, 0),
             &|b| b[32..40].copy_from_slice(&77u64.to_le_bytes()),
             &|b| b[7] |= FLAG_EXTENT,

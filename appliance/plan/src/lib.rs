@@ -14,6 +14,8 @@
 //! one crate, so the curve a node reports and the one computed offline over a trace are the
 //! same code.
 
+pub mod curve;
+pub mod hardware;
 pub mod lru;
 pub mod model;
 pub mod mrc;

@@ -11,51 +11,11 @@
 //! prompt blocks is reused within the retention time; the capacity holds what is written in
 //! the retention time.
 
+pub use crate::curve::{capacity_for, curve_at};
+pub use crate::hardware::{Drive, NodeShape};
 use crate::model::ModelShape;
 use crate::tiers::{FastTier, Sizing, TierPlan};
 use serde::{Deserialize, Serialize};
-
-/// One flash drive.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Drive {
-    pub name: String,
-    pub capacity_bytes: u64,
-    pub read_bytes_per_s: f64,
-    pub write_bytes_per_s: f64,
-    /// Rated drive writes per day over the warranty.
-    pub rated_dwpd: f64,
-    pub warranty_years: f64,
-}
-
-/// One flash node.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NodeShape {
-    pub drives: u32,
-    pub drive: Drive,
-    pub nics: u32,
-    pub nic_gbit_per_s: f64,
-    /// Share of the drives' capacity given to blocks (the rest: the node's region
-    /// reserve, over-provisioning for write amplification).
-    pub usable_fraction: f64,
-}
-
-impl NodeShape {
-    pub fn capacity_bytes(&self) -> f64 {
-        self.drives as f64 * self.drive.capacity_bytes as f64 * self.usable_fraction
-    }
-    pub fn nic_bytes_per_s(&self) -> f64 {
-        self.nics as f64 * self.nic_gbit_per_s * 1e9 / 8.0
-    }
-    pub fn read_bytes_per_s(&self) -> f64 {
-        (self.drives as f64 * self.drive.read_bytes_per_s).min(self.nic_bytes_per_s())
-    }
-    /// Block bytes a node can take per second: its drives' write bandwidth over the write
-    /// amplification, or its NICs.
-    pub fn write_bytes_per_s(&self, write_amplification: f64) -> f64 {
-        (self.drives as f64 * self.drive.write_bytes_per_s / write_amplification)
-            .min(self.nic_bytes_per_s())
-    }
-}
 
 /// How blocks are reused.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -130,29 +90,6 @@ pub struct Plan {
     /// `drive_lifetime_years` above are then the dense drives').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierPlan>,
-}
-
-/// Hit ratio of a curve at `capacity` (linear between points; flat past the last).
-pub fn curve_at(points: &[(f64, f64)], capacity: f64) -> f64 {
-    match points.iter().position(|&(c, _)| c >= capacity) {
-        None => points.last().map_or(0.0, |p| p.1),
-        Some(0) => points[0].1 * (capacity / points[0].0.max(1e-9)).min(1.0),
-        Some(i) => {
-            let ((c0, h0), (c1, h1)) = (points[i - 1], points[i]);
-            h0 + (h1 - h0) * (capacity - c0) / (c1 - c0)
-        }
-    }
-}
-
-/// The smallest capacity at which a curve reaches `target`, or `None` if it never does.
-pub fn capacity_for(points: &[(f64, f64)], target: f64) -> Option<f64> {
-    let i = points.iter().position(|&(_, h)| h >= target)?;
-    if i == 0 {
-        let (c, h) = points[0];
-        return Some(c * (target / h.max(1e-12)).min(1.0));
-    }
-    let ((c0, h0), (c1, h1)) = (points[i - 1], points[i]);
-    Some(c0 + (c1 - c0) * (target - h0) / (h1 - h0).max(1e-12))
 }
 
 pub fn plan(i: &PlanInput) -> Result<Plan, String> {

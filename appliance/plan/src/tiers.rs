@@ -14,7 +14,8 @@
 //! Reads are not split: a node's read bandwidth stays its dense drives' and NICs' (what
 //! `fast` serves comes on top), so the read bound is the one-tier plan's.
 
-use crate::planner::{capacity_for, Drive, NodeShape};
+use crate::curve::capacity_for;
+use crate::hardware::{Drive, NodeShape};
 use serde::{Deserialize, Serialize};
 
 /// A fast tier in front of the node's drives.

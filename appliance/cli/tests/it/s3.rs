@@ -787,29 +787,36 @@ async fn a_range_of_a_block_reads_only_the_segments_that_hold_it_through_every_d
     assert_eq!(device_read_bytes(&node).await - before, record, "whole");
 }
 
-/// CreateBucket with `x-ctxpod-namespace-class: weights` makes a `weights` namespace (the
-/// HTTP API shows it so); without the header a bucket is `kv`; an unknown class is refused
+/// CreateBucket with `x-ctxpod-namespace-class: weights` makes a `weights` namespace, and
+/// with `x-ctxpod-compression: zstd` a compressed one (the HTTP API shows them so); without
+/// the headers a bucket is `kv`, uncompressed; an unknown class or codec is refused
 /// (InvalidArgument) and creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bucket_takes_its_namespace_class_from_a_header() {
-    use ctxpod_wire::types::{NamespaceClass, NamespaceInfo};
+async fn a_bucket_takes_its_namespace_class_and_compression_from_headers() {
+    use ctxpod_wire::types::{Compression, NamespaceClass, NamespaceInfo};
     let dir = tempfile::tempdir().expect("tempdir");
     let (node, [(ak, sk), _]) = node_with_s3_tokens(dir.path()).await;
     let s3 = client(&node, &ak, &sk);
-    let create = |name: &'static str, class: &'static str| {
+    let create = |name: &'static str, header: &'static str, value: &'static str| {
         s3.create_bucket()
             .bucket(name)
             .customize()
             .mutate_request(move |r| {
-                r.headers_mut()
-                    .insert(ctxpod_wire::HEADER_NAMESPACE_CLASS, class);
+                r.headers_mut().insert(header, value);
             })
             .send()
     };
-    create("experts", "weights").await.expect("create");
+    let (class, compression) = (
+        ctxpod_wire::HEADER_NAMESPACE_CLASS,
+        ctxpod_wire::HEADER_NAMESPACE_COMPRESSION,
+    );
+    create("experts", class, "weights").await.expect("create");
+    create("zipped", compression, "zstd").await.expect("create");
     create_bucket(&s3, "kvcache").await;
-    let refused = create("cold", "cold").await.expect_err("unknown class");
-    assert_eq!(code(&refused), "InvalidArgument", "{refused:?}");
+    for (header, value) in [(class, "cold"), (compression, "gzip")] {
+        let refused = create("cold", header, value).await.expect_err(value);
+        assert_eq!(code(&refused), "InvalidArgument", "{refused:?}");
+    }
     let class_of = |ns: &'static str| {
         let node = &node;
         async move {
@@ -820,10 +827,15 @@ async fn a_bucket_takes_its_namespace_class_from_a_header() {
                 .await
                 .expect("send");
             assert_eq!(r.status(), 200, "{ns}");
-            r.json::<NamespaceInfo>().await.expect("json").class
+            let i = r.json::<NamespaceInfo>().await.expect("json");
+            (i.class, i.compression)
         }
     };
-    assert_eq!(class_of("experts").await, NamespaceClass::Weights);
-    assert_eq!(class_of("kvcache").await, NamespaceClass::Kv);
-    assert_eq!(bucket_names(&s3).await, ["experts", "kvcache"]);
+    assert_eq!(class_of("experts").await, (NamespaceClass::Weights, None));
+    assert_eq!(
+        class_of("zipped").await,
+        (NamespaceClass::Kv, Some(Compression::Zstd))
+    );
+    assert_eq!(class_of("kvcache").await, (NamespaceClass::Kv, None));
+    assert_eq!(bucket_names(&s3).await, ["experts", "kvcache", "zipped"]);
 }

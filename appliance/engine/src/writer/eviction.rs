@@ -249,8 +249,14 @@ impl Writer {
             .await?;
         if wloc != loc {
             if let Some(ns) = core.ns_by_id(u32::from_be_bytes(bkey[..4].try_into()?)) {
-                count_compressed(&ns, &wloc, true);
+                ns.count_compressed(&wloc, true);
             }
+            // The whole record was read; `write_copy` counted the compressed one's bytes.
+            core.count_tier_io(
+                loc.region,
+                u64::from(loc.record_len.saturating_sub(wloc.record_len)),
+                false,
+            );
         }
         st.moved += 1;
         Ok(())

@@ -79,6 +79,9 @@ pub(crate) enum Room {
     MakeForHotter,
 }
 
+/// Blocks of `fast`'s oldest region whose heat the admission bar is the mean of.
+const VICTIM_SAMPLE: usize = 256;
+
 /// Hints taken from the queue per idle turn.
 const HINTS_PER_TURN: usize = 64;
 
@@ -222,31 +225,47 @@ impl Writer {
             .map_or(0, |h| h.lock().estimate(bkey))
     }
 
-    /// How often, on average, the blocks of `fast`'s oldest sealed region (the next to be
-    /// demoted for room) were read: a promotion that would push them out must beat it.
+    /// How often, on average, the live blocks of `fast`'s oldest sealed region (the next to
+    /// be demoted for room) were read, from a sample of at most [`VICTIM_SAMPLE`] of them:
+    /// a promotion that would push them out must beat it. Below the counters' ceiling, so
+    /// that a block read as often as the sketch can count is admitted even against a
+    /// region of such blocks.
     fn victim_heat(&self) -> anyhow::Result<f64> {
         let (Some(h), Some(&r)) = (&self.core.heat, self.tiers[0].sealed.front()) else {
             return Ok(0.0);
         };
         let idx = &self.core.index;
         let (lo, hi) = (by_region_key(r, 0), by_region_key(r + 1, 0));
-        let mut keys = Vec::new();
+        let mut hashes = Vec::new();
         for item in idx.db.iterator_cf(
             idx.cf(index::CF_BY_REGION),
             rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
         ) {
             let (k, bkey) = item?;
-            if k.as_ref() >= hi.as_slice() {
+            if k.as_ref() >= hi.as_slice() || hashes.len() == VICTIM_SAMPLE {
                 break;
             }
-            keys.push(bkey);
+            // Only a record still there (not moved, deleted or a value's extent) counts.
+            let offset = u32::from_be_bytes(k[4..8].try_into()?);
+            let live = idx
+                .get_block(&bkey)?
+                .is_some_and(|l| l.extents == 0 && l.region == r && l.offset == offset);
+            if live {
+                hashes.push(crate::heat::Sketch::hashes(&bkey));
+            }
         }
-        if keys.is_empty() {
+        if hashes.is_empty() {
             return Ok(0.0);
         }
-        let h = h.lock();
-        let sum: u64 = keys.iter().map(|k| u64::from(h.estimate(k))).sum();
-        Ok(sum as f64 / keys.len() as f64)
+        let sum: u64 = {
+            let h = h.lock();
+            hashes
+                .iter()
+                .map(|&x| u64::from(h.estimate_hashed(x)))
+                .sum()
+        };
+        let ceiling = f64::from(crate::heat::COUNTER_MAX - 1);
+        Ok((sum as f64 / hashes.len() as f64).min(ceiling))
     }
 
     /// Bytes `fast` can take without touching its reserve: its open region's rest and its

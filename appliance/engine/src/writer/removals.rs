@@ -14,13 +14,19 @@ impl Writer {
         bkey: Vec<u8>,
         reply: oneshot::Sender<Result<bool>>,
     ) {
+        // After a drop of its namespace (earlier in this batch or one not yet written):
+        // the block goes with the namespace, and was taken off the counts with it.
+        if ns.deleted.load(Ordering::SeqCst) {
+            let gone = EngineError::NotFound(format!("namespace {:?} was deleted", ns.name));
+            return drop(reply.send(Err(gone)));
+        }
         match self.lookup(&b.pending, &bkey) {
             Ok(Some(loc)) => {
                 b.wb.delete_cf(cfs.0, &bkey);
                 b.presence.push(presence::Change::Remove(bkey.clone()));
                 b.needs_checkpoint = true;
                 self.account(&ns, loc.len, false);
-                count_compressed(&ns, &loc, false);
+                ns.count_compressed(&loc, false);
                 b.forget.push(bkey.clone());
                 b.pending.insert(bkey, None);
                 b.replies.push(Reply::Delete(reply, true));
@@ -39,6 +45,15 @@ impl Writer {
         bkey: Vec<u8>,
         loc: BlockLoc,
     ) {
+        let id = u32::from_be_bytes(bkey[..4].try_into().expect("a namespace id"));
+        if self
+            .core
+            .ns_by_id(id)
+            .is_none_or(|ns| ns.deleted.load(Ordering::SeqCst))
+        {
+            // Its namespace is being dropped (or was): nothing left to quarantine.
+            return;
+        }
         if let Ok(Some(cur)) = self.lookup(&b.pending, &bkey) {
             if cur == loc {
                 b.wb.delete_cf(cfs.0, &bkey);

@@ -354,18 +354,32 @@ impl S3 for Door {
             // An existing bucket keeps its settings (quota, replication, class): the node
             // creates only (`If-None-Match: *`), and S3 answers BucketAlreadyOwnedByYou.
             let path = format!("/v1/namespaces/{}", namespace(&req.input.bucket)?);
-            // The namespace's class, from `x-ctxpod-namespace-class` (S3 has no field for it).
-            let body = match req.headers.get(ctxpod_wire::HEADER_NAMESPACE_CLASS) {
-                None => "{}".to_string(),
-                Some(v) => {
-                    let class: ctxpod_wire::types::NamespaceClass = v
-                        .to_str()
-                        .map_err(|e| e.to_string())
-                        .and_then(str::parse)
-                        .map_err(|e| s3_error!(InvalidArgument, "{e}"))?;
-                    serde_json::json!({ "class": class }).to_string()
-                }
+            // The namespace's class and compression, from `x-ctxpod-namespace-class` and
+            // `x-ctxpod-compression` (S3 has no field for them).
+            let setting = |name: &str| -> S3Result<Option<String>> {
+                req.headers
+                    .get(name)
+                    .map(|v| {
+                        v.to_str()
+                            .map(str::to_string)
+                            .map_err(|e| s3_error!(InvalidArgument, "{name}: {e}"))
+                    })
+                    .transpose()
             };
+            let class = setting(ctxpod_wire::HEADER_NAMESPACE_CLASS)?
+                .map(|v| v.parse::<ctxpod_wire::types::NamespaceClass>())
+                .transpose()
+                .map_err(|e| s3_error!(InvalidArgument, "{e}"))?;
+            let compression = setting(ctxpod_wire::HEADER_NAMESPACE_COMPRESSION)?
+                .map(|v| v.parse::<ctxpod_wire::types::Compression>())
+                .transpose()
+                .map_err(|e| s3_error!(InvalidArgument, "{e}"))?;
+            let body = serde_json::to_string(&ctxpod_wire::types::CreateNamespace {
+                class,
+                compression,
+                ..Default::default()
+            })
+            .map_err(|e| s3_error!(InternalError, "{e}"))?;
             let mut h = HeaderMap::new();
             h.insert(
                 http::header::IF_NONE_MATCH,
