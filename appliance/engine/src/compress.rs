@@ -70,6 +70,29 @@ pub fn worth_it(record_len: usize, stored: usize, min_saving: f64) -> bool {
     stored < record_len && (record_len - stored) as f64 >= min_saving * record_len as f64
 }
 
+/// Bytes of a block a sample takes, in [`SAMPLE_SLICES`] slices spread over it.
+pub const SAMPLE_BYTES: usize = 64 * 1024;
+const SAMPLE_SLICES: usize = 4;
+
+/// Whether a block of more than four samples' bytes is worth compressing whole: a sample
+/// of it (four slices of 16 KiB at its quarters, so that a block whose second half is
+/// zeros, a partly filled chunk, is seen as one) saves at least half `min_saving`. Random
+/// bytes (or anything else that does not compress) cost one sample's compression, not the
+/// whole block's.
+pub fn sample_promises(codec: Codec, plain: &[u8], min_saving: f64) -> bool {
+    if plain.len() <= SAMPLE_SLICES * SAMPLE_BYTES {
+        return true;
+    }
+    let slice = SAMPLE_BYTES / SAMPLE_SLICES;
+    let mut sample = Vec::with_capacity(SAMPLE_BYTES);
+    for i in 0..SAMPLE_SLICES {
+        let at = plain.len() / SAMPLE_SLICES * i;
+        sample.extend_from_slice(&plain[at..at + slice]);
+    }
+    let out = compress(codec, &sample).len().min(SAMPLE_BYTES);
+    (SAMPLE_BYTES - out) as f64 >= min_saving / 2.0 * SAMPLE_BYTES as f64
+}
+
 /// What to seal a compressed record with: its namespace, key, the data key generation and
 /// key (`None` on a plaintext node), and the nonce's sequence number and salt.
 pub struct SealWith<'a> {
@@ -93,6 +116,9 @@ pub fn compressed_record(
     s: &SealWith<'_>,
 ) -> Option<AlignedBuf> {
     debug_assert_eq!(plain.len(), h.len as usize);
+    if !sample_promises(codec, plain, min_saving) {
+        return None;
+    }
     let stored = compress(codec, plain);
     let bytes = record::unsegmented_record_bytes(stored.len());
     // Shorter than any uncompressed record of the block's length, so that the index entry
@@ -186,6 +212,32 @@ mod tests {
         // Each codec's bytes are not the other's.
         let z = compress(Codec::Zstd, &data);
         assert!(decompress(Codec::Lz4, &z, data.len()).is_err());
+    }
+
+    #[test]
+    fn a_sample_tells_random_bytes_from_a_kv_block_and_a_partly_filled_chunk() {
+        let kv = bf16_normal(512 << 10, 3);
+        let mut partial = bf16_normal(512 << 10, 4);
+        partial[(1 << 20) * 2 / 5..].fill(0);
+        let mut random = vec![0u8; 1 << 20];
+        let mut rng = ctxpod_firmware_sim::rng::Rng::new(5);
+        for b in &mut random {
+            *b = rng.next_u64() as u8;
+        }
+        assert!(sample_promises(Codec::Zstd, &kv, 0.125));
+        assert!(
+            !sample_promises(Codec::Lz4, &kv, 0.125),
+            "LZ4 finds nothing in bf16"
+        );
+        assert!(sample_promises(Codec::Lz4, &partial, 0.125));
+        for codec in [Codec::Lz4, Codec::Zstd] {
+            assert!(!sample_promises(codec, &random, 0.125), "{codec:?}");
+            assert!(sample_promises(codec, &random, 0.0), "no saving asked");
+            assert!(
+                sample_promises(codec, &random[..SAMPLE_BYTES], 0.125),
+                "small: whole"
+            );
+        }
     }
 
     #[test]
