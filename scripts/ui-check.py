@@ -9,7 +9,8 @@ chromium-driver, driven by Selenium) against a real node (CTXPOD_BIN) with token
    without a reload;
 3. the miss-ratio curve is drawn (48 points, not flat) and the bandwidth chart too;
 4. the planner form returns exactly the numbers of `ctxpod plan --json` for the same
-   inputs, for two models; with the live curve it draws the curve it planned from;
+   inputs, for two models; with the live curve it draws the curve it planned from, and with
+   a fast tier it gives the fast tier its share of the hits;
 5. dark and light both render (the background changes), a screenshot of each is saved
    (CTXPOD_ARTIFACTS, default $CARGO_TARGET_DIR/ui-artifacts);
 6. the browser's console has no error or warning from the page, at any point up to here;
@@ -267,6 +268,16 @@ def check(d, base, admin, viewer, tenant):
     # From the live curve: the curve it planned from is drawn.
     plan_in_page({"rate": 5, "input_tokens": 4096, "target_hit_ratio": 0.2}, "live")
     wait_for("the planned curve", lambda: int(d.find_element(By.ID, "plan-curve-line").get_attribute("data-points")) > 2)
+    # Two tiers from the live curve: the fast tier serves its share of the planned hits.
+    page = plan_in_page({"fast_drive": "slc", "fast_drives": 2, "fast_hit_share": 0.5}, "live")
+    tiers = {k[len("tiers-"):]: float("inf") if v == "null" else float(v)
+             for k, v in page.items() if k.startswith("tiers-")}
+    hit = float(page["hit_ratio"])
+    if (len(tiers) != 7 or abs(tiers["fast_hit_ratio"] - hit / 2) > 1e-9
+            or abs(tiers["fast_hit_ratio"] + tiers["dense_hit_ratio"] - hit) > 1e-9):
+        fail(f"planner tiers: {tiers} for a hit ratio of {hit}")
+    print(f"ui-check: planner two tiers: fast {tiers['fast_capacity_bytes']/1e9:.2f} GB serves "
+          f"{tiers['fast_hit_ratio']:.3f} of {hit:.3f}")
 
     # 5. Dark and light, a screenshot of each.
     def background():

@@ -336,6 +336,17 @@ const PLAN_ROWS = [
   ["GPUs saved", "gpus_saved", (x) => x.toFixed(2)],
 ];
 
+// With a fast tier (`fast_drive`): each tier's size, hits and wear (`plan.tiers`).
+const TIER_ROWS = [
+  ["Fast tier (blocks, one copy)", "fast_capacity_blocks", int],
+  ["Fast tier (all copies)", "fast_capacity_bytes", bytes],
+  ["Dense tier (all copies)", "dense_capacity_bytes", bytes],
+  ["Hit ratio from fast", "fast_hit_ratio", ratio],
+  ["Hit ratio from dense", "dense_hit_ratio", ratio],
+  ["Fast drive writes per day", "fast_dwpd", (x) => x.toFixed(2)],
+  ["Fast drive lifetime (years)", "fast_lifetime_years", (x) => Number.isFinite(x) ? x.toFixed(1) : "∞"],
+];
+
 function planBody(form) {
   const f = new FormData(form);
   const num = (k) => { const v = f.get(k); return v === null || v === "" ? undefined : Number(v); };
@@ -346,6 +357,11 @@ function planBody(form) {
     nics: num("nics"), nic_gbps: num("nic_gbps"), replication: num("replication"),
   };
   if (f.get("reuse") === "live") body.live = true; else body.sharing = num("sharing");
+  if (f.get("fast_drive")) {
+    body.fast_drive = f.get("fast_drive");
+    body.fast_drives = num("fast_drives");
+    body.fast_hit_share = num("fast_hit_share");
+  }
   for (const k of Object.keys(body)) if (body[k] === undefined) delete body[k];
   return body;
 }
@@ -374,6 +390,16 @@ function renderPlan(r) {
     tr.appendChild(el("td", { class: "num", id: "plan-" + key, "data-value": String(p[key]) }, fmt(p[key])));
     return tr;
   });
+  const t = p.tiers;
+  if (t) {
+    for (const [label, key, fmt] of TIER_ROWS) {
+      const tr = el("tr");
+      tr.appendChild(el("td", {}, label));
+      const v = t[key] === null ? Infinity : t[key];
+      tr.appendChild(el("td", { class: "num", id: "plan-tiers-" + key, "data-value": String(t[key]) }, fmt(v)));
+      rows.push(tr);
+    }
+  }
   $("plan-result").tBodies[0].replaceChildren(...rows);
   $("plan-notes").replaceChildren(...p.notes.map((n) => el("li", {}, n)));
   $("plan-out").hidden = false;
