@@ -735,6 +735,8 @@ impl Engine {
 }
 
 #[cfg(test)]
+mod lease_tests;
+#[cfg(test)]
 mod tests;
 
 #[cfg(test)]
