@@ -180,20 +180,7 @@ pub fn open_stored(h: &RecordHeader, c: Compressed, body: &[u8]) -> Result<Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// bf16 values of a normal distribution (a KV cache's or a weight's shape of data).
-    fn bf16_normal(n: usize, seed: u64) -> Vec<u8> {
-        let mut rng = ctxpod_firmware_sim::rng::Rng::new(seed);
-        let mut out = Vec::with_capacity(n * 2);
-        for _ in 0..n {
-            // Box-Muller from two uniforms.
-            let (u1, u2) = (rng.unit().max(1e-12), rng.unit());
-            let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-            let bits = ((z * 0.02) as f32).to_bits();
-            out.extend_from_slice(&((bits >> 16) as u16).to_le_bytes());
-        }
-        out
-    }
+    use crate::compress_tests::bf16_normal;
 
     #[test]
     fn both_codecs_round_trip_and_refuse_what_they_did_not_write() {

@@ -79,7 +79,7 @@ impl Writer {
         let cf_br = idx.cf(index::CF_BY_REGION);
         let lo = by_region_key(r, 0);
         let hi = by_region_key(r + 1, 0);
-        let (live, values) = live_records(idx, r, &lo, &hi)?;
+        let (live, values) = live_records(idx, r, (&lo, &hi), usize::MAX)?;
         // A large value is evicted whole; one under a lease keeps every region holding one
         // of its extents in place (its extents are never moved).
         if values.iter().any(|(bkey, _)| core.kept(bkey)) {
@@ -322,16 +322,16 @@ struct Reclaim {
 }
 
 /// A block key and its index entry (a large value's: the manifest's head).
-type Entry = (Vec<u8>, BlockLoc);
+pub(super) type Entry = (Vec<u8>, BlockLoc);
 
-/// The index entries of region `r` (its by-region keys from `lo` to `hi`) that still point
-/// at their records there: blocks, and (apart, each once, by its manifest's head) large
-/// values with at least one extent there.
-fn live_records(
+/// The index entries of region `r` (its by-region keys from `lo` to `hi`, the first `limit`
+/// of them) that still point at their records there: blocks, and (apart, each once, by its
+/// manifest's head) large values with at least one extent there.
+pub(super) fn live_records(
     idx: &index::Index,
     r: u32,
-    lo: &[u8],
-    hi: &[u8],
+    (lo, hi): (&[u8], &[u8]),
+    limit: usize,
 ) -> anyhow::Result<(Vec<Entry>, Vec<Entry>)> {
     let mut live: Vec<Entry> = Vec::new();
     let mut values: Vec<Entry> = Vec::new();
@@ -340,7 +340,7 @@ fn live_records(
         idx.cf(index::CF_BY_REGION),
         rocksdb::IteratorMode::From(lo, rocksdb::Direction::Forward),
     );
-    for item in iter {
+    for item in iter.take(limit) {
         let (k, bkey) = item?;
         if k.as_ref() >= hi {
             break;

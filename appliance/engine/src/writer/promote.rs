@@ -79,7 +79,7 @@ pub(crate) enum Room {
     MakeForHotter,
 }
 
-/// Blocks of `fast`'s oldest region whose heat the admission bar is the mean of.
+/// Records of `fast`'s oldest region (the first, by offset) the admission bar is taken over.
 const VICTIM_SAMPLE: usize = 256;
 
 /// Hints taken from the queue per idle turn.
@@ -226,34 +226,22 @@ impl Writer {
     }
 
     /// How often, on average, the live blocks of `fast`'s oldest sealed region (the next to
-    /// be demoted for room) were read, from a sample of at most [`VICTIM_SAMPLE`] of them:
-    /// a promotion that would push them out must beat it. Below the counters' ceiling, so
+    /// be demoted for room) were read, over those among its first [`VICTIM_SAMPLE`] records
+    /// (`live_records`, as reclaim finds them): a promotion that would push them out must
+    /// beat it. Below the counters' ceiling, so
     /// that a block read as often as the sketch can count is admitted even against a
     /// region of such blocks.
     fn victim_heat(&self) -> anyhow::Result<f64> {
         let (Some(h), Some(&r)) = (&self.core.heat, self.tiers[0].sealed.front()) else {
             return Ok(0.0);
         };
-        let idx = &self.core.index;
         let (lo, hi) = (by_region_key(r, 0), by_region_key(r + 1, 0));
-        let mut hashes = Vec::new();
-        for item in idx.db.iterator_cf(
-            idx.cf(index::CF_BY_REGION),
-            rocksdb::IteratorMode::From(&lo, rocksdb::Direction::Forward),
-        ) {
-            let (k, bkey) = item?;
-            if k.as_ref() >= hi.as_slice() || hashes.len() == VICTIM_SAMPLE {
-                break;
-            }
-            // Only a record still there (not moved, deleted or a value's extent) counts.
-            let offset = u32::from_be_bytes(k[4..8].try_into()?);
-            let live = idx
-                .get_block(&bkey)?
-                .is_some_and(|l| l.extents == 0 && l.region == r && l.offset == offset);
-            if live {
-                hashes.push(crate::heat::Sketch::hashes(&bkey));
-            }
-        }
+        let (live, _) =
+            super::eviction::live_records(&self.core.index, r, (&lo, &hi), VICTIM_SAMPLE)?;
+        let hashes: Vec<(u64, u64)> = live
+            .iter()
+            .map(|(bkey, _)| crate::heat::Sketch::hashes(bkey))
+            .collect();
         if hashes.is_empty() {
             return Ok(0.0);
         }
