@@ -1312,6 +1312,26 @@ async fn a_class_is_the_same_on_every_member(nodes: &[Node]) {
             NamespaceClass::Weights
         );
     }
+    // Its compression, set through a third member, is every member's too.
+    let zstd = CreateNamespace {
+        compression: Some(ctxpod_wire::types::Compression::Zstd),
+        ..class(NamespaceClass::Weights)
+    };
+    nodes[0]
+        .client
+        .create_namespace_with("moe", &zstd)
+        .await
+        .unwrap();
+    for n in nodes {
+        let info = n.client.namespace("moe").await.unwrap();
+        assert_eq!(
+            (info.class, info.compression),
+            (
+                NamespaceClass::Weights,
+                Some(ctxpod_wire::types::Compression::Zstd)
+            )
+        );
+    }
 }
 
 /// Namespaces are the pod's: created, changed and deleted through any node on every
@@ -1319,7 +1339,7 @@ async fn a_class_is_the_same_on_every_member(nodes: &[Node]) {
 /// one deleted and created again, which drops the old blocks; one created with its class);
 /// a namespace's own replication holds for plain clients (forwarded) and the pod client
 /// alike; a namespace's class is the same on every member and cannot be changed through
-/// any of them.
+/// any of them; its compression is every member's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_and_their_replication_are_the_pods() {
     use ctxpod_wire::types::{CreateNamespace, NamespaceClass};
