@@ -1,7 +1,8 @@
 """Expert prefetch on a node of two tiers, promotion on vs off (issue #36): a simulated
 SLC + QLC pair (firmware-sim `slc` and `qlc` profiles, real-time), the experts of a
 model-shaped MoE (Qwen1.5-MoE-A2.7B's expert shapes as its checkpoint stores them:
-gate_proj, up_proj, down_proj of 5.77 MB each, bf16; 17.3 MB per expert) in a `weights`
+gate_proj, up_proj, down_proj of 5.77 MB each, bf16; 17.3 MB per expert; with `--fused`,
+gate_up_proj of 11.5 MB, a large value, and down_proj) in a `weights`
 namespace, more than the fast tier holds, so most of them sit on QLC after loading.
 
 Decode steps route each layer's top-k from a skewed (Zipf, s = 1.2) popularity, as MoE
@@ -39,6 +40,9 @@ import ctxpod  # noqa: E402
 
 HIDDEN, INTER = 2048, 1408
 SHARDS = {"gate_proj": INTER * HIDDEN * 2, "up_proj": INTER * HIDDEN * 2, "down_proj": HIDDEN * INTER * 2}
+# `--fused`: gate and up fused as transformers' and vLLM's MoE layers hold them (11.5 MB, a
+# large value of three extents, over the 8 MiB a block may be) and down_proj.
+FUSED = {"gate_up_proj": 2 * INTER * HIDDEN * 2, "down_proj": HIDDEN * INTER * 2}
 
 
 def tiers(fast: str, dense: str, hints: bool) -> str:
@@ -66,23 +70,24 @@ def run_arm(a, hints: bool, work: str) -> dict[str, float]:
     cfg = tiers(a.fast, a.dense, hints)
     node, url = start_node(a.ctxpod_bin, data, dram="64MiB", config=cfg)
     rng = np.random.default_rng(36)
-    regions = {l: {s: np.zeros((a.experts, n), dtype=np.uint8) for s, n in SHARDS.items()}
+    shards = FUSED if a.fused else SHARDS
+    regions = {l: {s: np.zeros((a.experts, n), dtype=np.uint8) for s, n in shards.items()}
                for l in range(a.layers)}
     try:
         s = ctxpod.Store.connect(url, namespace="moe-experts")
         s.create_namespace(namespace_class="weights")
         for l in range(a.layers):
             for e in range(a.experts):
-                keys = [ctxpod.expert_key(l, e, sh) for sh in SHARDS]
-                vals = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in SHARDS.values()]
-                assert s.batch_put(keys, vals) == [201] * len(SHARDS)
+                keys = [ctxpod.expert_key(l, e, sh) for sh in shards]
+                vals = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in shards.values()]
+                assert s.batch_put(keys, vals) == [201] * len(shards)
         for l in range(a.layers):
             for arr in regions[l].values():
                 s.register_buffer(arr)
         # The simulated drives' background work after the load (write caches draining,
         # QLC's SLC cache folding) would otherwise slow the first steps of both arms.
         time.sleep(a.settle_s)
-        expert_bytes = sum(SHARDS.values())
+        expert_bytes = sum(shards.values())
         step_bytes = a.layers * a.top_k * expert_bytes
         route = np.random.default_rng(7)
         waits = []
@@ -126,6 +131,8 @@ def main() -> None:
     ap.add_argument("--fast", default="769MiB",
                     help="fast (SLC) tier: 12 regions of 64 MiB, about half the experts")
     ap.add_argument("--dense", default="2049MiB")
+    ap.add_argument("--fused", action="store_true",
+                    help="gate_up_proj fused (11.5 MB: large values, moved extent by extent)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     work = tempfile.mkdtemp(dir=a.dir, prefix="moe-tiers-")

@@ -458,6 +458,23 @@ impl Core {
         }
     }
 
+    /// Whether the block `bkey` (index entry `loc`) has a record in `dense`, on a node of
+    /// two tiers: its own, or for a large value any of its extents (its manifest read
+    /// then; the head's place is only its first extent's).
+    pub(crate) fn in_dense(&self, bkey: &[u8], loc: &BlockLoc) -> Result<bool> {
+        let g = &self.geometry;
+        if g.tiers.len() < 2 {
+            return Ok(false);
+        }
+        if loc.extents == 0 {
+            return Ok(g.tier_of(loc.region) > 0);
+        }
+        Ok(self
+            .index
+            .get_manifest(bkey)?
+            .is_some_and(|m| m.extents.iter().any(|x| g.tier_of(x.region) > 0)))
+    }
+
     /// Counts `bytes` read from (`write` false) or written to the tier holding `region`.
     pub(crate) fn count_tier_io(&self, region: u32, bytes: u64, write: bool) {
         self.tier_io[self.geometry.tier_of(region)][usize::from(write)].inc_by(bytes);
@@ -755,3 +772,5 @@ mod segment_tests;
 mod compress_tests;
 #[cfg(test)]
 mod tier_tests;
+#[cfg(test)]
+mod value_tier_tests;

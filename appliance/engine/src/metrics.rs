@@ -280,6 +280,9 @@ pub struct TierMetrics {
     pub written_bytes: IntCounterVec,
     /// Client reads served from each tier's device.
     pub hits: IntCounterVec,
+    /// Extents of large values read again at their new place: they moved between tiers
+    /// while a reader read them.
+    pub extent_rereads: IntCounter,
 }
 
 impl TierMetrics {
@@ -321,6 +324,12 @@ impl TierMetrics {
                 r,
                 "ctxpod_tier_promote_hints_dropped_total",
                 "Promotion hints (pins, prefetch holds, second reads) dropped: the queue was full",
+            ),
+            extent_rereads: counter(
+                r,
+                "ctxpod_tier_extent_rereads_total",
+                "Extents of large values read again at their new place: moved between tiers \
+                 while they were read",
             ),
             promotions_not_admitted: counter(
                 r,

@@ -40,7 +40,7 @@ impl Engine {
                     return Err(self.lease_refused(e));
                 }
                 // A pinned prefix is about to be read: a hint to promote it.
-                if self.core.geometry.tier_of(loc.region) > 0 {
+                if self.core.in_dense(&bkey, loc)? {
                     self.core.hint_promote(&bkey, true);
                 }
             }
@@ -93,8 +93,10 @@ impl Engine {
                     if ok {
                         held.bkeys.push(bkey.clone());
                         // A prefetched block is about to be read: a hint to promote it.
-                        if loc.is_some_and(|l| core.geometry.tier_of(l.region) > 0) {
-                            core.hint_promote(bkey, true);
+                        if let Some(l) = loc {
+                            if core.in_dense(bkey, &l)? {
+                                core.hint_promote(bkey, true);
+                            }
                         }
                     }
                     present.push(ok);

@@ -113,7 +113,7 @@ impl Found {
 /// Times a read asks the index again after the record it found moved while it was read.
 /// Each try means the block moved again meanwhile (a region is reclaimed at most once per
 /// batch of the writer), so a few suffice; a quarantined block ends them at once.
-const READ_MOVED_TRIES: usize = 4;
+pub(crate) const READ_MOVED_TRIES: usize = 4;
 
 impl Engine {
     /// The block's bytes, verified, and their CRC32C, or `None`.
@@ -283,7 +283,7 @@ impl Engine {
 
     /// A block served: a hit, a reference for the miss-ratio curve, marked read; whether
     /// it was marked read already.
-    fn count_hit(&self, bkey: &[u8], len: usize, tier: &str) -> bool {
+    pub(crate) fn count_hit(&self, bkey: &[u8], len: usize, tier: &str) -> bool {
         let c = &self.core;
         self.reference(bkey, len);
         if let Some(h) = &c.heat {
@@ -695,9 +695,9 @@ async fn judge(
         Verified::Bad(why) => {
             // The record may have been moved or its region reclaimed while we read it:
             // only a record the index still points at is corrupt.
-            if c.index.get_block(bkey)? != Some(entry) {
+            let Some(entry) = still_indexed(c, bkey, &rec, entry, extent.is_some())? else {
                 return Ok(Checked::Moved);
-            }
+            };
             c.counters.integrity_errors.fetch_add(1, Ordering::Relaxed);
             c.metrics.integrity_errors.inc();
             tracing::warn!(
@@ -725,4 +725,29 @@ async fn judge(
             Ok(Checked::Corrupt)
         }
     }
+}
+
+/// The index entry `bkey` has now if it still points at the record `rec` that a read of
+/// the entry `entry` found (`None`: moved, replaced or gone since). For an extent of a
+/// large value (`extent`), the value's manifest must be of the same generation and still
+/// hold that extent at that place: its other extents, and with its first one the head's
+/// place, may have moved between tiers meanwhile (then the current head is what a
+/// quarantine must name).
+fn still_indexed(
+    c: &Core,
+    bkey: &[u8],
+    rec: &BlockLoc,
+    entry: BlockLoc,
+    extent: bool,
+) -> Result<Option<BlockLoc>> {
+    if !extent {
+        return Ok((c.index.get_block(bkey)? == Some(entry)).then_some(entry));
+    }
+    Ok(c.index.get_manifest(bkey)?.and_then(|m| {
+        let same = m.head.seq == entry.seq
+            && m.extents
+                .iter()
+                .any(|x| x.seq == rec.seq && x.region == rec.region && x.offset == rec.offset);
+        same.then_some(m.head)
+    }))
 }

@@ -18,6 +18,11 @@ fn tiered(dir: &std::path::Path) -> Config {
 
 /// A node of `fast` (4 regions of 16 MiB) and a `dense` tier of `dense` bytes.
 pub(crate) fn tiered_with(dir: &std::path::Path, dense: u64) -> Config {
+    tiered_sized(dir, 80 * MIB, dense)
+}
+
+/// A node of `fast` and `dense` tiers of `fast` and `dense` bytes (regions of 16 MiB).
+pub(crate) fn tiered_sized(dir: &std::path::Path, fast: u64, dense: u64) -> Config {
     let tier = |name: &str, capacity: u64| TierConfig {
         name: name.into(),
         device: None,
@@ -27,7 +32,7 @@ pub(crate) fn tiered_with(dir: &std::path::Path, dense: u64) -> Config {
         data_dir: dir.to_path_buf(),
         dram: ByteSize(4 * MIB),
         region_bytes: Some(ByteSize(16 * MIB)),
-        tiers: vec![tier("fast", 80 * MIB), tier("dense", dense)],
+        tiers: vec![tier("fast", fast), tier("dense", dense)],
         ..Config::default()
     };
     c.settle_tiers();

@@ -463,10 +463,9 @@ impl Engine {
             }));
         };
         let c = &self.core;
-        self.reference(&bkey, manifest.head.len as usize);
-        c.read_bits.set(&bkey);
-        c.counters.hits.fetch_add(1, Ordering::Relaxed);
-        let reader = self.reader_of(nsa, key, bkey, manifest, range, true);
+        let (head, g) = (manifest.head, &c.geometry);
+        let in_dense = manifest.extents.iter().any(|x| g.tier_of(x.region) > 0);
+        let reader = self.reader_of(nsa, key, bkey.clone(), manifest, range, true);
         // A large value's read counts as a DRAM hit when its first extent is in the tier.
         let from_dram = match &reader.body {
             ReadBody::Extents(r) => r.cached_extent(r.next).is_some(),
@@ -474,9 +473,14 @@ impl Engine {
         };
         if from_dram {
             c.counters.dram_hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.count_tier_hit(head.region);
         }
         let tier = if from_dram { "dram" } else { "flash" };
-        c.metrics.hits.with_label_values(&[tier]).inc();
+        // Read a second time with extents in `dense`: hot, a hint to promote it.
+        if self.count_hit(&bkey, head.len as usize, tier) && in_dense {
+            c.hint_promote(&bkey, false);
+        }
         Ok(Some(reader))
     }
 
@@ -606,21 +610,32 @@ impl ExtentReads {
             self.next += 1;
             self.ahead.push_back((i, self.start_read(i)));
         }
-        let (i, h) = self.ahead.pop_front().expect("a read is started");
-        let (from, checked) = h
-            .await
-            .map_err(|e| anyhow::anyhow!("extent read task: {e}"))??;
-        let b = match checked {
-            Checked::Good(b) => b,
-            Checked::Corrupt => {
-                return Err(EngineError::Integrity(format!(
-                    "extent {i} of the value failed its checks; the value is quarantined"
-                )))
-            }
-            Checked::Moved => {
-                return Err(EngineError::NotFound(
-                    "the value was evicted, deleted or replaced while it was read".into(),
-                ))
+        let mut tries = 0;
+        let (i, from, b) = loop {
+            let (i, h) = self.ahead.pop_front().expect("a read is started");
+            let (from, checked) = h
+                .await
+                .map_err(|e| anyhow::anyhow!("extent read task: {e}"))??;
+            match checked {
+                Checked::Good(b) => break (i, from, b),
+                Checked::Corrupt => {
+                    return Err(EngineError::Integrity(format!(
+                        "extent {i} of the value failed its checks; the value is quarantined"
+                    )))
+                }
+                // An extent moved between tiers while it was read: read again where the
+                // value's manifest, still of the same generation, says it is now.
+                Checked::Moved if tries < read::READ_MOVED_TRIES && self.reload()? => {
+                    tries += 1;
+                    self.core.metrics.tier.extent_rereads.inc();
+                    let again = self.start_read(i);
+                    self.ahead.push_front((i, again));
+                }
+                Checked::Moved => {
+                    return Err(EngineError::NotFound(
+                        "the value was evicted, deleted or replaced while it was read".into(),
+                    ))
+                }
             }
         };
         // `b` holds the extent's bytes from `from` on (all of them, or the segments a part
@@ -633,6 +648,24 @@ impl ExtentReads {
         self.last_crc =
             (whole && lo == 0 && hi == b.len()).then_some(self.manifest.extents[i].crc32c);
         Ok(Some(b.slice(lo..hi)))
+    }
+
+    /// The value's manifest as the index holds it now, if it is still the same value (the
+    /// same generation): its extents' places may have changed (moved between tiers).
+    /// False when the value is gone or another one is stored under the key.
+    fn reload(&mut self) -> Result<bool> {
+        let Some(m) = self.core.index.get_manifest(&self.bkey)? else {
+            return Ok(false);
+        };
+        let (a, b) = (&m.head, &self.manifest.head);
+        let same = a.seq == b.seq
+            && a.len == b.len
+            && a.crc32c == b.crc32c
+            && m.extents.len() == self.manifest.extents.len();
+        if same {
+            self.manifest = m;
+        }
+        Ok(same)
     }
 
     /// Extent `i`'s bytes in the DRAM tier (checked when they were read from flash), when

@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, oneshot};
 mod compress;
 use compress::Demoted;
 mod eviction;
+mod extent_moves;
 mod pipeline;
 mod promote;
 mod removals;

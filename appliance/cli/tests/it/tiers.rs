@@ -30,12 +30,17 @@ const DENSE_BYTES: u64 = 257 * MIB;
 const PREFILL_BLOCKS: u64 = 56;
 const FILLER_BLOCKS: u64 = 8;
 const WRITER_CYCLE_BYTES_MAX: u64 = 12 * MIB;
+/// Large values of the kill loop's prefill (fused expert shards: three extents each), one
+/// promoted back per cycle: kills land in their extents' moves both ways.
+const VALUES: u64 = 2;
+const VALUE_BYTES: usize = 9 * MIB as usize + 11;
 
 /// The kill loop's `dense` tier: room for everything `cycles` cycles may write, and its
 /// reserve and a region's worth of slack besides, so that nothing is ever evicted.
 fn kill_dense_bytes(cycles: u32) -> u64 {
     let most = (PREFILL_BLOCKS + cycles as u64 * FILLER_BLOCKS) * (MIB + 4096)
-        + cycles as u64 * WRITER_CYCLE_BYTES_MAX;
+        + cycles as u64 * WRITER_CYCLE_BYTES_MAX
+        + (VALUES + cycles as u64) * (VALUE_BYTES as u64 + 3 * 4096);
     MIB + (most.div_ceil(16 * MIB) + 8) * 16 * MIB
 }
 
@@ -50,13 +55,13 @@ fn tiers_toml(fast: &str, dense: &str, dense_bytes: u64) -> String {
 /// Blocks of 1 MiB of a KV cache's bytes ([`kv_content`]: they compress) put `fast`
 /// through `client`, keys `{tag}-{i}`, `count` at most, until one fails (the node was
 /// killed): what keeps `fast` full and its regions demoting. With `promote`, after each put
-/// two blocks of the prefill (demoted by then) are promoted back: kills land in promotions
-/// too.
+/// two blocks of the prefill (demoted by then) are promoted back, and with the first put
+/// the large value `promote` names: kills land in promotions too.
 async fn fill(
     client: ctxpod_client::client::Client,
     tag: String,
     (count, durability): (u64, Durability),
-    promote: bool,
+    promote: Option<Vec<u8>>,
 ) -> u64 {
     for i in 0..count {
         let key = format!("{tag}-{i}").into_bytes();
@@ -64,6 +69,9 @@ async fn fill(
         if put.await.is_err() {
             return i;
         }
+        let Some(value) = &promote else {
+            continue;
+        };
         let back: Vec<Vec<u8>> = (0..2)
             .map(|j| {
                 format!(
@@ -72,15 +80,17 @@ async fn fill(
                 )
             })
             .map(String::into_bytes)
+            .chain((i == 0).then(|| value.clone()))
             .collect();
-        if promote && client.promote("default", &back).await.is_err() {
+        if client.promote("default", &back).await.is_err() {
             return i + 1;
         }
     }
     count
 }
 
-/// Prefilled to `fast`'s size (durable KV blocks of a namespace compressed with zstd), the
+/// Prefilled to `fast`'s size (durable KV blocks of a namespace compressed with zstd, and
+/// two large values whose extents `fast`'s reclaim demotes and each cycle promotes), the
 /// node is killed at random moments while a writer puts blocks and a filler 8 MiB more:
 /// kills land before, during and after demotions of `fast` regions (compressed, or moved as
 /// they are for the writer's random bytes) and promotions. After every restart every
@@ -117,8 +127,16 @@ async fn kill_9_during_demotion_loses_nothing() {
         .await
         .expect("compression on");
     let prefill = (PREFILL_BLOCKS, Durability::Durable);
-    let prefilled = fill(node.client.clone(), "fill".into(), prefill, false).await;
+    let prefilled = fill(node.client.clone(), "fill".into(), prefill, None).await;
     assert_eq!(prefilled, PREFILL_BLOCKS);
+    for v in 0..VALUES {
+        let key = value_key(v);
+        let value = kv_content(&key, VALUE_BYTES);
+        node.client
+            .put("default", &key, value, Durability::Durable)
+            .await
+            .expect("a large value");
+    }
     let mut run = CrashRun {
         seed,
         ..CrashRun::default()
@@ -131,7 +149,7 @@ async fn kill_9_during_demotion_loses_nothing() {
             node.client.clone(),
             format!("c{cycle}"),
             (FILLER_BLOCKS, Durability::Fast),
-            true,
+            Some(value_key(u64::from(cycle) % VALUES)),
         ));
         let delay = rng.gen_range(20..400);
         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -146,14 +164,7 @@ async fn kill_9_during_demotion_loses_nothing() {
         let _ = tokio::time::timeout(Duration::from_secs(30), filler).await;
     }
     let (missing, corrupt) = verify(&node, seed, &run.acked_all, true).await;
-    let mut prefill_wrong = Vec::new();
-    for i in 0..PREFILL_BLOCKS {
-        let key = format!("fill-{i}").into_bytes();
-        match node.client.get("default", &key).await {
-            Ok(Some(b)) if b == kv_content(&key, MIB as usize) => {}
-            other => prefill_wrong.push(format!("fill-{i}: {:?}", other.map(|b| b.is_some()))),
-        }
-    }
+    let prefill_wrong = prefill_wrong(&node.client).await;
     let info = node.client.namespace("default").await.expect("info");
     let s = node.client.stats().await.expect("stats");
     let m = node.client.metrics().await.expect("metrics");
@@ -186,11 +197,36 @@ async fn kill_9_during_demotion_loses_nothing() {
     assert_eq!(s.integrity_errors, 0);
 }
 
+/// What of the kill loop's durable prefill (its blocks and large values) does not read
+/// back byte for byte.
+async fn prefill_wrong(client: &ctxpod_client::client::Client) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for i in 0..PREFILL_BLOCKS {
+        let key = format!("fill-{i}").into_bytes();
+        match client.get("default", &key).await {
+            Ok(Some(b)) if b == kv_content(&key, MIB as usize) => {}
+            other => wrong.push(format!("fill-{i}: {:?}", other.map(|b| b.is_some()))),
+        }
+    }
+    for v in 0..VALUES {
+        let key = value_key(v);
+        match client.get("default", &key).await {
+            Ok(Some(b)) if b == kv_content(&key, VALUE_BYTES) => {}
+            other => wrong.push(format!("value {v}: {:?}", other.map(|b| b.is_some()))),
+        }
+    }
+    wrong
+}
+
+fn value_key(v: u64) -> Vec<u8> {
+    format!("experts/{v}").into_bytes()
+}
+
 /// The HTTP door: a namespace's `compression` is set by `PUT /v1/namespaces/{ns}` (an
 /// unknown codec refused), its demoted blocks are held compressed and its info says how
 /// much; `POST /v1/namespaces/{ns}/promote` moves demoted blocks back to `fast` and says how
-/// many moved and how many are in `fast` now; bad input is refused with nothing moved;
-/// every block still reads back byte for byte.
+/// many moved and how many are in `fast` now (a large value's extents all moved); bad input
+/// is refused with nothing moved; every block still reads back byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_and_compression_through_http() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -217,7 +253,7 @@ async fn promote_and_compression_through_http() {
         node.client.clone(),
         "fill".into(),
         (80, Durability::Fast),
-        false,
+        None,
     );
     assert_eq!(filled.await, 80);
     let info = node.client.namespace("default").await.expect("info");
@@ -268,6 +304,28 @@ async fn promote_and_compression_through_http() {
         let got = c.get("default", k).await.expect("get");
         assert!(got.is_some_and(|b| b == kv_content(k, MIB as usize)));
     }
+    // A large value (written to `dense`) is promoted whole: each of its extents moves.
+    let key = b"experts/0".to_vec();
+    let value = kv_content(&key, VALUE_BYTES);
+    c.put("default", &key, value.clone(), Durability::Durable)
+        .await
+        .expect("a large value");
+    let r = c
+        .promote("default", std::slice::from_ref(&key))
+        .await
+        .expect("promote");
+    assert_eq!((r.promoted, r.fast), (1, 1), "{r:?}");
+    let m = c.metrics().await.expect("metrics");
+    let before = metric_of(&m, "ctxpod_tier_promoted_records_total");
+    let r = c
+        .promote("default", std::slice::from_ref(&key))
+        .await
+        .expect("promote");
+    assert_eq!((r.promoted, r.fast), (0, 1), "in fast already: {r:?}");
+    let m = c.metrics().await.expect("metrics");
+    assert_eq!(metric_of(&m, "ctxpod_tier_promoted_records_total"), before);
+    let got = c.get("default", &key).await.expect("get");
+    assert!(got.is_some_and(|b| b == value), "the promoted value");
 }
 
 /// The node's configuration on two simulated tiers in `dir` (the devices come with it).
@@ -369,14 +427,18 @@ fn power_cut_seed(seed: u64) -> Cut {
             };
             let r = node.put("default", &key, body(&key, len), None, d).await;
             ledger.insert(key, (len, r.is_ok() && d == Durability::Durable));
-            if r.is_err() {
+            // Every fiftieth put a large value too (durable, in `dense`; promoted below):
+            // its extents move both ways.
+            if r.is_err() || (i % 50 == 0 && !put_ledgered(&node, seed, i, &mut ledger).await) {
                 break;
             }
             // Every eighth put, four earlier blocks (demoted by then) promoted back: the
             // dense drive's reads of a promotion are commands the cut may land on too.
             if i % 8 == 7 {
+                let value = format!("v{seed}-{}", i / 50 * 50).into_bytes();
                 let back = (0..4)
                     .map(|_| format!("p{seed}-{}", rng.below(i)).into_bytes())
+                    .chain((i % 16 == 15).then_some(value))
                     .collect();
                 if node.promote("default", back).await.is_err() {
                     break;
@@ -412,8 +474,8 @@ fn power_cut_seed(seed: u64) -> Cut {
         let node = open_tiers(&cfg, &devs).await.expect("recover");
         for (key, &(len, durable)) in &ledger {
             let name = String::from_utf8_lossy(key).into_owned();
-            match node.get("default", key).await {
-                Ok(Some((b, _))) if b != body(key, len) => {
+            match get_value(&node, key).await {
+                Ok(Some(b)) if b != body(key, len) => {
                     out.failures.push(format!("{name}: wrong bytes"));
                 }
                 Ok(None) if durable && held.1.get(key) == Some(&true) => {
@@ -429,6 +491,54 @@ fn power_cut_seed(seed: u64) -> Cut {
         node.shutdown().await;
     });
     out
+}
+
+/// The power-cut run's large value `v{seed}-{i}` stored and put in the ledger; whether it
+/// was acknowledged.
+async fn put_ledgered(
+    node: &ctxpod_engine::Engine,
+    seed: u64,
+    i: u64,
+    ledger: &mut BTreeMap<Vec<u8>, (usize, bool)>,
+) -> bool {
+    let key = format!("v{seed}-{i}").into_bytes();
+    let ok = put_value(node, &key, &body(&key, VALUE_BYTES))
+        .await
+        .is_ok();
+    ledger.insert(key, (VALUE_BYTES, ok));
+    ok
+}
+
+/// Stores `v` under `key` durably, piece by piece as a door would (a large value when it
+/// is over 8 MiB).
+async fn put_value(node: &ctxpod_engine::Engine, key: &[u8], v: &[u8]) -> anyhow::Result<()> {
+    let mut w = node
+        .begin_value("default", key, v.len() as u64, Durability::Durable)
+        .await?;
+    let mut at = 0;
+    while w.next_piece_len() > 0 {
+        let n = w.next_piece_len();
+        w.write_piece(ctxpod_engine::StagedBlock::copy_of(&v[at..at + n])?)
+            .await?;
+        at += n;
+    }
+    w.finish(Some(ctxpod_wire::crc32c(v))).await?;
+    Ok(())
+}
+
+/// The block or value under `key`, read piece by piece (`None`: absent).
+async fn get_value(
+    node: &ctxpod_engine::Engine,
+    key: &[u8],
+) -> anyhow::Result<Option<bytes::Bytes>> {
+    let Some(mut r) = node.open_value("default", key, None).await? else {
+        return Ok(None);
+    };
+    let mut out = bytes::BytesMut::new();
+    while let Some(p) = r.next_piece().await? {
+        out.extend_from_slice(&p);
+    }
+    Ok(Some(out.freeze()))
 }
 
 /// Block `key`'s bytes in the power-cut run: a KV block's (they compress) for keys ending

@@ -80,9 +80,9 @@ impl Writer {
         let lo = by_region_key(r, 0);
         let hi = by_region_key(r + 1, 0);
         let (live, values) = live_records(idx, r, (&lo, &hi), usize::MAX)?;
-        // A large value is evicted whole; one under a lease keeps every region holding one
-        // of its extents in place (its extents are never moved).
-        if values.iter().any(|(bkey, _)| core.kept(bkey)) {
+        // Evicting, a large value goes whole; one under a lease keeps every region holding
+        // one of its extents in place. Demoting, its extents here move like any record.
+        if !demote && values.iter().any(|(bkey, _)| core.kept(bkey)) {
             self.tiers[t].sealed.push_back(r);
             core.metrics.reclaim_skipped.inc();
             tracing::debug!(
@@ -120,6 +120,9 @@ impl Writer {
                 .await?;
         }
         for (bkey, head) in values {
+            if demote && self.demote_value(&core, (r, t, to), &bkey, &mut st).await? {
+                continue;
+            }
             self.evict_entry(&mut st.wb, &bkey, &head);
             st.gone.push(bkey);
         }
@@ -262,6 +265,57 @@ impl Writer {
         Ok(())
     }
 
+    /// The extents in region `r` (of tier `t`) of the large value `bkey` demoted into tier
+    /// `to` (a kept value's stay in `t` when `to` has no room): true when done (or the
+    /// value, damaged, was quarantined); false when they could not all move (the caller
+    /// evicts the value whole).
+    async fn demote_value(
+        &mut self,
+        core: &Core,
+        (r, t, to): (u32, usize, usize),
+        bkey: &[u8],
+        st: &mut Reclaim,
+    ) -> anyhow::Result<bool> {
+        let idx = &core.index;
+        let Some(mut m) = idx.get_manifest(bkey)? else {
+            return Ok(false);
+        };
+        let how = extent_moves::ExtentMove {
+            to,
+            fallback: core.kept(bkey).then_some(t),
+            room: u64::MAX,
+            budgeted: false,
+        };
+        let done = self
+            .move_extents(core, bkey, &mut m, |x| x.region == r, how, &mut st.wb)
+            .await?;
+        if done.damaged {
+            self.evict_entry(&mut st.wb, bkey, &m.head);
+            core.counters
+                .integrity_errors
+                .fetch_add(1, Ordering::Relaxed);
+            core.metrics.integrity_errors.inc();
+            st.wb
+                .put_cf(idx.cf(index::CF_QUARANTINE), bkey, m.head.encode());
+            st.gone.push(bkey.to_vec());
+            return Ok(true);
+        }
+        if done.left > 0 {
+            return Ok(false);
+        }
+        st.wb.put_cf(idx.cf(index::CF_BLOCKS), bkey, m.encode());
+        st.moved += done.moved;
+        st.written += done.written;
+        let demoted = done.moved - done.fell_back;
+        st.demoted += demoted;
+        core.metrics.tier.demoted_records.inc_by(demoted);
+        core.metrics
+            .tier
+            .demoted_bytes
+            .inc_by(done.written - done.fell_back_bytes);
+        Ok(true)
+    }
+
     /// Writes `buf`, the record of `bkey` read from `loc`, at (`nr`, `noff`): the same
     /// record byte for byte but for the epoch of the region it now lives in (or, demoted
     /// compressed, the compressed record `loc` describes); its new place into `wb`. The
@@ -271,18 +325,11 @@ impl Writer {
         core: &Core,
         bkey: &[u8],
         loc: BlockLoc,
-        mut buf: AlignedBuf,
+        buf: AlignedBuf,
         (nr, noff): (u32, u32),
         wb: &mut WriteBatch,
     ) -> anyhow::Result<u64> {
-        record::stamp_region_epoch(
-            &mut buf[..record::HEADER_BYTES],
-            self.regions[nr as usize].tail_epoch,
-        );
-        let written = buf.len() as u64;
-        let (_, res) = core.device.write_at(buf, core.dev_offset(nr, noff)).await;
-        res?;
-        core.count_tier_io(nr, written, true);
+        let written = self.write_record(core, buf, (nr, noff)).await?;
         core.count_tier_io(loc.region, written, false);
         let nloc = BlockLoc {
             region: nr,

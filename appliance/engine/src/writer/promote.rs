@@ -21,8 +21,8 @@ pub enum Fate {
     /// In `fast` already (or the node has one tier).
     Fast,
     Absent,
-    /// Not moved: over the move budget, no room in `fast`, a large value (whose extents
-    /// stay in `dense`), or a record that did not read back intact.
+    /// Not moved (or, for a large value, not all of its extents): over the move budget,
+    /// no room in `fast`, or a record that did not read back intact.
     Deferred,
 }
 
@@ -50,7 +50,7 @@ impl MoveBudget {
     }
 
     /// Takes `bytes` if the budget holds them.
-    fn take(&mut self, bytes: u64) -> bool {
+    pub(super) fn take(&mut self, bytes: u64) -> bool {
         self.refill();
         if self.tokens >= bytes as f64 {
             self.tokens -= bytes as f64;
@@ -173,6 +173,11 @@ impl Writer {
                     fates[i] = Fate::Absent;
                     continue;
                 }
+                Some(l) if l.extents > 0 => {
+                    let left = room.saturating_sub(st.written);
+                    fates[i] = self.promote_value(&core, &bkeys[i], left, &mut st).await?;
+                    continue;
+                }
                 Some(l) if core.geometry.tier_of(l.region) == 0 => {
                     fates[i] = Fate::Fast;
                     continue;
@@ -205,8 +210,23 @@ impl Writer {
         for bkey in bkeys {
             let fate = match self.core.index.get_block(bkey)? {
                 None => Fate::Absent,
-                Some(loc) if self.tiers.len() < 2 || g.tier_of(loc.region) == 0 => Fate::Fast,
-                Some(loc) if loc.extents > 0 => Fate::Deferred,
+                Some(_) if self.tiers.len() < 2 => Fate::Fast,
+                Some(loc) if loc.extents > 0 => match self.core.index.get_manifest(bkey)? {
+                    None => Fate::Absent,
+                    Some(m) if m.extents.iter().all(|x| g.tier_of(x.region) == 0) => Fate::Fast,
+                    Some(m) => {
+                        // Only the bytes still to move count against the room.
+                        let record_len = m
+                            .extents
+                            .iter()
+                            .filter(|x| g.tier_of(x.region) > 0)
+                            .map(|x| x.record_len)
+                            .sum();
+                        todo.push((fates.len(), BlockLoc { record_len, ..loc }));
+                        Fate::Deferred
+                    }
+                },
+                Some(loc) if g.tier_of(loc.region) == 0 => Fate::Fast,
                 Some(loc) => {
                     todo.push((fates.len(), loc));
                     Fate::Deferred
@@ -285,6 +305,54 @@ impl Writer {
             self.evict_oldest(0, 1).await?;
         }
         Ok(self.fast_avail())
+    }
+
+    /// The extents of the large value `bkey` still in `dense` moved into `fast`, as the
+    /// move budget and `room` (bytes) allow: `Promoted` when all of them are in `fast` now,
+    /// `Fast` when they were, `Deferred` when some are left (the next promotion moves them
+    /// on; a value in both tiers reads as any other) or an extent did not read back intact
+    /// (a read of it quarantines the value).
+    async fn promote_value(
+        &mut self,
+        core: &Core,
+        bkey: &[u8],
+        room: u64,
+        st: &mut Moves,
+    ) -> anyhow::Result<Fate> {
+        let g = &core.geometry;
+        let Some(mut m) = core.index.get_manifest(bkey)? else {
+            return Ok(Fate::Absent);
+        };
+        if m.extents.iter().all(|x| g.tier_of(x.region) == 0) {
+            return Ok(Fate::Fast);
+        }
+        let how = super::extent_moves::ExtentMove {
+            to: 0,
+            fallback: None,
+            room,
+            budgeted: true,
+        };
+        let done = self
+            .move_extents(
+                core,
+                bkey,
+                &mut m,
+                |x| g.tier_of(x.region) > 0,
+                how,
+                &mut st.wb,
+            )
+            .await?;
+        if done.moved > 0 {
+            st.wb
+                .put_cf(core.index.cf(index::CF_BLOCKS), bkey, m.encode());
+            st.moved += done.moved;
+            st.written += done.written;
+        }
+        Ok(if done.left == 0 && !done.damaged {
+            Fate::Promoted
+        } else {
+            Fate::Deferred
+        })
     }
 
     /// Copies the record at `loc` into tier `to`'s open region and puts its new place into

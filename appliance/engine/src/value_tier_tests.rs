@@ -1,0 +1,286 @@
+//! Large values between tiers (issue #36): a value's extents are promoted into `fast`
+//! (asked, within the move budget, in as many calls as the budget needs) and demoted into
+//! `dense` at `fast`'s reclaim, extent by extent, while readers read them: a reader that
+//! opened the value before its extents moved reads them at their new places (never a
+//! miss, never a quarantine), and every value reads back byte for byte after a restart; a
+//! pin hints a value's promotion as it does a block's.
+
+use super::tier_tests::{tiered_sized, tiered_with};
+use super::value_tests::{data, read_in, store_in};
+use super::*;
+use ctxpod_format::config::ByteSize;
+use std::sync::atomic::AtomicBool;
+
+const MIB: u64 = 1 << 20;
+/// A fused expert shard's size: five whole extents and a short sixth.
+const VALUE_BYTES: usize = 20 * MIB as usize + 4321;
+/// Blocks of 1 MiB that turn a `fast` tier of 8 regions over.
+const BLOCKS: u64 = 160;
+
+fn vkey(i: u64) -> Vec<u8> {
+    format!("experts/{i}").into_bytes()
+}
+
+async fn put_block(e: &Engine, i: u64) {
+    e.put(
+        "default",
+        format!("b{i}").as_bytes(),
+        Bytes::from(data(1000 + i, MIB as usize)),
+        None,
+        Durability::Fast,
+    )
+    .await
+    .expect("put");
+}
+
+/// Value `i` (and, below `blocks`, block `i`) reads back byte for byte; `Err` says how not.
+async fn check_value(e: &Engine, i: u64) -> std::result::Result<(), String> {
+    match read_in(e, "default", &vkey(i), None).await {
+        Ok(Some(v)) if v == data(i, VALUE_BYTES) => Ok(()),
+        Ok(Some(_)) => Err(format!("value {i}: wrong bytes")),
+        Ok(None) => Err(format!("value {i}: missing")),
+        Err(e) => Err(format!("value {i}: {e}")),
+    }
+}
+
+/// Blocks `b0` to `b{n-1}` read back byte for byte.
+async fn check_blocks(e: &Engine, n: u64) {
+    for i in 0..n {
+        let got = e
+            .get("default", format!("b{i}").as_bytes())
+            .await
+            .expect("get")
+            .expect("present");
+        assert!(got.0[..] == data(1000 + i, MIB as usize)[..], "block {i}");
+    }
+}
+
+impl Engine {
+    /// The tier of each extent of the large value `key` (`None`: no such value).
+    fn extent_tiers(&self, ns: &str, key: &[u8]) -> Option<Vec<usize>> {
+        let bkey = block_key(self.ns(ns).expect("ns").id, key);
+        let m = self.core.index.get_manifest(&bkey).expect("index")?;
+        let g = &self.core.geometry;
+        Some(m.extents.iter().map(|x| g.tier_of(x.region)).collect())
+    }
+}
+
+/// A value stored on a node of two tiers goes to `dense`; promoted, every extent is in
+/// `fast`; blocks put until its first extents are demoted again; a reader opened then,
+/// before any extent is read, still reads the value whole after `fast` has turned over
+/// (its last extents demoted too, the value's head unchanged, their old places written
+/// over by blocks): it follows them through the manifest, where judging them by the head
+/// alone would have quarantined the value. Nothing is quarantined
+/// or evicted, and after a restart the value is whole where it was, until a pin of it has
+/// the idle writer promote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_follows_a_large_value_moved_under_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Arc::new(Metrics::new());
+    // `fast` of 8 regions: after its reserve (4) it has room for the whole value.
+    let cfg = Config {
+        tier_move_bytes_per_s: ByteSize(1 << 30),
+        ..tiered_sized(dir.path(), 144 * MIB, 512 * MIB)
+    };
+    let e = Engine::open(cfg.clone(), m.clone()).await.expect("open");
+    store_in(&e, "default", &vkey(0), &data(0, VALUE_BYTES))
+        .await
+        .expect("store");
+    assert_eq!(e.extent_tiers("default", &vkey(0)), Some(vec![1; 6]));
+    let fates = e.promote("default", vec![vkey(0)]).await.expect("promote");
+    assert_eq!(fates, vec![Promotion::Promoted]);
+    assert_eq!(e.extent_tiers("default", &vkey(0)), Some(vec![0; 6]));
+    assert_eq!(m.tier.promoted_records.get(), 6);
+    // Asked again: nothing left to move.
+    let fates = e.promote("default", vec![vkey(0)]).await.expect("promote");
+    assert_eq!(fates, vec![Promotion::Fast]);
+
+    // Blocks put until `fast`'s reclaim has demoted the value's first region (its first
+    // extents) but not its second: the value straddles the tiers, its head's place moved.
+    let mut i = 0;
+    while e.extent_tiers("default", &vkey(0)).expect("a value")[0] == 0 && i < BLOCKS {
+        put_block(&e, i).await;
+        i += 1;
+    }
+    let straddling = e.extent_tiers("default", &vkey(0)).expect("a value");
+    assert!(
+        straddling[0] == 1 && straddling[5] == 0,
+        "the value in both tiers: {straddling:?}"
+    );
+    // Opened now, the reader's manifest has the last extents in `fast`; they are demoted
+    // without the head's place changing, and `fast` turns over: every region it had is
+    // written again.
+    let mut reader = e
+        .open_value("default", &vkey(0), None)
+        .await
+        .expect("open")
+        .expect("present");
+    for i in i..i + BLOCKS {
+        put_block(&e, i).await;
+    }
+    let blocks = i + BLOCKS;
+    assert_eq!(e.extent_tiers("default", &vkey(0)), Some(vec![1; 6]));
+    assert!(m.tier.demoted_records.get() >= 6);
+    let mut got = Vec::with_capacity(VALUE_BYTES);
+    while let Some(p) = reader.next_piece().await.expect("a piece") {
+        got.extend_from_slice(&p);
+    }
+    assert!(got == data(0, VALUE_BYTES), "the value read while it moved");
+    assert!(
+        m.tier.extent_rereads.get() >= 1,
+        "the reader found its extents moved"
+    );
+    drop(reader);
+    let s = e.stats();
+    assert_eq!((s.integrity_errors, s.evicted_blocks), (0, 0));
+    // Read a second time from `dense`: a hint, which may move what `fast` has room for.
+    check_value(&e, 0).await.expect("read again");
+    e.shutdown().await;
+    let placed = e.extent_tiers("default", &vkey(0));
+    drop(e);
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("restart");
+    assert_eq!(
+        e.extent_tiers("default", &vkey(0)),
+        placed,
+        "moves are durable"
+    );
+    check_value(&e, 0).await.expect("after a restart");
+    // A pin hints the value's promotion: the idle writer moves its extents (bounded wait).
+    e.pin("default", vec![vkey(0)], Duration::from_secs(60))
+        .await
+        .expect("pin");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while e.extent_tiers("default", &vkey(0)) != Some(vec![0; 6])
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        e.extent_tiers("default", &vkey(0)),
+        Some(vec![0; 6]),
+        "a pinned value is promoted"
+    );
+    check_value(&e, 0).await.expect("promoted on a pin");
+    check_blocks(&e, blocks).await;
+    e.shutdown().await;
+}
+
+/// Within the move budget (8 MiB a second, a second's worth at once), a value of 20 MiB is
+/// promoted in several calls: each moves what the budget holds and answers `Deferred`,
+/// and in between the value, in both tiers, reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_value_is_promoted_within_the_move_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config {
+        tier_move_bytes_per_s: ByteSize(8 * MIB),
+        ..tiered_with(dir.path(), 200 * MIB)
+    };
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    store_in(&e, "default", &vkey(0), &data(0, VALUE_BYTES))
+        .await
+        .expect("store");
+    let first = e.promote("default", vec![vkey(0)]).await.expect("promote");
+    assert_eq!(first, vec![Promotion::Deferred]);
+    let tiers = e.extent_tiers("default", &vkey(0)).expect("a value");
+    assert!(
+        tiers.contains(&0) && tiers.contains(&1),
+        "partly promoted: {tiers:?}"
+    );
+    check_value(&e, 0).await.expect("a value in both tiers");
+    // Bounded: at 8 MiB a second the rest moves within a few seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut calls = 1;
+    loop {
+        let fate = e.promote("default", vec![vkey(0)]).await.expect("promote")[0];
+        calls += 1;
+        if fate == Promotion::Promoted || std::time::Instant::now() > deadline {
+            break;
+        }
+        check_value(&e, 0).await.expect("while it is promoted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(e.extent_tiers("default", &vkey(0)), Some(vec![0; 6]));
+    assert!(calls >= 3, "{calls} calls");
+    check_value(&e, 0).await.expect("promoted");
+    e.shutdown().await;
+}
+
+/// Three values promoted in turn while a writer churns `fast` with blocks (demoting the
+/// values' extents again) and two readers read every value whole: no read misses or sees
+/// wrong bytes, nothing is evicted or quarantined, and after a restart every value and
+/// block reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_move_between_tiers_under_concurrent_reads() {
+    const VALUES: u64 = 3;
+    const BLOCKS_PER_ROUND: u64 = 24;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Arc::new(Metrics::new());
+    // The moves under test are the promotions asked here and the demotions they cause;
+    // the readers' second reads would hint more, beyond what `dense` holds without
+    // evicting (hints have their own test above).
+    let cfg = Config {
+        tier_move_bytes_per_s: ByteSize(1 << 30),
+        tier_promote_hints: false,
+        ..tiered_with(dir.path(), 600 * MIB)
+    };
+    let e = Engine::open(cfg.clone(), m.clone()).await.expect("open");
+    for i in 0..VALUES {
+        store_in(&e, "default", &vkey(i), &data(i, VALUE_BYTES))
+            .await
+            .expect("store");
+    }
+    let done = AtomicBool::new(false);
+    let blocks = AtomicU64::new(0);
+    let work = async {
+        for round in 0..2 * VALUES {
+            let fates = e
+                .promote("default", vec![vkey(round % VALUES)])
+                .await
+                .expect("promote");
+            assert_ne!(fates[0], Promotion::Absent);
+            for _ in 0..BLOCKS_PER_ROUND {
+                put_block(&e, blocks.fetch_add(1, Ordering::SeqCst)).await;
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+    };
+    let readers = |seed: u64| {
+        let (e, done) = (&e, &done);
+        async move {
+            let (mut reads, mut errors) = (0u64, Vec::new());
+            let deadline = std::time::Instant::now() + Duration::from_secs(180);
+            while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                if let Err(why) = check_value(e, (reads + seed) % VALUES).await {
+                    errors.push(why);
+                }
+                reads += 1;
+            }
+            (reads, errors)
+        }
+    };
+    let ((), (r1, e1), (r2, e2)) = tokio::join!(work, readers(0), readers(1));
+    assert!(
+        e1.is_empty() && e2.is_empty(),
+        "reads during the moves: {e1:?} {e2:?}"
+    );
+    assert!(r1 + r2 >= 2, "{r1} + {r2} reads");
+    assert!(m.tier.promoted_records.get() >= 6, "extents promoted");
+    assert!(m.tier.demoted_records.get() >= 6, "extents demoted");
+    let s = e.stats();
+    assert_eq!((s.integrity_errors, s.evicted_blocks), (0, 0));
+    let total = blocks.load(Ordering::SeqCst);
+    e.shutdown().await;
+    drop(e);
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("restart");
+    for i in 0..VALUES {
+        check_value(&e, i).await.expect("after a restart");
+    }
+    check_blocks(&e, total).await;
+    e.shutdown().await;
+}
