@@ -104,8 +104,8 @@ pub struct SealWith<'a> {
     pub salt: [u8; 4],
 }
 
-/// The compressed record of a block whose plaintext `plain` (checked against `h`, the
-/// record it was read from) is `codec`-compressed, if that is [`worth_it`] against
+/// The compressed record of a block (or of an extent of a large value: `h` says) whose
+/// plaintext `plain` (checked against `h`, the record it was read from) is `codec`-compressed, if that is [`worth_it`] against
 /// `record_len` (the device bytes of the record it replaces): header, stored body sealed
 /// under the compressed associated data, tag, zero padding. `None`: stored as it is.
 pub fn compressed_record(
@@ -141,8 +141,8 @@ pub fn compressed_record(
     let nonce = record::nonce_for(s.cseq, s.salt);
     let tag = match s.dek {
         Some(dek) => {
-            let aad =
-                crypto::compressed_aad((s.ns_id, s.key_id, s.key), codec, h.seq, (h.len, h.crc32c));
+            let at = (s.ns_id, s.key_id, s.key);
+            let aad = crypto::compressed_aad(at, codec, h.seq, (h.len, h.crc32c), h.extent);
             crypto::seal(dek, nonce, &aad, &mut buf[HEADER_BYTES..HEADER_BYTES + n])
         }
         None => [0; TAG_BYTES],
@@ -158,7 +158,7 @@ pub fn compressed_record(
         region_epoch: 0,
         key: s.key.to_vec(),
         plaintext: s.dek.is_none(),
-        extent: None,
+        extent: h.extent,
         segmented: None,
         compressed: Some(compressed),
     }

@@ -81,12 +81,15 @@ pub fn extent_aad(ns_id: u32, key_id: u32, key: &[u8], value_seq: u64, index: u3
 /// `seq`, of `len` bytes and CRC32C `crc`, whose body is stored `codec`-compressed. The
 /// sequence number binds it to its generation (its nonce is not `seq`'s, unlike an
 /// uncompressed record's): a compressed body of an earlier block of the same key, length
-/// and CRC32C does not open as a later one's.
+/// and CRC32C does not open as a later one's. For an extent of a large value (`extent`),
+/// the value's generation and the extent's index follow, as in [`extent_aad`]; a block's
+/// associated data is what it always was.
 pub fn compressed_aad(
     (ns_id, key_id, key): (u32, u32, &[u8]),
     codec: ctxpod_format::record::Codec,
     seq: u64,
     (len, crc): (u32, u32),
+    extent: Option<ctxpod_format::record::ExtentOf>,
 ) -> Vec<u8> {
     let mut aad = block_aad(ns_id, key_id, key);
     aad.extend_from_slice(b"/compressed");
@@ -94,6 +97,11 @@ pub fn compressed_aad(
     aad.extend_from_slice(&seq.to_le_bytes());
     aad.extend_from_slice(&len.to_le_bytes());
     aad.extend_from_slice(&crc.to_le_bytes());
+    if let Some(x) = extent {
+        aad.extend_from_slice(b"/extent");
+        aad.extend_from_slice(&x.value_seq.to_le_bytes());
+        aad.extend_from_slice(&x.index.to_le_bytes());
+    }
     aad
 }
 

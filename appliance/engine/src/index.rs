@@ -97,6 +97,22 @@ pub struct ExtentLoc {
 
 impl ExtentLoc {
     pub const BYTES: usize = 32;
+
+    /// The extent's record described as a block's entry would be (with the data key and
+    /// store time of its value's `head`): what the read path checks a record against.
+    pub fn record_loc(&self, head: &BlockLoc) -> BlockLoc {
+        BlockLoc {
+            region: self.region,
+            offset: self.offset,
+            record_len: self.record_len,
+            len: self.len,
+            crc32c: self.crc32c,
+            key_id: head.key_id,
+            seq: self.seq,
+            stored_ms: head.stored_ms,
+            extents: 0,
+        }
+    }
 }
 
 /// A large value in the index: its head and its extents, in order.

@@ -599,6 +599,11 @@ fn reconcile_blocks(
                     "an index entry's record length is that of its block's record"
                 );
                 ns.count_compressed(&loc, true);
+                if let Ok(Some(m)) = index::Manifest::decode(&v) {
+                    for x in &m.extents {
+                        ns.count_compressed(&x.record_loc(&m.head), true);
+                    }
+                }
                 ns.used_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                 ns.blocks.fetch_add(1, Ordering::Relaxed);
                 counters

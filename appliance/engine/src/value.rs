@@ -688,17 +688,7 @@ impl ExtentReads {
         }
         let x = self.manifest.extents[i];
         let head = self.manifest.head;
-        let rec = BlockLoc {
-            region: x.region,
-            offset: x.offset,
-            record_len: x.record_len,
-            len: x.len,
-            crc32c: x.crc32c,
-            key_id: head.key_id,
-            seq: x.seq,
-            stored_ms: head.stored_ms,
-            extents: 0,
-        };
+        let rec = x.record_loc(&head);
         let of = record::ExtentOf {
             value_seq: head.seq,
             index: x.index,

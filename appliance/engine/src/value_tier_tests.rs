@@ -56,6 +56,13 @@ async fn check_blocks(e: &Engine, n: u64) {
 }
 
 impl Engine {
+    /// The manifest of the large value `key`.
+    fn manifest(&self, ns: &str, key: &[u8]) -> index::Manifest {
+        let bkey = block_key(self.ns(ns).expect("ns").id, key);
+        let m = self.core.index.get_manifest(&bkey).expect("index");
+        m.expect("a large value")
+    }
+
     /// The tier of each extent of the large value `key` (`None`: no such value).
     fn extent_tiers(&self, ns: &str, key: &[u8]) -> Option<Vec<usize>> {
         let bkey = block_key(self.ns(ns).expect("ns").id, key);
@@ -283,4 +290,122 @@ async fn large_values_move_between_tiers_under_concurrent_reads() {
     }
     check_blocks(&e, total).await;
     e.shutdown().await;
+}
+
+/// Large values of a namespace with `compression = "zstd"` (a model's KV in bf16): promoted,
+/// then demoted by `fast`'s reclaim, each whole extent is compressed on its way (the
+/// manifest holds the shorter records) and the namespace's info counts them; the values and
+/// ranges of them read back byte for byte, before and after a restart (which counts them
+/// again from the manifests); a delete takes its value's compressed bytes off the counts,
+/// and a bit flipped in a compressed extent's stored bytes fails the read and quarantines
+/// the value (its counts gone with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_are_compressed_when_demoted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Arc::new(Metrics::new());
+    let cfg = Config {
+        tier_move_bytes_per_s: ByteSize(1 << 30),
+        tier_promote_hints: false,
+        ..tiered_sized(dir.path(), 144 * MIB, 512 * MIB)
+    };
+    let e = Engine::open(cfg.clone(), m.clone()).await.expect("open");
+    let settings = NsSettings {
+        compression: Some(Compression::Zstd),
+        ..NsSettings::default()
+    };
+    e.create_namespace_with("kv", settings)
+        .await
+        .expect("namespace");
+    for i in 0..2 {
+        store_in(&e, "kv", &vkey(i), &kv_value(i))
+            .await
+            .expect("store");
+    }
+    let fates = e
+        .promote("kv", vec![vkey(0), vkey(1)])
+        .await
+        .expect("promote");
+    assert_eq!(fates, vec![Promotion::Promoted; 2]);
+    let tiers = |i: u64| e.extent_tiers("kv", &vkey(i)).expect("a value");
+    let mut b = 0;
+    while (tiers(0).contains(&0) || tiers(1).contains(&0)) && b < BLOCKS {
+        put_block(&e, b).await;
+        b += 1;
+    }
+    assert_eq!((tiers(0), tiers(1)), (vec![1; 6], vec![1; 6]));
+    for i in 0..2 {
+        let m = e.manifest("kv", &vkey(i));
+        let short = m.extents[..5]
+            .iter()
+            .all(|x| (x.record_len as usize) < record::unsegmented_record_bytes(x.len as usize));
+        assert!(short, "whole extents compressed: {m:?}");
+        assert_eq!(
+            m.head.record_len,
+            m.extents.iter().map(|x| x.record_len).sum::<u32>()
+        );
+    }
+    let info = e.namespace("kv").expect("info");
+    assert!(
+        info.compressed_bytes >= 10 * 4 * MIB
+            && info.compressed_stored_bytes * 8 <= info.compressed_bytes * 7,
+        "{info:?}"
+    );
+    for i in 0..2 {
+        check_kv(&e, i).await;
+    }
+    e.shutdown().await;
+    drop(e);
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("restart");
+    for i in 0..2 {
+        check_kv(&e, i).await;
+    }
+    let again = e.namespace("kv").expect("info");
+    assert_eq!(
+        (again.compressed_bytes, again.compressed_stored_bytes),
+        (info.compressed_bytes, info.compressed_stored_bytes),
+        "counted again from the manifests"
+    );
+    assert!(e.delete("kv", &vkey(1)).await.expect("delete"));
+    let half = e.namespace("kv").expect("info");
+    assert!(
+        half.compressed_bytes * 2 == info.compressed_bytes,
+        "{half:?} after a delete, {info:?} before"
+    );
+    // A bit of the first extent's stored (compressed) bytes flipped on the device.
+    let x = e.manifest("kv", &vkey(0)).extents[0];
+    let at = e.core.dev_offset(x.region, x.offset) + record::HEADER_BYTES as u64 + 1000;
+    super::value_tests::flip_on_device(&e, at, 0x10).await;
+    let got = read_in(&e, "kv", &vkey(0), None).await;
+    assert!(
+        matches!(got, Err(EngineError::Integrity(_))),
+        "a damaged compressed extent: {got:?}"
+    );
+    assert!(!e.on_flash("kv", &vkey(0)).expect("index"), "quarantined");
+    assert_eq!(e.stats().integrity_errors, 1);
+    let none = e.namespace("kv").expect("info");
+    assert_eq!(
+        (none.compressed_bytes, none.compressed_stored_bytes),
+        (0, 0)
+    );
+    e.shutdown().await;
+}
+
+/// Large value `i` of the compression test: bf16 values of a normal spread, as a KV cache.
+fn kv_value(i: u64) -> Vec<u8> {
+    let mut v = super::compress_tests::bf16_normal(VALUE_BYTES.div_ceil(2), 40 + i);
+    v.truncate(VALUE_BYTES);
+    v
+}
+
+/// Large value `i` of namespace `kv`, and a range of it across three extents, read back
+/// byte for byte.
+async fn check_kv(e: &Engine, i: u64) {
+    let got = read_in(e, "kv", &vkey(i), None).await.expect("read");
+    assert!(got == Some(kv_value(i)), "value {i}");
+    let (lo, hi) = (3 * MIB + 17, 9 * MIB + 5);
+    let got = read_in(e, "kv", &vkey(i), Some((lo, hi))).await;
+    let want = kv_value(i)[lo as usize..hi as usize].to_vec();
+    assert!(got.expect("range") == Some(want), "a range of value {i}");
 }

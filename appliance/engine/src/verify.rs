@@ -20,7 +20,19 @@ pub(crate) fn verify_record(
     key: &[u8],
     loc: &BlockLoc,
 ) -> Verified {
-    match open_record(buf, dek, ns_id, key, loc) {
+    verify_record_of(buf, dek, (ns_id, key), loc, None)
+}
+
+/// [`verify_record`] of a block (`extent` `None`) or of an extent of a large value (`loc`
+/// then describes that extent's record).
+pub(crate) fn verify_record_of(
+    buf: AlignedBuf,
+    dek: Option<&AeadKey>,
+    (ns_id, key): (u32, &[u8]),
+    loc: &BlockLoc,
+    extent: Option<record::ExtentOf>,
+) -> Verified {
+    match open_record_of(buf, dek, (ns_id, key), loc, extent) {
         Ok(plain) => check_plaintext(plain, loc.crc32c),
         Err(why) => Verified::Bad(why),
     }
@@ -33,21 +45,6 @@ pub(crate) fn check_plaintext(plain: Bytes, crc: u32) -> Verified {
         return Verified::Bad("plaintext CRC32C mismatch".into());
     }
     Verified::Ok(plain)
-}
-
-/// The record's header against its index entry, then AES-GCM open: the AEAD engine's half
-/// of a read's checks. The plaintext still needs [`check_plaintext`]. With `dek` `None` (a
-/// node formatted with `encrypt_at_rest = false`) only plaintext records are accepted, and
-/// with a key only sealed ones: rewriting the header's flag (its CRC is not keyed) cannot
-/// make an encrypting node release a body it did not authenticate.
-pub(crate) fn open_record(
-    buf: AlignedBuf,
-    dek: Option<&AeadKey>,
-    ns_id: u32,
-    key: &[u8],
-    loc: &BlockLoc,
-) -> Result<Bytes, String> {
-    open_record_of(buf, dek, (ns_id, key), loc, None)
 }
 
 /// The associated data a record is sealed under: a block's, or an extent's.
@@ -131,8 +128,13 @@ pub(crate) fn open_segments(
     Ok(())
 }
 
-/// [`open_record`] of a block (`extent` `None`) or of the extent `extent` of a large value
-/// (whose `loc` then describes that extent's record).
+/// The record's header against its index entry, then AES-GCM open: the AEAD engine's half
+/// of a read's checks, of a block (`extent` `None`) or of the extent `extent` of a large
+/// value (whose `loc` then describes that extent's record). The plaintext still needs
+/// [`check_plaintext`]. With `dek` `None` (a node formatted with `encrypt_at_rest = false`)
+/// only plaintext records are accepted, and with a key only sealed ones: rewriting the
+/// header's flag (its CRC is not keyed) cannot make an encrypting node release a body it
+/// did not authenticate.
 pub(crate) fn open_record_of(
     mut buf: AlignedBuf,
     dek: Option<&AeadKey>,
@@ -177,7 +179,8 @@ fn open_compressed(
 ) -> Result<Vec<u8>, String> {
     let n = c.stored_len as usize;
     if let Some(dek) = dek {
-        let aad = crypto::compressed_aad((ns_id, h.key_id, key), c.codec, h.seq, (h.len, h.crc32c));
+        let at = (ns_id, h.key_id, key);
+        let aad = crypto::compressed_aad(at, c.codec, h.seq, (h.len, h.crc32c), h.extent);
         match crypto::open(dek, h.nonce, &aad, &mut body[..n + TAG_BYTES]) {
             Ok(m) if m == n => {}
             _ => return Err("AES-GCM authentication failed".into()),

@@ -459,6 +459,22 @@ impl Writer {
         core.presence.remove(bkey);
     }
 
+    /// The block `bkey` (entry `loc`), leaving the index, taken off its namespace's
+    /// compression counts: its record, or a large value's compressed extents (its manifest,
+    /// still in the index, read for them).
+    fn uncount_compressed(&self, ns: &Namespace, bkey: &[u8], loc: &BlockLoc) {
+        if loc.extents == 0 {
+            return ns.count_compressed(loc, false);
+        }
+        if let Ok(Some(m)) = self.core.index.get_manifest(bkey) {
+            if m.head.seq == loc.seq {
+                for x in &m.extents {
+                    ns.count_compressed(&x.record_loc(&m.head), false);
+                }
+            }
+        }
+    }
+
     /// A block (entry `loc`) leaves the index: taken off its namespace's counts and the node's.
     fn account_bkey(&self, bkey: &[u8], loc: &BlockLoc) {
         let len = loc.len;
@@ -469,7 +485,7 @@ impl Writer {
         );
         if let Some(ns) = self.core.ns_by_id(id) {
             self.account(&ns, len, false);
-            ns.count_compressed(loc, false);
+            self.uncount_compressed(&ns, bkey, loc);
         } else {
             let c = &self.core.counters;
             c.live_bytes.fetch_sub(len as u64, Ordering::Relaxed);

@@ -75,8 +75,9 @@
 //! record is sealed when it is compressed, under a nonce of its own: `nonce_for(cseq,
 //! salt)`, `cseq` a sequence number taken then (so greater than the record's `seq`, which it
 //! keeps: the block's identity in the index), with associated data that binds the codec and
-//! the block's length and CRC32C (the engine's `crypto::compressed_aad`). It is never
-//! segmented and never an extent.
+//! the block's length and CRC32C (the engine's `crypto::compressed_aad`), and for an extent
+//! of a large value (flag bit 1 too) the value's generation and the extent's index. It is
+//! never segmented.
 
 use crate::IO_ALIGN_BYTES;
 
@@ -369,16 +370,16 @@ impl RecordHeader {
             None
         };
         let compressed = if h[7] & FLAG_COMPRESSED != 0 {
-            // Compressed: a block (no extent, no segments) whose record is shorter than
-            // any uncompressed record of its length (so the index's record length alone
-            // says it is compressed), under a nonce taken after its own sequence number.
+            // Compressed: a block or an extent (never segmented) whose record is shorter
+            // than any uncompressed record of its length (so the index's record length
+            // alone says it is compressed), under a nonce taken after its own sequence
+            // number.
             let stored_len = le32(204);
             let nonce: [u8; NONCE_BYTES] = h[32..44].try_into().expect("12 bytes");
             let seq = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
             match Codec::from_byte(h[200]) {
                 Some(codec)
                     if segmented.is_none()
-                        && h[7] & FLAG_EXTENT == 0
                         && h[201..204] == [0; 3]
                         && stored_len > 0
                         && unsegmented_record_bytes(stored_len as usize)
@@ -688,10 +689,10 @@ mod tests {
             b[at..at + 4].copy_from_slice(&v.to_le_bytes())
         };
         // Unknown codecs, a stored record no shorter than the block's, an empty one, a nonce
-        // not taken after the record's sequence number, an extent or segments, stray
-        // bytes, and compression fields on a record without the flag: all refused.
+        // not taken after the record's sequence number, segments, stray bytes, and
+        // compression fields on a record without the flag: all refused.
         type Edit<'a> = &'a dyn Fn(&mut [u8; HEADER_BYTES]);
-        let bad: [Edit<'_>; 10] = [
+        let bad: [Edit<'_>; 9] = [
             &|b| b[200] = 0,
             &|b| b[200] = 3,
             &|b| set32(b, 204, len),
@@ -699,7 +700,6 @@ mod tests {
             &|b| set32(b, 204, len - 100),
             &|b| set32(b, 204, 0),
             &|b| b[32..40].copy_from_slice(&77u64.to_le_bytes()),
-            &|b| b[7] |= FLAG_EXTENT,
             &|b| b[202] = 1,
             &|b| b[7] = 0,
             &|b| {
@@ -714,6 +714,17 @@ mod tests {
             with(&|b| b[200] = 1).map(|h| h.compressed.map(|c| c.codec)),
             Ok(Some(Codec::Lz4))
         );
+        // An extent of a large value may be compressed.
+        let x = RecordHeader {
+            extent: Some(ExtentOf {
+                value_seq: 5,
+                index: 2,
+            }),
+            ..c.clone()
+        };
+        x.encode(&mut buf);
+        assert_eq!(buf[7], FLAG_COMPRESSED | FLAG_EXTENT);
+        assert_eq!(RecordHeader::decode(&buf), Ok(x));
         // Uncompressed records still need the nonce of their own sequence number.
         assert!(sample().nonce_ok());
         let off = RecordHeader {

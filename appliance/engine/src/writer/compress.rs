@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::compress::{self, SealWith};
-use crate::{verify_record, Verified};
+use crate::{verify_record_of, Verified};
 
 /// What a demotion writes for one record.
 pub(super) enum Demoted {
@@ -20,13 +20,15 @@ pub(super) enum Demoted {
 
 impl Writer {
     /// What to write in `dense` for the record `buf` of `bkey` (index entry `loc`, its
-    /// header already checked against it).
+    /// header already checked against it), or of its extent `extent` (`loc` then describes
+    /// the extent's record, with the value's data key).
     pub(super) async fn compress_for_dense(
         &self,
         core: &Core,
         bkey: &[u8],
         loc: BlockLoc,
         buf: AlignedBuf,
+        extent: Option<record::ExtentOf>,
     ) -> anyhow::Result<Demoted> {
         let id = u32::from_be_bytes(bkey[..4].try_into().expect("a namespace id"));
         let Some(ns) = core.ns_by_id(id) else {
@@ -38,7 +40,10 @@ impl Writer {
         let plaintext = core.geometry.plaintext_at_rest;
         // Stored compressed already (promoted, then demoted again): moved as it is.
         let opening = ns.opening_key(loc.key_id, plaintext);
-        let sealing = if plaintext {
+        // An extent stays under its value's key (the manifest has one for all of them).
+        let sealing = if extent.is_some() {
+            opening.clone().map(|k| (loc.key_id, k))
+        } else if plaintext {
             Some((ns.key_id(), None))
         } else {
             ns.current_key().map(|(id, k)| (id, Some(k)))
@@ -58,10 +63,11 @@ impl Writer {
         let job = move || {
             let mut copy = AlignedBuf::reused(read.len());
             copy.copy_from_slice(&read);
-            let plain = match verify_record(copy, opening.as_deref(), ns_id, &key, &loc) {
-                Verified::Ok(p) => p,
-                Verified::Bad(why) => return Err(why),
-            };
+            let plain =
+                match verify_record_of(copy, opening.as_deref(), (ns_id, &key), &loc, extent) {
+                    Verified::Ok(p) => p,
+                    Verified::Bad(why) => return Err(why),
+                };
             let h = RecordHeader::decode(&read).map_err(|e| e.to_string())?;
             let seal = SealWith {
                 ns_id,

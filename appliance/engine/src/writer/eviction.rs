@@ -211,7 +211,7 @@ impl Writer {
         // Into `dense`, a block of a compressing namespace may go compressed (`wloc`: the
         // entry of what is written).
         let (buf, wloc, intact) = match intact && demote {
-            true => match self.compress_for_dense(core, &bkey, loc, buf).await? {
+            true => match self.compress_for_dense(core, &bkey, loc, buf, None).await? {
                 Demoted::Same(b) => (b, loc, true),
                 Demoted::Compressed(b, wloc) => (b, wloc, true),
                 Demoted::Corrupt(b) => (b, loc, false),
@@ -285,7 +285,9 @@ impl Writer {
             fallback: core.kept(bkey).then_some(t),
             room: u64::MAX,
             budgeted: false,
+            compress: true,
         };
+        let before = m.extents.clone();
         let done = self
             .move_extents(core, bkey, &mut m, |x| x.region == r, how, &mut st.wb)
             .await?;
@@ -304,6 +306,14 @@ impl Writer {
             return Ok(false);
         }
         st.wb.put_cf(idx.cf(index::CF_BLOCKS), bkey, m.encode());
+        // Extents compressed on their way count toward the namespace's ratio.
+        if let Some(ns) = core.ns_by_id(u32::from_be_bytes(bkey[..4].try_into()?)) {
+            for (old, new) in before.iter().zip(&m.extents) {
+                if new.record_len != old.record_len {
+                    ns.count_compressed(&new.record_loc(&m.head), true);
+                }
+            }
+        }
         st.moved += done.moved;
         st.written += done.written;
         let demoted = done.moved - done.fell_back;

@@ -5,7 +5,11 @@
 //! places in the same synced checkpoint that makes the copies count. A reader holding the
 //! manifest of before reads the old places until they fail their checks, then reads the
 //! manifest again (same generation) and the new places (`value::ExtentReads`); the old
-//! copies stay readable until their region is reclaimed, which is after the checkpoint.
+//! copies stay readable until their region is reclaimed, which is after the checkpoint. A
+//! demotion compresses an extent of a namespace with `compression` on its way, as it does a
+//! block (checked whole first; sealed under the value's data key, with associated data that
+//! binds the value's generation and the extent's index); the manifest then holds the
+//! compressed record's length.
 
 use super::*;
 use crate::index::{ExtentLoc, Manifest};
@@ -22,6 +26,9 @@ pub(super) struct ExtentMove {
     pub room: u64,
     /// Whether each extent is taken from the move budget.
     pub budgeted: bool,
+    /// Whether an extent of a namespace with `compression` is compressed on its way (a
+    /// demotion's), as a block is (`writer::compress`).
+    pub compress: bool,
 }
 
 /// What a move of a value's extents did.
@@ -77,6 +84,23 @@ impl Writer {
                 done.damaged = true;
                 break;
             }
+            let of = record::ExtentOf {
+                value_seq,
+                index: x.index,
+            };
+            let buf = match how.compress {
+                false => buf,
+                true => match self
+                    .compress_for_dense(core, bkey, x.record_loc(&m.head), buf, Some(of))
+                    .await?
+                {
+                    Demoted::Same(b) | Demoted::Compressed(b, _) => b,
+                    Demoted::Corrupt(_) => {
+                        done.damaged = true;
+                        break;
+                    }
+                },
+            };
             let (place, fell_back) = match self.alloc(how.to, buf.len())? {
                 Some(p) => (Some(p), false),
                 None => match how.fallback {
@@ -102,10 +126,12 @@ impl Writer {
             );
             m.extents[j].region = nr;
             m.extents[j].offset = noff;
+            m.extents[j].record_len = written as u32;
             done.moved += 1;
         }
         m.head.region = m.extents[0].region;
         m.head.offset = m.extents[0].offset;
+        m.head.record_len = m.extents.iter().map(|x| x.record_len).sum();
         Ok(done)
     }
 

@@ -331,6 +331,7 @@ impl Writer {
             fallback: None,
             room,
             budgeted: true,
+            compress: false,
         };
         let done = self
             .move_extents(

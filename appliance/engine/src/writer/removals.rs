@@ -26,7 +26,7 @@ impl Writer {
                 b.presence.push(presence::Change::Remove(bkey.clone()));
                 b.needs_checkpoint = true;
                 self.account(&ns, loc.len, false);
-                ns.count_compressed(&loc, false);
+                self.uncount_compressed(&ns, &bkey, &loc);
                 b.forget.push(bkey.clone());
                 b.pending.insert(bkey, None);
                 b.replies.push(Reply::Delete(reply, true));
