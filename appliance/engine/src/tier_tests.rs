@@ -215,6 +215,55 @@ async fn fast_fills_and_demotes_into_dense_under_concurrent_reads() {
     e.shutdown().await;
 }
 
+/// Demotion as heat drops: while four blocks are read after every put, `fast`'s reclaim
+/// keeps them in `fast` (moved to its open region, counted as reinserted) and demotes the
+/// unread blocks written beside them; once nobody reads them, they are demoted in turn. Every
+/// block reads back throughout, and nothing is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_read_since_its_last_move_stays_in_fast() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Arc::new(Metrics::new());
+    // Promotion hints off: the reads of a demoted block would bring it back, and what is
+    // under test is that it is not demoted.
+    let cfg = Config {
+        tier_promote_hints: false,
+        ..tiered_with(dir.path(), 480 * MIB)
+    };
+    let e = Engine::open(cfg, m.clone()).await.expect("open");
+    let tier = |i: u64| {
+        e.tier_of("default", format!("b{i}").as_bytes())
+            .expect("tier")
+    };
+    // `fast` (4 regions) turned over again and again; b0..b3 read after every put from b8
+    // to b119.
+    for i in 0..240 {
+        put(&e, i).await;
+        if (8..120).contains(&i) {
+            for j in 0..4 {
+                check(&e, j).await.expect("a hot block");
+            }
+        }
+        if i == 119 {
+            assert_eq!(
+                (0..8).map(tier).collect::<Vec<_>>(),
+                [[Some("fast"); 4], [Some("dense"); 4]].concat(),
+                "read blocks stay, unread ones beside them are demoted"
+            );
+            assert!(
+                m.reinserted_blocks.get() >= 8,
+                "kept at two reclaims at least"
+            );
+        }
+    }
+    // Not read since: demoted as `fast` turned over again.
+    assert_eq!((0..4).map(tier).collect::<Vec<_>>(), [Some("dense"); 4]);
+    assert_eq!(e.stats().evicted_blocks, 0, "nothing evicted");
+    for i in 0..240 {
+        check(&e, i).await.expect("every block");
+    }
+    e.shutdown().await;
+}
+
 /// Blocks `b0..b80` put; the keys of the first `n` of them demoted to `dense` by then.
 async fn demoted(e: &Engine, n: usize) -> Vec<Vec<u8>> {
     for i in 0..80 {

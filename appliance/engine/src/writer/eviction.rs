@@ -6,7 +6,8 @@
 //!
 //! On a node of two tiers, reclaim of a `fast` region **demotes**: every live record moves
 //! into `dense` (byte for byte, as any move, or compressed for a namespace with
-//! `compression`: `writer::compress`), and only `dense` evicts. Should `dense` have
+//! `compression`: `writer::compress`), but for those read since they were written or last
+//! moved (up to half a region), which stay in `fast`; only `dense` evicts. Should `dense` have
 //! no room (every region of it kept), `fast` reclaims as a node of one tier would.
 
 use super::*;
@@ -62,7 +63,8 @@ impl Writer {
     }
 
     /// Reclaims tier `t`'s oldest sealed region. With `to` another tier, every live block
-    /// record is demoted into it. Otherwise blocks that are kept, or were read since they were
+    /// record is demoted into it but those read since they were written or last moved (up
+    /// to half a region), which move to the tier's open region. Otherwise blocks that are kept, or were read since they were
     /// written (up to half a region), are moved to the tier's open region byte for byte (same
     /// sequence number, nonce and ciphertext); the rest leave the index. A region more than
     /// half of which is kept records is not rewritten: it goes to the back of the queue
@@ -185,10 +187,17 @@ impl Writer {
     ) -> anyhow::Result<()> {
         let idx = &core.index;
         let demote = to != t;
-        // A demoted record keeps its read bit, for the dense tier's own reclaim.
-        let hot = !demote
-            && core.read_bits.take(&bkey)
-            && st.reinsert_bytes + loc.record_len as u64 <= st.budget;
+        // Read since it was written or last moved (within half a region's worth): it stays
+        // in its tier, moved to the open region, and must be read again to stay another
+        // time (a second chance, as CLOCK gives). Demoted, a record keeps its read bit, for
+        // the dense tier's own reclaim.
+        let read = core.read_bits.take(&bkey);
+        let hot = read && st.reinsert_bytes + loc.record_len as u64 <= st.budget;
+        if read && !hot && demote {
+            core.read_bits.set(&bkey);
+        }
+        // Where it goes: a demotion takes what was not read.
+        let dest = if hot { t } else { to };
         if !(pinned || hot || demote) {
             self.evict_entry(&mut st.wb, &bkey, &loc);
             st.gone.push(bkey);
@@ -210,7 +219,7 @@ impl Writer {
         let intact = still_the_record(&buf, &loc, &bkey);
         // Into `dense`, a block of a compressing namespace may go compressed (`wloc`: the
         // entry of what is written).
-        let (buf, wloc, intact) = match intact && demote {
+        let (buf, wloc, intact) = match intact && dest != t {
             true => match self.compress_for_dense(core, &bkey, loc, buf, None).await? {
                 Demoted::Same(b) => (b, loc, true),
                 Demoted::Compressed(b, wloc) => (b, wloc, true),
@@ -218,9 +227,11 @@ impl Writer {
             },
             false => (buf, loc, intact),
         };
-        let target = match (intact, self.alloc(to, buf.len())?) {
+        let target = match (intact, self.alloc(dest, buf.len())?) {
             (false, _) => None,
             (true, Some(place)) => Some(place),
+            // A hot record its own tier has no room for is demoted after all.
+            (true, None) if demote && dest == t => self.alloc(to, buf.len())?,
             // A kept record the next tier cannot take stays in its own.
             (true, None) if demote && pinned => self.alloc(t, buf.len())?,
             (true, None) => None,
@@ -239,7 +250,7 @@ impl Writer {
             st.gone.push(bkey);
             return Ok(());
         };
-        if !pinned && !demote {
+        if hot && !pinned && self.core.geometry.tier_of(nr) == t {
             st.reinsert_bytes += loc.record_len as u64;
         }
         if self.core.geometry.tier_of(nr) != t {
