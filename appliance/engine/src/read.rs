@@ -732,8 +732,10 @@ async fn judge(
 /// large value (`extent`), the value's manifest must be of the same generation and still
 /// hold that extent at that place: its other extents, and with its first one the head's
 /// place, may have moved between tiers meanwhile (then the current head is what a
-/// quarantine must name).
-fn still_indexed(
+/// quarantine must name). An extent keeps its sequence number when it moves, so its record
+/// length is compared too: one demoted compressed and promoted back to the very place it
+/// left is another record there.
+pub(crate) fn still_indexed(
     c: &Core,
     bkey: &[u8],
     rec: &BlockLoc,
@@ -745,9 +747,12 @@ fn still_indexed(
     }
     Ok(c.index.get_manifest(bkey)?.and_then(|m| {
         let same = m.head.seq == entry.seq
-            && m.extents
-                .iter()
-                .any(|x| x.seq == rec.seq && x.region == rec.region && x.offset == rec.offset);
+            && m.extents.iter().any(|x| {
+                x.seq == rec.seq
+                    && x.region == rec.region
+                    && x.offset == rec.offset
+                    && x.record_len == rec.record_len
+            });
         same.then_some(m.head)
     }))
 }

@@ -409,3 +409,42 @@ async fn check_kv(e: &Engine, i: u64) {
     let want = kv_value(i)[lo as usize..hi as usize].to_vec();
     assert!(got.expect("range") == Some(want), "a range of value {i}");
 }
+
+/// The judge of a failed extent read (`read::still_indexed`): the extent the manifest holds
+/// at the place read is corrupt there; the same extent at the same place with another
+/// record length (demoted compressed, then promoted back to the very place it left: an
+/// extent keeps its sequence number) is another record, moved, not corrupt, and so is an
+/// extent of another place or a manifest of another generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extent_back_at_its_place_in_another_form_is_judged_moved() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = Engine::open(tiered_with(dir.path(), 200 * MIB), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    store_in(&e, "default", &vkey(0), &data(0, VALUE_BYTES))
+        .await
+        .expect("store");
+    let m = e.manifest("default", &vkey(0));
+    let bkey = block_key(e.ns("default").expect("ns").id, &vkey(0));
+    let rec = m.extents[1].record_loc(&m.head);
+    let judge = |rec: &BlockLoc, head: BlockLoc| {
+        read::still_indexed(&e.core, &bkey, rec, head, true).expect("index")
+    };
+    assert_eq!(judge(&rec, m.head), Some(m.head), "still there: corrupt");
+    let shorter = BlockLoc {
+        record_len: rec.record_len - 4096,
+        ..rec
+    };
+    assert_eq!(judge(&shorter, m.head), None, "another form there: moved");
+    let elsewhere = BlockLoc {
+        offset: rec.offset + 4096,
+        ..rec
+    };
+    assert_eq!(judge(&elsewhere, m.head), None, "another place: moved");
+    let older = BlockLoc {
+        seq: m.head.seq - 1,
+        ..m.head
+    };
+    assert_eq!(judge(&rec, older), None, "another generation: moved");
+    e.shutdown().await;
+}

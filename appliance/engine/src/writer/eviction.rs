@@ -230,8 +230,12 @@ impl Writer {
         let target = match (intact, self.alloc(dest, buf.len())?) {
             (false, _) => None,
             (true, Some(place)) => Some(place),
-            // A hot record its own tier has no room for is demoted after all.
-            (true, None) if demote && dest == t => self.alloc(to, buf.len())?,
+            // A hot record its own tier has no room for is demoted after all (its read
+            // bit kept, as any demoted record's).
+            (true, None) if demote && dest == t => {
+                core.read_bits.set(&bkey);
+                self.alloc(to, buf.len())?
+            }
             // A kept record the next tier cannot take stays in its own.
             (true, None) if demote && pinned => self.alloc(t, buf.len())?,
             (true, None) => None,
@@ -298,18 +302,19 @@ impl Writer {
             budgeted: false,
             compress: true,
         };
-        let before = m.extents.clone();
+        let (before, head) = (m.extents.clone(), m.head);
         let done = self
             .move_extents(core, bkey, &mut m, |x| x.region == r, how, &mut st.wb)
             .await?;
         if done.damaged {
-            self.evict_entry(&mut st.wb, bkey, &m.head);
+            // The entry as the index holds it (the copies made before are dead space).
+            self.evict_entry(&mut st.wb, bkey, &head);
             core.counters
                 .integrity_errors
                 .fetch_add(1, Ordering::Relaxed);
             core.metrics.integrity_errors.inc();
             st.wb
-                .put_cf(idx.cf(index::CF_QUARANTINE), bkey, m.head.encode());
+                .put_cf(idx.cf(index::CF_QUARANTINE), bkey, head.encode());
             st.gone.push(bkey.to_vec());
             return Ok(true);
         }
