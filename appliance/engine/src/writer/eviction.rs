@@ -203,11 +203,7 @@ impl Writer {
             st.gone.push(bkey);
             return Ok(());
         }
-        let buf = AlignedBuf::reused(loc.record_len as usize);
-        let (buf, res) = core
-            .device
-            .read_at(buf, core.dev_offset(r, loc.offset))
-            .await;
+        let (buf, res) = extent_moves::read_place(core, (r, loc.offset), loc.record_len).await;
         // A record the device cannot read is that record's loss only: it is dropped
         // like an unpinned one and counted; the node stays writable.
         if let Err(e) = res {

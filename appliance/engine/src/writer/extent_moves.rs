@@ -73,13 +73,7 @@ impl Writer {
                 done.left += 1;
                 continue;
             }
-            let (buf, res) = core
-                .device
-                .read_at(
-                    AlignedBuf::reused(x.record_len as usize),
-                    core.dev_offset(x.region, x.offset),
-                )
-                .await;
+            let (buf, res) = read_place(core, (x.region, x.offset), x.record_len).await;
             if res.is_err() || !still_the_extent(&buf, &x, value_seq, bkey) {
                 done.damaged = true;
                 break;
@@ -153,6 +147,18 @@ impl Writer {
         core.count_tier_io(nr, written, true);
         Ok(written)
     }
+}
+
+/// The `record_len` bytes of the record at (`region`, `offset`), read for a move.
+pub(super) async fn read_place(
+    core: &Core,
+    (region, offset): (u32, u32),
+    record_len: u32,
+) -> (AlignedBuf, std::io::Result<()>) {
+    let buf = AlignedBuf::reused(record_len as usize);
+    core.device
+        .read_at(buf, core.dev_offset(region, offset))
+        .await
 }
 
 /// Whether `buf`, read from extent `x`'s place, is still that extent of the value of

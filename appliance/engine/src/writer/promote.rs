@@ -366,13 +366,8 @@ impl Writer {
         to: usize,
         st: &mut Moves,
     ) -> anyhow::Result<bool> {
-        let (buf, res) = core
-            .device
-            .read_at(
-                AlignedBuf::reused(loc.record_len as usize),
-                core.dev_offset(loc.region, loc.offset),
-            )
-            .await;
+        let place = (loc.region, loc.offset);
+        let (buf, res) = super::extent_moves::read_place(core, place, loc.record_len).await;
         // A record that does not check out stays where it is: a read quarantines it.
         if res.is_err() || !super::eviction::still_the_record(&buf, &loc, bkey) {
             return Ok(false);
