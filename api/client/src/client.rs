@@ -97,6 +97,30 @@ pub fn list_query(prefix: &[u8], after: Option<&[u8]>, limit: usize) -> String {
 /// One result of a batch get: the key and its bytes, or `None` for a miss.
 pub type BatchGetResult = (Vec<u8>, Option<Bytes>);
 
+/// Whether `e` is a connection the node closed (or reset) after accepting it and before
+/// answering: a node at its connection cap closes new connections so, unread. Not a
+/// connection refused (nobody listens: failing fast lets the pod client go to another
+/// member), nor a timeout.
+fn closed_unanswered(e: &reqwest::Error) -> bool {
+    if e.is_connect() || e.is_timeout() {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+        }
+        source = s.source();
+    }
+    false
+}
+
 #[derive(Clone)]
 pub struct Client {
     base: String,
@@ -227,21 +251,31 @@ impl Client {
     /// Sends `req`; while the node answers 503 with `Retry-After` (busy: too many requests
     /// or bodies in flight, a full write queue) it is sent again after a backoff of 1, 2,
     /// 4, … 256 ms, [`crate::BUSY_ATTEMPTS`] attempts in all (about 4 s),
-    /// as the CXP1 client does. Any other answer is returned as it is.
+    /// as the CXP1 client does. A GET or HEAD whose connection the node closed before
+    /// answering (what a node at its connection cap does: it closes a new connection at
+    /// once, unread) is busy too. Any other answer or error is returned as it is.
     async fn send_retrying(
         &self,
-        mut req: reqwest::RequestBuilder,
+        req: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
+        let (http, req) = req.build_split();
+        let mut req = req?;
+        let safe = matches!(*req.method(), Method::GET | Method::HEAD);
         let mut backoff = std::time::Duration::from_millis(1);
         let mut attempt = 1;
         loop {
             let again = req.try_clone();
-            let resp = req.send().await?;
-            let busy = resp.status() == StatusCode::SERVICE_UNAVAILABLE
-                && resp.headers().contains_key(reqwest::header::RETRY_AFTER);
+            let answer = http.execute(req).await;
+            let busy = match &answer {
+                Ok(resp) => {
+                    resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                        && resp.headers().contains_key(reqwest::header::RETRY_AFTER)
+                }
+                Err(e) => safe && closed_unanswered(e),
+            };
             match again {
                 Some(next) if busy && attempt < crate::BUSY_ATTEMPTS => {
-                    drop(resp);
+                    drop(answer);
                     self.busy_retries
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tokio::time::sleep(backoff).await;
@@ -249,7 +283,7 @@ impl Client {
                     attempt += 1;
                     req = next;
                 }
-                _ => return Ok(resp),
+                _ => return Ok(answer?),
             }
         }
     }

@@ -208,6 +208,29 @@ def test_a_node_that_refuses_extra_connections_is_read_the_shared_way(root):
         n.stop()
 
 
+def test_a_connection_refused_at_the_cap_is_tried_again_until_one_is_let_go(root):
+    """A node at its per-peer connection cap closes a new connection at once, before it
+    reads a byte: the SDK takes that as the node being busy and asks again with the busy
+    backoff, so a connection let go meanwhile (here one held by this process, closed
+    0.3 s later, as the harness's readiness probe is closed just before the SDK connects)
+    lets ``Store.connect`` through instead of failing it with a transport error."""
+    import socket
+
+    n = Node(root, f"one-conn-held-{uuid.uuid4().hex[:6]}", extra="connections_per_peer_max = 1")
+    try:
+        held = socket.create_connection(("127.0.0.1", n.port))
+        held.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held.recv(64).startswith(b"HTTP/1.1 200"), "the held connection is the node's one"
+        threading.Timer(0.3, held.close).start()
+        s = ctxpod.Store.connect(n.http, namespace="default")
+        (v,) = blocks(1, 9)
+        assert s.put(b"after-the-cap", v) == 201
+        assert s.get(b"after-the-cap") == v
+        s.close()
+    finally:
+        n.stop()
+
+
 def test_direct_gets_carry_the_token_and_its_tenant(auth_node):
     t = auth_node.tokens
     ns = f"dt-{uuid.uuid4().hex[:8]}"
