@@ -670,7 +670,10 @@ class Store:
         now}``. A read meanwhile finds each block in one tier or the other, never misses.
         On members of one tier every present block counts as ``fast``. Pinned and
         prefetched blocks (and blocks read twice) are promoted without asking, when the
-        member is idle. Large values (over 8 MiB) stay where they are."""
+        member is idle. A large value (over 8 MiB) moves extent by extent: it counts as
+        promoted once all of its extents are in the fast tier; until then (over the move
+        budget) it counts in neither number, reads whole from both tiers, and the next
+        call moves on."""
         promoted, fast = self._s.promote(self.namespace, _keys(keys))
         return {"promoted": promoted, "fast": fast}
 

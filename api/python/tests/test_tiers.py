@@ -15,21 +15,26 @@ import numpy as np
 import pytest
 
 import ctxpod
-from conftest import Node, wait_for
+from conftest import Node, engine, wait_for
 
 MIB = 1 << 20
 BLOCKS = 80
 
 
+def two_tiers(dense: str) -> str:
+    """A node's settings for a simulated SLC + QLC pair: fast 4 regions of 16 MiB, dense
+    of ``dense``."""
+    return (
+        'region_bytes = "16MiB"\n'
+        '[[tiers]]\nname = "fast"\ndevice = "sim:slc"\ncapacity = "65MiB"\n'
+        f'[[tiers]]\nname = "dense"\ndevice = "sim:qlc"\ncapacity = "{dense}"\n'
+    )
+
+
 @pytest.fixture(scope="module")
 def tiered(root):
     """A node on a simulated SLC + QLC pair: fast 4 regions of 16 MiB, dense 16."""
-    extra = (
-        'region_bytes = "16MiB"\n'
-        '[[tiers]]\nname = "fast"\ndevice = "sim:slc"\ncapacity = "65MiB"\n'
-        '[[tiers]]\nname = "dense"\ndevice = "sim:qlc"\ncapacity = "257MiB"\n'
-    )
-    n = Node(root, "tiered", extra=extra)
+    n = Node(root, "tiered", extra=two_tiers("257MiB"))
     yield n
     n.stop()
 
@@ -152,4 +157,102 @@ def test_a_compressed_namespace_holds_a_models_kv_and_gives_it_back(tiered):
         assert s.get(b"0/0") == tensors[b"0/0"].view(torch.uint8).numpy().tobytes()
     finally:
         s.delete_namespace()
+        s.close()
+
+
+# -- large values and the S3 door on two tiers ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiered_values(root):
+    """A node like ``tiered`` with a dense tier of room for the values below, its own so
+    that the blocks of the tests above do not fill it."""
+    n = Node(root, "tiered-values", extra=two_tiers("513MiB"))
+    yield n
+    n.stop()
+
+
+def weights(n: int, seed: int) -> bytes:
+    """``n`` bytes of bf16 values drawn as a layer's weights are (normal, small): the high
+    half of float32s, little-endian, as torch stores bf16."""
+    rng = np.random.default_rng(seed)
+    f = (rng.standard_normal(n // 2) * 0.02).astype(np.float32)
+    return (f.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def turn_fast_over(put, tag: str, mib: int = 96) -> None:
+    """Writes ``mib`` blocks of 1 MiB (random: they do not compress) so that the fast tier
+    (65 MiB) turns over and what was written before is demoted."""
+    for k, d in zip([f"{tag}-{i}" for i in range(mib)], blocks(mib)):
+        put(k, d)
+
+
+def test_a_large_value_is_promoted_through_the_sdk(tiered_values):
+    """A value of 20 MiB + 4321 B (five 4 MiB extents and a short one), written to the
+    dense tier (where large values go), comes to the fast one whole on ``Store.promote``
+    (one value promoted, its bytes in the promoted count); demoted again as 96 MiB of
+    blocks go through the fast tier, it is promoted again; a promote of a value in the
+    fast tier moves nothing; it reads back byte-exact."""
+    n = tiered_values
+    s = ctxpod.Store.connect([n.http], namespace="default")
+    try:
+        key = f"v{uuid.uuid4().hex[:8]}".encode()
+        value = weights((20 << 20) + 4322, 1)[: (20 << 20) + 4321]
+        assert s.put(key, value) == 201
+        before = metric(n, "ctxpod_tier_promoted_bytes_total")
+        assert s.promote([key]) == {"promoted": 1, "fast": 1}
+        assert metric(n, "ctxpod_tier_promoted_bytes_total") - before >= len(value)
+        assert s.promote([key]) == {"promoted": 0, "fast": 1}
+        turn_fast_over(lambda k, d: s.put(k.encode(), d), f"b{uuid.uuid4().hex[:6]}")
+        # Demoted with its regions; promoted again within the move budget (the demotions
+        # just spent it: a call moves what it allows and says so, the next moves on).
+        before = metric(n, "ctxpod_tier_promoted_bytes_total")
+        wait_for("promoted again", lambda: s.promote([key])["fast"] == 1, timeout=30)
+        assert metric(n, "ctxpod_tier_promoted_bytes_total") - before >= len(value), "it had left"
+        assert s.get(key) == value
+    finally:
+        s.close()
+
+
+def test_s3_objects_in_a_tiered_compressing_namespace(tiered_values):
+    """A bucket whose namespace compresses with zstd, on two tiers: a 32 MiB object (a
+    Llama-3-8B LMCache chunk's size) and 1 MiB ones of bf16 weights, demoted (and
+    compressed) as the fast tier turns over, read back through the S3 door whole and in
+    ranges across extents, byte for byte; the namespace counts what zstd saved."""
+    boto3 = engine("boto3")
+    from botocore.config import Config
+
+    n = tiered_values
+    s3 = boto3.client(
+        "s3", endpoint_url=n.s3, aws_access_key_id="any", aws_secret_access_key="any",
+        region_name="us-east-1", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
+    bucket = f"tz-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    s = ctxpod.Store.connect([n.http], namespace=bucket)
+    try:
+        assert s.create_namespace(compression="zstd")["compression"] == "zstd"
+        big = weights(32 << 20, 2)
+        small = {f"layer-{i}": weights(1 << 20, 10 + i) for i in range(8)}
+        s3.put_object(Bucket=bucket, Key="chunk-0", Body=big)
+        for k, v in small.items():
+            s3.put_object(Bucket=bucket, Key=k, Body=v)
+        turn_fast_over(lambda k, d: s3.put_object(Bucket=bucket, Key=k, Body=d), "filler")
+        info = s.namespace_info()
+        assert info["compressed_bytes"] >= len(big), info
+        assert info["compressed_stored_bytes"] * 8 <= info["compressed_bytes"] * 7, info
+        assert s3.get_object(Bucket=bucket, Key="chunk-0")["Body"].read() == big
+        for lo, hi in ((0, 99), ((4 << 20) - 7, (12 << 20) + 5), ((32 << 20) - 1000, (32 << 20) - 1)):
+            got = s3.get_object(Bucket=bucket, Key="chunk-0", Range=f"bytes={lo}-{hi}")["Body"].read()
+            assert got == big[lo : hi + 1], (lo, hi)
+        for k, v in small.items():
+            assert s3.get_object(Bucket=bucket, Key=k)["Body"].read() == v, k
+        # Promoted back (the object whole, as one value: over calls, within the move
+        # budget, since the reads above hinted it too), it still reads the same.
+        wait_for("the object promoted", lambda: s.promote([b"chunk-0"])["fast"] == 1, timeout=30)
+        assert s3.get_object(Bucket=bucket, Key="chunk-0")["Body"].read() == big
+    finally:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for o in page.get("Contents", []):
+                s3.delete_object(Bucket=bucket, Key=o["Key"])
         s.close()

@@ -309,18 +309,22 @@ async fn large_values_are_compressed_when_demoted() {
         ..tiered_sized(dir.path(), 144 * MIB, 512 * MIB)
     };
     let e = Engine::open(cfg.clone(), m.clone()).await.expect("open");
+    // Written before the namespace compresses (so written as they are), compressed when
+    // they move down after that.
+    e.create_namespace("kv", None).await.expect("namespace");
+    for i in 0..2 {
+        store_in(&e, "kv", &vkey(i), &kv_value(i))
+            .await
+            .expect("store");
+    }
     let settings = NsSettings {
         compression: Some(Compression::Zstd),
         ..NsSettings::default()
     };
     e.create_namespace_with("kv", settings)
         .await
-        .expect("namespace");
-    for i in 0..2 {
-        store_in(&e, "kv", &vkey(i), &kv_value(i))
-            .await
-            .expect("store");
-    }
+        .expect("compression on");
+    assert_eq!(e.namespace("kv").expect("info").compressed_bytes, 0);
     let fates = e
         .promote("kv", vec![vkey(0), vkey(1)])
         .await
@@ -388,6 +392,74 @@ async fn large_values_are_compressed_when_demoted() {
     assert_eq!(
         (none.compressed_bytes, none.compressed_stored_bytes),
         (0, 0)
+    );
+    e.shutdown().await;
+}
+
+/// Large values are written to `dense`: in a namespace with `compression` they are
+/// compressed as they are written (not only when they move down): every whole extent of a
+/// bf16 value is stored compressed, and the namespace counts it; one of random bytes is
+/// stored as it is. Both read back whole and in ranges, before and after a restart (the
+/// counts the same); `fast` is not written by the writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_are_compressed_as_they_are_written_to_dense() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = tiered_sized(dir.path(), 144 * MIB, 512 * MIB);
+    let e = Engine::open(cfg.clone(), Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    let settings = NsSettings {
+        compression: Some(Compression::Zstd),
+        ..NsSettings::default()
+    };
+    e.create_namespace_with("kv", settings)
+        .await
+        .expect("namespace");
+    store_in(&e, "kv", &vkey(0), &kv_value(0))
+        .await
+        .expect("store");
+    let noise = data(7, VALUE_BYTES);
+    store_in(&e, "kv", &vkey(9), &noise).await.expect("store");
+    assert_eq!(e.extent_tiers("kv", &vkey(0)), Some(vec![1; 6]));
+    let m = e.manifest("kv", &vkey(0));
+    let short = |x: &crate::index::ExtentLoc| {
+        (x.record_len as usize) < record::unsegmented_record_bytes(x.len as usize)
+    };
+    assert!(
+        m.extents[..5].iter().all(short),
+        "whole extents compressed: {m:?}"
+    );
+    assert!(
+        !e.manifest("kv", &vkey(9)).extents.iter().any(short),
+        "noise as it is"
+    );
+    let info = e.namespace("kv").expect("info");
+    assert!(
+        info.compressed_bytes >= 5 * 4 * MIB
+            && info.compressed_bytes <= VALUE_BYTES as u64
+            && info.compressed_stored_bytes * 8 <= info.compressed_bytes * 7,
+        "{info:?}"
+    );
+    assert_eq!(
+        e.stats().tiers[0].written_bytes,
+        0,
+        "fast not written (before reads hint a promotion)"
+    );
+    check_kv(&e, 0).await;
+    assert_eq!(
+        read_in(&e, "kv", &vkey(9), None).await.expect("read"),
+        Some(noise.clone())
+    );
+    e.shutdown().await;
+    drop(e);
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("restart");
+    check_kv(&e, 0).await;
+    let again = e.namespace("kv").expect("info");
+    assert_eq!(
+        (again.compressed_bytes, again.compressed_stored_bytes),
+        (info.compressed_bytes, info.compressed_stored_bytes)
     );
     e.shutdown().await;
 }

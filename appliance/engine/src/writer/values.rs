@@ -105,6 +105,10 @@ impl Writer {
         b.presence.push(presence::Change::Insert(p.bkey.clone()));
         b.pending.insert(p.bkey, Some(head));
         self.account(&p.ns, head.len, true);
+        // Extents compressed as they were written (a compressing namespace, two tiers).
+        for x in &p.manifest.extents {
+            p.ns.count_compressed(&x.record_loc(&head), true);
+        }
         b.needs_checkpoint = true;
         b.sync = true;
         b.puts += 1;
