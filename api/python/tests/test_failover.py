@@ -29,6 +29,8 @@ DEADLINES = {"connect_timeout": CONNECT_S, "request_timeout": REQUEST_S, "down_f
 #: One call's bound: a connect and a request deadline, plus slack for a loaded 2-core
 #: machine. A liveness bound: a call past it is a hang, not a slow call.
 ONE = CONNECT_S + REQUEST_S + 3.0
+#: How long a member waits for another before it answers without it (`route::PEER_DEADLINE`).
+PEER_DEADLINE_S = 5.0
 
 _calls = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="bounded")
 
@@ -53,12 +55,22 @@ def etcd(tmp_path_factory):
 class Pod:
     """Three nodes of a pod of their own (R = 2, 60 s leases), and which is frozen."""
 
-    def __init__(self, root, etcd: Etcd, capacity: str = "256MiB") -> None:
+    def __init__(self, root, etcd: Etcd, capacity: str = "256MiB", extra: str = "") -> None:
         name = f"fo{uuid.uuid4().hex[:8]}"
         lines = (
             f'[pod]\nname = "{name}"\netcd_endpoints = ["{etcd.url}"]\nreplication = 2\nlease_ttl_s = 60\n'
         )
-        self.nodes = [Node(root, f"{name}-{i}", pod=lines, capacity=capacity) for i in range(3)]
+        self.nodes = [Node(root, f"{name}-{i}", pod=lines, capacity=capacity, extra=extra) for i in range(3)]
+        self.wait_for_three()
+        s = ctxpod.Store.connect([n.http for n in self.nodes])
+        by_http = {n.http: n for n in self.nodes}
+        #: The member with the lowest id (the pod's first).
+        self.first = by_http[sorted(s.members(), key=lambda m: m["id"])[0]["http"]]
+        s.close()
+        self.frozen = False
+
+    def wait_for_three(self) -> None:
+        """Until every member sees a pod of three."""
 
         def three() -> bool:
             for n in self.nodes:
@@ -68,12 +80,6 @@ class Pod:
             return True
 
         wait_for("a pod of three", three)
-        s = ctxpod.Store.connect([n.http for n in self.nodes])
-        by_http = {n.http: n for n in self.nodes}
-        #: The member with the lowest id (the pod's first).
-        self.first = by_http[sorted(s.members(), key=lambda m: m["id"])[0]["http"]]
-        s.close()
-        self.frozen = False
 
     def urls(self, first_frozen: bool = False) -> list[str]:
         """Every member's URL; with the first member's first when asked."""
@@ -90,6 +96,10 @@ class Pod:
 
     def kill(self) -> None:
         self.first.kill()  # SIGKILL ends a stopped process too
+        self.frozen = False
+
+    def thaw(self) -> None:
+        self.first.proc.send_signal(signal.SIGCONT)
         self.frozen = False
 
     def stop(self) -> None:
@@ -359,4 +369,96 @@ def test_llama3_8b_chunks_get_past_a_frozen_then_dead_member(roomy):
     finally:
         for name in ("big-a", "big-b", "big-c"):
             LMCacheEngineBuilder.destroy(name)
+        s.close()
+
+
+# -- members of two tiers (issue #36) --------------------------------------------------
+
+
+@pytest.fixture()
+def tiered_pod(tmp_path, etcd):
+    """A pod like ``fragile`` whose members each have a simulated SLC + QLC pair, with no
+    promotion on hints (so that what moves is what ``promote`` asked for)."""
+    from test_tiers import two_tiers
+
+    p = Pod(tmp_path, etcd, extra="tier_promote_hints = false\n" + two_tiers("385MiB"))
+    yield p
+    p.stop()
+
+
+def member_get(node: Node, ns: str, key: bytes) -> bytes:
+    """``key``'s bytes as ``node`` answers them over HTTP: from its own copy if it holds
+    one, else asked of a member that does."""
+    url = f"{node.http}/v1/namespaces/{ns}/blocks/{key.hex()}"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read()
+
+
+def test_tiered_members_promote_large_values_past_a_killed_then_a_frozen_member(tiered_pod):
+    """Large values (20 MiB and more, a zstd namespace, R = 2) and 1 MiB blocks on a pod
+    whose members have two tiers: every member answers every value byte-exact, the two
+    holding it from their own copy (in the dense tier, compressed) and the third by asking
+    them. A pod-wide ``promote`` with a member killed while it runs returns, the member
+    restarted answers its own copies byte-exact (whatever its moves were when it died) and
+    a later promote brings every value to the fast tier; a promote of new values with a
+    member frozen returns within a peer deadline, the members that answer promote their
+    copies, and reads are byte-exact meanwhile."""
+    from test_tiers import weights
+
+    p = tiered_pod
+    ns = f"tp-{uuid.uuid4().hex[:8]}"
+    s = ctxpod.Store.connect(p.urls(), namespace=ns)
+    try:
+        s.create_namespace(replication=2, compression="zstd")
+        keys = [f"expert-{i}".encode() for i in range(6)]
+        vals = [weights((20 << 20) + 2 * 4321 * (i + 1), 20 + i) for i in range(6)]
+        bkeys = [f"kv-{i}".encode() for i in range(12)]
+        bvals = [weights(1 << 20, 60 + i) for i in range(12)]
+        for k, v in zip(keys, vals):
+            assert s.put(k, v) == 201
+        assert s.batch_put(bkeys, bvals) == [201] * len(bkeys)
+        ids = {m["http"]: m["id"] for m in s.members()}
+        for n in p.nodes:
+            for k, v in zip(keys + bkeys, vals + bvals):
+                assert member_get(n, ns, k) == v, (n.dir.name, k, ids[n.http] in s._s.ranked(ns, k)[:2])
+        assert s.namespace_info()["compressed_bytes"] > 0, "values compressed in dense"
+
+        # A pod-wide promote counts keys, not copies: both holders move the value, the
+        # answer says one key promoted, one in the fast tier.
+        assert s.promote(keys[5:]) == {"promoted": 1, "fast": 1}
+        first = keys[:3]
+        promoting = _calls.submit(s.promote, first)
+        time.sleep(0.2)
+        p.kill()
+        try:
+            r = promoting.result(timeout=PEER_DEADLINE_S + ONE)
+            assert 0 <= r["promoted"] <= r["fast"] <= 3, r
+        except ctxpod.errors.CtxpodError:
+            pass  # the member asked was the one killed, before it answered: an error, not a hang
+        assert within(4 * ONE, "a batch read, a member dead", s.batch_get, keys + bkeys) == vals + bvals
+        p.first.start()
+        p.wait_for_three()
+        for k, v in zip(keys, vals):
+            if ids[p.first.http] in s._s.ranked(ns, k)[:2]:
+                assert member_get(p.first, ns, k) == v, ("its own copy after the kill", k)
+        wait_for("the first values promoted", lambda: s.promote(first)["fast"] == 3, timeout=60)
+
+        later = keys[3:5]
+        p.freeze()
+        took = time.monotonic()
+        r = within(PEER_DEADLINE_S + ONE, "a promote with a member frozen", s.promote, later)
+        took = time.monotonic() - took
+        print(f"a promote with a member frozen: {took:.2f} s, {r}")
+        assert 0 <= r["promoted"] <= r["fast"] <= 2, r
+        wait_for(
+            "the later values promoted on members that answer",
+            lambda: within(PEER_DEADLINE_S + ONE, "a promote", s.promote, later)["fast"] == 2,
+            timeout=60,
+        )
+        assert within(4 * ONE, "a batch read, a member frozen", s.batch_get, keys + bkeys) == vals + bvals
+        p.thaw()
+        for n in p.nodes:
+            for k, v in zip(keys, vals):
+                assert member_get(n, ns, k) == v, (n.dir.name, k)
+    finally:
         s.close()

@@ -239,15 +239,19 @@ pub struct UnpinResponse {
 /// inside a node").
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PromoteResponse {
-    /// Keys moved to the fast tier by this request.
+    /// Keys moved to the fast tier by this request (in a pod, a key whose copies more
+    /// than one member moved counts once).
     pub promoted: u64,
     /// Keys in the fast tier after this request (moved now, or there already; every
-    /// present key on a node of one tier).
+    /// present key on a node of one tier; in a pod, on at least one member).
     pub fast: u64,
     /// Per key of the request, whether it is in the fast tier now: given to a request
     /// routed by another member (`x-ctxpod-forwarded-by`), which combines the answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub each: Option<Vec<bool>>,
+    /// Per key of the request, whether this request moved it: given with `each`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved: Option<Vec<bool>>,
 }
 
 /// `GET /v1/cluster`: the pod as the answering node sees it.

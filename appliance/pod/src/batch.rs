@@ -325,13 +325,13 @@ impl Asker<'_> {
         }
     }
 
-    /// Promotes `keys` to member `m`'s fast tier: how many it moved, and per key whether it
-    /// is in its fast tier now.
+    /// Promotes `keys` to member `m`'s fast tier: per key whether it moved it now (all
+    /// false from a member too old to say), and whether it is in its fast tier now.
     pub async fn promote(
         &self,
         m: &MemberInfo,
         keys: &[&[u8]],
-    ) -> Result<(u64, Vec<bool>), PeerError> {
+    ) -> Result<(Vec<bool>, Vec<bool>), PeerError> {
         let req = self.post(m, "promote").json(&Self::keys_request(keys));
         let r = self
             .send(m, req)
@@ -339,8 +339,9 @@ impl Asker<'_> {
             .json::<PromoteResponse>()
             .await
             .map_err(|_| PeerError::Unreachable)?;
+        let moved = r.moved.unwrap_or_else(|| vec![false; keys.len()]);
         match r.each {
-            Some(e) if e.len() == keys.len() => Ok((r.promoted, e)),
+            Some(e) if e.len() == keys.len() && moved.len() == keys.len() => Ok((moved, e)),
             _ => Err(PeerError::Malformed),
         }
     }

@@ -581,40 +581,33 @@ async fn promote_keys(
     h: &HeaderMap,
     keys: Vec<Vec<u8>>,
 ) -> ApiResult<PromoteResponse> {
+    // Per key: whether this member moved it now, and whether it is in its fast tier.
     let local = |ks: Vec<Vec<u8>>| async move {
+        use ctxpod_engine::Promotion::{Fast, Promoted};
         let fates = st.engine.promote(scoped, ks).await?;
-        let moved = fates
-            .iter()
-            .filter(|f| **f == ctxpod_engine::Promotion::Promoted)
-            .count() as u64;
-        let each: Vec<bool> = fates
-            .iter()
-            .map(|f| {
-                matches!(
-                    f,
-                    ctxpod_engine::Promotion::Promoted | ctxpod_engine::Promotion::Fast
-                )
-            })
-            .collect();
+        let moved = fates.iter().map(|f| *f == Promoted).collect();
+        let each = fates.iter().map(|f| matches!(f, Promoted | Fast)).collect();
         Ok::<_, ctxpod_engine::EngineError>((moved, each))
     };
     let count = |each: &[bool]| each.iter().filter(|b| **b).count() as u64;
     if !st.answers_for_pod(h) {
-        let (promoted, each) = local(keys).await?;
+        let (moved, each): (Vec<bool>, Vec<bool>) = local(keys).await?;
         let routed = h.contains_key(ctxpod_pod::route::HEADER_FORWARDED);
         return Ok(PromoteResponse {
-            promoted,
+            promoted: count(&moved),
             fast: count(&each),
             each: routed.then_some(each),
+            moved: routed.then_some(moved),
         });
     }
     st.engine.namespace(scoped)?;
     let view = st.pod.view();
     let asker = st.asker(ns, h, p);
-    let promoted = std::sync::atomic::AtomicU64::new(0);
+    // A key counts once however many of its holders moved it.
+    let moved_any = parking_lot::Mutex::new(vec![false; keys.len()]);
     let each = st
         .any_candidate(&view, ns, scoped, &keys, |m, idx| {
-            let (asker, keys, local, promoted) = (&asker, &keys, &local, &promoted);
+            let (asker, keys, local, moved_any) = (&asker, &keys, &local, &moved_any);
             async move {
                 let (moved, each) = if m.id == *st.node_id {
                     local(idx.iter().map(|&i| keys[i].clone()).collect())
@@ -624,15 +617,19 @@ async fn promote_keys(
                     let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
                     asker.promote(m, &ks).await.ok()?
                 };
-                promoted.fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
+                let mut any = moved_any.lock();
+                for (&i, moved) in idx.iter().zip(moved) {
+                    any[i] |= moved;
+                }
                 Some(each)
             }
         })
         .await;
     Ok(PromoteResponse {
-        promoted: promoted.into_inner(),
+        promoted: count(&moved_any.into_inner()),
         fast: count(&each),
         each: None,
+        moved: None,
     })
 }
 
