@@ -8,6 +8,9 @@ Data (bf16, as engines store it):
     block per layer and chunk: K and V, 1 MiB;
   - `experts`: MoE expert shards of Qwen1.5-MoE-A2.7B's shapes (gate_proj, up_proj,
     down_proj of 5.77 MB), values as transformers initializes them (normal, std 0.02);
+  - `fused`: the same experts as checkpoints that fuse gate and up hold them (gate_up_proj
+    of 11.5 MB, a large value written straight to dense and compressed as it is written;
+    down_proj of 5.77 MB, a block);
   - `random`: random bytes (nothing to save), the control.
 Neither model is trained: their bytes have the spread of initialized weights and of the
 activations they give, which is what this machine can make without a download.
@@ -77,6 +80,21 @@ def experts(n: int) -> list[bytes]:
     return out
 
 
+def experts_fused(n: int) -> list[bytes]:
+    """Experts as checkpoints that fuse gate and up store them (one gate_up_proj of
+    2 x 1408 x 2048, 11.5 MB: a large value, written straight to dense) and a down_proj."""
+    import torch
+
+    g = torch.Generator().manual_seed(36)
+    hidden, inter = 2048, 1408
+    out = []
+    for _ in range(n):
+        for shape in [(2 * inter, hidden), (hidden, inter)]:
+            w = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+            out.append(w.view(torch.uint8).numpy().tobytes())
+    return out
+
+
 def random_blocks(n: int) -> list[bytes]:
     rng = np.random.default_rng(36)
     return [rng.integers(0, 256, MIB, dtype=np.uint8).tobytes() for _ in range(n)]
@@ -127,12 +145,15 @@ def main() -> None:
     ap.add_argument("--ctxpod-bin", required=True)
     ap.add_argument("--chunks", type=int, default=32, help="KV chunks of 256 tokens (4 blocks each)")
     ap.add_argument("--experts", type=int, default=8, help="experts of 3 shards")
+    ap.add_argument("--only", nargs="*", help="data sets to run (all unless named)")
     a = ap.parse_args()
     sets = {
-        "kv-llama": kv_llama(a.chunks),
-        "experts": experts(a.experts),
-        "random": random_blocks(128),
+        "kv-llama": lambda: kv_llama(a.chunks),
+        "experts": lambda: experts(a.experts),
+        "fused": lambda: experts_fused(a.experts),
+        "random": lambda: random_blocks(128),
     }
+    sets = {k: make() for k, make in sets.items() if not a.only or k in a.only}
     work = tempfile.mkdtemp(prefix="ctxpod-compress-")
     try:
         print(f"{'data':10} {'codec':5} {'block MB':>8} {'held compressed':>15} {'ratio':>6} "

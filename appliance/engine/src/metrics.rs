@@ -360,14 +360,15 @@ impl TierMetrics {
     }
 }
 
-/// Cold compression at demotion (`compress`), by codec.
+/// Cold compression (`compress`), by codec: at demotion, and of large values' extents as
+/// they are written to the dense tier.
 pub struct CompressionMetrics {
-    /// Blocks written compressed into the dense tier.
+    /// Records (blocks, extents) written compressed into the dense tier.
     pub records: IntCounterVec,
     /// Device bytes of their records before and after.
     pub input_bytes: IntCounterVec,
     pub output_bytes: IntCounterVec,
-    /// Blocks demoted as they were: compressing saved too little.
+    /// Records demoted (or extents written) as they were: compressing saved too little.
     pub skipped: IntCounterVec,
 }
 
@@ -378,7 +379,8 @@ impl CompressionMetrics {
             records: counter_vec(
                 r,
                 "ctxpod_compression_records_total",
-                "Blocks compressed as they moved to the dense tier, by codec",
+                "Records (blocks, extents of large values) compressed as they moved to, or were \
+                 written to, the dense tier, by codec",
                 codec,
             ),
             input_bytes: counter_vec(
@@ -396,8 +398,8 @@ impl CompressionMetrics {
             skipped: counter_vec(
                 r,
                 "ctxpod_compression_skipped_total",
-                "Blocks of a compressing namespace demoted uncompressed: compression saved \
-                 less than compression_min_saving, by codec",
+                "Records of a compressing namespace demoted (or extents written) uncompressed: \
+                 compression saved less than compression_min_saving, by codec",
                 codec,
             ),
         }
