@@ -386,6 +386,12 @@ def tiered_pod(tmp_path, etcd):
     p.stop()
 
 
+def metric(node: Node, name: str) -> float:
+    from test_tiers import metric as read
+
+    return read(node, name)
+
+
 def member_get(node: Node, ns: str, key: bytes) -> bytes:
     """``key``'s bytes as ``node`` answers them over HTTP: from its own copy if it holds
     one, else asked of a member that does."""
@@ -455,6 +461,16 @@ def test_tiered_members_promote_large_values_past_a_killed_then_a_frozen_member(
             lambda: within(PEER_DEADLINE_S + ONE, "a promote", s.promote, later)["fast"] == 2,
             timeout=60,
         )
+        # A member that missed a deadline is counted down: later fan-outs (promote, pin,
+        # present) leave it out for route::DOWN_FOR (10 s) instead of waiting on it again.
+        def misses() -> float:
+            return sum(metric(n, "ctxpod_pod_peer_deadlines_missed_total") for n in p.nodes if n is not p.first)
+
+        missed = misses()
+        assert missed >= 1, "the promote above waited on the frozen member"
+        for _ in range(3):
+            assert within(ONE, "a promote past a member counted down", s.promote, later)["fast"] == 2
+        assert misses() == missed, "not asked again while counted down"
         assert within(4 * ONE, "a batch read, a member frozen", s.batch_get, keys + bkeys) == vals + bvals
         p.thaw()
         for n in p.nodes:

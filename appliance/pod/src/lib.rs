@@ -148,6 +148,10 @@ impl Pod {
         let scheme = if cfg.tls.enabled() { "https" } else { "http" };
         let me = member_info(cfg, &id, http, transfer, scheme)?;
         let peers = Peers::from_config(cfg)?;
+        engine
+            .metrics()
+            .registry
+            .register(Box::new(peers.missed.deadlines_missed.clone()))?;
         let stop = tokio_util::sync::CancellationToken::new();
         if !p.etcd_endpoints.is_empty() {
             return Self::join_etcd(cfg, engine, scheme, me, peers, pod_metrics, stop).await;

@@ -40,25 +40,44 @@ pub const PEER_DEADLINE: Duration = Duration::from_secs(5);
 pub const DOWN_FOR: Duration = Duration::from_secs(10);
 
 /// Members that missed a deadline lately (frozen, overloaded, black-holed: each ask costs
-/// a deadline): until when each is asked last. A refused connection (a dead member) costs
-/// nothing and is not counted; an answer of any kind counts a member up again.
-#[derive(Default)]
-pub struct Missed(RwLock<HashMap<String, Instant>>);
+/// a deadline): until when each is asked last (or, by a fan-out, not at all). A refused
+/// connection (a dead member) costs nothing and is not counted; an answer of any kind
+/// counts a member up again. Each miss is counted in `ctxpod_pod_peer_deadlines_missed_total`
+/// (registered with the pod's series).
+pub struct Missed {
+    down: RwLock<HashMap<String, Instant>>,
+    pub deadlines_missed: prometheus::IntCounter,
+}
+
+impl Default for Missed {
+    fn default() -> Missed {
+        Missed {
+            down: RwLock::default(),
+            deadlines_missed: prometheus::IntCounter::new(
+                "ctxpod_pod_peer_deadlines_missed_total",
+                "Asks of another member that missed their deadline (the member is then \
+                 counted down for a while)",
+            )
+            .expect("a valid metric"),
+        }
+    }
+}
 
 impl Missed {
     /// Counts member `id` down for [`DOWN_FOR`] (`reached: false`) or up.
     pub fn note(&self, id: &str, reached: bool) {
-        let mut down = self.0.write().expect("missed members");
+        let mut down = self.down.write().expect("missed members");
         if reached {
             down.remove(id);
         } else {
+            self.deadlines_missed.inc();
             down.insert(id.to_string(), Instant::now() + DOWN_FOR);
         }
     }
 
     /// Per member of `view`, whether it is counted down now (the plans ask those last).
     pub fn flags(&self, view: &PodView) -> Vec<bool> {
-        let down = self.0.read().expect("missed members");
+        let down = self.down.read().expect("missed members");
         if down.is_empty() {
             return vec![false; view.members.len()];
         }

@@ -160,9 +160,11 @@ impl AppState {
         F: Fn(&'m ctxpod_pod::membership::MemberInfo, Vec<usize>) -> Fut,
         Fut: std::future::Future<Output = Option<Vec<bool>>>,
     {
+        // A member counted down (it missed a deadline lately) is left out, unless every
+        // candidate of a key is: one deadline, not one per call.
         let round = ctxpod_wire::pod_plan::fan_out(
             &view.placement,
-            &[],
+            &self.peers.missed.flags(view),
             ns,
             keys,
             self.replication_of(scoped),
