@@ -284,69 +284,39 @@ impl Engine {
         };
         let (ns_id, key_id, salt) = (ns.id, x.key_id, self.core.nonce_salt);
         // A compressing namespace's extents on a node of two tiers are written to `dense`:
-        // compressed now, as a demotion would have (under a nonce of their own).
+        // compressed now, as a demotion would have (its plaintext kept for that).
         let squeeze = match ns.compression() {
-            Some(c) if self.core.geometry.tier_count() > 1 => Some((
-                crate::compress::codec_of(c),
-                self.core.cfg.compression_min_saving,
-                self.core.next_seq()?,
-            )),
+            Some(c) if self.core.geometry.tier_count() > 1 => {
+                Some((c, Arc::new(piece.payload().to_vec())))
+            }
             _ => None,
         };
-        let dek = x.dek.clone();
-        let key = key.to_vec();
-        let job = move || {
-            let plain = squeeze.map(|_| piece.payload().to_vec());
-            let record = piece.seal(
-                ns_id,
-                (key_id, dek.as_deref()),
-                &key,
-                (seq, salt),
-                crc,
-                Some(of),
-            );
-            let (Some((codec, min_saving, cseq)), Some(plain)) = (squeeze, plain) else {
-                return (record, None);
-            };
-            let h = RecordHeader::decode(&record).expect("a record just sealed decodes");
-            let seal = crate::compress::SealWith {
-                ns_id,
-                key: &key,
-                key_id,
-                dek: dek.as_deref(),
-                cseq,
-                salt,
-            };
-            let c = crate::compress::compressed_record(
-                &h,
-                &plain,
-                codec,
-                (record.len(), min_saving),
-                &seal,
-            );
-            let uncompressed = record.len();
-            match c {
-                Some(c) => (c, Some((codec, uncompressed))),
-                None => (record, Some((codec, 0))),
+        let record = match x.dek.clone() {
+            None => piece.seal(ns_id, (key_id, None), key, (seq, salt), crc, Some(of)),
+            Some(dek) => {
+                let key = key.to_vec();
+                self.core
+                    .offload
+                    .aead(len, move || {
+                        piece.seal(
+                            ns_id,
+                            (key_id, Some(&dek)),
+                            &key,
+                            (seq, salt),
+                            crc,
+                            Some(of),
+                        )
+                    })
+                    .await?
             }
         };
-        let (record, squeezed) = if x.dek.is_none() && squeeze.is_none() {
-            job()
-        } else {
-            self.core.offload.aead(len, job).await?
-        };
-        if let Some((codec, from)) = squeezed {
-            let (m, label) = (&self.core.metrics.compression, [codec.name()]);
-            if from == 0 {
-                m.skipped.with_label_values(&label).inc();
-            } else {
-                m.records.with_label_values(&label).inc();
-                m.input_bytes.with_label_values(&label).inc_by(from as u64);
-                m.output_bytes
-                    .with_label_values(&label)
-                    .inc_by(record.len() as u64);
+        let record = match squeeze {
+            Some((setting, plain)) => {
+                let at = (ns_id, key, x.dek.clone());
+                crate::writer::compress_extent(&self.core, at, setting, record, plain).await?
             }
-        }
+            None => record,
+        };
         let loc = ExtentLoc {
             region: 0,
             offset: 0,

@@ -317,13 +317,7 @@ async fn large_values_are_compressed_when_demoted() {
             .await
             .expect("store");
     }
-    let settings = NsSettings {
-        compression: Some(Compression::Zstd),
-        ..NsSettings::default()
-    };
-    e.create_namespace_with("kv", settings)
-        .await
-        .expect("compression on");
+    zstd_namespace(&e).await;
     assert_eq!(e.namespace("kv").expect("info").compressed_bytes, 0);
     let fates = e
         .promote("kv", vec![vkey(0), vkey(1)])
@@ -408,13 +402,7 @@ async fn large_values_are_compressed_as_they_are_written_to_dense() {
     let e = Engine::open(cfg.clone(), Arc::new(Metrics::new()))
         .await
         .expect("open");
-    let settings = NsSettings {
-        compression: Some(Compression::Zstd),
-        ..NsSettings::default()
-    };
-    e.create_namespace_with("kv", settings)
-        .await
-        .expect("namespace");
+    zstd_namespace(&e).await;
     store_in(&e, "kv", &vkey(0), &kv_value(0))
         .await
         .expect("store");
@@ -462,6 +450,46 @@ async fn large_values_are_compressed_as_they_are_written_to_dense() {
         (info.compressed_bytes, info.compressed_stored_bytes)
     );
     e.shutdown().await;
+}
+
+/// Compression at write is best effort: on a node storing plaintext (no sealing job), with
+/// every offload AEAD job refused, a large value of a compressing namespace is stored as
+/// it is (the refused compression counted as skipped), never refused, and reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_compression_job_stores_the_value_as_it_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config {
+        encrypt_at_rest: false,
+        ..tiered_sized(dir.path(), 144 * MIB, 512 * MIB)
+    };
+    let e = Engine::open(cfg, Arc::new(Metrics::new()))
+        .await
+        .expect("open");
+    zstd_namespace(&e).await;
+    e.offload().set_faults(crate::offload::OffloadFaults {
+        seed: 36,
+        crc_error: 0.0,
+        aead_error: 1.0,
+    });
+    store_in(&e, "kv", &vkey(0), &kv_value(0))
+        .await
+        .expect("stored, uncompressed");
+    e.offload()
+        .set_faults(crate::offload::OffloadFaults::default());
+    assert_eq!(e.namespace("kv").expect("info").compressed_bytes, 0);
+    check_kv(&e, 0).await;
+    e.shutdown().await;
+}
+
+/// Namespace `kv` compressing with zstd (made, or set so).
+async fn zstd_namespace(e: &Engine) {
+    let settings = NsSettings {
+        compression: Some(Compression::Zstd),
+        ..NsSettings::default()
+    };
+    e.create_namespace_with("kv", settings)
+        .await
+        .expect("namespace kv with zstd");
 }
 
 /// Large value `i` of the compression test: bf16 values of a normal spread, as a KV cache.

@@ -45,6 +45,7 @@ mod promote;
 mod removals;
 mod tiers;
 mod values;
+pub(crate) use compress::compress_extent;
 use pipeline::{committer, reply_failed};
 pub use promote::Fate;
 use tiers::TierRegions;

@@ -92,13 +92,7 @@ impl Writer {
         let label = [codec.name()];
         Ok(match done {
             Ok(Ok(Some(c))) => {
-                m.records.with_label_values(&label).inc();
-                m.input_bytes
-                    .with_label_values(&label)
-                    .inc_by(record_len as u64);
-                m.output_bytes
-                    .with_label_values(&label)
-                    .inc_by(c.len() as u64);
+                count_compressed(core, codec, record_len, c.len());
                 let nloc = BlockLoc {
                     record_len: c.len() as u32,
                     key_id,
@@ -125,4 +119,59 @@ impl Writer {
             }
         })
     }
+}
+
+/// Extent `record` of a large value (just sealed, its plaintext `plain`) of a namespace
+/// compressing with `setting`, as it is written to `dense`: its compressed record if that
+/// saves `compression_min_saving`, sealed under the same data key (`at`: namespace id,
+/// key, data key) with a nonce of a sequence number taken for it; else, or should the
+/// offload engine refuse the job, `record` as it is (compression is never a reason to fail
+/// a write).
+pub(crate) async fn compress_extent(
+    core: &Core,
+    (ns_id, key, dek): (u32, &[u8], Option<Arc<crate::crypto::AeadKey>>),
+    setting: ctxpod_wire::types::Compression,
+    record: AlignedBuf,
+    plain: Arc<Vec<u8>>,
+) -> anyhow::Result<AlignedBuf> {
+    let h = RecordHeader::decode(&record).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (codec, min_saving) = (compress::codec_of(setting), core.cfg.compression_min_saving);
+    let (cseq, salt, key) = (core.next_seq()?, core.nonce_salt, key.to_vec());
+    let record_len = record.len();
+    let job = move || {
+        let seal = SealWith {
+            ns_id,
+            key: &key,
+            key_id: h.key_id,
+            dek: dek.as_deref(),
+            cseq,
+            salt,
+        };
+        compress::compressed_record(&h, &plain, codec, (record_len, min_saving), &seal)
+    };
+    let m = &core.metrics.compression;
+    let label = [codec.name()];
+    match core.offload.aead(record_len, job).await {
+        Ok(Some(c)) => {
+            count_compressed(core, codec, record_len, c.len());
+            Ok(c)
+        }
+        Ok(None) => {
+            m.skipped.with_label_values(&label).inc();
+            Ok(record)
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "compression of an extent at write not run");
+            m.skipped.with_label_values(&label).inc();
+            Ok(record)
+        }
+    }
+}
+
+/// A record of `from` device bytes written compressed in `to`, in the codec's series.
+fn count_compressed(core: &Core, codec: record::Codec, from: usize, to: usize) {
+    let (m, label) = (&core.metrics.compression, [codec.name()]);
+    m.records.with_label_values(&label).inc();
+    m.input_bytes.with_label_values(&label).inc_by(from as u64);
+    m.output_bytes.with_label_values(&label).inc_by(to as u64);
 }
