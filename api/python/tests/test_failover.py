@@ -386,12 +386,6 @@ def tiered_pod(tmp_path, etcd):
     p.stop()
 
 
-def metric(node: Node, name: str) -> float:
-    from test_tiers import metric as read
-
-    return read(node, name)
-
-
 def member_get(node: Node, ns: str, key: bytes) -> bytes:
     """``key``'s bytes as ``node`` answers them over HTTP: from its own copy if it holds
     one, else asked of a member that does."""
@@ -409,7 +403,7 @@ def test_tiered_members_promote_large_values_past_a_killed_then_a_frozen_member(
     a later promote brings every value to the fast tier; a promote of new values with a
     member frozen returns within a peer deadline, the members that answer promote their
     copies, and reads are byte-exact meanwhile."""
-    from test_tiers import weights
+    from test_tiers import metric, weights
 
     p = tiered_pod
     ns = f"tp-{uuid.uuid4().hex[:8]}"

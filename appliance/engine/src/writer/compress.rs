@@ -149,23 +149,17 @@ pub(crate) async fn compress_extent(
         };
         compress::compressed_record(&h, &plain, codec, (record_len, min_saving), &seal)
     };
-    let m = &core.metrics.compression;
-    let label = [codec.name()];
     match core.offload.aead(record_len, job).await {
         Ok(Some(c)) => {
             count_compressed(core, codec, record_len, c.len());
-            Ok(c)
+            return Ok(c);
         }
-        Ok(None) => {
-            m.skipped.with_label_values(&label).inc();
-            Ok(record)
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "compression of an extent at write not run");
-            m.skipped.with_label_values(&label).inc();
-            Ok(record)
-        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!(error = %e, "compression of an extent at write not run"),
     }
+    let skipped = &core.metrics.compression.skipped;
+    skipped.with_label_values(&[codec.name()]).inc();
+    Ok(record)
 }
 
 /// A record of `from` device bytes written compressed in `to`, in the codec's series.
