@@ -107,14 +107,21 @@ fn closed_unanswered(e: &reqwest::Error) -> bool {
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
+        // Closed before the answer began, or before the request was even sent (canceled).
         if s.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
+            .is_some_and(|h| h.is_incomplete_message() || h.is_canceled())
         {
             return true;
         }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
-            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+            use std::io::ErrorKind::*;
+            let closed = [
+                ConnectionReset,
+                ConnectionAborted,
+                BrokenPipe,
+                UnexpectedEof,
+            ];
+            return closed.contains(&io.kind());
         }
         source = s.source();
     }
