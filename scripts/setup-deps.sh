@@ -4,10 +4,13 @@
 # compiler, fio and iperf3 (the device and loopback baselines of `ctxpod bench`), etcd
 # (Debian's etcd-server: the pod tests start their own on loopback), chromium and
 # chromium-driver (the dashboard's test in a real headless browser, scripts/ui-check.py),
-# python3-venv where missing (the OpenAPI validation in scripts/test.sh), and cargo-nextest.
+# python3-venv where missing (the OpenAPI validation in scripts/test.sh), iproute2 and nftables
+# (the pod's partition tests put nodes in network namespaces and cut links between them),
+# and cargo-nextest.
 set -euo pipefail
 need=()
-for pkg in clang libclang-dev g++ make fio iperf3 etcd-server curl chromium chromium-driver; do
+for pkg in clang libclang-dev g++ make fio iperf3 etcd-server curl chromium chromium-driver \
+  iproute2 nftables; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # The OpenAPI check runs in a venv; Debian's own python3 needs python3-venv for that.

@@ -172,6 +172,22 @@ impl ReadPlan {
         }
     }
 
+    /// Asks `member` first about each key it is a candidate for, whatever its rank (the
+    /// member answering the request: a look at its own copy costs no hop). A member counted
+    /// down is never moved.
+    pub fn ask_first(mut self, member: MemberIx, down: &[bool]) -> ReadPlan {
+        if down.get(member).copied().unwrap_or(false) {
+            return self;
+        }
+        for k in &mut self.keys {
+            if let Some(at) = k.order.iter().position(|&(m, _)| m == member) {
+                let mine = k.order.remove(at);
+                k.order.insert(0, mine);
+            }
+        }
+        self
+    }
+
     /// Members that could not be reached (the caller counts them down and reads the view
     /// again).
     pub fn unreachable(&self) -> impl Iterator<Item = MemberIx> + '_ {

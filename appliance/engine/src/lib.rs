@@ -167,6 +167,17 @@ pub trait PodQuota: Send + Sync {
     fn released<'a>(&'a self, ns: &'a Namespace) -> QuotaFuture<'a>;
 }
 
+/// Whether this node may serve the blocks it holds now (`ctxpod_pod::fence`): a pod member
+/// that cannot show it is still in the pod may hold blocks the pod deleted meanwhile, so
+/// while it is fenced every read of a block through any door answers absent (a miss: the
+/// engine recomputes), and nothing is copied from it. Writes and deletes go on (a delete
+/// sent to it, or a tombstone it applies, is what lets it serve again). Without one (a node
+/// alone, a static pod) the node always serves.
+pub trait ServeGate: Send + Sync {
+    /// Whether reads may be served now; a `false` is counted by the gate.
+    fn may_serve(&self) -> bool;
+}
+
 /// What `PUT /v1/namespaces/{ns}` sets: every setting, each absent one back to its default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NsSettings {
@@ -418,6 +429,8 @@ pub(crate) struct Core {
     failed: AtomicBool,
     /// The pod's quota ledger, once the node joined a pod that keeps one.
     pod_quota: std::sync::OnceLock<Arc<dyn PodQuota>>,
+    /// The pod's fence, once the node joined a pod that keeps one ([`ServeGate`]).
+    serve_gate: std::sync::OnceLock<Arc<dyn ServeGate>>,
     /// Set by the writer after a commit that skipped the flush and sync (`fast` puts only),
     /// cleared by the next synced commit.
     unsynced: AtomicBool,

@@ -156,6 +156,16 @@ impl Engine {
         let _ = self.core.pod_quota.set(q);
     }
 
+    /// Hands the node's reads to the pod's fence (once; later calls are ignored).
+    pub fn set_serve_gate(&self, g: Arc<dyn crate::ServeGate>) {
+        let _ = self.core.serve_gate.set(g);
+    }
+
+    /// Whether reads of blocks are served now ([`crate::ServeGate`]; always without one).
+    pub fn may_serve(&self) -> bool {
+        self.core.serve_gate.get().is_none_or(|g| g.may_serve())
+    }
+
     /// A namespace, for the pod's quota ledger.
     pub fn namespace_handle(&self, name: &str) -> Result<Arc<Namespace>> {
         self.ns(name)

@@ -129,6 +129,9 @@ impl Engine {
     pub fn find(&self, ns: &str, key: &[u8]) -> Result<Option<Found>> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
+        if !self.may_serve() {
+            return Ok(None);
+        }
         self.find_in(ns, key)
     }
 
@@ -416,6 +419,9 @@ impl Engine {
     pub async fn contains(&self, ns: &str, key: &[u8]) -> Result<bool> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
+        if !self.may_serve() {
+            return Ok(false);
+        }
         let bkey = block_key(ns.id, key);
         Ok(self.core.index.get_block(&bkey)?.is_some())
     }
@@ -514,6 +520,9 @@ impl Engine {
     pub async fn read_for_copy(&self, ns: &str, key: &[u8]) -> Result<Option<(Bytes, u32)>> {
         Self::check_key(key)?;
         let ns = self.ns(ns)?;
+        if !self.may_serve() {
+            return Ok(None);
+        }
         let bkey: CacheKey = block_key(ns.id, key).into();
         match self.core.index.get_block(&bkey)? {
             Some(loc) => Ok(self
@@ -561,6 +570,9 @@ impl Engine {
             Self::check_key(k)?;
         }
         let ns = self.ns(ns)?;
+        if !self.may_serve() {
+            return Ok(0);
+        }
         Ok(self.core.presence.leading(ns.id, &chain) as u64)
     }
 }

@@ -147,6 +147,7 @@ pub(super) async fn open(
         counters,
         failed: AtomicBool::new(false),
         pod_quota: std::sync::OnceLock::new(),
+        serve_gate: std::sync::OnceLock::new(),
         no_space: Mutex::new(None),
         unsynced: AtomicBool::new(false),
         promote_hints: Mutex::new(std::collections::VecDeque::new()),

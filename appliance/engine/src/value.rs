@@ -459,6 +459,9 @@ impl Engine {
     ) -> Result<Option<ValueReader>> {
         Self::check_key(key)?;
         let nsa = self.ns(ns)?;
+        if !self.may_serve() {
+            return Ok(None);
+        }
         let bkey = block_key(nsa.id, key);
         let Some(manifest) = self.core.index.get_manifest(&bkey)? else {
             // One record: a range of it reads only the segments that hold the range.

@@ -101,6 +101,9 @@ pub enum ForwardError {
     /// The member could not be reached (the connection refused or reset), or answered a
     /// block whose bytes do not match its CRC32C: try the next one.
     Unreachable,
+    /// Nothing listens at the member's address (the connection refused): the process is
+    /// not serving there; try the next one.
+    Refused,
     /// The member missed a deadline (no progress within [`FORWARD_STALL`], or a connect
     /// timeout): try the next one, and ask it last for a while (a frozen member costs a
     /// deadline each time it is asked; a dead one's refusal costs nothing).
@@ -164,6 +167,8 @@ pub async fn forward(
     let resp = tokio::select! {
         r = req.send() => r.map_err(|e| if e.is_timeout() {
             ForwardError::TimedOut
+        } else if ctxpod_pod::etcd::connection_refused(&e) {
+            ForwardError::Refused
         } else {
             ForwardError::Unreachable
         })?,

@@ -55,6 +55,32 @@ pub enum WatchEvent {
     Delete { key: String, mod_revision: i64 },
 }
 
+/// Every endpoint refused the connection: etcd is not running where it is configured (as
+/// opposed to a silence: a cut link, or packets dropped). `crate::fence` counts this as
+/// "etcd down for everyone".
+#[derive(Debug, thiserror::Error)]
+#[error("every etcd endpoint refused the connection")]
+pub struct Refused;
+
+/// Whether a failed call to etcd was refused by every endpoint ([`Refused`]).
+pub fn refused(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Refused>().is_some()
+}
+
+/// Whether an HTTP error is a refused TCP connection (ECONNREFUSED: nothing listens there).
+pub fn connection_refused(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
+}
+
 fn b64(s: &[u8]) -> String {
     B64.encode(s)
 }
@@ -211,6 +237,7 @@ impl Etcd {
         token: Option<&str>,
     ) -> anyhow::Result<Value> {
         let mut last = None;
+        let mut all_refused = true;
         for e in &self.endpoints {
             let mut req = self
                 .http
@@ -228,14 +255,22 @@ impl Etcd {
                     return Err(Unauthenticated.into());
                 }
                 Ok(resp) => {
+                    all_refused = false;
                     let st = resp.status();
                     let text = resp.text().await.unwrap_or_default();
                     last = Some(anyhow::anyhow!("etcd {e}{path}: {st}: {text}"));
                 }
-                Err(err) => last = Some(anyhow::anyhow!("etcd {e}{path}: {err}")),
+                Err(err) => {
+                    all_refused &= connection_refused(&err);
+                    last = Some(anyhow::anyhow!("etcd {e}{path}: {err}"));
+                }
             }
         }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("no etcd endpoints")))
+        let last = last.unwrap_or_else(|| anyhow::anyhow!("no etcd endpoints"));
+        if all_refused && !self.endpoints.is_empty() {
+            return Err(last.context(Refused));
+        }
+        Err(last)
     }
 
     /// A new lease of `ttl_s` seconds; its id.

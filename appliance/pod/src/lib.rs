@@ -14,6 +14,9 @@
 //!   first.
 //! - [`tombstones`]: block deletes recorded in etcd, so a member that was away deletes its
 //!   copy on return, and no copy of a deleted block is written back.
+//! - [`fence`]: a member serves its blocks only while it can show it is in the pod (its
+//!   lease provably live, the pod's deletes caught up), so no member serves a block after
+//!   the pod acknowledged its delete.
 //! - [`quota`]: a namespace's quota held for the whole pod, through a ledger of grants in
 //!   etcd (compare-and-swap), never the sum of per-member quotas.
 //!
@@ -23,6 +26,7 @@ pub mod backfill;
 pub mod batch;
 pub mod drain;
 pub mod etcd;
+pub mod fence;
 pub mod membership;
 pub mod metrics;
 pub mod namespaces;
@@ -66,6 +70,8 @@ pub struct Pod {
     pub tombstones: Option<(Arc<tombstones::Tombstones>, i64)>,
     /// The pod's series, in the engine's registry.
     pub metrics: Arc<metrics::PodMetrics>,
+    /// Whether this member serves its blocks now (with etcd).
+    pub fence: Option<Arc<fence::Fence>>,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -140,7 +146,7 @@ impl Pod {
         cfg: &ctxpod_format::config::Config,
         http: SocketAddr,
         transfer: Option<SocketAddr>,
-        engine: &ctxpod_engine::Engine,
+        engine: &Arc<ctxpod_engine::Engine>,
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
         let pod_metrics = Arc::new(metrics::PodMetrics::new(&engine.metrics().registry));
@@ -183,6 +189,7 @@ impl Pod {
             drain: Arc::new(drain::Drain::new(None)),
             tombstones: None,
             metrics: pod_metrics,
+            fence: None,
             stop,
         })
     }
@@ -192,7 +199,7 @@ impl Pod {
     /// namespace quotas for the pod.
     async fn join_etcd(
         cfg: &ctxpod_format::config::Config,
-        engine: &ctxpod_engine::Engine,
+        engine: &Arc<ctxpod_engine::Engine>,
         scheme: &'static str,
         me: MemberInfo,
         peers: Peers,
@@ -225,12 +232,28 @@ impl Pod {
         )
         .await
         .context("apply the pod's block deletes (tombstones in etcd)")?;
-        let registration = Registration::register(
+        // Reads are fenced from here on: served only while this member's lease is
+        // provably live and the pod's deletes are caught up since its record was put.
+        let fence = Arc::new(fence::Fence::new());
+        fence.register(&engine.metrics().registry)?;
+        engine.set_serve_gate(fence.clone());
+        let catch_up: membership::CatchUp = {
+            let (t, engine) = (tombstones.0.clone(), engine.clone());
+            Arc::new(move |away| {
+                let (t, engine) = (t.clone(), engine.clone());
+                Box::pin(async move { t.catch_up(&engine, away).await })
+            })
+        };
+        let registration = Registration::register_fenced(
             etcd.clone(),
             &p.name,
             me.clone(),
             ttl,
             Some(membership.clone()),
+            Some(membership::Rejoin {
+                fence: fence.clone(),
+                catch_up,
+            }),
         )
         .await
         .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
@@ -260,6 +283,7 @@ impl Pod {
             registration: Some(registration),
             tombstones: Some(tombstones),
             metrics: pod_metrics,
+            fence: Some(fence),
             stop,
         })
     }

@@ -9,6 +9,7 @@
 //! [`Membership::etcd_up`] says so (`ctxpod_pod_etcd_up` in the metrics).
 
 use super::etcd::{Etcd, WatchEvent};
+use anyhow::Context;
 use ctxpod_wire::placement::{Member, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -131,6 +132,8 @@ pub struct Membership {
     etcd_last_ok: AtomicI64,
     /// Member records in etcd left out of the view as invalid.
     rejected: AtomicUsize,
+    /// Where the records are read from: etcd, the members' prefix and the pod's scheme.
+    records: Option<(Etcd, String, &'static str)>,
 }
 
 pub(crate) fn unix_now() -> i64 {
@@ -148,6 +151,7 @@ impl Membership {
             etcd_up: AtomicBool::new(source != Source::Etcd),
             etcd_last_ok: AtomicI64::new(0),
             rejected: AtomicUsize::new(0),
+            records: None,
         })
     }
 
@@ -210,8 +214,14 @@ impl Membership {
         let prefix = members_prefix(pod);
         let (rev, kvs) = etcd.range_prefix(&prefix).await?;
         let records = Records::listed(kvs, scheme);
-        let m = Self::with(Source::Etcd, PodView::new(records.members(), rev));
-        m.rejected.store(records.rejected(), Ordering::Relaxed);
+        let m = Arc::new(Membership {
+            source: Source::Etcd,
+            view: watch::channel(Arc::new(PodView::new(records.members(), rev))).0,
+            etcd_up: AtomicBool::new(false),
+            etcd_last_ok: AtomicI64::new(0),
+            rejected: AtomicUsize::new(records.rejected()),
+            records: Some((etcd.clone(), prefix.clone(), scheme)),
+        });
         m.etcd_ok();
         let me = m.clone();
         tokio::spawn(async move {
@@ -221,6 +231,21 @@ impl Membership {
             }
         });
         Ok(m)
+    }
+
+    /// The pod as etcd holds it now (one range read; the view without etcd): at least as
+    /// new as anything written to etcd before the call. The view this node follows is not
+    /// changed (its watch does that).
+    pub async fn current(&self) -> anyhow::Result<Arc<PodView>> {
+        let Some((etcd, prefix, scheme)) = &self.records else {
+            return Ok(self.view());
+        };
+        let (rev, kvs) = etcd.range_prefix(prefix).await?;
+        self.etcd_ok();
+        Ok(Arc::new(PodView::new(
+            Records::listed(kvs, scheme).members(),
+            rev,
+        )))
     }
 
     /// Member records in etcd that are not taken into the view (they fail
@@ -429,7 +454,31 @@ impl RegistrationHandle {
     }
 }
 
+/// What catches a member up with the pod's deletes after its record was put (again):
+/// called with how long etcd had not answered it; see [`crate::fence`].
+pub type CatchUp = Arc<
+    dyn Fn(Duration) -> futures::future::BoxFuture<'static, anyhow::Result<()>> + Send + Sync,
+>;
+
+/// A member's fence and how it catches up ([`Registration::register_fenced`]).
+#[derive(Clone)]
+pub struct Rejoin {
+    pub fence: Arc<crate::fence::Fence>,
+    pub catch_up: CatchUp,
+}
+
+impl Rejoin {
+    /// Catches up (the record is put) and opens the fence; how it went.
+    async fn catch_up(&self, away: Duration) -> anyhow::Result<()> {
+        (self.catch_up)(away).await?;
+        self.fence.caught_up();
+        Ok(())
+    }
+}
+
 impl Registration {
+    /// Registers `me` under a lease of `ttl` and keeps it registered (no fence: a client,
+    /// or a test).
     pub async fn register(
         etcd: Etcd,
         pod: &str,
@@ -437,11 +486,33 @@ impl Registration {
         ttl: Duration,
         membership: Option<Arc<Membership>>,
     ) -> anyhow::Result<Registration> {
+        Self::register_fenced(etcd, pod, me, ttl, membership, None).await
+    }
+
+    /// [`Registration::register`] for a member that serves blocks: each answer from etcd
+    /// renews its fence, and once its record is put (at first, and again after its lease
+    /// was lost) it catches up with the pod's deletes before the fence opens.
+    pub async fn register_fenced(
+        etcd: Etcd,
+        pod: &str,
+        me: MemberInfo,
+        ttl: Duration,
+        membership: Option<Arc<Membership>>,
+        rejoin: Option<Rejoin>,
+    ) -> anyhow::Result<Registration> {
         let key = member_key(&members_prefix(pod), &me.id);
         let ttl_s = ttl.as_secs().max(2) as i64;
+        let lease_ttl = Duration::from_secs(ttl_s as u64);
+        let sent = std::time::Instant::now();
         let lease = etcd.grant(ttl_s).await?;
         etcd.put(&key, &serde_json::to_vec(&me)?, Some(lease))
             .await?;
+        if let Some(r) = &rejoin {
+            r.fence.renewed(sent, lease_ttl);
+            r.catch_up(Duration::ZERO)
+                .await
+                .context("catch up with the pod's deletes")?;
+        }
         let handle = RegistrationHandle {
             me: Arc::new(parking_lot::Mutex::new(me)),
             kick: Arc::new(tokio::sync::Notify::new()),
@@ -452,12 +523,17 @@ impl Registration {
         let task = tokio::spawn(async move {
             let mut lease = Some(lease);
             let every = Duration::from_millis(ttl_s as u64 * 1000 / 3);
+            // The last answer from etcd, and whether the deletes must be caught up (the
+            // lease was lost, or the last catch-up failed).
+            let mut answered = std::time::Instant::now();
+            let mut behind = false;
             loop {
                 let kicked = tokio::select! {
                     _ = s.cancelled() => break,
                     _ = tokio::time::sleep(every) => false,
                     _ = h.kick.notified() => true,
                 };
+                let sent = std::time::Instant::now();
                 let value = serde_json::to_vec(&*h.me.lock()).expect("a member record encodes");
                 let r = match lease {
                     Some(l) => etcd.keepalive(l).await.map(|ttl| ttl.map(|_| l)),
@@ -479,24 +555,56 @@ impl Registration {
                 };
                 let r = match r {
                     Ok(Some(l)) => Ok(l),
-                    // The lease is gone: register again under a new one.
-                    Ok(None) => match etcd.grant(ttl_s).await {
-                        Ok(l) => etcd.put(&key, &value, Some(l)).await.map(|_| {
-                            tracing::info!("pod: registered again under a new lease");
-                            l
-                        }),
-                        Err(e) => Err(e),
-                    },
+                    // The lease is gone: fenced until registered again under a new one
+                    // and caught up with the deletes made meanwhile.
+                    Ok(None) => {
+                        if let Some(r) = &rejoin {
+                            r.fence.lease_lost();
+                        }
+                        behind = true;
+                        lease = None;
+                        match etcd.grant(ttl_s).await {
+                            Ok(l) => etcd.put(&key, &value, Some(l)).await.map(|_| {
+                                tracing::info!("pod: registered again under a new lease");
+                                l
+                            }),
+                            Err(e) => Err(e),
+                        }
+                    }
                     Err(e) => Err(e),
                 };
                 match r {
                     Ok(l) => {
                         lease = Some(l);
+                        let away = sent.saturating_duration_since(answered);
+                        answered = std::time::Instant::now();
                         if let Some(m) = &membership {
                             m.etcd_ok();
                         }
+                        if let Some(r) = &rejoin {
+                            r.fence.renewed(sent, lease_ttl);
+                            if behind {
+                                match r.catch_up(away).await {
+                                    Ok(()) => {
+                                        behind = false;
+                                        tracing::info!(
+                                            "pod: caught up with the pod's deletes; serving again"
+                                        );
+                                    }
+                                    Err(e) => tracing::warn!(
+                                        "pod: catching up with the pod's deletes: {e:#}; \
+                                         fenced until it succeeds"
+                                    ),
+                                }
+                            }
+                        }
                     }
                     Err(e) => {
+                        // etcd down where it runs (every endpoint refused): no lease can
+                        // expire meanwhile, so the fence holds (crate::fence).
+                        if let Some(r) = rejoin.as_ref().filter(|_| super::etcd::refused(&e)) {
+                            r.fence.renewed(sent, lease_ttl);
+                        }
                         if let Some(m) = &membership {
                             m.etcd_failed("lease keep-alive", &e);
                         }

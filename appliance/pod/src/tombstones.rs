@@ -80,6 +80,9 @@ pub struct Tombstones {
     pod: String,
     prefix: String,
     retention: Duration,
+    /// The members' lease TTL (`pod.lease_ttl_s`): how long a delete waits for a member
+    /// it cannot reach to drop out of the pod.
+    lease_ttl: Duration,
     max: usize,
     /// Names (`<namespace>/<hex key>`) of the tombstones etcd holds.
     known: Mutex<HashSet<String>>,
@@ -106,6 +109,7 @@ impl Tombstones {
             pod: pod.to_string(),
             prefix: tombstones_prefix(pod),
             retention: Duration::from_secs(cfg.tombstone_retention_s),
+            lease_ttl: Duration::from_secs(cfg.lease_ttl_s),
             max: cfg.tombstones_max,
             known: Mutex::new(HashSet::new()),
             lease: tokio::sync::Mutex::new(None),
@@ -115,6 +119,58 @@ impl Tombstones {
         let state = t.load();
         let now = super::membership::unix_now();
         let away = state.as_ref().map(|s| now - s.seen_unix);
+        t.empty_if_away(engine, away).await?;
+        let applied = state.map_or(0, |s| s.applied_revision);
+        let (rev, kvs) = t.etcd.range_prefix(&t.prefix).await?;
+        let applied_now = t.relist(engine, kvs, applied).await;
+        t.save(rev);
+        tracing::info!(
+            tombstones = t.len(),
+            applied = applied_now,
+            revision = rev,
+            "the pod's block deletes applied"
+        );
+        Ok((t, rev))
+    }
+
+    /// After this member's record was put again (its lease was lost): empties it if etcd
+    /// had not answered for longer than the retention, then lists the pod's tombstones and
+    /// applies every one newer than the revision it had applied (`crate::fence`).
+    pub async fn catch_up(&self, engine: &Engine, away: Duration) -> anyhow::Result<()> {
+        let state = self.load();
+        self.empty_if_away(engine, Some(away.as_secs() as i64))
+            .await?;
+        let applied = state.map_or(0, |s| s.applied_revision);
+        let (rev, kvs) = self.etcd.range_prefix(&self.prefix).await?;
+        let n = self.relist(engine, kvs, applied).await;
+        self.save(rev);
+        tracing::info!(
+            applied = n,
+            revision = rev,
+            "caught up with the pod's block deletes"
+        );
+        Ok(())
+    }
+
+    /// Counts a delete recorded but not settled (members that may hold the block could
+    /// not be reached and are still in the pod).
+    pub fn unsettled(&self) {
+        self.metrics
+            .pod_deletes_refused
+            .with_label_values(&["holders_unreached"])
+            .inc();
+    }
+
+    /// How long a delete waits for a member it cannot reach to drop out of the pod.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
+    /// Empties this node when it was `away` (seconds without etcd) longer than the
+    /// retention: it cannot know which deletes it missed.
+    async fn empty_if_away(&self, engine: &Engine, away: Option<i64>) -> anyhow::Result<()> {
+        let t = self;
+        let pod = t.pod.as_str();
         if away.is_some_and(|a| a > t.retention.as_secs() as i64) {
             tracing::warn!(
                 away_s = away,
@@ -143,17 +199,7 @@ impl Tombstones {
                 "emptied; backfill brings this node its share again"
             );
         }
-        let applied = state.map_or(0, |s| s.applied_revision);
-        let (rev, kvs) = t.etcd.range_prefix(&t.prefix).await?;
-        let applied_now = t.relist(engine, kvs, applied).await;
-        t.save(rev);
-        tracing::info!(
-            tombstones = t.len(),
-            applied = applied_now,
-            revision = rev,
-            "the pod's block deletes applied"
-        );
-        Ok((t, rev))
+        Ok(())
     }
 
     /// Keeps the tombstones current (and applies new ones) until `stop`.

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 /// A running etcd (see the module's doc), stopped when dropped.
 pub struct EtcdServer {
     child: Option<Child>,
+    /// The network namespace it runs in (`None`: the machine's own, on loopback).
+    netns: Option<String>,
     dir: PathBuf,
     peer_port: u16,
     /// The client URL (`https://127.0.0.1:<port>`).
@@ -30,6 +32,12 @@ pub struct EtcdServer {
 impl EtcdServer {
     /// Starts etcd with its data under `dir`, waits until it answers, and turns auth on.
     pub fn start(dir: &Path) -> EtcdServer {
+        Self::start_on(dir, None)
+    }
+
+    /// [`EtcdServer::start`] on host `at` of a test network (listening on its address),
+    /// or on loopback.
+    pub fn start_on(dir: &Path, at: Option<&crate::netns::Host>) -> EtcdServer {
         let pki = dir.join("etcd-pki");
         std::fs::create_dir_all(&pki).expect("etcd pki dir");
         let ca = Ca::new("etcd CA");
@@ -37,14 +45,16 @@ impl EtcdServer {
         std::fs::write(&password_file, format!("{:032x}\n", rand::random::<u128>()))
             .expect("password");
         let client_port = free_port().expect("a free port");
+        let ip = at.map_or("127.0.0.1", |h| h.ip.as_str());
         let mut e = EtcdServer {
             child: None,
+            netns: at.map(|h| h.netns.clone()),
             dir: dir.join("etcd"),
             peer_port: free_port().expect("a free port"),
-            url: format!("https://127.0.0.1:{client_port}"),
+            url: format!("https://{ip}:{client_port}"),
             ca_file: ca.write(&pki.join("ca.crt")),
             // Both usages: etcd's gateway dials its own gRPC server with it.
-            server: ca.node(&pki, "etcd"),
+            server: ca.node_at(&pki, "etcd", &[ip]),
             client_cert: ca.client_without_cn(&pki, "ctxpod"),
             password_file,
             root_password: format!("{:032x}", rand::random::<u128>()),
@@ -139,7 +149,15 @@ impl EtcdServer {
         assert!(self.child.is_none(), "etcd is already running");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.with_extension("log")).expect("etcd log");
-        let child = Command::new("etcd")
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcd"]);
+                c
+            }
+            None => Command::new("etcd"),
+        };
+        let child = cmd
             .args(["--name", "test"])
             .arg("--data-dir")
             .arg(&self.dir)

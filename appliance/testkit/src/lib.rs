@@ -6,6 +6,8 @@
 //! - [`pki`]: certificates made on the spot (a CA, server, node and client certificates)
 //!   and a client TLS configuration that trusts them;
 //! - [`etcd`]: a real, secured etcd server on loopback for pod runs;
+//! - [`netns`]: hosts in network namespaces of their own on a bridge, and links cut
+//!   between them with nftables (the pod's partition tests);
 //! - [`data`]: deterministic block contents, a replayable seed, and the entries of a batch
 //!   to send again when the node answered busy.
 //!
@@ -18,6 +20,7 @@
 
 pub mod data;
 pub mod etcd;
+pub mod netns;
 pub mod pki;
 pub mod process;
 

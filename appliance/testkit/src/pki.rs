@@ -86,8 +86,14 @@ impl Ca {
     /// A pod node's certificate: a server certificate for 127.0.0.1 that also serves as
     /// the node's client certificate towards the other members (both key usages).
     pub fn node(&self, dir: &Path, name: &str) -> Files {
-        let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("params");
+        self.node_at(dir, name, &[])
+    }
+
+    /// [`Ca::node`], valid for the addresses `more` too (a host of a test network).
+    pub fn node_at(&self, dir: &Path, name: &str, more: &[&str]) -> Files {
+        let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+        names.extend(more.iter().map(|m| m.to_string()));
+        let mut p = CertificateParams::new(names).expect("params");
         p.distinguished_name.push(DnType::CommonName, name);
         p.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,

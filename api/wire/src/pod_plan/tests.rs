@@ -487,3 +487,42 @@ proptest! {
         check_all(&s);
     }
 }
+
+/// The member answering a read asks itself first when it is a candidate (a look at its own
+/// copy costs no hop), then the others in rank order; counted down, it keeps its place last.
+#[test]
+fn the_answering_member_is_asked_first_when_it_is_a_candidate() {
+    let p = placement(&[1, 1, 1, 1, 1]);
+    for i in 0..64u64 {
+        let key = i.to_be_bytes();
+        let ranked = p.rank_hash(block_hash(NS, &key));
+        let up = vec![false; 5];
+        // The third candidate of R = 2 (read candidates: 3) answers the request.
+        let me = ranked[2];
+        let mut plan = ReadPlan::new(&p, &up, NS, [&key[..]], 2).ask_first(me, &up);
+        let mut asked = Vec::new();
+        while let Some(round) = plan.next_round() {
+            for m in round.into_keys() {
+                asked.push(m);
+                plan.answer(m, 0, ReadAnswer::Miss);
+            }
+        }
+        assert_eq!(asked, vec![ranked[2], ranked[0], ranked[1]], "key {i}");
+        // Not a candidate (fourth in rank): the order is the ranking's.
+        let mut plan = ReadPlan::new(&p, &up, NS, [&key[..]], 2).ask_first(ranked[3], &up);
+        let first = plan.next_round().and_then(|r| r.into_keys().next());
+        assert_eq!(first, Some(ranked[0]));
+        // Counted down: asked last, as any member counted down.
+        let mut down = up.clone();
+        down[me] = true;
+        let mut plan = ReadPlan::new(&p, &down, NS, [&key[..]], 2).ask_first(me, &down);
+        let mut asked = Vec::new();
+        while let Some(round) = plan.next_round() {
+            for m in round.into_keys() {
+                asked.push(m);
+                plan.answer(m, 0, ReadAnswer::Miss);
+            }
+        }
+        assert_eq!(asked, vec![ranked[0], ranked[1], ranked[2]], "key {i}");
+    }
+}

@@ -4,6 +4,7 @@
 use crate::common;
 
 mod doors;
+mod partitions;
 mod values;
 
 use common::etcd::{EtcdServer, PodEtcd};

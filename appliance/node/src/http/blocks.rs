@@ -296,7 +296,12 @@ pub(crate) fn body_holding(pieces: Vec<Bytes>, permits: Vec<crate::budget::Permi
 /// Whether the block is held, and if so its length (`Content-Length`, the length a GET
 /// would send), CRC32C and when it was stored (`x-ctxpod-stored-ms`); no body.
 pub(crate) async fn head_block(BlockCall { st, ns, key, .. }: BlockCall) -> ApiResult<Response> {
-    Ok(match st.engine.block_meta(&ns, &key).await? {
+    // A member fenced out of the pod serves no block: HEAD answers as GET does.
+    let meta = match st.engine.may_serve() {
+        true => st.engine.block_meta(&ns, &key).await?,
+        false => None,
+    };
+    Ok(match meta {
         Some(m) => (
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),

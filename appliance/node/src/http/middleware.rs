@@ -12,9 +12,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use ctxpod_wire::pod_plan::{Plan, ReadAnswer, WriteAnswer, WritePlan};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::routed::{count_forwarded, forward_counted, pick_answer};
 use super::state::AppState;
@@ -202,6 +202,10 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
             let (parts, _) = req.into_parts();
             let down = st.peers.missed.flags(&view);
             let mut plan = Route::read_plan(&view, &down, &ns, &key, copies);
+            // This node first when it is a candidate: its own copy costs no hop.
+            if let Some(me) = view.members.iter().position(|m| m.id == *st.node_id) {
+                plan = plan.ask_first(me, &down);
+            }
             let mut answer = None;
             while let Some(round) = plan.next_round() {
                 for m in round.into_keys() {
@@ -237,14 +241,20 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
             let down = st.peers.missed.flags(&view);
             let plan = route.write_plan(&view, &down, &ns, &key);
             let plan = plan.expect("a write route");
-            write_in_pod(&st, &view, req, next, plan, block.as_ref()).await
+            let copies = match route {
+                Route::Delete { copies } => copies,
+                _ => 0,
+            };
+            let placed = (ns.as_str(), &key[..], copies);
+            write_in_pod(&st, &view, req, next, plan, block.as_ref(), placed).await
         }
     }
 }
 
 /// A routed put or delete: the body held (within the ingest budget) so that it can go to
 /// several members at once, or to the next one if a member cannot be reached, driven by
-/// its plan ([`WritePlan`]); a delete is then recorded as a tombstone.
+/// its plan ([`WritePlan`]); a delete is then recorded as a tombstone and settled
+/// ([`Settling`]). `placed`: the namespace and key as placed, and a delete's copies.
 async fn write_in_pod(
     st: &AppState,
     view: &ctxpod_pod::membership::PodView,
@@ -252,7 +262,9 @@ async fn write_in_pod(
     next: Next,
     mut plan: WritePlan,
     block: Option<&(String, Vec<u8>)>,
+    placed: (&str, &[u8], usize),
 ) -> Response {
+    let started = Instant::now();
     if let Some(len) = large_put(&req) {
         return super::pod_values::write_value_in_pod(st, view, req, next, (plan, len), block)
             .await;
@@ -288,18 +300,136 @@ async fn write_in_pod(
         body: &body,
         next: &next,
     };
-    let answers = sending.send(&mut plan, is_delete).await;
+    let (answers, refused) = sending.send(&mut plan, is_delete).await;
     // A delete is then recorded (a tombstone, with etcd): members that are away delete
     // their copy when they return, every member deletes any copy taken meanwhile, and no
     // copy of it is taken back. Recorded after the members answered, which tells whether
     // one held the block (every member applies a tombstone as it learns of it); a delete
-    // not recorded answers 503 and the client sends it again.
+    // not recorded answers 503 and the client sends it again. Then it is settled: every
+    // member that may hold the block applied it, or is out of the pod.
     if let Some((t, (ns, key))) = tombstones {
+        let mut applied: BTreeSet<String> = refused;
+        let mut removed = Vec::new();
+        for (&m, r) in &answers {
+            if r.status().is_success() || r.status() == StatusCode::NOT_FOUND {
+                applied.insert(view.members[m].id.clone());
+            }
+            if r.status().is_success() {
+                removed.push(view.members[m].id.as_str());
+            }
+        }
         if let Err(e) = t.record(ns, key).await {
-            return delete_not_recorded(e);
+            tracing::warn!("block delete not recorded: {e}");
+            // It says what was done: the copies it reached are gone, nothing recorded.
+            let message = format!(
+                "{e}; the copies on {removed:?} were deleted, the delete is not recorded: \
+                 send it again"
+            );
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+                .into_response();
+        }
+        let until = started + DELETE_SETTLE_MAX.min(t.lease_ttl() + Duration::from_secs(1));
+        let (placed_ns, placed_key, copies) = placed;
+        let settling = Settling {
+            st,
+            parts: &parts,
+            ns: placed_ns,
+            key: placed_key,
+            copies,
+        };
+        if let Err(pending) = settling.settle(&mut applied, until).await {
+            return delete_unsettled(t, &applied, &pending);
         }
     }
     pick_answer(plan.finish().pop(), answers, is_delete)
+}
+
+/// The longest a routed delete waits, from its start, for the members that may hold the
+/// block and could not be reached to drop out of the pod: within a client's default
+/// request deadline (10 s), with room for its answer.
+const DELETE_SETTLE_MAX: Duration = Duration::from_secs(8);
+
+/// A recorded delete, settling: the pod acknowledges it once every member that may hold
+/// the block (a read candidate in the pod as etcd holds it now, which is newer than the
+/// delete's tombstone) has applied it, refused the connection (nothing listens there: it
+/// catches up before it serves again), or dropped out of the pod (its lease ran out, and
+/// a member fences itself before that: `ctxpod_pod::fence`). Until then the delete is not
+/// acknowledged: no member may serve the block after an acknowledged delete.
+struct Settling<'a> {
+    st: &'a AppState,
+    parts: &'a axum::http::request::Parts,
+    ns: &'a str,
+    key: &'a [u8],
+    copies: usize,
+}
+
+impl Settling<'_> {
+    /// Settles the delete by `until`, asking the members still pending again (those not
+    /// counted down); the ids of those still pending when it gives up.
+    async fn settle(
+        &self,
+        applied: &mut BTreeSet<String>,
+        until: Instant,
+    ) -> Result<(), Vec<String>> {
+        let st = self.st;
+        loop {
+            let view = match st.pod.current().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("settling a delete: etcd: {e:#}");
+                    return Err(vec!["(the pod's members: etcd did not answer)".into()]);
+                }
+            };
+            let want =
+                ctxpod_pod::route::read_candidates(self.copies.max(1)).min(view.members.len());
+            let pending: Vec<&ctxpod_pod::membership::MemberInfo> = view
+                .ranked(self.ns, self.key)
+                .into_iter()
+                .take(want)
+                .filter(|m| !applied.contains(&m.id))
+                .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let down = st.peers.missed.flags(&view);
+            for m in &pending {
+                let ix = view.members.iter().position(|v| v.id == m.id);
+                if m.id == *st.node_id || ix.is_some_and(|i| down[i]) {
+                    continue;
+                }
+                match super::routed::forward_why(st, m, self.parts, None, "write").await {
+                    Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
+                        applied.insert(m.id.clone());
+                    }
+                    Err(crate::forward::ForwardError::Refused) => {
+                        applied.insert(m.id.clone());
+                    }
+                    _ => {}
+                }
+            }
+            if Instant::now() >= until {
+                return Err(pending
+                    .iter()
+                    .filter(|m| !applied.contains(&m.id))
+                    .map(|m| m.id.clone())
+                    .collect());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// 503 for a delete recorded but not settled: what was done, and what is pending.
+fn delete_unsettled(
+    t: &ctxpod_pod::tombstones::Tombstones,
+    applied: &BTreeSet<String>,
+    pending: &[String],
+) -> Response {
+    t.unsettled();
+    let message = format!(
+        "the delete is recorded (a tombstone) and applied on {applied:?}, but {pending:?}          may hold the block and have not applied it: they are still in the pod and could not          be reached; it completes when they answer or their lease runs out (within          pod.lease_ttl_s); send it again"
+    );
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response()
 }
 
 /// The announced length of a routed PUT of a value over one record (streamed to its members
@@ -349,10 +479,16 @@ struct Sending<'a> {
 
 impl Sending<'_> {
     /// Sends the write to the members its plan asks, round by round, each round's at
-    /// once; every answer taken into the plan. The members' answers, by member.
-    async fn send(&self, plan: &mut WritePlan, is_delete: bool) -> BTreeMap<usize, Response> {
+    /// once; every answer taken into the plan. The members' answers, by member, and the
+    /// ids of those that refused the connection (nothing listens there).
+    async fn send(
+        &self,
+        plan: &mut WritePlan,
+        is_delete: bool,
+    ) -> (BTreeMap<usize, Response>, BTreeSet<String>) {
         let st = self.st;
         let mut answers: BTreeMap<usize, Response> = BTreeMap::new();
+        let mut refused = BTreeSet::new();
         while let Some(round) = plan.next_round() {
             let sent = futures::future::join_all(round.into_keys().map(|m| {
                 let (member, parts, body, next) = (
@@ -364,19 +500,25 @@ impl Sending<'_> {
                 async move {
                     let resp = if member.id == *st.node_id {
                         let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
-                        Some(next.run(local).await)
+                        Ok(next.run(local).await)
                     } else {
                         let body = Some(crate::forward::Outgoing::Whole(body.clone()));
-                        forward_counted(st, member, parts, body, "write").await
+                        super::routed::forward_why(st, member, parts, body, "write").await
                     };
                     (m, resp)
                 }
             }))
             .await;
             for (m, resp) in sent {
-                let Some(resp) = resp else {
-                    plan.answer(m, 0, WriteAnswer::Unreachable);
-                    continue;
+                let resp = match resp {
+                    Ok(r) => r,
+                    Err(e) => {
+                        if matches!(e, crate::forward::ForwardError::Refused) {
+                            refused.insert(self.view.members[m].id.clone());
+                        }
+                        plan.answer(m, 0, WriteAnswer::Unreachable);
+                        continue;
+                    }
                 };
                 let s = resp.status();
                 let a = match (is_delete, s) {
@@ -391,7 +533,7 @@ impl Sending<'_> {
                 answers.insert(m, resp);
             }
         }
-        answers
+        (answers, refused)
     }
 }
 

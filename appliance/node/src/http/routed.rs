@@ -46,6 +46,17 @@ pub(crate) async fn forward_counted(
     body: Option<crate::forward::Outgoing>,
     outcome: &str,
 ) -> Option<Response> {
+    forward_why(st, m, parts, body, outcome).await.ok()
+}
+
+/// [`forward_counted`], with why `m` could not be reached.
+pub(crate) async fn forward_why(
+    st: &AppState,
+    m: &ctxpod_pod::membership::MemberInfo,
+    parts: &axum::http::request::Parts,
+    body: Option<crate::forward::Outgoing>,
+    outcome: &str,
+) -> Result<Response, crate::forward::ForwardError> {
     match crate::forward::forward(
         &st.peers,
         m,
@@ -64,14 +75,14 @@ pub(crate) async fn forward_counted(
         Ok(r) => {
             st.peers.missed.note(&m.id, true);
             count_forwarded(st, outcome);
-            Some(r)
+            Ok(r)
         }
         Err(e) => {
             if matches!(e, crate::forward::ForwardError::TimedOut) {
                 st.peers.missed.note(&m.id, false);
             }
             count_forwarded(st, "unreachable");
-            None
+            Err(e)
         }
     }
 }

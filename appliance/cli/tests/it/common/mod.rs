@@ -39,6 +39,8 @@ pub struct Node {
     /// The temp dir of a node made by [`Node::fresh`]: removed after the node is killed
     /// (fields drop after [`Drop::drop`] ran).
     tmp: Option<tempfile::TempDir>,
+    /// The host of a test network it runs on ([`Node::start_on`]); `None`: loopback.
+    host: Option<ctxpod_testkit::netns::Host>,
 }
 
 /// A connection's byte stream, plain or TLS.
@@ -69,6 +71,7 @@ impl Node {
             https: false,
             config: None,
             tmp: None,
+            host: None,
         };
         match transport().as_str() {
             "plain" => {}
@@ -119,6 +122,24 @@ impl Node {
         let config = format!("[scrub]\ninterval_s = 1\nbytes_per_s = \"{bytes_per_s}\"\n");
         let args = ["--capacity", "256MiB"];
         Self::start_configured(dir, &args, &config, Connect::default(), false).await
+    }
+
+    /// [`Node::start_configured`] on host `host` of a test network: the node runs in the
+    /// host's namespace and listens on its address; plain HTTP whatever the suite's
+    /// transport.
+    pub async fn start_on(
+        host: &ctxpod_testkit::netns::Host,
+        dir: &Path,
+        args: &[&str],
+        config: &str,
+    ) -> Node {
+        let mut n = Self::unstarted(dir, args, &[], false);
+        n.host = Some(host.clone());
+        n.config = Some(config.to_string());
+        n.how = Connect::default();
+        n.https = false;
+        n.spawn().await;
+        n
     }
 
     /// [`Node::start_configured`] with extra environment.
@@ -245,16 +266,20 @@ impl Node {
             .append(true)
             .open(self.dir.with_extension("log"))
             .expect("open node log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ctxpod"));
+        let bin = env!("CARGO_BIN_EXE_ctxpod");
+        let (mut cmd, ip) = match &self.host {
+            Some(h) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &h.netns, bin]);
+                (c, h.ip.as_str())
+            }
+            None => (Command::new(bin), "127.0.0.1"),
+        };
+        let (listen, transfer) = (format!("{ip}:0"), format!("{ip}:0"));
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(&self.dir)
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--transfer-listen",
-                "127.0.0.1:0",
-            ])
+            .args(["--listen", &listen, "--transfer-listen", &transfer])
             .args(&self.args)
             .args(
                 self.config
