@@ -456,9 +456,8 @@ impl RegistrationHandle {
 
 /// What catches a member up with the pod's deletes after its record was put (again):
 /// called with how long etcd had not answered it; see [`crate::fence`].
-pub type CatchUp = Arc<
-    dyn Fn(Duration) -> futures::future::BoxFuture<'static, anyhow::Result<()>> + Send + Sync,
->;
+pub type CatchUp =
+    Arc<dyn Fn(Duration) -> futures::future::BoxFuture<'static, anyhow::Result<()>> + Send + Sync>;
 
 /// A member's fence and how it catches up ([`Registration::register_fenced`]).
 #[derive(Clone)]
@@ -518,103 +517,18 @@ impl Registration {
             kick: Arc::new(tokio::sync::Notify::new()),
         };
         let stop = tokio_util::sync::CancellationToken::new();
-        let s = stop.clone();
-        let h = handle.clone();
-        let task = tokio::spawn(async move {
-            let mut lease = Some(lease);
-            let every = Duration::from_millis(ttl_s as u64 * 1000 / 3);
-            // The last answer from etcd, and whether the deletes must be caught up (the
-            // lease was lost, or the last catch-up failed).
-            let mut answered = std::time::Instant::now();
-            let mut behind = false;
-            loop {
-                let kicked = tokio::select! {
-                    _ = s.cancelled() => break,
-                    _ = tokio::time::sleep(every) => false,
-                    _ = h.kick.notified() => true,
-                };
-                let sent = std::time::Instant::now();
-                let value = serde_json::to_vec(&*h.me.lock()).expect("a member record encodes");
-                let r = match lease {
-                    Some(l) => etcd.keepalive(l).await.map(|ttl| ttl.map(|_| l)),
-                    None => Ok(None),
-                };
-                // The lease lives but the record may not (deleted by hand), or has changed
-                // (kicked): put it (back).
-                let r = match r {
-                    Ok(Some(l)) if kicked => etcd.put(&key, &value, Some(l)).await.map(|_| Some(l)),
-                    Ok(Some(l)) => match etcd.get(&key).await {
-                        Ok(Some(_)) => Ok(Some(l)),
-                        Ok(None) => etcd.put(&key, &value, Some(l)).await.map(|_| {
-                            tracing::info!("pod: member record was missing; put it back");
-                            Some(l)
-                        }),
-                        Err(e) => Err(e),
-                    },
-                    other => other,
-                };
-                let r = match r {
-                    Ok(Some(l)) => Ok(l),
-                    // The lease is gone: fenced until registered again under a new one
-                    // and caught up with the deletes made meanwhile.
-                    Ok(None) => {
-                        if let Some(r) = &rejoin {
-                            r.fence.lease_lost();
-                        }
-                        behind = true;
-                        lease = None;
-                        match etcd.grant(ttl_s).await {
-                            Ok(l) => etcd.put(&key, &value, Some(l)).await.map(|_| {
-                                tracing::info!("pod: registered again under a new lease");
-                                l
-                            }),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(l) => {
-                        lease = Some(l);
-                        let away = sent.saturating_duration_since(answered);
-                        answered = std::time::Instant::now();
-                        if let Some(m) = &membership {
-                            m.etcd_ok();
-                        }
-                        if let Some(r) = &rejoin {
-                            r.fence.renewed(sent, lease_ttl);
-                            if behind {
-                                match r.catch_up(away).await {
-                                    Ok(()) => {
-                                        behind = false;
-                                        tracing::info!(
-                                            "pod: caught up with the pod's deletes; serving again"
-                                        );
-                                    }
-                                    Err(e) => tracing::warn!(
-                                        "pod: catching up with the pod's deletes: {e:#}; \
-                                         fenced until it succeeds"
-                                    ),
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        // etcd down where it runs (every endpoint refused): no lease can
-                        // expire meanwhile, so the fence holds (crate::fence).
-                        if let Some(r) = rejoin.as_ref().filter(|_| super::etcd::refused(&e)) {
-                            r.fence.renewed(sent, lease_ttl);
-                        }
-                        if let Some(m) = &membership {
-                            m.etcd_failed("lease keep-alive", &e);
-                        }
-                    }
-                }
-            }
-            if let Some(l) = lease {
-                let _ = etcd.revoke(l).await;
-            }
-        });
+        let keeper = Keeper {
+            etcd,
+            key,
+            ttl_s,
+            me: handle.clone(),
+            membership,
+            rejoin,
+            lease: Some(lease),
+            answered: std::time::Instant::now(),
+            behind: false,
+        };
+        let task = tokio::spawn(keeper.run(stop.clone()));
         Ok(Registration {
             stop,
             task: Some(task),
@@ -632,6 +546,115 @@ impl Registration {
         self.stop.cancel();
         if let Some(t) = self.task.take() {
             let _ = t.await;
+        }
+    }
+}
+
+/// The task that keeps a registration: renews the lease every third of its TTL, puts the
+/// record back (or again, changed), registers again when the lease is lost, and keeps the
+/// member's fence (`crate::fence`) with each answer.
+struct Keeper {
+    etcd: Etcd,
+    key: String,
+    ttl_s: i64,
+    me: RegistrationHandle,
+    membership: Option<Arc<Membership>>,
+    rejoin: Option<Rejoin>,
+    lease: Option<i64>,
+    /// The last answer from etcd.
+    answered: std::time::Instant,
+    /// The deletes must be caught up (the lease was lost, or the last catch-up failed).
+    behind: bool,
+}
+
+impl Keeper {
+    async fn run(mut self, stop: tokio_util::sync::CancellationToken) {
+        let every = Duration::from_millis(self.ttl_s as u64 * 1000 / 3);
+        loop {
+            let kicked = tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(every) => false,
+                _ = self.me.kick.notified() => true,
+            };
+            let sent = std::time::Instant::now();
+            match self.renew(kicked).await {
+                Ok(l) => self.answered_at(sent, l).await,
+                Err(e) => {
+                    // etcd down where it runs (every endpoint refused): no lease can expire
+                    // meanwhile, so the fence holds (crate::fence).
+                    if let Some(r) = self.rejoin.as_ref().filter(|_| super::etcd::refused(&e)) {
+                        r.fence.renewed(sent, self.lease_ttl());
+                    }
+                    if let Some(m) = &self.membership {
+                        m.etcd_failed("lease keep-alive", &e);
+                    }
+                }
+            }
+        }
+        if let Some(l) = self.lease {
+            let _ = self.etcd.revoke(l).await;
+        }
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_s as u64)
+    }
+
+    /// One round: the lease kept alive and the record in place (put back if deleted by
+    /// hand, put again if `kicked`), or a new lease and the record under it; the lease.
+    async fn renew(&mut self, kicked: bool) -> anyhow::Result<i64> {
+        let (etcd, key) = (&self.etcd, self.key.as_str());
+        let value = serde_json::to_vec(&*self.me.me.lock()).expect("a member record encodes");
+        let alive = match self.lease {
+            Some(l) => etcd.keepalive(l).await?.map(|_| l),
+            None => None,
+        };
+        if let Some(l) = alive {
+            if kicked {
+                etcd.put(key, &value, Some(l)).await?;
+            } else if etcd.get(key).await?.is_none() {
+                etcd.put(key, &value, Some(l)).await?;
+                tracing::info!("pod: member record was missing; put it back");
+            }
+            return Ok(l);
+        }
+        // The lease is gone: fenced until registered again under a new one and caught up
+        // with the deletes made meanwhile.
+        if let Some(r) = &self.rejoin {
+            r.fence.lease_lost();
+        }
+        self.behind = true;
+        self.lease = None;
+        let l = etcd.grant(self.ttl_s).await?;
+        etcd.put(key, &value, Some(l)).await?;
+        tracing::info!("pod: registered again under a new lease");
+        Ok(l)
+    }
+
+    /// etcd answered the round sent at `sent`: the fence renewed, and the deletes caught
+    /// up if this member is behind.
+    async fn answered_at(&mut self, sent: std::time::Instant, lease: i64) {
+        self.lease = Some(lease);
+        let away = sent.saturating_duration_since(self.answered);
+        self.answered = std::time::Instant::now();
+        if let Some(m) = &self.membership {
+            m.etcd_ok();
+        }
+        let Some(r) = &self.rejoin else {
+            return;
+        };
+        r.fence.renewed(sent, self.lease_ttl());
+        if !self.behind {
+            return;
+        }
+        match r.catch_up(away).await {
+            Ok(()) => {
+                self.behind = false;
+                tracing::info!("pod: caught up with the pod's deletes; serving again");
+            }
+            Err(e) => tracing::warn!(
+                "pod: catching up with the pod's deletes: {e:#}; fenced until it succeeds"
+            ),
         }
     }
 }

@@ -347,12 +347,29 @@ async fn a_put_a_frozen_member_receives_late_never_undoes_a_delete() {
         let (got, _) = within(bound, &what, door.put(NS, &key, data.clone())).await;
         assert_eq!(got, "stored", "{what}");
         assert_eq!(holders(&urls[..2], &key).await, ["a", "b"], "{what}");
+        // c, frozen, is still in the pod (60 s leases) and a read candidate of the key:
+        // the delete is recorded but cannot be acknowledged before c applies it or drops
+        // out (docs/OPERATIONS.md, "Consistency under partitions"): 503, sent again below.
         let what = format!("{} deleting it", door.name());
         let (got, _) = within(bound, &what, doors[0].delete(NS, &key)).await;
-        assert_eq!(got, "done", "{what}");
+        assert!(got == "done" || got == "refused 503", "{what}: {got}");
         put.push((key, data, door.name()));
     }
     nodes[2].thaw();
+    // Sent again once c answers, each delete is acknowledged.
+    for (key, _, put_by) in &put {
+        let what = format!("deleting again the value {put_by} put while c was frozen");
+        let deadline = std::time::Instant::now() + bound;
+        loop {
+            let (got, _) = within(bound, &what, doors[0].delete(NS, key)).await;
+            // Acknowledged: done, or a miss (the copies it reached went the first time).
+            if got == "done" || got == "miss" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {got}");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
     // Whatever waited in c's socket buffers is read within moments of the thaw.
     let abandoned = "ctxpod_abandoned_writes_total ";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
