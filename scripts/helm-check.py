@@ -10,11 +10,15 @@ file in helm/ctxpod/ci/:
    host paths);
 4. with CTXPOD_BIN set, the ctxpod.toml each values file renders is accepted by the real
    binary (`ctxpod config`, with the StatefulSet's own flags);
-5. no open door: the default render has no S3 listener anywhere (ctxpod.toml, Services,
+5. failure domains: with pod.zoneFromNode (and no fixed pod.zone) an init container reads
+   the Kubernetes node's topology.kubernetes.io/zone and the node reads a copy of
+   ctxpod.toml with it (its script is run here against a stub API answer, and the copy
+   through the real binary); only then are a ServiceAccount and a ClusterRole made;
+6. no open door: the default render has no S3 listener anywhere (ctxpod.toml, Services,
    container ports); an S3 door asked for without auth.tokensSecret is refused; one with
    tokens is on every one of them; NOTES.txt says of each listener (HTTP, CXP1, S3) its
    port, whether TLS is on and whether it is open (no authentication);
-6. bad input is refused: values outside the schema, replication above the node count, and
+7. bad input is refused: values outside the schema, replication above the node count, and
    a template broken on purpose (so a broken template cannot pass this check).
 
 Exits non-zero on the first failure. Run by scripts/test.sh with its venv.
@@ -255,8 +259,9 @@ def check_notes_doors(label, values, out):
                  f"{'authenticated' if authed else 'OPEN'}: {line!r}")
 
 
-def check_with_binary(label, docs):
-    """The rendered ctxpod.toml and the StatefulSet's flags, through `ctxpod config`."""
+def check_with_binary(label, docs, toml=None, want=None):
+    """The rendered ctxpod.toml (or `toml`, as the zone lookup wrote it) and the
+    StatefulSet's flags, through `ctxpod config`; its output holds `want` when given."""
     binary = os.environ.get("CTXPOD_BIN")
     if not binary:
         return False
@@ -265,7 +270,7 @@ def check_with_binary(label, docs):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, "ctxpod.toml")
         with open(cfg, "w") as fh:
-            fh.write(config_of(docs))
+            fh.write(toml if toml is not None else config_of(docs))
         args = [a if not a.startswith("--config=") else f"--config={cfg}" for a in args]
         assert args[0] == "serve"
         r = subprocess.run([binary, "config", *args[1:]], capture_output=True, text=True)
@@ -273,7 +278,78 @@ def check_with_binary(label, docs):
             fail(f"{label}: ctxpod refuses the rendered configuration: {r.stderr.strip()}")
         if 'node_id = "ctxpod-0"' not in r.stdout:
             fail(f"{label}: the node id flag did not reach the configuration")
+        if want and want not in r.stdout:
+            fail(f"{label}: {want} did not reach the configuration")
     return True
+
+
+NODE_JSON = """{"kind":"Node","apiVersion":"v1","metadata":{"name":"gpu-7","labels":{
+  "kubernetes.io/hostname":"gpu-7","topology.kubernetes.io/region":"eu-west-1",
+  "topology.kubernetes.io/zone": "eu-west-1b"}},"spec":{}}"""
+
+
+def run_zone_lookup(label, init, toml, node_json):
+    """Runs the zone init container's script with a stub curl that answers `node_json`;
+    the ctxpod.toml it writes."""
+    env = {e["name"]: e.get("value", "") for e in init["env"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        bindir, api = os.path.join(tmp, "bin"), os.path.join(tmp, "api")
+        os.mkdir(bindir)
+        os.mkdir(api)
+        for name, text in (("token", "t0ken"), ("ca.crt", "CA")):
+            with open(os.path.join(api, name), "w") as fh:
+                fh.write(text)
+        with open(os.path.join(tmp, "node.json"), "w") as fh:
+            fh.write(node_json)
+        with open(os.path.join(bindir, "curl"), "w") as fh:
+            fh.write(f'#!/bin/sh\ncat "{tmp}/node.json"\n')
+        os.chmod(os.path.join(bindir, "curl"), 0o755)
+        with open(os.path.join(tmp, "in.toml"), "w") as fh:
+            fh.write(toml)
+        env.update(NODE_NAME="gpu-7", CONFIG_IN=os.path.join(tmp, "in.toml"),
+                   CONFIG_OUT=os.path.join(tmp, "out.toml"), KUBE_API=api,
+                   PATH=f"{bindir}:{os.environ['PATH']}")
+        r = subprocess.run([*init["command"], *init["args"]], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"{label}: the zone lookup failed: {r.stderr.strip()}")
+        with open(env["CONFIG_OUT"]) as fh:
+            return fh.read()
+
+
+def check_zones(label, values, docs):
+    """pod.zoneFromNode: the init container, its RBAC and the node's config path, only when
+    asked for and no fixed pod.zone; its script, run, puts the node's zone into [pod]."""
+    merged = helm.Chart.load(CHART).merge_values(values)
+    lookup = merged["pod"]["zoneFromNode"] and not merged["pod"]["zone"]
+    sts, _ = node_objects(docs)
+    spec = sts[0]["spec"]["template"]["spec"]
+    inits = spec.get("initContainers", [])
+    rbac = [k for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding") if find(docs, k)]
+    args = spec["containers"][0]["args"]
+    toml = config_of(docs)
+    if f'zone = {json.dumps(merged["pod"]["zone"])}' not in toml.splitlines():
+        fail(f"{label}: ctxpod.toml does not carry pod.zone")
+    if not lookup:
+        if inits or rbac or "--config=/etc/ctxpod/config/ctxpod.toml" not in args:
+            fail(f"{label}: a zone lookup (init container, RBAC, config copy) not asked for")
+        return None
+    if [c["name"] for c in inits] != ["zone"] or len(rbac) != 3:
+        fail(f"{label}: zoneFromNode without its init container or RBAC ({rbac})")
+    if "--config=/etc/ctxpod/run/ctxpod.toml" not in args or spec.get("automountServiceAccountToken") is not False:
+        fail(f"{label}: the node does not read the zoned config, or mounts the API token")
+    binding = find(docs, "ClusterRoleBinding")[0]
+    if binding["subjects"] != [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "kv"}]:
+        fail(f"{label}: the ClusterRoleBinding is not for the nodes' ServiceAccount")
+    if find(docs, "ClusterRole")[0]["rules"] != [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]:
+        fail(f"{label}: the ClusterRole may do more than get nodes")
+    out = run_zone_lookup(label, inits[0], toml, NODE_JSON)
+    want = toml.replace('\nzone = ""\n', '\nzone = "eu-west-1b"\n', 1)
+    if out != want or 'zone = "eu-west-1b"' not in out:
+        fail(f"{label}: the zone lookup did not write the zone into [pod] alone")
+    bare = run_zone_lookup(label, inits[0], toml, NODE_JSON.replace("topology.kubernetes.io/zone", "other"))
+    if bare != toml:
+        fail(f"{label}: a node without a zone label did not leave the zone empty")
+    return out
 
 
 def must_fail(label, fn):
@@ -360,9 +436,13 @@ def main():
         check_doors(label, values, docs)
         check_notes_doors(label, values, out)
         by_binary = check_with_binary(label, docs)
+        zoned = check_zones(label, values, docs)
+        if zoned is not None:
+            check_with_binary(f"{label} (zone looked up)", docs, zoned, 'zone = "eu-west-1b"')
         print(f"helm-check: {label}: lint clean, {len(docs)} manifests valid for Kubernetes "
               f"{KUBE} ({', '.join(sorted(set(kinds)))})"
-              + ("; ctxpod accepts its configuration" if by_binary else ""))
+              + ("; ctxpod accepts its configuration" if by_binary else "")
+              + ("; its zone lookup writes the node's zone" if zoned is not None else ""))
     # Bad input is refused.
     must_fail("pod.replication: 9 (schema)", lambda: render(CHART, {"pod": {"replication": 9}}))
     must_fail("an unknown value (schema)", lambda: render(CHART, {"nodez": 3}))

@@ -29,7 +29,7 @@
 use crate::client::{Client, ClientError, PutOutcome};
 use crate::connect::Connect;
 use bytes::Bytes;
-use ctxpod_wire::placement::{Member, Placement};
+use ctxpod_wire::placement::{url_host, Member, Placement};
 use ctxpod_wire::pod_plan::{
     fold_pages, ListFailure, PageAnswer, Plan, ReadAnswer, ReadOutcome, ReadPlan, WriteAnswer,
     WriteOutcome, WritePlan,
@@ -63,11 +63,10 @@ pub struct PodClient {
 }
 
 fn placement_of(members: &[ClusterMember]) -> Placement {
-    Placement::new(
-        members
-            .iter()
-            .map(|m| Member::new(m.id.clone(), m.capacity_bytes, m.state == "draining")),
-    )
+    Placement::new(members.iter().map(|m| {
+        Member::new(m.id.clone(), m.capacity_bytes, m.state == "draining")
+            .in_domain(m.zone.clone(), url_host(&m.http))
+    }))
 }
 
 /// A URL's answer to `GET /v1/cluster` that no ctxpod node gives: a refusal (4xx) without

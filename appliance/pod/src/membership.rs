@@ -57,11 +57,17 @@ impl MemberState {
 }
 
 impl MemberInfo {
+    /// The member as placement ranks it: its weight, and its failure domain (its zone, and
+    /// the host of its HTTP URL, as clients derive it from `/v1/cluster`).
     fn placement_member(&self) -> Member {
         Member::new(
             self.id.clone(),
             self.capacity,
             self.state == MemberState::Draining,
+        )
+        .in_domain(
+            self.zone.clone(),
+            ctxpod_wire::placement::url_host(&self.http),
         )
     }
 }

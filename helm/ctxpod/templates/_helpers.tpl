@@ -39,3 +39,12 @@ app.kubernetes.io/component: node
 {{- end -}}
 
 {{- define "ctxpod.scheme" -}}{{ if .Values.tls.enabled }}https{{ else }}http{{ end }}{{- end -}}
+
+{{/* "true" when each node takes its zone from its Kubernetes node's
+  topology.kubernetes.io/zone label: pod.zoneFromNode, and no fixed pod.zone (which wins). */}}
+{{- define "ctxpod.zoneFromNode" -}}{{ and .Values.pod.zoneFromNode (empty .Values.pod.zone) }}{{- end -}}
+{{- define "ctxpod.zoneReader" -}}{{ printf "%s-%s-node-reader" (include "ctxpod.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{/* The ctxpod.toml the node reads: the ConfigMap's, or its copy with the node's zone. */}}
+{{- define "ctxpod.configFile" -}}
+{{- if eq (include "ctxpod.zoneFromNode" .) "true" }}/etc/ctxpod/run/ctxpod.toml{{ else }}/etc/ctxpod/config/ctxpod.toml{{ end -}}
+{{- end -}}

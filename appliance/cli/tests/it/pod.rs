@@ -6,6 +6,7 @@ use crate::common;
 mod doors;
 mod partitions;
 mod values;
+mod zones;
 
 use common::etcd::{EtcdServer, PodEtcd};
 use common::metric_of;

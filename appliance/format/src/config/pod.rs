@@ -28,7 +28,12 @@ pub struct PodConfig {
     /// This node's id in the pod: letters, digits, `.`, `_`, `-`, at most 64. Default: the
     /// id kept in `<data_dir>/node.id`, made on first start.
     pub node_id: Option<String>,
-    /// Failure domain (rack, host) of this node.
+    /// This node's zone, its failure domain (a rack, a room, a cloud zone: at most 64
+    /// bytes). Placement puts a block's copies in distinct zones while zones remain, then
+    /// on distinct hosts (the host part of `advertise_http`). Empty: unknown, one zone shared
+    /// by every member that leaves it empty (a pod without zones spreads copies over hosts
+    /// alone). Every member of a zone should set the same name, and zones hold about equal
+    /// capacity (a smaller zone still gets a copy of every block).
     pub zone: String,
     /// Base URL of this node's HTTP API as other nodes and clients reach it. Default: the
     /// bound listen address with the node's scheme, unless it is a wildcard (then required
@@ -89,6 +94,7 @@ pub struct StaticMember {
     pub transfer: Option<String>,
     /// Its block capacity: its share of the placement.
     pub capacity: ByteSize,
+    /// Its zone (as `pod.zone`).
     #[serde(default)]
     pub zone: String,
 }
