@@ -229,6 +229,7 @@ impl Pod {
             p,
             &cfg.data_dir,
             pod_metrics.clone(),
+            membership.clone(),
         )
         .await
         .context("apply the pod's block deletes (tombstones in etcd)")?;

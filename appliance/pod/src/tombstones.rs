@@ -10,7 +10,13 @@
 //! - Every node keeps the tombstones' keys in memory and watches the prefix. Each new one is
 //!   *applied*: the node deletes its own copy. A node that starts lists them **before it
 //!   registers** (so before anyone routes a request to it) and applies those newer than the
-//!   revision it had applied when it stopped (kept in `<data_dir>/pod.tombstones.state`).
+//!   revision it had applied when it stopped (kept in `<data_dir>/pod.tombstones.state`);
+//!   once its record is put it lists them again ([`Tombstones::catch_up`]), and does so
+//!   whenever it registers again after losing its lease: only then does it serve its
+//!   blocks (`crate::fence`).
+//! - A delete through the pod is acknowledged only once every member that may hold the
+//!   block applied it or dropped out of etcd (the node's settling of a routed delete), so
+//!   that no member serves a block after its delete was acknowledged.
 //! - A copy of a tombstoned block ([`ctxpod_wire::HEADER_COPY`]: read repair, backfill) is
 //!   refused with 410 `deleted`, and backfill does not send one. A client's own put of the
 //!   key is stored as usual: a block put again after a delete lives on the members it was
@@ -90,6 +96,10 @@ pub struct Tombstones {
     lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
     state_file: PathBuf,
     metrics: Arc<PodMetrics>,
+    /// When etcd last answered this node (`Membership::etcd_last_ok`: keep-alives, watches,
+    /// listings): what the state file records as "seen", never merely the time it is
+    /// written (a node cut off goes on writing it).
+    membership: Arc<super::membership::Membership>,
 }
 
 impl Tombstones {
@@ -103,6 +113,7 @@ impl Tombstones {
         cfg: &ctxpod_format::config::PodConfig,
         data_dir: &Path,
         metrics: Arc<PodMetrics>,
+        membership: Arc<super::membership::Membership>,
     ) -> anyhow::Result<(Arc<Tombstones>, i64)> {
         let t = Arc::new(Tombstones {
             etcd,
@@ -115,6 +126,7 @@ impl Tombstones {
             lease: tokio::sync::Mutex::new(None),
             state_file: data_dir.join(STATE_FILE),
             metrics,
+            membership,
         });
         let state = t.load();
         let now = super::membership::unix_now();
@@ -435,12 +447,16 @@ impl Tombstones {
         (s.pod == self.pod).then_some(s)
     }
 
-    /// Notes that every tombstone up to `rev` is applied and that etcd answers now.
+    /// Notes that every tombstone up to `rev` is applied, and when etcd last answered.
     fn save(&self, rev: i64) {
+        let seen = match self.membership.etcd_last_ok() {
+            0 => super::membership::unix_now(),
+            t => t,
+        };
         let s = State {
             pod: self.pod.clone(),
             applied_revision: rev,
-            seen_unix: super::membership::unix_now(),
+            seen_unix: seen,
         };
         let tmp = self.state_file.with_extension("tmp");
         let r = serde_json::to_vec(&s)

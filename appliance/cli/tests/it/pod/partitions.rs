@@ -43,6 +43,11 @@ struct CutPod {
 
 impl CutPod {
     async fn start(name: &str) -> CutPod {
+        Self::start_with(name, "").await
+    }
+
+    /// [`CutPod::start`] with `extra` lines of `[pod]`.
+    async fn start_with(name: &str, extra: &str) -> CutPod {
         let lan = Lan::new(&["etcd", "a", "b", "c"]);
         let tmp = tempfile::tempdir().unwrap();
         let etcd = EtcdServer::start_on(tmp.path(), Some(lan.host("etcd")));
@@ -50,7 +55,7 @@ impl CutPod {
         for id in ["a", "b", "c"] {
             // Plain HTTP, no tokens, on the bridge's addresses: a test network of its own.
             let config = format!(
-                "[pod]\nname = \"{name}\"\nnode_id = \"{id}\"\nlease_ttl_s = 3\nreplication = 2\n{}\
+                "[pod]\nname = \"{name}\"\nnode_id = \"{id}\"\nlease_ttl_s = 3\nreplication = 2\n{extra}{}\
                  [tls]\nallow_plaintext = true\n[auth]\nallow_unauthenticated = true\n",
                 etcd.pod_lines()
             );
@@ -472,4 +477,70 @@ async fn a_one_way_cut_healed_amid_puts_and_deletes_loses_and_resurrects_nothing
     );
     seen.assert_clean("amid the puts and deletes");
     after.assert_clean("after the heal");
+}
+
+/// c cut off from everyone for longer than `pod.tombstone_retention_s` while the blocks it
+/// holds are deleted, killed while still cut off, then started again after the heal: the
+/// deletes' tombstones have expired meanwhile, so c cannot know what it missed and must
+/// empty itself before it rejoins. It counts the time it was away from its last answer
+/// from etcd, not from the last time it wrote its state file (which it went on doing while
+/// cut off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_past_the_retention_then_restarted_comes_back_empty() {
+    let mut pod = CutPod::start_with("retention", "tombstone_retention_s = 10\n").await;
+    let keys = pod.fill().await;
+    let on_c = pod.held_by_c(&keys).await;
+    pod.lan.isolate("c");
+    let mut deleted = HashMap::new();
+    for (i, k) in on_c.iter().enumerate() {
+        deleted.insert(k.clone(), pod.delete_acknowledged(i % 2, k).await);
+    }
+    // The tombstones expire (the retention and a sixteenth, plus etcd's lease clock).
+    let metrics = format!("{}/metrics", pod.nodes[0].url);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let m = pod
+            .http
+            .get(&metrics)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if ctxpod_testkit::metric_of(&m, "ctxpod_pod_tombstones") == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tombstones still held 40 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pod.nodes[2].kill9();
+    pod.lan.heal("c");
+    pod.nodes[2].restart().await;
+    wait_views(&pod.nodes, 3).await;
+    let m = pod.nodes[2].client.metrics().await.unwrap();
+    let emptied = ctxpod_testkit::metric_of(&m, "ctxpod_pod_emptied_on_return_total");
+    let mut seen = Seen::default();
+    let back = Instant::now();
+    while back.elapsed() < Duration::from_secs(5) {
+        for k in &on_c {
+            for node in 0..3 {
+                let at = Instant::now();
+                let got = pod.read(node, k).await;
+                seen.note(node, k, got, at, deleted.get(k).copied());
+            }
+        }
+    }
+    eprintln!(
+        "c cut off past the retention, restarted: emptied {emptied}; {} reads of its {} \
+         deleted blocks: {} resurrected",
+        seen.reads,
+        on_c.len(),
+        seen.resurrected.len()
+    );
+    seen.assert_clean("after c's return");
+    assert_eq!(emptied, 1.0, "c did not empty itself on return");
 }
