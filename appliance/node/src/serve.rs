@@ -25,6 +25,8 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let tls = crate::tls::Tls::load(&cfg.tls, node_metrics.clone())?;
     watch_tls(&cfg, &tls);
     tokio::spawn(reload_on_sighup(auth.clone(), tls.clone()));
+    // A member of an etcd pod serves no block before it has joined.
+    let fence = ctxpod_pod::Pod::fence_before_join(&cfg, &engine)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listen on {}", cfg.listen))?;
@@ -58,7 +60,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let taddr = published_transfer_addr(&cfg);
-    let pod = ctxpod_pod::Pod::join(&cfg, addr, taddr, &engine).await?;
+    let pod = ctxpod_pod::Pod::join(&cfg, addr, taddr, &engine, fence).await?;
     pod.start_background(engine.clone(), &cfg, auth.enabled());
     let app = router(
         engine.clone(),

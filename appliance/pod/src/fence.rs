@@ -13,9 +13,10 @@
 //! - **etcd down for everyone.** When every etcd endpoint *refuses* the connection (etcd
 //!   is not running there: a reset, not a silence), no lease can expire while it is down,
 //!   and etcd gives every lease a whole TTL again when it starts; no delete can be
-//!   acknowledged meanwhile either (its tombstone cannot be written). So a refusal counts
-//!   like an answer: the member keeps serving with the last view. A silence (a cut link,
-//!   packets dropped) does not: the member is fenced a TTL after its last answer.
+//!   acknowledged meanwhile either (its tombstone cannot be written). So a refusal while
+//!   the fence is live prolongs it like an answer ([`Fence::refused`]); it never reopens
+//!   a lapsed fence. A silence (a cut link, packets dropped) does not: the member is
+//!   fenced a TTL after its last answer.
 //! - **Caught up before serving again.** A member whose lease was lost (it was cut off
 //!   longer than the TTL, or frozen) takes a new lease, puts its record, then lists the
 //!   pod's tombstones and applies those it missed; only then is the fence lifted. Listing
@@ -104,6 +105,17 @@ impl Fence {
         self.update_gauge();
     }
 
+    /// Every etcd endpoint refused the round sent at `sent`: etcd is down where it runs,
+    /// and no lease expires while it is down, so a fence still live at `sent` is prolonged
+    /// as by an answer. A fence that had lapsed is not reopened: etcd may have expired the
+    /// lease before it went down (or the refusal is a firewall's, and etcd is up for the
+    /// others).
+    pub fn refused(&self, sent: Instant, ttl: Duration) {
+        if self.ms(sent) < self.live_until_ms.load(Ordering::Acquire) {
+            self.renewed(sent, ttl);
+        }
+    }
+
     /// etcd no longer has this member's lease: fenced until it registered again and caught
     /// up with the pod's deletes ([`Fence::caught_up`]).
     pub fn lease_lost(&self) {
@@ -178,6 +190,17 @@ mod tests {
         f.caught_up();
         assert!(f.may_serve());
         assert_eq!(f.closed.with_label_values(&["lease_lost"]).get(), 1);
+        // A refusal prolongs a live fence, never reopens a lapsed one.
+        let f3 = Fence::new();
+        f3.caught_up();
+        f3.renewed(Instant::now(), ttl);
+        f3.refused(Instant::now() + Duration::from_secs(2), ttl);
+        assert!(f3.may_serve());
+        let f4 = Fence::new();
+        f4.caught_up();
+        f4.renewed(Instant::now() - Duration::from_secs(10), ttl);
+        f4.refused(Instant::now(), ttl);
+        assert!(!f4.may_serve(), "a refusal reopened a lapsed fence");
         assert!(f.fenced_reads.get() >= 3);
     }
 }

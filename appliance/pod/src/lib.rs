@@ -140,6 +140,22 @@ fn member_info(
 }
 
 impl Pod {
+    /// A member of an etcd pod serves no block until it has joined: its fence, closed, is
+    /// installed in the engine before any listener serves (`ctxpod serve` calls this once
+    /// the engine is open, and hands the fence to [`Pod::join`]). `None` without etcd.
+    pub fn fence_before_join(
+        cfg: &ctxpod_format::config::Config,
+        engine: &ctxpod_engine::Engine,
+    ) -> anyhow::Result<Option<Arc<fence::Fence>>> {
+        if cfg.pod.etcd_endpoints.is_empty() {
+            return Ok(None);
+        }
+        let fence = Arc::new(fence::Fence::new());
+        fence.register(&engine.metrics().registry)?;
+        engine.set_serve_gate(fence.clone());
+        Ok(Some(fence))
+    }
+
     /// Joins the configured pod: registers in etcd and watches it, or takes the static
     /// list, or stands alone.
     pub async fn join(
@@ -147,6 +163,7 @@ impl Pod {
         http: SocketAddr,
         transfer: Option<SocketAddr>,
         engine: &Arc<ctxpod_engine::Engine>,
+        fence: Option<Arc<fence::Fence>>,
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
         let pod_metrics = Arc::new(metrics::PodMetrics::new(&engine.metrics().registry));
@@ -160,7 +177,12 @@ impl Pod {
             .register(Box::new(peers.missed.deadlines_missed.clone()))?;
         let stop = tokio_util::sync::CancellationToken::new();
         if !p.etcd_endpoints.is_empty() {
-            return Self::join_etcd(cfg, engine, scheme, me, peers, pod_metrics, stop).await;
+            let fence = match fence {
+                Some(f) => f,
+                None => Self::fence_before_join(cfg, engine)?.expect("an etcd pod has a fence"),
+            };
+            let ground = (pod_metrics, stop, fence);
+            return Self::join_etcd(cfg, engine, scheme, me, peers, ground).await;
         }
         let membership = if p.members.is_empty() {
             Membership::single(me.clone())
@@ -203,8 +225,11 @@ impl Pod {
         scheme: &'static str,
         me: MemberInfo,
         peers: Peers,
-        pod_metrics: Arc<metrics::PodMetrics>,
-        stop: tokio_util::sync::CancellationToken,
+        (pod_metrics, stop, fence): (
+            Arc<metrics::PodMetrics>,
+            tokio_util::sync::CancellationToken,
+            Arc<fence::Fence>,
+        ),
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
         let id = &me.id;
@@ -233,11 +258,9 @@ impl Pod {
         )
         .await
         .context("apply the pod's block deletes (tombstones in etcd)")?;
-        // Reads are fenced from here on: served only while this member's lease is
-        // provably live and the pod's deletes are caught up since its record was put.
-        let fence = Arc::new(fence::Fence::new());
-        fence.register(&engine.metrics().registry)?;
-        engine.set_serve_gate(fence.clone());
+        // Reads are fenced (since before the listeners served): served only while this
+        // member's lease is provably live and the pod's deletes are caught up since its
+        // record was put.
         let catch_up: membership::CatchUp = {
             let (t, engine) = (tombstones.0.clone(), engine.clone());
             Arc::new(move |away| {

@@ -9,7 +9,6 @@
 //! [`Membership::etcd_up`] says so (`ctxpod_pod_etcd_up` in the metrics).
 
 use super::etcd::{Etcd, WatchEvent};
-use anyhow::Context;
 use ctxpod_wire::placement::{Member, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -512,11 +511,15 @@ impl Registration {
         let lease = etcd.grant(ttl_s).await?;
         etcd.put(&key, &serde_json::to_vec(&me)?, Some(lease))
             .await?;
+        let mut behind = false;
         if let Some(r) = &rejoin {
             r.fence.renewed(sent, lease_ttl);
-            r.catch_up(Duration::ZERO)
-                .await
-                .context("catch up with the pod's deletes")?;
+            if let Err(e) = r.catch_up(Duration::ZERO).await {
+                tracing::warn!(
+                    "pod: catching up with the pod's deletes: {e:#}; fenced until it succeeds"
+                );
+                behind = true;
+            }
         }
         let handle = RegistrationHandle {
             me: Arc::new(parking_lot::Mutex::new(me)),
@@ -532,7 +535,7 @@ impl Registration {
             rejoin,
             lease: Some(lease),
             answered: std::time::Instant::now(),
-            behind: false,
+            behind,
         };
         let task = tokio::spawn(keeper.run(stop.clone()));
         Ok(Registration {
@@ -576,20 +579,24 @@ struct Keeper {
 impl Keeper {
     async fn run(mut self, stop: tokio_util::sync::CancellationToken) {
         let every = Duration::from_millis(self.ttl_s as u64 * 1000 / 3);
+        // Rounds start every third of the TTL from the previous start, however long a round
+        // took (a slow endpoint must not stretch the gap past the fence's margin).
+        let mut next = tokio::time::Instant::now() + every;
         loop {
             let kicked = tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(every) => false,
+                _ = tokio::time::sleep_until(next) => false,
                 _ = self.me.kick.notified() => true,
             };
             let sent = std::time::Instant::now();
+            next = tokio::time::Instant::now() + every;
             match self.renew(kicked).await {
                 Ok(l) => self.answered_at(sent, l).await,
                 Err(e) => {
                     // etcd down where it runs (every endpoint refused): no lease can expire
                     // meanwhile, so the fence holds (crate::fence).
                     if let Some(r) = self.rejoin.as_ref().filter(|_| super::etcd::refused(&e)) {
-                        r.fence.renewed(sent, self.lease_ttl());
+                        r.fence.refused(sent, self.lease_ttl());
                     }
                     if let Some(m) = &self.membership {
                         m.etcd_failed("lease keep-alive", &e);

@@ -96,6 +96,10 @@ pub struct Tombstones {
     lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
     state_file: PathBuf,
     metrics: Arc<PodMetrics>,
+    /// The highest revision through which every tombstone was applied here (follow and
+    /// catch-up share it, so neither applies again a tombstone the other applied: a block
+    /// put again after its delete stays).
+    applied: std::sync::atomic::AtomicI64,
     /// When etcd last answered this node (`Membership::etcd_last_ok`: keep-alives, watches,
     /// listings): what the state file records as "seen", never merely the time it is
     /// written (a node cut off goes on writing it).
@@ -127,6 +131,7 @@ impl Tombstones {
             state_file: data_dir.join(STATE_FILE),
             metrics,
             membership,
+            applied: std::sync::atomic::AtomicI64::new(0),
         });
         let state = t.load();
         let now = super::membership::unix_now();
@@ -154,7 +159,12 @@ impl Tombstones {
             .await?;
         let applied = state.map_or(0, |s| s.applied_revision);
         let (rev, kvs) = self.etcd.range_prefix(&self.prefix).await?;
+        let failed = self.failed_applies();
         let n = self.relist(engine, kvs, applied).await;
+        anyhow::ensure!(
+            self.failed_applies() == failed,
+            "a tombstone could not be applied here (its block could not be deleted)"
+        );
         self.save(rev);
         tracing::info!(
             applied = n,
@@ -171,6 +181,13 @@ impl Tombstones {
             .pod_deletes_refused
             .with_label_values(&["holders_unreached"])
             .inc();
+    }
+
+    fn failed_applies(&self) -> u64 {
+        self.metrics
+            .pod_tombstones_applied
+            .with_label_values(&["failed"])
+            .get()
     }
 
     /// How long a delete waits for a member it cannot reach to drop out of the pod.
@@ -327,6 +344,7 @@ impl Tombstones {
     /// Takes a full listing: the known set becomes it, and every tombstone written after
     /// revision `applied` is applied. Returns how many were applied.
     async fn relist(&self, engine: &Engine, kvs: Vec<Kv>, applied: i64) -> usize {
+        let applied = applied.max(self.applied.load(std::sync::atomic::Ordering::Acquire));
         let mut names = HashSet::with_capacity(kvs.len());
         let mut fresh = Vec::new();
         for kv in kvs {
@@ -394,9 +412,12 @@ impl Tombstones {
                                     match ev {
                                         WatchEvent::Put(kv) => {
                                             rev = rev.max(kv.mod_revision);
+                                            let done = self.applied.load(std::sync::atomic::Ordering::Acquire);
                                             if let Some(name) = kv.key.strip_prefix(&self.prefix) {
                                                 self.learn_name(name.to_string());
-                                                self.apply(engine, name).await;
+                                                if kv.mod_revision > done {
+                                                    self.apply(engine, name).await;
+                                                }
                                             }
                                         }
                                         WatchEvent::Delete { key, mod_revision } => {
@@ -449,6 +470,10 @@ impl Tombstones {
 
     /// Notes that every tombstone up to `rev` is applied, and when etcd last answered.
     fn save(&self, rev: i64) {
+        let rev = self
+            .applied
+            .fetch_max(rev, std::sync::atomic::Ordering::AcqRel)
+            .max(rev);
         let seen = match self.membership.etcd_last_ok() {
             0 => super::membership::unix_now(),
             t => t,

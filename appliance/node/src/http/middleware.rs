@@ -165,7 +165,12 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
     use ctxpod_pod::route::{self as forward, Route};
     // A pod of one (the default) pays one look at the view, nothing more.
     let view = st.pod.view();
-    if view.members.len() < 2 || req.headers().contains_key(forward::HEADER_FORWARDED) {
+    // In an etcd pod a block delete is recorded and settled whatever the view's size (a
+    // member out of the view now may hold the block and come back).
+    let pod_delete = st.tombstones.is_some() && req.method() == Method::DELETE;
+    if (view.members.len() < 2 && !pod_delete)
+        || req.headers().contains_key(forward::HEADER_FORWARDED)
+    {
         return next.run(req).await;
     }
     // A multipart upload lives on its key's first member.
@@ -186,7 +191,10 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
             let r = scoped
                 .as_ref()
                 .map_or(st.replication, |scoped| st.replication_of(scoped));
-            let route = forward::route(&view, &st.node_id, req.method(), ns, &key, r);
+            let route = match forward::route(&view, &st.node_id, req.method(), ns, &key, r) {
+                Route::Local if pod_delete => Route::Delete { copies: r.max(1) },
+                route => route,
+            };
             placed = Some((ns.to_string(), key.clone()));
             block = scoped.map(|s| (s, key));
             route
@@ -300,7 +308,7 @@ async fn write_in_pod(
         body: &body,
         next: &next,
     };
-    let (answers, refused) = sending.send(&mut plan, is_delete).await;
+    let answers = sending.send(&mut plan, is_delete).await;
     // A delete is then recorded (a tombstone, with etcd): members that are away delete
     // their copy when they return, every member deletes any copy taken meanwhile, and no
     // copy of it is taken back. Recorded after the members answered, which tells whether
@@ -308,7 +316,10 @@ async fn write_in_pod(
     // not recorded answers 503 and the client sends it again. Then it is settled: every
     // member that may hold the block applied it, or is out of the pod.
     if let Some((t, (ns, key))) = tombstones {
-        let mut applied: BTreeSet<String> = refused;
+        // A member that refused the connection counts only if it still does after the
+        // tombstone is recorded (then it lists the tombstones when it starts): settling
+        // asks it again.
+        let mut applied: BTreeSet<String> = BTreeSet::new();
         let mut removed = Vec::new();
         for (&m, r) in &answers {
             if r.status().is_success() || r.status() == StatusCode::NOT_FOUND {
@@ -479,16 +490,10 @@ struct Sending<'a> {
 
 impl Sending<'_> {
     /// Sends the write to the members its plan asks, round by round, each round's at
-    /// once; every answer taken into the plan. The members' answers, by member, and the
-    /// ids of those that refused the connection (nothing listens there).
-    async fn send(
-        &self,
-        plan: &mut WritePlan,
-        is_delete: bool,
-    ) -> (BTreeMap<usize, Response>, BTreeSet<String>) {
+    /// once; every answer taken into the plan. The members' answers, by member.
+    async fn send(&self, plan: &mut WritePlan, is_delete: bool) -> BTreeMap<usize, Response> {
         let st = self.st;
         let mut answers: BTreeMap<usize, Response> = BTreeMap::new();
-        let mut refused = BTreeSet::new();
         while let Some(round) = plan.next_round() {
             let sent = futures::future::join_all(round.into_keys().map(|m| {
                 let (member, parts, body, next) = (
@@ -510,15 +515,9 @@ impl Sending<'_> {
             }))
             .await;
             for (m, resp) in sent {
-                let resp = match resp {
-                    Ok(r) => r,
-                    Err(e) => {
-                        if matches!(e, crate::forward::ForwardError::Refused) {
-                            refused.insert(self.view.members[m].id.clone());
-                        }
-                        plan.answer(m, 0, WriteAnswer::Unreachable);
-                        continue;
-                    }
+                let Ok(resp) = resp else {
+                    plan.answer(m, 0, WriteAnswer::Unreachable);
+                    continue;
                 };
                 let s = resp.status();
                 let a = match (is_delete, s) {
@@ -533,7 +532,7 @@ impl Sending<'_> {
                 answers.insert(m, resp);
             }
         }
-        (answers, refused)
+        answers
     }
 }
 
