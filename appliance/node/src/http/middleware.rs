@@ -438,7 +438,11 @@ fn delete_unsettled(
 ) -> Response {
     t.unsettled();
     let message = format!(
-        "the delete is recorded (a tombstone) and applied on {applied:?}, but {pending:?}          may hold the block and have not applied it: they are still in the pod and could not          be reached; it completes when they answer or their lease runs out (within          pod.lease_ttl_s); send it again"
+        "the delete is recorded (a tombstone) and settled on {applied:?} (applied, or nothing \
+         listens there), but {pending:?} \
+         may hold the block and have not applied it: they are still in the pod and could not \
+         be reached; it completes when they answer or their lease runs out (within \
+         pod.lease_ttl_s); send it again"
     );
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response()
 }
