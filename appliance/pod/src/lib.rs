@@ -28,6 +28,7 @@ pub mod drain;
 pub mod etcd;
 pub mod fence;
 pub mod membership;
+pub mod meta;
 pub mod metrics;
 pub mod namespaces;
 pub mod quota;
