@@ -40,32 +40,7 @@ struct Auth {
     token: tokio::sync::Mutex<Option<String>>,
 }
 
-/// One key and its value, from a range or a watch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kv {
-    pub key: String,
-    pub value: Vec<u8>,
-    pub mod_revision: i64,
-}
-
-/// A change seen by a watch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchEvent {
-    Put(Kv),
-    Delete { key: String, mod_revision: i64 },
-}
-
-/// Every endpoint refused the connection: etcd is not running where it is configured (as
-/// opposed to a silence: a cut link, or packets dropped). `crate::fence` counts this as
-/// "etcd down for everyone".
-#[derive(Debug, thiserror::Error)]
-#[error("every etcd endpoint refused the connection")]
-pub struct Refused;
-
-/// Whether a failed call to etcd was refused by every endpoint ([`Refused`]).
-pub fn refused(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<Refused>().is_some()
-}
+pub use crate::meta::{prefix_end, refused, Kv, Refused, WatchEvent};
 
 /// Whether an HTTP error is a refused TCP connection (ECONNREFUSED: nothing listens there).
 pub fn connection_refused(e: &reqwest::Error) -> bool {
@@ -92,19 +67,6 @@ fn int(v: &Value) -> Option<i64> {
         Value::Number(n) => n.as_i64(),
         _ => None,
     }
-}
-
-/// The end of the range holding every key that starts with `prefix` (etcd's convention:
-/// the prefix with its last byte incremented).
-pub fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0] // every key
 }
 
 fn kv_of(v: &Value) -> anyhow::Result<Kv> {
@@ -410,6 +372,48 @@ impl Etcd {
     }
 }
 
+#[async_trait::async_trait]
+impl crate::meta::Meta for Etcd {
+    fn describe(&self) -> String {
+        self.endpoints.join(",")
+    }
+    async fn grant(&self, ttl_s: i64) -> anyhow::Result<i64> {
+        Etcd::grant(self, ttl_s).await
+    }
+    async fn keepalive(&self, lease: i64) -> anyhow::Result<Option<i64>> {
+        Etcd::keepalive(self, lease).await
+    }
+    async fn revoke(&self, lease: i64) -> anyhow::Result<()> {
+        Etcd::revoke(self, lease).await
+    }
+    async fn put(&self, key: &str, value: &[u8], lease: Option<i64>) -> anyhow::Result<()> {
+        Etcd::put(self, key, value, lease).await
+    }
+    async fn delete(&self, key: &str) -> anyhow::Result<()> {
+        Etcd::delete(self, key).await
+    }
+    async fn get(&self, key: &str) -> anyhow::Result<Option<Kv>> {
+        Etcd::get(self, key).await
+    }
+    async fn cas_put(&self, key: &str, value: &[u8], expected: i64) -> anyhow::Result<bool> {
+        Etcd::cas_put(self, key, value, expected).await
+    }
+    async fn leases(&self) -> anyhow::Result<Vec<i64>> {
+        Etcd::leases(self).await
+    }
+    async fn range_prefix(&self, prefix: &str) -> anyhow::Result<(i64, Vec<Kv>)> {
+        Etcd::range_prefix(self, prefix).await
+    }
+    async fn watch_prefix(&self, prefix: &str, start: i64) -> anyhow::Result<crate::meta::Watch> {
+        Ok(Box::pin(Etcd::watch_prefix(self, prefix, start).await?))
+    }
+    async fn compact(&self, revision: i64) -> anyhow::Result<()> {
+        self.call("/v3/kv/compaction", json!({ "revision": revision.to_string() }))
+            .await?;
+        Ok(())
+    }
+}
+
 /// etcd refused the auth token (401): take a new one.
 #[derive(Debug, thiserror::Error)]
 #[error("etcd: the auth token is not valid")]
@@ -515,12 +519,6 @@ fn events_of(v: &Value) -> anyhow::Result<Option<Vec<WatchEvent>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_ends_increment_the_last_byte() {
-        assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
-        assert_eq!(prefix_end("ab"), b"ac".to_vec());
-    }
 
     #[test]
     fn json_objects_are_split_whatever_the_chunking() {

@@ -26,10 +26,17 @@
 //!
 //! While fenced, every read of a block through any door answers a miss
 //! ([`ctxpod_engine::ServeGate`]); writes and deletes go on.
+//!
+//! The clock is tokio's `Instant`: `CLOCK_MONOTONIC` in a node (it runs while the process
+//! is frozen, as etcd's does, so a frozen member's fence has lapsed when it thaws), the
+//! virtual clock in the simulation (a runtime with paused time). A machine that suspends
+//! stops `CLOCK_MONOTONIC` while etcd's clock goes on: a member must not be suspended (a
+//! VM paused) for longer than the margin without being restarted.
 
 use ctxpod_engine::ServeGate;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The share of the lease's TTL a member does not count on: etcd's clock may run faster
 /// than this member's by that much (and the TTL is in whole seconds).

@@ -17,6 +17,8 @@
 //! - [`fence`]: a member serves its blocks only while it can show it is in the pod (its
 //!   lease provably live, the pod's deletes caught up), so no member serves a block after
 //!   the pod acknowledged its delete.
+//! - [`settle`]: a recorded delete is acknowledged once every member that may hold the
+//!   block applied it or dropped out of the pod.
 //! - [`quota`]: a namespace's quota held for the whole pod, through a ledger of grants in
 //!   etcd (compare-and-swap), never the sum of per-member quotas.
 //!
@@ -34,6 +36,7 @@ pub mod namespaces;
 pub mod quota;
 pub mod route;
 pub mod scrub;
+pub mod settle;
 pub mod tombstones;
 
 use anyhow::Context;
@@ -63,7 +66,7 @@ pub struct Pod {
     pub replication: usize,
     pub membership: Arc<Membership>,
     /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
-    pub records: Option<(String, etcd::Etcd)>,
+    pub records: Option<(String, Arc<dyn meta::Meta>)>,
     registration: Option<Registration>,
     /// Draining this node before it leaves (needs etcd and the backfill).
     pub drain: Arc<drain::Drain>,
@@ -74,6 +77,15 @@ pub struct Pod {
     /// Whether this member serves its blocks now (with etcd).
     pub fence: Option<Arc<fence::Fence>>,
     stop: tokio_util::sync::CancellationToken,
+}
+
+/// The scheme members reach each other with: `https` when the node serves TLS.
+fn scheme_of(cfg: &ctxpod_format::config::Config) -> &'static str {
+    if cfg.tls.enabled() {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// The node's id: configured, or kept in `<data_dir>/node.id` (made on first start: `n-`
@@ -151,10 +163,15 @@ impl Pod {
         if cfg.pod.etcd_endpoints.is_empty() {
             return Ok(None);
         }
+        Self::install_fence(engine).map(Some)
+    }
+
+    /// A closed fence, its series registered, installed as the engine's serve gate.
+    fn install_fence(engine: &ctxpod_engine::Engine) -> anyhow::Result<Arc<fence::Fence>> {
         let fence = Arc::new(fence::Fence::new());
         fence.register(&engine.metrics().registry)?;
         engine.set_serve_gate(fence.clone());
-        Ok(Some(fence))
+        Ok(fence)
     }
 
     /// Joins the configured pod: registers in etcd and watches it, or takes the static
@@ -167,24 +184,11 @@ impl Pod {
         fence: Option<Arc<fence::Fence>>,
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
-        let pod_metrics = Arc::new(metrics::PodMetrics::new(&engine.metrics().registry));
-        let id = node_id(p.node_id.as_deref(), &cfg.data_dir)?;
-        let scheme = if cfg.tls.enabled() { "https" } else { "http" };
-        let me = member_info(cfg, &id, http, transfer, scheme)?;
-        let peers = Peers::from_config(cfg)?;
-        engine
-            .metrics()
-            .registry
-            .register(Box::new(peers.missed.deadlines_missed.clone()))?;
-        let stop = tokio_util::sync::CancellationToken::new();
         if !p.etcd_endpoints.is_empty() {
-            let fence = match fence {
-                Some(f) => f,
-                None => Self::fence_before_join(cfg, engine)?.expect("an etcd pod has a fence"),
-            };
-            let ground = (pod_metrics, stop, fence);
-            return Self::join_etcd(cfg, engine, scheme, me, peers, ground).await;
+            let meta = meta::connect(p)?;
+            return Self::join_on(cfg, meta, http, transfer, engine, fence).await;
         }
+        let (me, peers, pod_metrics, stop) = Self::ground(cfg, http, transfer, engine)?;
         let membership = if p.members.is_empty() {
             Membership::single(me.clone())
         } else {
@@ -217,24 +221,52 @@ impl Pod {
         })
     }
 
-    /// [`Pod::join`] with etcd: checks this node's own member record (`me`), watches the
-    /// members, applies the block deletes made while it was away, registers, and holds
-    /// namespace quotas for the pod.
-    async fn join_etcd(
+    /// What every member has: its record, its way to the others, its series and the
+    /// token that stops its background work.
+    #[allow(clippy::type_complexity)]
+    fn ground(
         cfg: &ctxpod_format::config::Config,
+        http: SocketAddr,
+        transfer: Option<SocketAddr>,
         engine: &Arc<ctxpod_engine::Engine>,
-        scheme: &'static str,
-        me: MemberInfo,
-        peers: Peers,
-        (pod_metrics, stop, fence): (
-            Arc<metrics::PodMetrics>,
-            tokio_util::sync::CancellationToken,
-            Arc<fence::Fence>,
-        ),
+    ) -> anyhow::Result<(
+        MemberInfo,
+        Peers,
+        Arc<metrics::PodMetrics>,
+        tokio_util::sync::CancellationToken,
+    )> {
+        let p = &cfg.pod;
+        let pod_metrics = Arc::new(metrics::PodMetrics::new(&engine.metrics().registry));
+        let id = node_id(p.node_id.as_deref(), &cfg.data_dir)?;
+        let me = member_info(cfg, &id, http, transfer, scheme_of(cfg))?;
+        let peers = Peers::from_config(cfg)?;
+        engine
+            .metrics()
+            .registry
+            .register(Box::new(peers.missed.deadlines_missed.clone()))?;
+        Ok((me, peers, pod_metrics, tokio_util::sync::CancellationToken::new()))
+    }
+
+    /// [`Pod::join`] through a coordination store (etcd in a node, the in-memory twin in
+    /// the simulation): checks this node's own member record, watches the members, applies
+    /// the block deletes made while it was away, registers (fenced: see [`fence`]), and
+    /// holds namespace quotas for the pod.
+    pub async fn join_on(
+        cfg: &ctxpod_format::config::Config,
+        etcd: Arc<dyn meta::Meta>,
+        http: SocketAddr,
+        transfer: Option<SocketAddr>,
+        engine: &Arc<ctxpod_engine::Engine>,
+        fence: Option<Arc<fence::Fence>>,
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
+        let scheme = scheme_of(cfg);
+        let fence = match fence {
+            Some(f) => f,
+            None => Self::install_fence(engine)?,
+        };
+        let (me, peers, pod_metrics, stop) = Self::ground(cfg, http, transfer, engine)?;
         let id = &me.id;
-        let etcd = etcd::Etcd::from_config(p)?;
         let ttl = Duration::from_secs(p.lease_ttl_s);
         // This node's own record must pass the check every member applies.
         membership::parse_member(
@@ -245,7 +277,7 @@ impl Pod {
         .with_context(|| format!("this node's member record ({})", me.http))?;
         let membership = Membership::watch_etcd(etcd.clone(), &p.name, scheme, stop.clone())
             .await
-            .with_context(|| format!("list the pod's members in etcd at {:?}", p.etcd_endpoints))?;
+            .with_context(|| format!("list the pod's members in etcd at {}", etcd.describe()))?;
         // Deletes made while this node was away are applied before it registers, so
         // nothing is routed to it while it still holds a deleted block.
         let tombstones = tombstones::Tombstones::open(
@@ -281,7 +313,7 @@ impl Pod {
             }),
         )
         .await
-        .with_context(|| format!("register in etcd at {:?}", p.etcd_endpoints))?;
+        .with_context(|| format!("register in etcd at {}", etcd.describe()))?;
         // A namespace's quota holds for the pod: each new block within this member's
         // grant in the ledger.
         engine.set_pod_quota(Arc::new(quota::Ledgers::new(

@@ -8,7 +8,7 @@
 //! node from its view. When etcd cannot be reached the last known view stays in force and
 //! [`Membership::etcd_up`] says so (`ctxpod_pod_etcd_up` in the metrics).
 
-use super::etcd::{Etcd, WatchEvent};
+use super::meta::{Meta, WatchEvent};
 use ctxpod_wire::placement::{Member, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -138,7 +138,7 @@ pub struct Membership {
     /// Member records in etcd left out of the view as invalid.
     rejected: AtomicUsize,
     /// Where the records are read from: etcd, the members' prefix and the pod's scheme.
-    records: Option<(Etcd, String, &'static str)>,
+    records: Option<(Arc<dyn Meta>, String, &'static str)>,
 }
 
 pub(crate) fn unix_now() -> i64 {
@@ -211,7 +211,7 @@ impl Membership {
     /// Records that do not pass [`parse_member`] with `scheme` stay out of the view (and
     /// are counted: [`Membership::rejected_records`]).
     pub async fn watch_etcd(
-        etcd: Etcd,
+        etcd: Arc<dyn Meta>,
         pod: &str,
         scheme: &'static str,
         stop: tokio_util::sync::CancellationToken,
@@ -262,7 +262,7 @@ impl Membership {
     /// Keeps the view current: watch from `rev + 1`; when the watch breaks, list again.
     async fn follow(
         &self,
-        etcd: Etcd,
+        etcd: Arc<dyn Meta>,
         prefix: String,
         scheme: &'static str,
         mut records: Records,
@@ -334,7 +334,7 @@ impl Membership {
 struct Records(BTreeMap<String, Result<MemberInfo, BadRecord>>);
 
 impl Records {
-    fn listed(kvs: Vec<super::etcd::Kv>, scheme: &'static str) -> Records {
+    fn listed(kvs: Vec<super::meta::Kv>, scheme: &'static str) -> Records {
         let mut r = Records(BTreeMap::new());
         for kv in kvs {
             r.put(kv, scheme);
@@ -344,7 +344,7 @@ impl Records {
 
     /// A record written: it replaces the one under its key (a valid record overwritten by
     /// a bad one leaves the view).
-    fn put(&mut self, kv: super::etcd::Kv, scheme: &'static str) {
+    fn put(&mut self, kv: super::meta::Kv, scheme: &'static str) {
         let parsed = parse_member(&kv.key, &kv.value, scheme);
         if let Err(e) = &parsed {
             tracing::warn!(key = %kv.key, "member record ignored: {e}");
@@ -484,7 +484,7 @@ impl Registration {
     /// Registers `me` under a lease of `ttl` and keeps it registered (no fence: a client,
     /// or a test).
     pub async fn register(
-        etcd: Etcd,
+        etcd: Arc<dyn Meta>,
         pod: &str,
         me: MemberInfo,
         ttl: Duration,
@@ -497,7 +497,7 @@ impl Registration {
     /// renews its fence, and once its record is put (at first, and again after its lease
     /// was lost) it catches up with the pod's deletes before the fence opens.
     pub async fn register_fenced(
-        etcd: Etcd,
+        etcd: Arc<dyn Meta>,
         pod: &str,
         me: MemberInfo,
         ttl: Duration,
@@ -507,7 +507,7 @@ impl Registration {
         let key = member_key(&members_prefix(pod), &me.id);
         let ttl_s = ttl.as_secs().max(2) as i64;
         let lease_ttl = Duration::from_secs(ttl_s as u64);
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let lease = etcd.grant(ttl_s).await?;
         etcd.put(&key, &serde_json::to_vec(&me)?, Some(lease))
             .await?;
@@ -534,7 +534,7 @@ impl Registration {
             membership,
             rejoin,
             lease: Some(lease),
-            answered: std::time::Instant::now(),
+            answered: tokio::time::Instant::now(),
             behind,
         };
         let task = tokio::spawn(keeper.run(stop.clone()));
@@ -563,7 +563,7 @@ impl Registration {
 /// record back (or again, changed), registers again when the lease is lost, and keeps the
 /// member's fence (`crate::fence`) with each answer.
 struct Keeper {
-    etcd: Etcd,
+    etcd: Arc<dyn Meta>,
     key: String,
     ttl_s: i64,
     me: RegistrationHandle,
@@ -571,7 +571,7 @@ struct Keeper {
     rejoin: Option<Rejoin>,
     lease: Option<i64>,
     /// The last answer from etcd.
-    answered: std::time::Instant,
+    answered: tokio::time::Instant,
     /// The deletes must be caught up (the lease was lost, or the last catch-up failed).
     behind: bool,
 }
@@ -588,14 +588,14 @@ impl Keeper {
                 _ = tokio::time::sleep_until(next) => false,
                 _ = self.me.kick.notified() => true,
             };
-            let sent = std::time::Instant::now();
+            let sent = tokio::time::Instant::now();
             next = tokio::time::Instant::now() + every;
             match self.renew(kicked).await {
                 Ok(l) => self.answered_at(sent, l).await,
                 Err(e) => {
                     // etcd down where it runs (every endpoint refused): no lease can expire
                     // meanwhile, so the fence holds (crate::fence).
-                    if let Some(r) = self.rejoin.as_ref().filter(|_| super::etcd::refused(&e)) {
+                    if let Some(r) = self.rejoin.as_ref().filter(|_| super::meta::refused(&e)) {
                         r.fence.refused(sent, self.lease_ttl());
                     }
                     if let Some(m) = &self.membership {
@@ -646,10 +646,10 @@ impl Keeper {
 
     /// etcd answered the round sent at `sent`: the fence renewed, and the deletes caught
     /// up if this member is behind.
-    async fn answered_at(&mut self, sent: std::time::Instant, lease: i64) {
+    async fn answered_at(&mut self, sent: tokio::time::Instant, lease: i64) {
         self.lease = Some(lease);
         let away = sent.saturating_duration_since(self.answered);
-        self.answered = std::time::Instant::now();
+        self.answered = tokio::time::Instant::now();
         if let Some(m) = &self.membership {
             m.etcd_ok();
         }

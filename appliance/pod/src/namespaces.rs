@@ -20,10 +20,11 @@
 //! - Without etcd (a static pod), the fan-out is all there is: a member down during a
 //!   change is given it by repeating the change (it is idempotent).
 
-use super::etcd::Etcd;
+use super::meta::Meta;
 use ctxpod_engine::{Engine, EngineError, NsSettings};
 use ctxpod_wire::types::{Compression, NamespaceClass};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Carries a namespace's incarnation on a change sent from node to node.
@@ -146,7 +147,7 @@ async fn apply_delete_now(
 }
 
 /// The record of namespace `name`, if etcd has one.
-pub async fn record(etcd: &Etcd, pod: &str, name: &str) -> anyhow::Result<Option<NsRecord>> {
+pub async fn record(etcd: &dyn Meta, pod: &str, name: &str) -> anyhow::Result<Option<NsRecord>> {
     let key = format!("{}{name}", namespaces_prefix(pod));
     Ok(match etcd.get(&key).await? {
         Some(kv) => serde_json::from_slice(&kv.value).ok(),
@@ -157,7 +158,7 @@ pub async fn record(etcd: &Etcd, pod: &str, name: &str) -> anyhow::Result<Option
 /// Writes a namespace's record; a deletion's under `lease` (so etcd drops it when the
 /// pod's tombstones expire: [`super::tombstones`]).
 pub async fn publish(
-    etcd: &Etcd,
+    etcd: &dyn Meta,
     pod: &str,
     name: &str,
     rec: &NsRecord,
@@ -169,7 +170,7 @@ pub async fn publish(
 
 /// Applies every namespace record of the pod here; how many changed something. Each
 /// record is read again, under [`APPLYING`], just before it is applied.
-pub async fn reconcile(engine: &Engine, etcd: &Etcd, pod: &str) -> anyhow::Result<usize> {
+pub async fn reconcile(engine: &Engine, etcd: &dyn Meta, pod: &str) -> anyhow::Result<usize> {
     let prefix = namespaces_prefix(pod);
     let (_, kvs) = etcd.range_prefix(&prefix).await?;
     let mut changed = 0;
@@ -214,13 +215,13 @@ pub async fn reconcile(engine: &Engine, etcd: &Etcd, pod: &str) -> anyhow::Resul
 /// Applies the records now and every [`RECONCILE_EVERY`], until `stop`.
 pub fn spawn_reconcile(
     engine: std::sync::Arc<Engine>,
-    etcd: Etcd,
+    etcd: Arc<dyn Meta>,
     pod: String,
     stop: tokio_util::sync::CancellationToken,
 ) {
     tokio::spawn(async move {
         loop {
-            match reconcile(&engine, &etcd, &pod).await {
+            match reconcile(&engine, etcd.as_ref(), &pod).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(changed = n, "namespaces brought in line with the pod"),
                 Err(e) => tracing::debug!("namespace records not read: {e:#}"),

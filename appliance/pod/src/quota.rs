@@ -22,7 +22,7 @@
 //! The rules ([`grow`], [`shrink`]) are pure; [`Ledgers`] is the etcd side, the engine's
 //! [`PodQuota`].
 
-use super::etcd::Etcd;
+use super::meta::Meta;
 use super::membership::Membership;
 use ctxpod_engine::{EngineError, Namespace, PodQuota, QuotaFuture};
 use serde::{Deserialize, Serialize};
@@ -167,7 +167,7 @@ pub fn allowance(quota: u64, replication: usize, members: usize) -> u64 {
 
 /// The etcd side: this member's grants of every namespace with a quota.
 pub struct Ledgers {
-    etcd: Etcd,
+    etcd: Arc<dyn Meta>,
     pod: String,
     me: String,
     membership: Arc<Membership>,
@@ -191,7 +191,7 @@ fn no_ledger(e: anyhow::Error) -> EngineError {
 
 impl Ledgers {
     pub fn new(
-        etcd: Etcd,
+        etcd: Arc<dyn Meta>,
         pod: &str,
         me: &str,
         membership: Arc<Membership>,

@@ -27,7 +27,8 @@ use ctxpod_wire::pod_plan::{ReadPlan, WritePlan};
 use http::{HeaderValue, Method};
 use std::collections::HashMap;
 use std::sync::RwLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The longest a node waits on a member for a request it makes for a caller (a forward
 /// without progress, a share of a batch): half a client's default request deadline

@@ -30,7 +30,7 @@
 //! Without etcd (a static pod) there are no tombstones: a delete reaches the members that
 //! can be reached, and a member down at that moment keeps its copy (docs/OPERATIONS.md).
 
-use super::etcd::{Etcd, Kv, WatchEvent};
+use super::meta::{Kv, Meta, WatchEvent};
 use super::metrics::PodMetrics;
 use ctxpod_engine::{Engine, EngineError};
 use serde::{Deserialize, Serialize};
@@ -82,7 +82,7 @@ pub enum Refused {
 
 /// The pod's tombstones as this node knows them.
 pub struct Tombstones {
-    etcd: Etcd,
+    etcd: Arc<dyn Meta>,
     pod: String,
     prefix: String,
     retention: Duration,
@@ -112,7 +112,7 @@ impl Tombstones {
     /// had applied, and returns the tombstones with the revision to watch from.
     pub async fn open(
         engine: &Engine,
-        etcd: Etcd,
+        etcd: Arc<dyn Meta>,
         pod: &str,
         cfg: &ctxpod_format::config::PodConfig,
         data_dir: &Path,

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use ctxpod_wire::pod_plan::{Plan, ReadAnswer, WriteAnswer, WritePlan};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::routed::{count_forwarded, forward_counted, pick_answer};
 use super::state::AppState;
@@ -262,7 +262,7 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
 /// A routed put or delete: the body held (within the ingest budget) so that it can go to
 /// several members at once, or to the next one if a member cannot be reached, driven by
 /// its plan ([`WritePlan`]); a delete is then recorded as a tombstone and settled
-/// ([`Settling`]). `placed`: the namespace and key as placed, and a delete's copies.
+/// ([`ctxpod_pod::settle`]). `placed`: the namespace and key as placed, and a delete's copies.
 async fn write_in_pod(
     st: &AppState,
     view: &ctxpod_pod::membership::PodView,
@@ -339,93 +339,40 @@ async fn write_in_pod(
             return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
                 .into_response();
         }
-        let until = started + DELETE_SETTLE_MAX.min(t.lease_ttl() + Duration::from_secs(1));
-        let (placed_ns, placed_key, copies) = placed;
-        let settling = Settling {
-            st,
-            parts: &parts,
-            ns: placed_ns,
-            key: placed_key,
+        let until = ctxpod_pod::settle::deadline(started.into(), t.lease_ttl());
+        let (ns, key, copies) = placed;
+        let settling = ctxpod_pod::settle::Settling {
+            membership: &st.pod,
+            missed: &st.peers.missed,
+            ns,
+            key,
             copies,
         };
-        if let Err(pending) = settling.settle(&mut applied, until).await {
+        let ask = AskOverHttp { st, parts: &parts };
+        if let Err(pending) = settling.settle(&ask, &mut applied, until).await {
             return delete_unsettled(t, &applied, &pending);
         }
     }
     pick_answer(plan.finish().pop(), answers, is_delete)
 }
 
-/// The longest a routed delete waits, from its start, for the members that may hold the
-/// block and could not be reached to drop out of the pod: within a client's default
-/// request deadline (10 s), with room for its answer.
-const DELETE_SETTLE_MAX: Duration = Duration::from_secs(8);
-
-/// A recorded delete, settling: the pod acknowledges it once every member that may hold
-/// the block (a read candidate in the pod as etcd holds it now, which is newer than the
-/// delete's tombstone) has applied it, refused the connection (nothing listens there: it
-/// catches up before it serves again), or dropped out of the pod (its lease ran out, and
-/// a member fences itself before that: `ctxpod_pod::fence`). Until then the delete is not
-/// acknowledged: no member may serve the block after an acknowledged delete.
-struct Settling<'a> {
+/// A settling delete's members asked through the routed HTTP path, with the request's
+/// own head (this member too, when it is pending: its own stack applies it).
+struct AskOverHttp<'a> {
     st: &'a AppState,
     parts: &'a axum::http::request::Parts,
-    ns: &'a str,
-    key: &'a [u8],
-    copies: usize,
 }
 
-impl Settling<'_> {
-    /// Settles the delete by `until`, asking the members still pending again (those not
-    /// counted down); the ids of those still pending when it gives up.
-    async fn settle(
-        &self,
-        applied: &mut BTreeSet<String>,
-        until: Instant,
-    ) -> Result<(), Vec<String>> {
-        let st = self.st;
-        loop {
-            let view = match st.pod.current().await {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!("settling a delete: etcd: {e:#}");
-                    return Err(vec!["(the pod's members: etcd did not answer)".into()]);
-                }
-            };
-            let want =
-                ctxpod_pod::route::read_candidates(self.copies.max(1)).min(view.members.len());
-            let pending: Vec<&ctxpod_pod::membership::MemberInfo> = view
-                .ranked(self.ns, self.key)
-                .into_iter()
-                .take(want)
-                .filter(|m| !applied.contains(&m.id))
-                .collect();
-            if pending.is_empty() {
-                return Ok(());
+#[async_trait::async_trait]
+impl ctxpod_pod::settle::AskDelete for AskOverHttp<'_> {
+    async fn ask(&self, m: &ctxpod_pod::membership::MemberInfo) -> ctxpod_pod::settle::Asked {
+        use ctxpod_pod::settle::Asked;
+        match super::routed::forward_why(self.st, m, self.parts, None, "write").await {
+            Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
+                Asked::Applied
             }
-            let down = st.peers.missed.flags(&view);
-            for m in &pending {
-                let ix = view.members.iter().position(|v| v.id == m.id);
-                if m.id == *st.node_id || ix.is_some_and(|i| down[i]) {
-                    continue;
-                }
-                match super::routed::forward_why(st, m, self.parts, None, "write").await {
-                    Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
-                        applied.insert(m.id.clone());
-                    }
-                    Err(crate::forward::ForwardError::Refused) => {
-                        applied.insert(m.id.clone());
-                    }
-                    _ => {}
-                }
-            }
-            if Instant::now() >= until {
-                return Err(pending
-                    .iter()
-                    .filter(|m| !applied.contains(&m.id))
-                    .map(|m| m.id.clone())
-                    .collect());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            Err(crate::forward::ForwardError::Refused) => Asked::Refused,
+            _ => Asked::Failed,
         }
     }
 }

@@ -294,7 +294,7 @@ impl AppState {
         let Some(r) = &self.ns_records else {
             return Ok(None);
         };
-        let rec = ctxpod_pod::namespaces::record(&r.1, &r.0, ns)
+        let rec = ctxpod_pod::namespaces::record(r.1.as_ref(), &r.0, ns)
             .await
             .map_err(|e| etcd_unavailable(&e))?;
         Ok(rec.filter(|r| !r.deleted))
@@ -315,7 +315,7 @@ impl AppState {
             (Some(t), true) => Some(t.lease().await.map_err(|e| etcd_unavailable(&e))?),
             _ => None,
         };
-        ctxpod_pod::namespaces::publish(&r.1, &r.0, ns, rec, lease)
+        ctxpod_pod::namespaces::publish(r.1.as_ref(), &r.0, ns, rec, lease)
             .await
             .map_err(|e| etcd_unavailable(&e))
     }

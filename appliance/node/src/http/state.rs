@@ -34,7 +34,7 @@ pub struct AppState {
     /// How this node reaches the other members.
     pub peers: ctxpod_pod::Peers,
     /// The pod's name and etcd, where namespaces are recorded (`None`: no etcd).
-    pub ns_records: Option<Arc<(String, ctxpod_pod::etcd::Etcd)>>,
+    pub ns_records: Option<Arc<(String, Arc<dyn ctxpod_pod::meta::Meta>)>>,
     /// Copies of each block in the pod (`pod.replication`).
     pub replication: usize,
     /// This node's drain (`/v1/admin/drain`).

@@ -1,0 +1,122 @@
+//! A recorded delete, settled: the pod acknowledges a block's delete once every member that
+//! may hold the block — a read candidate in the pod as etcd holds it *now*, which is newer
+//! than the delete's tombstone — has applied it, refused the connection (nothing listens
+//! there: it catches up on the tombstones before it serves again), or dropped out of the
+//! pod (its lease ran out, and a member fences itself before that: [`crate::fence`]).
+//! Until then the delete is not acknowledged, so no member serves a block after the pod
+//! acknowledged its delete.
+//!
+//! The members are asked through [`AskDelete`]: the node's routed HTTP in production, the
+//! simulated network in the simulation. Pending members are asked all at once each round,
+//! every ask bounded by the deadline, so one silent member cannot make the others wait.
+
+use crate::membership::{MemberInfo, Membership};
+use crate::route::Missed;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The longest a delete waits, from its start, for the members that may hold the block:
+/// within a client's request deadline (10 s), with room for its answer.
+pub const SETTLE_MAX: Duration = Duration::from_secs(8);
+
+/// How long a delete started at `started` may settle: [`SETTLE_MAX`], or the lease TTL and
+/// a second (a silent member's lease has run out by then), whichever is shorter.
+pub fn deadline(started: Instant, lease_ttl: Duration) -> Instant {
+    started + SETTLE_MAX.min(lease_ttl + Duration::from_secs(1))
+}
+
+/// A member's answer to "delete your copy".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// Deleted, or it held no copy.
+    Applied,
+    /// The connection was refused: nothing listens there (it catches up before serving).
+    Refused,
+    /// No answer, or an error: ask again.
+    Failed,
+}
+
+/// How a member is asked to delete its copy of the block being settled.
+#[async_trait::async_trait]
+pub trait AskDelete: Sync {
+    /// Asks `m` (this member too, when it is pending) to delete its copy.
+    async fn ask(&self, m: &MemberInfo) -> Asked;
+}
+
+/// A delete recorded as a tombstone, to settle.
+pub struct Settling<'a> {
+    pub membership: &'a Membership,
+    /// Members that missed a deadline lately: not asked (their lease runs out, or they
+    /// answer a later round).
+    pub missed: &'a Missed,
+    /// The block as placed, and the copies it was written with.
+    pub ns: &'a str,
+    pub key: &'a [u8],
+    pub copies: usize,
+}
+
+/// How often the pending members are asked again.
+const ROUND: Duration = Duration::from_millis(250);
+
+impl Settling<'_> {
+    /// Settles the delete by `until`: `applied` holds the members that already applied it
+    /// and gains those that do. The ids of the members still pending when it gives up.
+    pub async fn settle(
+        &self,
+        ask: &dyn AskDelete,
+        applied: &mut BTreeSet<String>,
+        until: Instant,
+    ) -> Result<(), Vec<String>> {
+        loop {
+            let view = match self.membership.current().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("settling a delete: etcd: {e:#}");
+                    return Err(vec!["(the pod's members: etcd did not answer)".into()]);
+                }
+            };
+            let want = crate::route::read_candidates(self.copies.max(1)).min(view.members.len());
+            let pending: Vec<&MemberInfo> = view
+                .ranked(self.ns, self.key)
+                .into_iter()
+                .take(want)
+                .filter(|m| !applied.contains(&m.id))
+                .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let down = self.missed.flags(&view);
+            let asked = futures::future::join_all(
+                pending
+                    .iter()
+                    .filter(|m| {
+                        let ix = view.members.iter().position(|v| v.id == m.id);
+                        !ix.is_some_and(|i| down[i])
+                    })
+                    .map(|m| async move {
+                        let answer = tokio::time::timeout_at(until, ask.ask(m)).await;
+                        (m.id.clone(), answer.unwrap_or(Asked::Failed))
+                    }),
+            )
+            .await;
+            for (id, answer) in asked {
+                if answer != Asked::Failed {
+                    applied.insert(id);
+                }
+            }
+            let still: Vec<String> = pending
+                .iter()
+                .filter(|m| !applied.contains(&m.id))
+                .map(|m| m.id.clone())
+                .collect();
+            if still.is_empty() {
+                continue; // listed again: a member may have joined meanwhile
+            }
+            if Instant::now() >= until {
+                return Err(still);
+            }
+            tokio::time::sleep_until((Instant::now() + ROUND).min(until)).await;
+        }
+    }
+}
