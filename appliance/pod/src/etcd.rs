@@ -408,8 +408,11 @@ impl crate::meta::Meta for Etcd {
         Ok(Box::pin(Etcd::watch_prefix(self, prefix, start).await?))
     }
     async fn compact(&self, revision: i64) -> anyhow::Result<()> {
-        self.call("/v3/kv/compaction", json!({ "revision": revision.to_string() }))
-            .await?;
+        self.call(
+            "/v3/kv/compaction",
+            json!({ "revision": revision.to_string() }),
+        )
+        .await?;
         Ok(())
     }
 }

@@ -244,7 +244,12 @@ impl Pod {
             .metrics()
             .registry
             .register(Box::new(peers.missed.deadlines_missed.clone()))?;
-        Ok((me, peers, pod_metrics, tokio_util::sync::CancellationToken::new()))
+        Ok((
+            me,
+            peers,
+            pod_metrics,
+            tokio_util::sync::CancellationToken::new(),
+        ))
     }
 
     /// [`Pod::join`] through a coordination store (etcd in a node, the in-memory twin in
@@ -266,6 +271,8 @@ impl Pod {
             None => Self::install_fence(engine)?,
         };
         let (me, peers, pod_metrics, stop) = Self::ground(cfg, http, transfer, engine)?;
+        // A join that fails stops what it started (the membership watch, the tombstones').
+        let stop_on_failure = stop.clone().drop_guard();
         let id = &me.id;
         let ttl = Duration::from_secs(p.lease_ttl_s);
         // This node's own record must pass the check every member applies.
@@ -330,6 +337,7 @@ impl Pod {
             members = membership.view().members.len(),
             "joined the pod through etcd"
         );
+        stop_on_failure.disarm();
         Ok(Pod {
             me,
             peers,

@@ -22,8 +22,8 @@
 //! The rules ([`grow`], [`shrink`]) are pure; [`Ledgers`] is the etcd side, the engine's
 //! [`PodQuota`].
 
-use super::meta::Meta;
 use super::membership::Membership;
+use super::meta::Meta;
 use ctxpod_engine::{EngineError, Namespace, PodQuota, QuotaFuture};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};

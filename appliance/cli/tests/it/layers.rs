@@ -32,6 +32,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ctxpod-node", 4),
     ("ctxpod-tools", 4),
     ("ctxpod-python", 4),
+    ("ctxpod-sim", 4),
     ("ctxpod", 5),
 ];
 
@@ -51,6 +52,8 @@ const NEVER: &[(&str, &[&str])] = &[
     ("ctxpod-pod", &["axum"]),
     ("ctxpod-testkit", &["axum", "rocksdb"]),
     ("ctxpod-tools", &["axum"]),
+    // The simulation runs the pod's code without its servers or the node.
+    ("ctxpod-sim", &["axum", "ctxpod-node"]),
     (
         "ctxpod-python",
         &["axum", "rocksdb", "ctxpod-engine", "ctxpod-node"],

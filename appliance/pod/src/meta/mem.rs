@@ -96,6 +96,8 @@ struct State {
     /// Every change since the compaction point, by revision (in key order within one).
     history: BTreeMap<i64, Vec<WatchEvent>>,
     watchers: Vec<Watcher>,
+    /// etcd is stopped ([`MemMeta::stop`]): no lease expires.
+    stopped: bool,
 }
 
 fn key_of(e: &WatchEvent) -> &str {
@@ -142,6 +144,9 @@ impl State {
 
     /// Revokes every lease whose deadline has come, earliest first (then by id).
     fn expire(&mut self, now: Instant) {
+        if self.stopped {
+            return;
+        }
         let mut due: Vec<(Instant, i64)> = self
             .leases
             .iter()
@@ -269,6 +274,26 @@ impl MemMeta {
         self.state().revision
     }
 
+    /// etcd stops (the simulation's "etcd down": its calls are refused by the network in
+    /// front of it): no lease expires while it is stopped, as none does in an etcd that
+    /// is not running.
+    pub fn stop(&self) {
+        self.inner.state.lock().stopped = true;
+    }
+
+    /// etcd starts again: every lease lives its whole TTL again from now, as etcd's new
+    /// leader gives every lease (`lessor.Promote` in etcd's server/lease/lessor.go).
+    pub fn start(&self) {
+        let mut s = self.inner.state.lock();
+        s.stopped = false;
+        let now = Instant::now();
+        for l in s.leases.values_mut() {
+            l.deadline = l.deadline.max(now + Duration::from_secs(l.ttl as u64));
+        }
+        drop(s);
+        self.inner.reaper.notify_one();
+    }
+
     /// Every key under `prefix` now, in key order: the simulation's invariant checks read
     /// the store through this, without a call that a fault wrapper could cut.
     pub fn snapshot_prefix(&self, prefix: &str) -> Vec<Kv> {
@@ -292,7 +317,9 @@ async fn reap(inner: Weak<Inner>, wake: Arc<Notify>) {
         let next = {
             let mut s = strong.state.lock();
             s.expire(Instant::now());
-            s.leases.values().map(|l| l.deadline).min()
+            // Stopped, nothing is due until it starts (which wakes this).
+            let due = (!s.stopped).then(|| s.leases.values().map(|l| l.deadline).min());
+            due.flatten()
         };
         // Not held while asleep: the last handle's drop wakes this to end it.
         drop(strong);
@@ -517,6 +544,31 @@ mod tests {
 
     /// A lease ends exactly at its deadline, whoever asks first; a keep-alive moves the
     /// deadline to now + TTL; a TTL under etcd's minimum is raised to it.
+    #[tokio::test(start_paused = true)]
+    /// A stopped etcd expires no lease, and a started one gives every lease its whole TTL
+    /// (the simulation's "etcd down for everyone" depends on both).
+    async fn a_stopped_store_expires_nothing_and_its_start_renews_every_lease() {
+        let m = MemMeta::new();
+        let lease = m.grant(3).await.unwrap();
+        m.put("/s/k", b"v", Some(lease)).await.unwrap();
+        m.stop();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(
+            m.snapshot_prefix("/s/").len(),
+            1,
+            "nothing expires while stopped"
+        );
+        m.start();
+        tokio::time::sleep(Duration::from_millis(2_900)).await;
+        assert_eq!(
+            m.snapshot_prefix("/s/").len(),
+            1,
+            "a whole TTL from the start"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(m.snapshot_prefix("/s/").len(), 0, "then it expires");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_lease_ends_exactly_at_its_deadline() {
         let m = MemMeta::new();

@@ -1,0 +1,718 @@
+//! A deterministic simulation of a pod (docs/design/simulation.md).
+//!
+//! One seed gives one run: a pod of N members, each the real engine on a firmware-sim
+//! device (its index in RocksDB in a temporary directory) joined through the real
+//! [`ctxpod_pod::Pod::join_on`] — membership, registration with its fence, tombstones —
+//! over one in-memory coordination store ([`ctxpod_pod::meta::mem::MemMeta`]) reached
+//! through a simulated network ([`net`]). Clients put, delete (recorded as a tombstone and
+//! settled by the real [`ctxpod_pod::settle`]) and read any member directly, while the
+//! network is cut and healed, etcd stopped and started, and members restarted. All of it
+//! runs on one thread with tokio's clock paused: time moves only when every task waits, so
+//! the same seed gives the same run, and a run of minutes of pod time takes milliseconds.
+//!
+//! After every read the run checks the pod's promises ([`Violation`]): no member serves a
+//! block after the pod acknowledged its delete, no wrong bytes; at the end, with the
+//! network healed, every acknowledged block that was not deleted is still held.
+//!
+//! Every event goes into a trace whose hash the run reports: the same seed must give the
+//! same hash (`same_seed_same_trace` checks it).
+
+pub mod net;
+
+use bytes::Bytes;
+use ctxpod_pod::membership::MemberInfo;
+use ctxpod_pod::meta::mem::MemMeta;
+use ctxpod_pod::meta::Meta;
+use ctxpod_pod::settle::{AskDelete, Asked, Settling};
+use ctxpod_pod::Pod;
+use net::{Net, NetMeta};
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Copies of each block.
+const R: usize = 2;
+/// The members' lease TTL, seconds.
+const LEASE_TTL_S: u64 = 3;
+/// Bytes of each block (its bytes derive from its key).
+const BLOCK: usize = 4096;
+/// Deleted blocks remembered for reads to favour.
+const RECENT: usize = 8;
+/// The namespace every block is written to.
+const NS: &str = "default";
+
+/// A bug planted on purpose, to show the simulation finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// Members serve without their fence (the pod before it had one): a member cut from
+    /// etcd and its peers serves a block the pod deleted meanwhile.
+    NoFence,
+}
+
+impl Plant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::NoFence => "no-fence",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Plant> {
+        [Plant::NoFence].into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// The gate of [`Plant::NoFence`]: always open.
+struct Unfenced;
+
+impl ctxpod_engine::ServeGate for Unfenced {
+    fn may_serve(&self) -> bool {
+        true
+    }
+}
+
+/// What one run is made of.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub seed: u64,
+    /// Members in the pod.
+    pub members: usize,
+    /// Client operations and faults, in all.
+    pub steps: usize,
+    pub plant: Option<Plant>,
+}
+
+impl Params {
+    /// The run of `seed`: a pod of 3 to `max_members` members (the seed chooses).
+    pub fn of_seed(seed: u64, max_members: usize, steps: usize) -> Params {
+        let span = max_members.max(3) - 3 + 1;
+        Params {
+            seed,
+            members: 3 + Rng::new(seed).below(span as u64) as usize,
+            steps,
+            plant: None,
+        }
+    }
+
+    /// The command that replays this run.
+    pub fn replay_command(&self) -> String {
+        let plant = match self.plant {
+            Some(p) => format!(" --plant {}", p.name()),
+            None => String::new(),
+        };
+        format!(
+            "cargo run -p ctxpod-sim -- --seed {} --members {} --steps {}{plant} --trace",
+            self.seed, self.members, self.steps
+        )
+    }
+}
+
+/// A promise broken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// A member served a block after the pod acknowledged its delete.
+    Resurrected { key: u64, member: usize },
+    /// A member served other bytes than the block's.
+    WrongBytes { key: u64, member: usize },
+    /// An acknowledged block, never deleted, held by no member once the network healed.
+    Lost { key: u64 },
+}
+
+/// What a run did and found.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// The hash of the run's trace (the same seed gives the same hash).
+    pub trace_hash: u64,
+    pub trace: Vec<String>,
+    pub violations: Vec<Violation>,
+    pub puts_acked: u64,
+    pub puts_refused: u64,
+    pub deletes_acked: u64,
+    pub deletes_unsettled: u64,
+    pub reads_hit: u64,
+    pub reads_missed: u64,
+    pub faults: u64,
+    /// Simulated time the run covered.
+    pub simulated: Duration,
+    /// Runs summed into this outcome (1 for one run).
+    pub runs: u64,
+}
+
+impl Outcome {
+    /// Adds another run's counts to these (its trace and violations are not kept).
+    pub fn add(&mut self, o: &Outcome) {
+        self.puts_acked += o.puts_acked;
+        self.puts_refused += o.puts_refused;
+        self.deletes_acked += o.deletes_acked;
+        self.deletes_unsettled += o.deletes_unsettled;
+        self.reads_hit += o.reads_hit;
+        self.reads_missed += o.reads_missed;
+        self.faults += o.faults;
+        self.simulated += o.simulated;
+        self.runs += o.runs;
+    }
+}
+
+pub use ctxpod_firmware_sim::rng::Rng;
+
+/// Runs one seed on a runtime of its own (one thread, the clock paused).
+pub fn run(p: &Params) -> anyhow::Result<Outcome> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    let out = rt.block_on(async { Run::new(p)?.go().await });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    out
+}
+
+/// One member: its device (kept across restarts), and while it runs its engine and pod.
+struct Member {
+    dir: std::path::PathBuf,
+    dev: Arc<ctxpod_firmware_sim::SimDevice>,
+    up: Option<(Arc<ctxpod_engine::Engine>, Pod)>,
+}
+
+/// What the clients know of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Its put was acknowledged.
+    Stored,
+    /// Its delete was acknowledged at this time.
+    Deleted(Instant),
+    /// A delete was sent and not acknowledged: it may or may not be gone.
+    Unsure,
+}
+
+struct Run {
+    p: Params,
+    rng: Rng,
+    _tmp: tempfile::TempDir,
+    meta: Arc<MemMeta>,
+    net: Arc<Net>,
+    members: Vec<Member>,
+    blocks: BTreeMap<u64, Known>,
+    next_key: u64,
+    /// When the fault in force heals (one at a time).
+    fault_until: Option<Instant>,
+    /// The member the fault in force strikes: deletes and reads favour its blocks.
+    focus: Option<usize>,
+    /// The members each block was written to (reads favour them).
+    holders: BTreeMap<u64, Vec<usize>>,
+    /// The blocks deleted last (reads favour them).
+    recent: Vec<u64>,
+    trace: std::collections::hash_map::DefaultHasher,
+    out: Outcome,
+    started: Instant,
+}
+
+fn key_of(k: u64) -> Vec<u8> {
+    format!("sim-block-{k:08}").into_bytes()
+}
+
+fn bytes_of(k: u64) -> Bytes {
+    let seed = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    Bytes::from(
+        (0..BLOCK)
+            .map(|i| (seed >> ((i % 8) * 8)) as u8 ^ i as u8)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+fn address(m: usize) -> SocketAddr {
+    SocketAddr::from(([10, 77, (m / 250) as u8, (m % 250) as u8 + 1], 7070))
+}
+
+impl Run {
+    fn new(p: &Params) -> anyhow::Result<Run> {
+        // In memory where the machine has it: a run's indexes are throwaway.
+        let shm = std::path::Path::new("/dev/shm");
+        let tmp = match shm.is_dir() {
+            true => tempfile::Builder::new()
+                .prefix("ctxpod-sim")
+                .tempdir_in(shm)?,
+            false => tempfile::tempdir()?,
+        };
+        let members = (0..p.members)
+            .map(|m| {
+                let dir = tmp.path().join(format!("m{m:02}"));
+                std::fs::create_dir_all(&dir)?;
+                let dev = Arc::new(ctxpod_firmware_sim::SimDevice::new(
+                    ctxpod_firmware_sim::Profile::load("tlc").map_err(anyhow::Error::msg)?,
+                    ctxpod_firmware_sim::Media::memory(64 << 20),
+                    ctxpod_firmware_sim::FaultPlan::none(),
+                    false,
+                ));
+                Ok(Member { dir, dev, up: None })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Run {
+            p: p.clone(),
+            rng: Rng::new(p.seed),
+            _tmp: tmp,
+            meta: Arc::new(MemMeta::new()),
+            net: Arc::new(Net::default()),
+            members,
+            blocks: BTreeMap::new(),
+            next_key: 0,
+            recent: Vec::new(),
+            holders: BTreeMap::new(),
+            fault_until: None,
+            focus: None,
+            trace: std::collections::hash_map::DefaultHasher::new(),
+            out: Outcome::default(),
+            started: Instant::now(),
+        })
+    }
+
+    fn note(&mut self, line: String) {
+        let at = self.started.elapsed().as_millis();
+        let line = format!("{at:>7}ms {line}");
+        line.hash(&mut self.trace);
+        self.out.trace.push(line);
+    }
+
+    fn config(&self, m: usize) -> ctxpod_format::config::Config {
+        let mut cfg = ctxpod_format::config::Config {
+            data_dir: self.members[m].dir.clone(),
+            capacity: ctxpod_format::config::ByteSize(64 << 20),
+            region_bytes: Some(ctxpod_format::config::ByteSize(4 << 20)),
+            dram: ctxpod_format::config::ByteSize(0),
+            offload_threads: 1,
+            ..Default::default()
+        };
+        cfg.pod.name = "sim".into();
+        cfg.pod.node_id = Some(format!("m{m:02}"));
+        cfg.pod.advertise_http = Some(format!("http://{}", address(m)));
+        cfg.pod.lease_ttl_s = LEASE_TTL_S;
+        cfg.pod.replication = R;
+        cfg.pod.backfill_interval_s = 0;
+        cfg.scrub.interval_s = 0;
+        cfg
+    }
+
+    /// Starts member `m` (its engine recovers what its device and index hold) and joins it
+    /// to the pod; it stays down if it cannot join now (etcd unreachable).
+    async fn start(&mut self, m: usize) -> anyhow::Result<()> {
+        let cfg = self.config(m);
+        let dev = Arc::new(ctxpod_engine::device::sim::SimBackend::new(
+            self.members[m].dev.clone(),
+        ));
+        let engine = Arc::new(
+            ctxpod_engine::Engine::open_on(
+                cfg.clone(),
+                Arc::new(ctxpod_engine::metrics::Metrics::new()),
+                Some(dev),
+            )
+            .await?,
+        );
+        let meta: Arc<dyn Meta> = Arc::new(NetMeta {
+            inner: self.meta.clone(),
+            net: self.net.clone(),
+            me: m,
+        });
+        if self.p.plant == Some(Plant::NoFence) {
+            // The engine takes the first gate it is given: the pod's fence is then not it.
+            engine.set_serve_gate(Arc::new(Unfenced));
+        }
+        match Pod::join_on(&cfg, meta, address(m), None, &engine, None).await {
+            Ok(pod) => {
+                pod.start_background(engine.clone(), &cfg, false);
+                self.members[m].up = Some((engine, pod));
+                self.note(format!("m{m:02} joined"));
+            }
+            Err(e) => {
+                release(m, engine).await?;
+                self.note(format!("m{m:02} could not join: {}", first_line(&e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops member `m` without leaving the pod (its lease runs out), as a crash would.
+    async fn stop(&mut self, m: usize) -> anyhow::Result<()> {
+        if let Some((engine, pod)) = self.members[m].up.take() {
+            drop(pod);
+            release(m, engine).await?;
+            self.note(format!("m{m:02} stopped"));
+        }
+        Ok(())
+    }
+
+    async fn go(mut self) -> anyhow::Result<Outcome> {
+        for m in 0..self.p.members {
+            self.start(m).await?;
+        }
+        for _ in 0..self.p.steps {
+            let pause = Duration::from_millis(self.rng.below(500));
+            tokio::time::sleep(pause).await;
+            self.heal_when_due();
+            match self.rng.below(100) {
+                0..=29 => self.put().await,
+                30..=44 => self.delete().await,
+                45..=89 => self.read().await,
+                90..=97 => self.fault().await?,
+                _ => self.restart().await?,
+            }
+        }
+        self.finish().await?;
+        self.out.trace_hash = self.trace.finish();
+        self.out.simulated = self.started.elapsed();
+        self.out.runs = 1;
+        Ok(self.out)
+    }
+
+    /// A member that runs, chosen by the seed (None when none does).
+    fn running(&mut self) -> Option<usize> {
+        let up: Vec<usize> = (0..self.p.members)
+            .filter(|&m| self.members[m].up.is_some())
+            .collect();
+        (!up.is_empty()).then(|| up[self.rng.below(up.len() as u64) as usize])
+    }
+
+    /// A new block, put through member `c`: to its first R members as `c` sees the pod,
+    /// each reachable from `c`; acknowledged when R stored it.
+    async fn put(&mut self) {
+        let Some(c) = self.running() else { return };
+        let k = self.next_key;
+        self.next_key += 1;
+        let key = key_of(k);
+        let view = self.pod(c).membership.view();
+        let (mut stored, mut took) = (0, Vec::new());
+        for t in view.ranked(NS, &key) {
+            if stored == R {
+                break;
+            }
+            let Some(m) = self.index_of(t) else { continue };
+            if !self.net.both_ways(c, m) {
+                continue;
+            }
+            let Some((engine, _)) = &self.members[m].up else {
+                continue;
+            };
+            let put = engine.put(NS, &key, bytes_of(k), None, ctxpod_wire::Durability::Fast);
+            if put.await.is_ok() {
+                stored += 1;
+                took.push(m);
+            }
+        }
+        self.holders.insert(k, took);
+        if stored == R {
+            self.blocks.insert(k, Known::Stored);
+            self.out.puts_acked += 1;
+        } else {
+            self.out.puts_refused += 1;
+        }
+        self.note(format!("put {k} via m{c:02}: {stored} copies"));
+    }
+
+    /// Deletes a stored block through member `c`, as a node does: asks every member that
+    /// may hold it, records the tombstone, settles.
+    async fn delete(&mut self) {
+        let stored = self.stored();
+        let focused: Vec<u64> = match self.focus {
+            Some(f) => stored
+                .iter()
+                .copied()
+                .filter(|k| self.holders.get(k).is_some_and(|h| h.contains(&f)))
+                .collect(),
+            None => Vec::new(),
+        };
+        let pick = if focused.is_empty() {
+            &stored
+        } else {
+            &focused
+        };
+        if pick.is_empty() {
+            return;
+        }
+        let k = pick[self.rng.below(pick.len() as u64) as usize];
+        let Some(c) = self.running() else { return };
+        let started = Instant::now();
+        let key = key_of(k);
+        self.blocks.insert(k, Known::Unsure);
+        if self.recent.len() == RECENT {
+            self.recent.remove(0);
+        }
+        self.recent.push(k);
+        let ask = SimAsk {
+            run: &self.members,
+            net: &self.net,
+            from: c,
+            key: &key,
+        };
+        let (_, pod) = self.members[c].up.as_ref().expect("a running member");
+        let view = pod.membership.view();
+        let want = ctxpod_pod::route::read_candidates(R).min(view.members.len());
+        // All at once, as the node's first round sends them.
+        let first = view.ranked(NS, &key).into_iter().take(want).map(|t| async {
+            let answer = ask.ask(t).await;
+            (t.id.clone(), answer)
+        });
+        let applied: BTreeSet<String> = futures::future::join_all(first)
+            .await
+            .into_iter()
+            .filter(|(_, a)| *a != Asked::Failed)
+            .map(|(id, _)| id)
+            .collect();
+        let mut applied = applied;
+        let Some((t, _)) = &pod.tombstones else {
+            return;
+        };
+        let outcome = match t.record(NS, &key).await {
+            Err(e) => format!("not recorded: {e}"),
+            Ok(()) => {
+                let settling = Settling {
+                    membership: &pod.membership,
+                    missed: &pod.peers.missed,
+                    ns: NS,
+                    key: &key,
+                    copies: R,
+                };
+                let until = ctxpod_pod::settle::deadline(started, t.lease_ttl());
+                match settling.settle(&ask, &mut applied, until).await {
+                    Ok(()) => "acknowledged".into(),
+                    Err(pending) => format!("unsettled, pending {pending:?}"),
+                }
+            }
+        };
+        if outcome == "acknowledged" {
+            self.blocks.insert(k, Known::Deleted(Instant::now()));
+            self.out.deletes_acked += 1;
+        } else {
+            self.out.deletes_unsettled += 1;
+        }
+        self.note(format!("delete {k} via m{c:02}: {outcome}"));
+    }
+
+    /// A client reads a block from one running member directly (any door of any member,
+    /// in the pod's view or not): mostly one it was written to, else any.
+    async fn read(&mut self) {
+        if self.next_key == 0 {
+            return;
+        }
+        // Often a block deleted lately: where a broken promise would show.
+        let k = match self.recent.len() {
+            n if n > 0 && self.rng.below(2) == 0 => self.recent[self.rng.below(n as u64) as usize],
+            _ => self.rng.below(self.next_key),
+        };
+        let Some(c) = self.running() else { return };
+        let holders: Vec<usize> = self
+            .holders
+            .get(&k)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&m| self.members[m].up.is_some())
+            .collect();
+        let focus = self.focus.filter(|&f| self.members[f].up.is_some());
+        let m = match self.rng.below(10) {
+            0..=4 if focus.is_some() => focus.unwrap_or(c),
+            0..=6 if !holders.is_empty() => holders[self.rng.below(holders.len() as u64) as usize],
+            _ => c,
+        };
+        let asked = Instant::now();
+        let got = self.read_from(m, k).await;
+        let what = match got {
+            None => {
+                self.out.reads_missed += 1;
+                "miss"
+            }
+            Some(bytes) => {
+                self.out.reads_hit += 1;
+                if bytes != bytes_of(k) {
+                    self.out
+                        .violations
+                        .push(Violation::WrongBytes { key: k, member: m });
+                }
+                if let Some(Known::Deleted(at)) = self.blocks.get(&k) {
+                    if *at <= asked {
+                        self.out
+                            .violations
+                            .push(Violation::Resurrected { key: k, member: m });
+                    }
+                }
+                "hit"
+            }
+        };
+        self.note(format!("read {k} at m{m:02}: {what}"));
+    }
+
+    async fn read_from(&self, m: usize, k: u64) -> Option<Bytes> {
+        let (engine, _) = self.members[m].up.as_ref()?;
+        engine
+            .get(NS, &key_of(k))
+            .await
+            .ok()
+            .flatten()
+            .map(|(b, _)| b)
+    }
+
+    /// A fault, lasting 1 to 20 s of pod time (healed by [`Run::heal_when_due`]); the
+    /// member it strikes becomes the workload's focus meanwhile.
+    async fn fault(&mut self) -> anyhow::Result<()> {
+        if self.fault_until.is_some() {
+            return Ok(());
+        }
+        self.out.faults += 1;
+        let n = self.p.members;
+        let m = self.rng.below(n as u64) as usize;
+        let lasts = Duration::from_millis(1_000 + self.rng.below(19_000));
+        self.fault_until = Some(Instant::now() + lasts);
+        self.focus = Some(m);
+        let what = match self.rng.below(5) {
+            0 | 1 => {
+                self.net.isolate(m, n);
+                format!("m{m:02} isolated")
+            }
+            2 => {
+                self.net.cut_from_meta(m);
+                format!("m{m:02} cut from etcd")
+            }
+            3 => {
+                let o = (m + 1 + self.rng.below(n as u64 - 1) as usize) % n;
+                self.net.cut_one_way(m, o);
+                format!("m{m:02} -> m{o:02} cut")
+            }
+            _ => {
+                self.net.meta_down(true);
+                self.meta.stop();
+                self.focus = None;
+                "etcd down".into()
+            }
+        };
+        self.note(format!("fault: {what} for {} ms", lasts.as_millis()));
+        Ok(())
+    }
+
+    /// Heals the fault whose time is up.
+    fn heal_when_due(&mut self) {
+        if self.fault_until.is_some_and(|t| Instant::now() >= t) {
+            self.fault_until = None;
+            self.focus = None;
+            self.net.heal();
+            self.etcd_up();
+            self.note("healed".into());
+        }
+    }
+
+    /// etcd runs (again, if it was stopped: every lease lives its whole TTL again).
+    fn etcd_up(&mut self) {
+        if self.net.is_meta_down() {
+            self.net.meta_down(false);
+            self.meta.start();
+        }
+    }
+
+    /// Stops a member and starts it again after up to 8 s.
+    async fn restart(&mut self) -> anyhow::Result<()> {
+        let m = self.rng.below(self.p.members as u64) as usize;
+        self.out.faults += 1;
+        self.stop(m).await?;
+        tokio::time::sleep(Duration::from_millis(self.rng.below(8_000))).await;
+        self.start(m).await
+    }
+
+    /// Heals everything, restarts the members that are down, lets the pod settle, then
+    /// checks that every acknowledged block not deleted is held by some member.
+    async fn finish(&mut self) -> anyhow::Result<()> {
+        self.net.heal();
+        self.etcd_up();
+        for m in 0..self.p.members {
+            if self.members[m].up.is_none() {
+                self.start(m).await?;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(4 * LEASE_TTL_S)).await;
+        let stored = self.stored();
+        for k in stored {
+            let mut held = false;
+            for m in 0..self.p.members {
+                if self.read_from(m, k).await.is_some() {
+                    held = true;
+                    break;
+                }
+            }
+            if !held {
+                self.out.violations.push(Violation::Lost { key: k });
+            }
+        }
+        for m in 0..self.p.members {
+            self.stop(m).await?;
+        }
+        Ok(())
+    }
+
+    /// The blocks whose put was acknowledged and that were not deleted.
+    fn stored(&self) -> Vec<u64> {
+        self.blocks
+            .iter()
+            .filter(|(_, s)| **s == Known::Stored)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    fn pod(&self, m: usize) -> &Pod {
+        &self.members[m].up.as_ref().expect("a running member").1
+    }
+
+    fn index_of(&self, t: &MemberInfo) -> Option<usize> {
+        let m: usize = t.id.strip_prefix('m')?.parse().ok()?;
+        (m < self.members.len()).then_some(m)
+    }
+}
+
+/// Asking a member to delete its copy over the simulated network, from member `from`.
+struct SimAsk<'a> {
+    run: &'a [Member],
+    net: &'a Net,
+    from: usize,
+    key: &'a [u8],
+}
+
+#[async_trait::async_trait]
+impl AskDelete for SimAsk<'_> {
+    async fn ask(&self, t: &MemberInfo) -> Asked {
+        let Some(m) =
+            t.id.strip_prefix('m')
+                .and_then(|s| s.parse::<usize>().ok())
+                .filter(|&m| m < self.run.len())
+        else {
+            return Asked::Failed;
+        };
+        if !self.net.both_ways(self.from, m) {
+            tokio::time::sleep(net::CALL_TIMEOUT).await;
+            return Asked::Failed;
+        }
+        match &self.run[m].up {
+            None => Asked::Refused,
+            Some((engine, _)) => match engine.delete(NS, self.key).await {
+                Ok(_) => Asked::Applied,
+                Err(_) => Asked::Failed,
+            },
+        }
+    }
+}
+
+/// Stops an engine whose pod was dropped: its background tasks end when they next run
+/// (they were cancelled), and the index closes with the last of them. One still held after
+/// 30 s of pod time is a leak, and fails the run.
+async fn release(m: usize, engine: Arc<ctxpod_engine::Engine>) -> anyhow::Result<()> {
+    engine.shutdown().await;
+    for _ in 0..300 {
+        if Arc::strong_count(&engine) == 1 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!(
+        "m{m:02}: its engine is still held {} times 30 s after its pod stopped",
+        Arc::strong_count(&engine) - 1
+    )
+}
+
+fn first_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").lines().next().unwrap_or("").to_string()
+}
