@@ -79,6 +79,11 @@ pub struct Pod {
     stop: tokio_util::sync::CancellationToken,
 }
 
+/// The pod's etcd, as its configuration says (endpoints, TLS, client certificate, auth).
+pub fn connect_etcd(p: &ctxpod_format::config::PodConfig) -> anyhow::Result<Arc<dyn meta::Meta>> {
+    Ok(Arc::new(etcd::Etcd::from_config(p)?))
+}
+
 /// The scheme members reach each other with: `https` when the node serves TLS.
 fn scheme_of(cfg: &ctxpod_format::config::Config) -> &'static str {
     if cfg.tls.enabled() {
@@ -185,7 +190,7 @@ impl Pod {
     ) -> anyhow::Result<Pod> {
         let p = &cfg.pod;
         if !p.etcd_endpoints.is_empty() {
-            let meta = meta::connect(p)?;
+            let meta = connect_etcd(p)?;
             return Self::join_on(cfg, meta, http, transfer, engine, fence).await;
         }
         let (me, peers, pod_metrics, stop) = Self::ground(cfg, http, transfer, engine)?;

@@ -111,11 +111,6 @@ pub trait Meta: Send + Sync + 'static {
     async fn compact(&self, revision: i64) -> anyhow::Result<()>;
 }
 
-/// The pod's etcd, as its configuration says (endpoints, TLS, client certificate, auth).
-pub fn connect(p: &ctxpod_format::config::PodConfig) -> anyhow::Result<std::sync::Arc<dyn Meta>> {
-    Ok(std::sync::Arc::new(crate::etcd::Etcd::from_config(p)?))
-}
-
 /// The end of the range holding every key that starts with `prefix` (etcd's convention:
 /// the prefix with its last byte incremented).
 pub fn prefix_end(prefix: &str) -> Vec<u8> {

@@ -484,7 +484,7 @@ const TOP_LEVEL: &[&str] = &[
 /// What `api/` and `appliance/` hold: the contract, and the node's crates.
 const API: &[&str] = &["openapi.json", "PROTOCOL.md", "wire", "client", "python"];
 const APPLIANCE: &[&str] = &[
-    "format", "engine", "pod", "node", "tools", "plan", "cli", "testkit",
+    "format", "engine", "pod", "node", "tools", "plan", "cli", "testkit", "sim",
 ];
 
 /// The entries `git ls-files` names directly under `dir` (a path relative to the root),
