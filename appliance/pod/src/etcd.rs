@@ -21,6 +21,8 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::time::Duration;
 
+use crate::connection_refused;
+
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// How long one call to etcd may take before the next endpoint is tried.
@@ -65,20 +67,6 @@ pub struct Refused;
 /// Whether a failed call to etcd was refused by every endpoint ([`Refused`]).
 pub fn refused(e: &anyhow::Error) -> bool {
     e.downcast_ref::<Refused>().is_some()
-}
-
-/// Whether an HTTP error is a refused TCP connection (ECONNREFUSED: nothing listens there).
-pub fn connection_refused(e: &reqwest::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::ConnectionRefused {
-                return true;
-            }
-        }
-        source = s.source();
-    }
-    false
 }
 
 fn b64(s: &[u8]) -> String {

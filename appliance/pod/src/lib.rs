@@ -407,6 +407,31 @@ impl Drop for Pod {
     }
 }
 
+/// Whether an HTTP error is a refused TCP connection (ECONNREFUSED: nothing listens there),
+/// as for a member's or etcd's address.
+pub fn connection_refused(e: &reqwest::Error) -> bool {
+    io_error_in_chain(e, std::io::ErrorKind::ConnectionRefused)
+}
+
+/// Whether an error, or one in its source chain, is an `io::Error` of this kind (a refused
+/// TCP connection: `ConnectionRefused`). An `io::Error` wrapping another error is looked into
+/// as well (its `source` skips the error it wraps).
+pub fn io_error_in_chain(e: &(dyn std::error::Error + 'static), kind: std::io::ErrorKind) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        next = e.source();
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == kind {
+                return true;
+            }
+            if let Some(inner) = io.get_ref() {
+                next = Some(inner);
+            }
+        }
+    }
+    false
+}
+
 /// A TLS client configuration from files: trusting `ca` (nothing without one), presenting
 /// `identity` (certificate, key) when given. `towards` names the far side in errors.
 pub(crate) fn client_tls(
