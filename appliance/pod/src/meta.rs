@@ -15,6 +15,8 @@
 //! endpoint refused the connection: etcd is not running, as opposed to a silence) and
 //! [`Compacted`] (a watch asked for revisions compaction has removed: list again).
 
+pub mod etcd;
+
 use futures::stream::BoxStream;
 
 /// One key and its value, from a range or a watch.
