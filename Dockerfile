@@ -1,9 +1,11 @@
 # The ctxpod node image, for the Helm chart in helm/ctxpod.
 #   docker build -t ghcr.io/ctxpod/ctxpod:0.1.0 .
-# Build: Rust on Debian bookworm (clang and libclang for RocksDB's bindings).
+# Build: Rust on Debian bookworm (clang and libclang for RocksDB's bindings, protoc for
+# etcd-client's gRPC code).
 FROM rust:1-bookworm AS build
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends clang libclang-dev g++ make \
+      protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

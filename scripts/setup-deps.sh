@@ -6,11 +6,12 @@
 # chromium-driver (the dashboard's test in a real headless browser, scripts/ui-check.py),
 # python3-venv where missing (the OpenAPI validation in scripts/test.sh), iproute2 and nftables
 # (the pod's partition tests put nodes in network namespaces and cut links between them),
-# and cargo-nextest.
+# protobuf-compiler (protoc: the etcd-client crate generates its gRPC code from etcd's .proto
+# files when it builds), and cargo-nextest.
 set -euo pipefail
 need=()
 for pkg in clang libclang-dev g++ make fio iperf3 etcd-server curl chromium chromium-driver \
-  iproute2 nftables; do
+  iproute2 nftables protobuf-compiler; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # The OpenAPI check runs in a venv; Debian's own python3 needs python3-venv for that.

@@ -167,7 +167,7 @@ pub async fn forward(
     let resp = tokio::select! {
         r = req.send() => r.map_err(|e| if e.is_timeout() {
             ForwardError::TimedOut
-        } else if ctxpod_pod::etcd::connection_refused(&e) {
+        } else if ctxpod_pod::connection_refused(&e) {
             ForwardError::Refused
         } else {
             ForwardError::Unreachable

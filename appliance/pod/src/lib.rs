@@ -1,6 +1,7 @@
 //! The pod: many flash nodes as one context tier.
 //!
-//! - [`etcd`]: a small etcd v3 client over etcd's JSON gateway.
+//! - [`meta`]: what the pod asks of its coordination store (etcd over gRPC, or an
+//!   in-memory twin for the simulation).
 //! - [`membership`]: who is in the pod (one node, a static list, or etcd leases and watches)
 //!   and the placement over them (`ctxpod_wire::placement`, capacity-weighted rendezvous).
 //! - [`route`]: where a single-block request is served: here, or the members holding the
@@ -27,7 +28,6 @@
 pub mod backfill;
 pub mod batch;
 pub mod drain;
-pub mod etcd;
 pub mod fence;
 pub mod membership;
 pub mod meta;
@@ -81,7 +81,7 @@ pub struct Pod {
 
 /// The pod's etcd, as its configuration says (endpoints, TLS, client certificate, auth).
 pub fn connect_etcd(p: &ctxpod_format::config::PodConfig) -> anyhow::Result<Arc<dyn meta::Meta>> {
-    Ok(Arc::new(etcd::Etcd::from_config(p)?))
+    Ok(Arc::new(meta::etcd::EtcdMeta::from_config(p)?))
 }
 
 /// The scheme members reach each other with: `https` when the node serves TLS.
@@ -450,6 +450,31 @@ impl Drop for Pod {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// Whether an HTTP error is a refused TCP connection (ECONNREFUSED: nothing listens there),
+/// as for a member's or etcd's address.
+pub fn connection_refused(e: &reqwest::Error) -> bool {
+    io_error_in_chain(e, std::io::ErrorKind::ConnectionRefused)
+}
+
+/// Whether an error, or one in its source chain, is an `io::Error` of this kind (a refused
+/// TCP connection: `ConnectionRefused`). An `io::Error` wrapping another error is looked into
+/// as well (its `source` skips the error it wraps).
+pub fn io_error_in_chain(e: &(dyn std::error::Error + 'static), kind: std::io::ErrorKind) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        next = e.source();
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == kind {
+                return true;
+            }
+            if let Some(inner) = io.get_ref() {
+                next = Some(inner);
+            }
+        }
+    }
+    false
 }
 
 /// A TLS client configuration from files: trusting `ca` (nothing without one), presenting

@@ -3,19 +3,20 @@
 //! compaction. etcd's model, kept to the calls the pod makes.
 //!
 //! Two implementations with the same semantics:
-//! - `crate::etcd::Etcd`: the production store, etcd v3 through its JSON gateway, with TLS,
+//! - [`etcd::EtcdMeta`]: the production store, etcd v3 over gRPC (`etcd-client`), with TLS,
 //!   client certificates and etcd's auth (made by `crate::connect_etcd`);
 //! - [`mem::MemMeta`]: an in-memory twin for the deterministic simulation (revisions,
 //!   leases that expire on tokio's clock, watches that compaction breaks).
 //!
-//! [`conformance`] holds the checks both must pass; the twin runs them in this crate's
-//! tests (they passed against this machine's etcd 3.4.23 by hand, not yet in a suite).
+//! [`conformance`] holds the checks both must pass: the twin runs them in this crate's
+//! tests, etcd in the pod suite (`pod::meta::etcd_meta_passes_the_conformance_checks`).
 //!
 //! Errors are `anyhow` errors; two of them are recognised by the pod: [`Refused`] (every
 //! endpoint refused the connection: etcd is not running, as opposed to a silence) and
 //! [`Compacted`] (a watch asked for revisions compaction has removed: list again).
 
 pub mod conformance;
+pub mod etcd;
 pub mod mem;
 
 use futures::stream::BoxStream;

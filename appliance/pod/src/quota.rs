@@ -4,8 +4,8 @@
 //!   block on R members (the namespace's replication, or the pod's; at most the number of
 //!   members), so the namespace's physical *allowance* is `quota_bytes × R`.
 //! - `/ctxpod/<pod>/quota/<ns>` holds a [`Ledger`]: the bytes each member may hold of the
-//!   namespace (its *grant*). It is changed only by compare-and-swap ([`Etcd::cas_put`] on
-//!   the key's revision), and every grant is computed by [`grow`] so that the grants never
+//!   namespace (its *grant*). It is changed only by compare-and-swap ([`crate::meta::Meta::cas_put`]
+//!   on the key's revision), and every grant is computed by [`grow`] so that the grants never
 //!   sum past the allowance: the pod never holds more than `quota × R` bytes of it while
 //!   etcd answers. A member holds at most its grant (the engine's check, at the writer).
 //! - A new block that would take a member past its grant asks for more ([`grow`]): a chunk,

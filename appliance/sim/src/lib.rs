@@ -1,4 +1,4 @@
-//! A deterministic simulation of a pod (docs/design/simulation.md).
+//! A deterministic simulation of a pod (docs/design/0004-pod-simulation.md).
 //!
 //! One seed gives one run: a pod of N members, each the real engine on a firmware-sim
 //! device (its index in RocksDB in a temporary directory) joined through the real

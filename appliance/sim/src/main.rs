@@ -1,5 +1,5 @@
 //! `ctxpod-sim`: runs the pod's deterministic simulation over a range of seeds, or replays
-//! one seed with its trace (docs/design/simulation.md).
+//! one seed with its trace (docs/design/0004-pod-simulation.md).
 //!
 //! ```text
 //! ctxpod-sim --seeds 10000 [--from 0] [--max-members 64] [--steps 120]

@@ -22,7 +22,7 @@ pub struct EtcdServer {
     /// etcd's CA, and its server certificate.
     pub ca_file: PathBuf,
     server: Files,
-    /// The nodes' client certificate (no common name: see `pod::etcd`).
+    /// The nodes' client certificate (no common name: see `ctxpod_pod::meta::etcd`).
     pub client_cert: Files,
     /// User `ctxpod`'s password, in a file.
     pub password_file: PathBuf,

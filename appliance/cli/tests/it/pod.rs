@@ -4,6 +4,7 @@
 use crate::common;
 
 mod doors;
+mod meta;
 mod partitions;
 mod values;
 mod zones;
