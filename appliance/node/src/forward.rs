@@ -13,6 +13,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
 use bytes::Bytes;
+use ctxpod_pod::coordinator::Unreached;
 use ctxpod_pod::membership::MemberInfo;
 use ctxpod_pod::route::{member_block_intact, HEADER_FORWARDED};
 use ctxpod_pod::Peers;
@@ -96,20 +97,6 @@ impl Progress {
     }
 }
 
-/// Why a forward did not give an answer to pass on.
-pub enum ForwardError {
-    /// The member could not be reached (the connection refused or reset), or answered a
-    /// block whose bytes do not match its CRC32C: try the next one.
-    Unreachable,
-    /// Nothing listens at the member's address (the connection refused): the process is
-    /// not serving there; try the next one.
-    Refused,
-    /// The member missed a deadline (no progress within [`FORWARD_STALL`], or a connect
-    /// timeout): try the next one, and ask it last for a while (a frozen member costs a
-    /// deadline each time it is asked; a dead one's refusal costs nothing).
-    TimedOut,
-}
-
 /// Sends the request to `m` and turns its answer into ours (status, headers, body streamed).
 /// Credentials go as [`Peers::for_caller`] says.
 #[allow(clippy::too_many_arguments)]
@@ -122,7 +109,7 @@ pub async fn forward(
     headers: &HeaderMap,
     caller_tenant: Option<&str>,
     body: Option<Outgoing>,
-) -> Result<Response, ForwardError> {
+) -> Result<Response, Unreached> {
     let url = format!(
         "{}{}",
         m.http,
@@ -149,7 +136,7 @@ pub async fn forward(
     req = peers.for_caller(req, headers, caller_tenant);
     req = req.header(
         HEADER_FORWARDED,
-        HeaderValue::from_str(me).map_err(|_| ForwardError::Unreachable)?,
+        HeaderValue::from_str(me).map_err(|_| Unreached::Unreachable)?,
     );
     let progress = Progress::new();
     match body {
@@ -166,11 +153,11 @@ pub async fn forward(
     }
     let resp = tokio::select! {
         r = req.send() => r.map_err(|e| if e.is_timeout() {
-            ForwardError::TimedOut
+            Unreached::TimedOut
         } else if ctxpod_pod::connection_refused(&e) {
-            ForwardError::Refused
+            Unreached::Refused
         } else {
-            ForwardError::Unreachable
+            Unreached::Unreachable
         })?,
         _ = progress.stalled() => {
             tracing::warn!(
@@ -178,7 +165,7 @@ pub async fn forward(
                 stall_s = FORWARD_STALL.as_secs(),
                 "a member took no piece of a forwarded request and did not answer: given up on"
             );
-            return Err(ForwardError::TimedOut);
+            return Err(Unreached::TimedOut);
         }
     };
     let mut out = Response::builder().status(resp.status());
@@ -205,15 +192,15 @@ pub async fn forward(
         let bytes = tokio::time::timeout(FORWARD_STALL, resp.bytes());
         let bytes = bytes
             .await
-            .map_err(|_| ForwardError::TimedOut)?
-            .map_err(|_| ForwardError::Unreachable)?;
+            .map_err(|_| Unreached::TimedOut)?
+            .map_err(|_| Unreached::Unreachable)?;
         if bytes.len() > ctxpod_wire::BLOCK_BYTES_MAX || !member_block_intact(&bytes, crc.as_ref())
         {
             tracing::warn!(
                 member = %m.id,
                 "a member answered a block whose bytes do not match its CRC32C; trying the next"
             );
-            return Err(ForwardError::Unreachable);
+            return Err(Unreached::Unreachable);
         }
         Body::from(bytes)
     } else {

@@ -4,6 +4,8 @@
 //!   in-memory twin for the simulation).
 //! - [`membership`]: who is in the pod (one node, a static list, or etcd leases and watches)
 //!   and the placement over them (`ctxpod_wire::placement`, capacity-weighted rendezvous).
+//! - [`coordinator`]: a single-block read, put or delete served for the whole pod, over a
+//!   [`coordinator::Member`] (the node's HTTP, or the simulation's network).
 //! - [`route`]: where a single-block request is served: here, or the members holding the
 //!   block in order (the node forwards it there); the pod-wide MATCH rounds.
 //! - [`batch`]: `batch/get`, `batch/put`, `pin` and `unpin` answered for the whole pod.
@@ -27,6 +29,7 @@
 
 pub mod backfill;
 pub mod batch;
+pub mod coordinator;
 pub mod drain;
 pub mod fence;
 pub mod membership;
@@ -356,6 +359,16 @@ impl Pod {
             fence: Some(fence),
             stop,
         })
+    }
+
+    /// The pod as a block request served through this member sees it.
+    pub fn coordinator(&self) -> coordinator::Coordinator<'_> {
+        coordinator::Coordinator {
+            membership: &self.membership,
+            me: &self.me.id,
+            missed: &self.peers.missed,
+            tombstones: self.tombstones.as_ref().map(|(t, _)| &**t),
+        }
     }
 
     /// Starts the pod's background work: applying the pod's namespace records (with etcd),

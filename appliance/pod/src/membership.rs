@@ -56,6 +56,19 @@ impl MemberState {
 }
 
 impl MemberInfo {
+    /// A member of a test's pod: `id`, at `http://<id>`, 1 GiB, up, no zone.
+    #[cfg(test)]
+    pub(crate) fn for_test(id: &str) -> MemberInfo {
+        MemberInfo {
+            id: id.to_string(),
+            http: format!("http://{id}"),
+            transfer: None,
+            capacity: 1 << 30,
+            zone: String::new(),
+            state: MemberState::Up,
+        }
+    }
+
     /// The member as placement ranks it: its weight, and its failure domain (its zone, and
     /// the host of its HTTP URL, as clients derive it from `/v1/cluster`).
     fn placement_member(&self) -> Member {

@@ -202,20 +202,10 @@ pub fn member_block_intact(body: &[u8], crc_header: Option<&HeaderValue>) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::membership::{MemberInfo, MemberState};
+    use crate::membership::MemberInfo;
 
     fn view(ids: &[&str]) -> PodView {
-        PodView::new(
-            ids.iter().map(|id| MemberInfo {
-                id: id.to_string(),
-                http: format!("http://{id}"),
-                transfer: None,
-                capacity: 1 << 30,
-                zone: String::new(),
-                state: MemberState::Up,
-            }),
-            1,
-        )
+        PodView::new(ids.iter().map(|id| MemberInfo::for_test(id)), 1)
     }
 
     #[test]

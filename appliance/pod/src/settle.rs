@@ -6,8 +6,9 @@
 //! Until then the delete is not acknowledged, so no member serves a block after the pod
 //! acknowledged its delete.
 //!
-//! The members are asked through [`AskDelete`]: the node's routed HTTP in production, the
-//! simulated network in the simulation. Pending members are asked all at once each round,
+//! The members are asked through [`AskDelete`]: the coordinator's (the request itself,
+//! asked of a `crate::coordinator::Member`: the node's routed HTTP in production, the
+//! simulated network in the simulation). Pending members are asked all at once each round,
 //! every ask bounded by the deadline, so one silent member cannot make the others wait.
 
 use crate::membership::{MemberInfo, Membership};

@@ -20,13 +20,13 @@
 pub mod net;
 
 use bytes::Bytes;
+use ctxpod_pod::coordinator::{self, Member as _, Said, Unreached};
 use ctxpod_pod::membership::MemberInfo;
 use ctxpod_pod::meta::mem::MemMeta;
 use ctxpod_pod::meta::Meta;
-use ctxpod_pod::settle::{AskDelete, Asked, Settling};
 use ctxpod_pod::Pod;
 use net::{Net, NetMeta};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -372,44 +372,79 @@ impl Run {
         (!up.is_empty()).then(|| up[self.rng.below(up.len() as u64) as usize])
     }
 
-    /// A new block, put through member `c`: to its first R members as `c` sees the pod,
-    /// each reachable from `c`; acknowledged when R stored it.
+    /// A new block, put through member `c` as a node serves a routed put (the pod's
+    /// [`Coordinator`](ctxpod_pod::coordinator::Coordinator)): to its first R members
+    /// that `c` can reach, in rank; acknowledged when R stored it.
     async fn put(&mut self) {
         let Some(c) = self.running() else { return };
         let k = self.next_key;
         self.next_key += 1;
         let key = key_of(k);
-        let view = self.pod(c).membership.view();
-        let (mut stored, mut took) = (0, Vec::new());
-        for t in view.ranked(NS, &key) {
-            if stored == R {
-                break;
-            }
-            let Some(m) = self.index_of(t) else { continue };
-            if !self.net.both_ways(c, m) {
-                continue;
-            }
-            let Some((engine, _)) = &self.members[m].up else {
-                continue;
-            };
-            let put = engine.put(NS, &key, bytes_of(k), None, ctxpod_wire::Durability::Fast);
-            if put.await.is_ok() {
-                stored += 1;
-                took.push(m);
-            }
-        }
+        let member = self.member(c, &key, Op::Put(bytes_of(k)));
+        let answer = self.write(c, &key, &member).await;
+        // In member order: a round's members answer in an order the devices decide.
+        let mut took = member.took.into_inner().expect("one thread");
+        took.sort_unstable();
+        let stored = took.len();
         self.holders.insert(k, took);
-        if stored == R {
-            self.blocks.insert(k, Known::Stored);
-            self.out.puts_acked += 1;
-        } else {
-            self.out.puts_refused += 1;
+        let what = match answer {
+            Ok(SimAnswer::Stored) => {
+                self.blocks.insert(k, Known::Stored);
+                self.out.puts_acked += 1;
+                "acknowledged".to_string()
+            }
+            other => {
+                self.out.puts_refused += 1;
+                format!("refused ({other:?})")
+            }
+        };
+        self.note(format!("put {k} via m{c:02}: {stored} copies, {what}"));
+    }
+
+    /// A put or delete of `key` through member `c`, as the node serves it: routed, planned
+    /// and (a delete) recorded and settled by the pod's coordinator.
+    async fn write(
+        &self,
+        c: usize,
+        key: &[u8],
+        member: &SimMember<'_>,
+    ) -> Result<SimAnswer, coordinator::Refusal> {
+        let pod = self.pod(c);
+        let coordinator = pod.coordinator();
+        let view = pod.membership.view();
+        let method = match member.op {
+            Op::Put(_) => http::Method::PUT,
+            Op::Delete => http::Method::DELETE,
+            Op::Get => unreachable!("a write"),
+        };
+        let route = coordinator.route(&view, &method, NS, key, R);
+        let Some(plan) = coordinator.write_plan(&view, route, NS, key) else {
+            // A pod of one alone: served here.
+            return Ok(member.ask(&pod.me, true).await.unwrap_or(SimAnswer::Failed));
+        };
+        let placed = coordinator::Placed {
+            ns: NS,
+            key,
+            copies: R,
+            stored_ns: Some(NS),
+        };
+        coordinator.write(&view, plan, placed, member).await
+    }
+
+    /// Member `c`'s requests for `key` over the simulated network.
+    fn member<'a>(&'a self, c: usize, key: &'a [u8], op: Op) -> SimMember<'a> {
+        SimMember {
+            run: &self.members,
+            net: &self.net,
+            from: c,
+            key,
+            op,
+            took: std::sync::Mutex::new(Vec::new()),
         }
-        self.note(format!("put {k} via m{c:02}: {stored} copies"));
     }
 
     /// Deletes a stored block through member `c`, as a node does: asks every member that
-    /// may hold it, records the tombstone, settles.
+    /// may hold it, records the tombstone, settles (the pod's coordinator).
     async fn delete(&mut self) {
         let stored = self.stored();
         let focused: Vec<u64> = match self.focus {
@@ -430,55 +465,24 @@ impl Run {
         }
         let k = pick[self.rng.below(pick.len() as u64) as usize];
         let Some(c) = self.running() else { return };
-        let started = Instant::now();
         let key = key_of(k);
         self.blocks.insert(k, Known::Unsure);
         if self.recent.len() == RECENT {
             self.recent.remove(0);
         }
         self.recent.push(k);
-        let ask = SimAsk {
-            run: &self.members,
-            net: &self.net,
-            from: c,
-            key: &key,
-        };
-        let (_, pod) = self.members[c].up.as_ref().expect("a running member");
-        let view = pod.membership.view();
-        let want = ctxpod_pod::route::read_candidates(R).min(view.members.len());
-        // All at once, as the node's first round sends them.
-        let first = view.ranked(NS, &key).into_iter().take(want).map(|t| async {
-            let answer = ask.ask(t).await;
-            (t.id.clone(), answer)
-        });
-        let applied: BTreeSet<String> = futures::future::join_all(first)
-            .await
-            .into_iter()
-            .filter(|(_, a)| *a != Asked::Failed)
-            .map(|(id, _)| id)
-            .collect();
-        let mut applied = applied;
-        let Some((t, _)) = &pod.tombstones else {
-            return;
-        };
-        let outcome = match t.record(NS, &key).await {
-            Err(e) => format!("not recorded: {e}"),
-            Ok(()) => {
-                let settling = Settling {
-                    membership: &pod.membership,
-                    missed: &pod.peers.missed,
-                    ns: NS,
-                    key: &key,
-                    copies: R,
-                };
-                let until = ctxpod_pod::settle::deadline(started, t.lease_ttl());
-                match settling.settle(&ask, &mut applied, until).await {
-                    Ok(()) => "acknowledged".into(),
-                    Err(pending) => format!("unsettled, pending {pending:?}"),
-                }
+        let member = self.member(c, &key, Op::Delete);
+        let answer = self.write(c, &key, &member).await;
+        let acknowledged = matches!(answer, Ok(SimAnswer::Deleted { .. }));
+        let outcome = match answer {
+            Ok(a) if acknowledged => format!("acknowledged ({a:?})"),
+            Ok(a) => format!("refused ({a:?})"),
+            Err(coordinator::Refusal::Unsettled { pending, .. }) => {
+                format!("unsettled, pending {pending:?}")
             }
+            Err(r) => format!("not acknowledged: {}", refusal_name(&r)),
         };
-        if outcome == "acknowledged" {
+        if acknowledged {
             self.blocks.insert(k, Known::Deleted(Instant::now()));
             self.out.deletes_acked += 1;
         } else {
@@ -487,8 +491,9 @@ impl Run {
         self.note(format!("delete {k} via m{c:02}: {outcome}"));
     }
 
-    /// A client reads a block from one running member directly (any door of any member,
-    /// in the pod's view or not): mostly one it was written to, else any.
+    /// A client reads a block: from one running member directly (any door of any member,
+    /// in the pod's view or not: mostly one it was written to, else any), or through a
+    /// member that asks the pod for it (a routed read: the pod's coordinator).
     async fn read(&mut self) {
         if self.next_key == 0 {
             return;
@@ -514,7 +519,11 @@ impl Run {
             _ => c,
         };
         let asked = Instant::now();
-        let got = self.read_from(m, k).await;
+        let routed = self.rng.below(2) == 0;
+        let got = match routed {
+            true => self.read_through(m, k).await,
+            false => self.read_from(m, k).await,
+        };
         let what = match got {
             None => {
                 self.out.reads_missed += 1;
@@ -537,7 +546,28 @@ impl Run {
                 "hit"
             }
         };
-        self.note(format!("read {k} at m{m:02}: {what}"));
+        let how = if routed { "through" } else { "at" };
+        self.note(format!("read {k} {how} m{m:02}: {what}"));
+    }
+
+    /// A routed read through member `c`: the block's read candidates asked as the node asks
+    /// them (the pod's coordinator).
+    async fn read_through(&self, c: usize, k: u64) -> Option<Bytes> {
+        let key = key_of(k);
+        let pod = self.pod(c);
+        let view = pod.membership.view();
+        let member = self.member(c, &key, Op::Get);
+        let coordinator = pod.coordinator();
+        let answer = match coordinator.route(&view, &http::Method::GET, NS, &key, R) {
+            ctxpod_pod::route::Route::Read { copies } => {
+                coordinator.read(&view, NS, &key, copies, &member).await
+            }
+            _ => member.ask(&pod.me, true).await.ok(),
+        };
+        match answer {
+            Some(SimAnswer::Block(b)) => Some(b),
+            _ => None,
+        }
     }
 
     async fn read_from(&self, m: usize, k: u64) -> Option<Bytes> {
@@ -657,42 +687,101 @@ impl Run {
     fn pod(&self, m: usize) -> &Pod {
         &self.members[m].up.as_ref().expect("a running member").1
     }
-
-    fn index_of(&self, t: &MemberInfo) -> Option<usize> {
-        let m: usize = t.id.strip_prefix('m')?.parse().ok()?;
-        (m < self.members.len()).then_some(m)
-    }
 }
 
-/// Asking a member to delete its copy over the simulated network, from member `from`.
-struct SimAsk<'a> {
+/// One block request, as member `from` asks any member over the simulated network (the
+/// pod's [`coordinator::Member`]): a member cut from `from` either way is a black hole (no
+/// answer within the peers' deadline), one that is down refuses the connection; a member
+/// that is reached serves the request from its engine (its fence applies).
+struct SimMember<'a> {
     run: &'a [Member],
     net: &'a Net,
     from: usize,
     key: &'a [u8],
+    op: Op,
+    /// The members that stored a put.
+    took: std::sync::Mutex<Vec<usize>>,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Get,
+    Put(Bytes),
+    Delete,
+}
+
+/// A member's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SimAnswer {
+    Block(Bytes),
+    Missing,
+    Stored,
+    Deleted { held: bool },
+    Failed,
 }
 
 #[async_trait::async_trait]
-impl AskDelete for SimAsk<'_> {
-    async fn ask(&self, t: &MemberInfo) -> Asked {
-        let Some(m) =
-            t.id.strip_prefix('m')
-                .and_then(|s| s.parse::<usize>().ok())
-                .filter(|&m| m < self.run.len())
-        else {
-            return Asked::Failed;
+impl coordinator::Member for SimMember<'_> {
+    type Answer = SimAnswer;
+
+    async fn ask(&self, t: &MemberInfo, mine: bool) -> Result<SimAnswer, Unreached> {
+        let Some(m) = index_of(t, self.run.len()) else {
+            return Err(Unreached::Unreachable);
         };
-        if !self.net.both_ways(self.from, m) {
-            tokio::time::sleep(net::CALL_TIMEOUT).await;
-            return Asked::Failed;
+        if !mine && !self.net.both_ways(self.from, m) {
+            tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
+            return Err(Unreached::TimedOut);
         }
-        match &self.run[m].up {
-            None => Asked::Refused,
-            Some((engine, _)) => match engine.delete(NS, self.key).await {
-                Ok(_) => Asked::Applied,
-                Err(_) => Asked::Failed,
+        let Some((engine, _)) = &self.run[m].up else {
+            return Err(Unreached::Refused);
+        };
+        Ok(match &self.op {
+            Op::Get => match engine.get(NS, self.key).await {
+                Ok(Some((b, _))) => SimAnswer::Block(b),
+                Ok(None) => SimAnswer::Missing,
+                Err(_) => SimAnswer::Failed,
             },
+            Op::Put(b) => {
+                let put = engine.put(NS, self.key, b.clone(), None, ctxpod_wire::Durability::Fast);
+                match put.await {
+                    Ok(_) => {
+                        self.took.lock().expect("one thread").push(m);
+                        SimAnswer::Stored
+                    }
+                    Err(_) => SimAnswer::Failed,
+                }
+            }
+            Op::Delete => match engine.delete(NS, self.key).await {
+                Ok(held) => SimAnswer::Deleted { held },
+                Err(_) => SimAnswer::Failed,
+            },
+        })
+    }
+
+    fn said(&self, a: &SimAnswer) -> Said {
+        match a {
+            SimAnswer::Block(_) => Said::Done { created: false },
+            SimAnswer::Stored => Said::Done { created: true },
+            SimAnswer::Deleted { held: true } => Said::Done { created: false },
+            SimAnswer::Deleted { held: false } | SimAnswer::Missing => Said::NotFound,
+            SimAnswer::Failed => Said::Other,
         }
+    }
+}
+
+/// The index of member `t` (ids are `m00`, `m01`, …) in a pod of `n`.
+fn index_of(t: &MemberInfo, n: usize) -> Option<usize> {
+    let m: usize = t.id.strip_prefix('m')?.parse().ok()?;
+    (m < n).then_some(m)
+}
+
+/// A refusal's kind, for the trace (its message may hold ids in any order).
+fn refusal_name(r: &coordinator::Refusal) -> &'static str {
+    match r {
+        coordinator::Refusal::Unavailable(_) => "unavailable",
+        coordinator::Refusal::NotRecordable(_) => "not recordable",
+        coordinator::Refusal::NotRecorded { .. } => "not recorded",
+        coordinator::Refusal::Unsettled { .. } => "unsettled",
     }
 }
 

@@ -5,20 +5,18 @@
 
 use crate::auth::{Access, AuthError, Limited, Principal};
 use crate::metrics::NodeMetrics;
-use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use ctxpod_wire::pod_plan::{Plan, ReadAnswer, WriteAnswer, WritePlan};
-use std::collections::{BTreeMap, BTreeSet};
+use ctxpod_wire::pod_plan::WritePlan;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::routed::{count_forwarded, forward_counted, pick_answer};
+use super::routed::{count_forwarded, refused, OverHttp};
 use super::state::AppState;
 use crate::errors::ApiError;
+use ctxpod_pod::coordinator::Placed;
 
 pub(crate) fn op_name(method: &Method, path: &str) -> &'static str {
     match (method.as_str(), path) {
@@ -163,12 +161,10 @@ pub(crate) fn forbidden(metrics: &NodeMetrics, why: &str) -> Response {
 /// refused here; a request already forwarded is served here.
 pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next: Next) -> Response {
     use ctxpod_pod::route::{self as forward, Route};
+    let coordinator = st.coordinator();
     // A pod of one (the default) pays one look at the view, nothing more.
     let view = st.pod.view();
-    // In an etcd pod a block delete is recorded and settled whatever the view's size (a
-    // member out of the view now may hold the block and come back).
-    let pod_delete = st.tombstones.is_some() && req.method() == Method::DELETE;
-    if (view.members.len() < 2 && !pod_delete)
+    if !coordinator.may_route(&view, req.method())
         || req.headers().contains_key(forward::HEADER_FORWARDED)
     {
         return next.run(req).await;
@@ -179,101 +175,69 @@ pub(crate) async fn route_in_pod(State(st): State<AppState>, req: Request, next:
         return super::pod_values::to_upload_home(&st, &view, req, next, (&ns, &key)).await;
     }
     // The block, by its namespace's node-side name.
-    let mut block = None;
-    let mut placed = None;
-    let route = match forward::block_of(req.uri().path()) {
-        Some((ns, key)) => {
-            let scoped = req
-                .extensions()
-                .get::<Principal>()
-                .and_then(|p| p.scope(ns).ok());
-            // The namespace's own replication, if it sets one.
-            let r = scoped
-                .as_ref()
-                .map_or(st.replication, |scoped| st.replication_of(scoped));
-            let route = match forward::route(&view, &st.node_id, req.method(), ns, &key, r) {
-                Route::Local if pod_delete => Route::Delete { copies: r.max(1) },
-                route => route,
-            };
-            placed = Some((ns.to_string(), key.clone()));
-            block = scoped.map(|s| (s, key));
-            route
-        }
-        None => Route::Local,
-    };
-    let Some((ns, key)) = placed.filter(|_| route != Route::Local) else {
+    let Some((ns, key)) = forward::block_of(req.uri().path()) else {
         return next.run(req).await;
     };
+    let scoped = req
+        .extensions()
+        .get::<Principal>()
+        .and_then(|p| p.scope(ns).ok());
+    // The namespace's own replication, if it sets one.
+    let r = scoped
+        .as_ref()
+        .map_or(st.replication, |scoped| st.replication_of(scoped));
+    let route = coordinator.route(&view, req.method(), ns, &key, r);
+    let ns = ns.to_string();
     match route {
         Route::Local => next.run(req).await,
         Route::Read { copies } => {
             let (parts, _) = req.into_parts();
-            let down = st.peers.missed.flags(&view);
-            let mut plan = Route::read_plan(&view, &down, &ns, &key, copies);
-            // This node first when it is a candidate: its own copy costs no hop.
-            if let Some(me) = view.members.iter().position(|m| m.id == *st.node_id) {
-                plan = plan.ask_first(me, &down);
-            }
-            let mut answer = None;
-            while let Some(round) = plan.next_round() {
-                for m in round.into_keys() {
-                    let member = &view.members[m];
-                    let resp = if member.id == *st.node_id {
-                        let local = Request::from_parts(parts.clone(), Body::empty());
-                        next.clone().run(local).await
-                    } else {
-                        match forward_counted(&st, member, &parts, None, "read").await {
-                            Some(r) => r,
-                            None => {
-                                plan.answer(m, 0, ReadAnswer::Unreachable);
-                                continue;
-                            }
-                        }
-                    };
-                    // A miss here may be a hit further down the ranking (a block written
-                    // while its first member was away); anything else is the answer.
-                    if resp.status() == StatusCode::NOT_FOUND {
-                        plan.answer(m, 0, ReadAnswer::Miss);
-                    } else {
-                        plan.answer(m, 0, ReadAnswer::Final);
-                        answer = Some(resp);
-                    }
-                }
-            }
+            let member = OverHttp {
+                st: &st,
+                parts: &parts,
+                body: None,
+                next: &next,
+                outcome: "read",
+            };
+            let answer = coordinator.read(&view, &ns, &key, copies, &member).await;
             answer.unwrap_or_else(|| {
                 count_forwarded(&st, "read_miss");
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such block").into_response()
             })
         }
         Route::Write { .. } | Route::Delete { .. } => {
-            let down = st.peers.missed.flags(&view);
-            let plan = route.write_plan(&view, &down, &ns, &key);
+            let plan = coordinator.write_plan(&view, route, &ns, &key);
             let plan = plan.expect("a write route");
             let copies = match route {
                 Route::Delete { copies } => copies,
                 _ => 0,
             };
-            let placed = (ns.as_str(), &key[..], copies);
-            write_in_pod(&st, &view, req, next, plan, block.as_ref(), placed).await
+            let placed = Placed {
+                ns: &ns,
+                key: &key,
+                copies,
+                stored_ns: scoped.as_deref(),
+            };
+            write_in_pod(&st, &view, req, next, plan, placed).await
         }
     }
 }
 
 /// A routed put or delete: the body held (within the ingest budget) so that it can go to
-/// several members at once, or to the next one if a member cannot be reached, driven by
-/// its plan ([`WritePlan`]); a delete is then recorded as a tombstone and settled
-/// ([`ctxpod_pod::settle`]). `placed`: the namespace and key as placed, and a delete's copies.
+/// several members at once, or to the next one if a member cannot be reached; the pod's
+/// rules (the plan, a delete's tombstone and settling) are the coordinator's
+/// ([`ctxpod_pod::coordinator::Coordinator::write`]). A value over one record is streamed
+/// instead ([`super::pod_values`]).
 async fn write_in_pod(
     st: &AppState,
     view: &ctxpod_pod::membership::PodView,
     req: Request,
     next: Next,
-    mut plan: WritePlan,
-    block: Option<&(String, Vec<u8>)>,
-    placed: (&str, &[u8], usize),
+    plan: WritePlan,
+    placed: Placed<'_>,
 ) -> Response {
-    let started = Instant::now();
     if let Some(len) = large_put(&req) {
+        let block = placed.stored_ns.map(|ns| (ns, placed.key));
         return super::pod_values::write_value_in_pod(st, view, req, next, (plan, len), block)
             .await;
     }
@@ -294,104 +258,17 @@ async fn write_in_pod(
         )
         .into_response();
     };
-    let is_delete = plan.is_delete();
-    let tombstones = st.tombstones.as_ref().filter(|_| is_delete).zip(block);
-    if let Some((t, (ns, key))) = tombstones {
-        if let Err(e) = t.room_for(ns, key) {
-            return delete_not_recorded(e);
-        }
-    }
-    let sending = Sending {
+    let member = OverHttp {
         st,
-        view,
         parts: &parts,
-        body: &body,
+        body: Some(&body),
         next: &next,
+        outcome: "write",
     };
-    let answers = sending.send(&mut plan, is_delete).await;
-    // A delete is then recorded (a tombstone, with etcd): members that are away delete
-    // their copy when they return, every member deletes any copy taken meanwhile, and no
-    // copy of it is taken back. Recorded after the members answered, which tells whether
-    // one held the block (every member applies a tombstone as it learns of it); a delete
-    // not recorded answers 503 and the client sends it again. Then it is settled: every
-    // member that may hold the block applied it, or is out of the pod.
-    if let Some((t, (ns, key))) = tombstones {
-        // A member that refused the connection counts only if it still does after the
-        // tombstone is recorded (then it lists the tombstones when it starts): settling
-        // asks it again.
-        let mut applied: BTreeSet<String> = BTreeSet::new();
-        let mut removed = Vec::new();
-        for (&m, r) in &answers {
-            if r.status().is_success() || r.status() == StatusCode::NOT_FOUND {
-                applied.insert(view.members[m].id.clone());
-            }
-            if r.status().is_success() {
-                removed.push(view.members[m].id.as_str());
-            }
-        }
-        if let Err(e) = t.record(ns, key).await {
-            tracing::warn!("block delete not recorded: {e}");
-            // It says what was done: the copies it reached are gone, nothing recorded.
-            let message = format!(
-                "{e}; the copies on {removed:?} were deleted, the delete is not recorded: \
-                 send it again"
-            );
-            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-                .into_response();
-        }
-        let until = ctxpod_pod::settle::deadline(started.into(), t.lease_ttl());
-        let (ns, key, copies) = placed;
-        let settling = ctxpod_pod::settle::Settling {
-            membership: &st.pod,
-            missed: &st.peers.missed,
-            ns,
-            key,
-            copies,
-        };
-        let ask = AskOverHttp { st, parts: &parts };
-        if let Err(pending) = settling.settle(&ask, &mut applied, until).await {
-            return delete_unsettled(t, &applied, &pending);
-        }
+    match st.coordinator().write(view, plan, placed, &member).await {
+        Ok(answer) => answer,
+        Err(refusal) => refused(refusal),
     }
-    pick_answer(plan.finish().pop(), answers, is_delete)
-}
-
-/// A settling delete's members asked through the routed HTTP path, with the request's
-/// own head (this member too, when it is pending: its own stack applies it).
-struct AskOverHttp<'a> {
-    st: &'a AppState,
-    parts: &'a axum::http::request::Parts,
-}
-
-#[async_trait::async_trait]
-impl ctxpod_pod::settle::AskDelete for AskOverHttp<'_> {
-    async fn ask(&self, m: &ctxpod_pod::membership::MemberInfo) -> ctxpod_pod::settle::Asked {
-        use ctxpod_pod::settle::Asked;
-        match super::routed::forward_why(self.st, m, self.parts, None, "write").await {
-            Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
-                Asked::Applied
-            }
-            Err(crate::forward::ForwardError::Refused) => Asked::Refused,
-            _ => Asked::Failed,
-        }
-    }
-}
-
-/// 503 for a delete recorded but not settled: what was done, and what is pending.
-fn delete_unsettled(
-    t: &ctxpod_pod::tombstones::Tombstones,
-    applied: &BTreeSet<String>,
-    pending: &[String],
-) -> Response {
-    t.unsettled();
-    let message = format!(
-        "the delete is recorded (a tombstone) and settled on {applied:?} (applied, or nothing \
-         listens there), but {pending:?} \
-         may hold the block and have not applied it: they are still in the pod and could not \
-         be reached; it completes when they answer or their lease runs out (within \
-         pod.lease_ttl_s); send it again"
-    );
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).into_response()
 }
 
 /// The announced length of a routed PUT of a value over one record (streamed to its members
@@ -427,64 +304,6 @@ fn body_charge(req: &Request) -> Result<usize, ApiError> {
         None if req.method() == Method::DELETE => 0,
         None => ctxpod_wire::BLOCK_BYTES_MAX,
     })
-}
-
-/// A routed write on its way to the members: the request's head and held body, and the
-/// rest of this node's stack for its own copy.
-struct Sending<'a> {
-    st: &'a AppState,
-    view: &'a ctxpod_pod::membership::PodView,
-    parts: &'a axum::http::request::Parts,
-    body: &'a Bytes,
-    next: &'a Next,
-}
-
-impl Sending<'_> {
-    /// Sends the write to the members its plan asks, round by round, each round's at
-    /// once; every answer taken into the plan. The members' answers, by member.
-    async fn send(&self, plan: &mut WritePlan, is_delete: bool) -> BTreeMap<usize, Response> {
-        let st = self.st;
-        let mut answers: BTreeMap<usize, Response> = BTreeMap::new();
-        while let Some(round) = plan.next_round() {
-            let sent = futures::future::join_all(round.into_keys().map(|m| {
-                let (member, parts, body, next) = (
-                    &self.view.members[m],
-                    self.parts,
-                    self.body,
-                    self.next.clone(),
-                );
-                async move {
-                    let resp = if member.id == *st.node_id {
-                        let local = Request::from_parts(parts.clone(), Body::from(body.clone()));
-                        Ok(next.run(local).await)
-                    } else {
-                        let body = Some(crate::forward::Outgoing::Whole(body.clone()));
-                        super::routed::forward_why(st, member, parts, body, "write").await
-                    };
-                    (m, resp)
-                }
-            }))
-            .await;
-            for (m, resp) in sent {
-                let Ok(resp) = resp else {
-                    plan.answer(m, 0, WriteAnswer::Unreachable);
-                    continue;
-                };
-                let s = resp.status();
-                let a = match (is_delete, s) {
-                    (true, s) if s.is_success() => WriteAnswer::Applied { changed: true },
-                    (true, StatusCode::NOT_FOUND) => WriteAnswer::Applied { changed: false },
-                    (false, s) if s.is_success() => WriteAnswer::Applied {
-                        changed: s == StatusCode::CREATED,
-                    },
-                    _ => WriteAnswer::Refused,
-                };
-                plan.answer(m, 0, a);
-                answers.insert(m, resp);
-            }
-        }
-        answers
-    }
 }
 
 /// 503 (retry after a second) for a block delete the pod cannot record.

@@ -44,7 +44,7 @@ pub(super) async fn write_value_in_pod(
     req: Request,
     next: Next,
     (mut plan, len): (WritePlan, u64),
-    block: Option<&(String, Vec<u8>)>,
+    block: Option<(&str, &[u8])>,
 ) -> Response {
     let max = st.engine.value_bytes_max();
     if len > max {
@@ -89,10 +89,7 @@ pub(super) async fn write_value_in_pod(
     while let Some(round) = plan.next_round() {
         for m in round.into_keys() {
             let resp = match stored.first() {
-                Some(&from) => {
-                    let scoped = block.map(|(ns, key)| (ns.as_str(), key.as_slice()));
-                    copy_between(st, view, (&parts, &next), scoped, (from, m)).await
-                }
+                Some(&from) => copy_between(st, view, (&parts, &next), block, (from, m)).await,
                 None => None,
             };
             take_answer(&mut plan, &mut by_member, &mut stored, m, resp);

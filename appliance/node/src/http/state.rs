@@ -46,6 +46,16 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The pod as a block request served through this node sees it.
+    pub(crate) fn coordinator(&self) -> ctxpod_pod::coordinator::Coordinator<'_> {
+        ctxpod_pod::coordinator::Coordinator {
+            membership: &self.pod,
+            me: &self.node_id,
+            missed: &self.peers.missed,
+            tombstones: self.tombstones.as_deref(),
+        }
+    }
+
     /// A copy ([`ctxpod_wire::HEADER_COPY`]: read repair, backfill) of a block the pod
     /// deleted is refused: 410 `deleted`.
     pub(crate) fn refuse_deleted_copy(&self, h: &HeaderMap, ns: &str, key: &[u8]) -> ApiResult<()> {
