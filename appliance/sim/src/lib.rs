@@ -50,17 +50,24 @@ pub enum Plant {
     /// Members serve without their fence (the pod before it had one): a member cut from
     /// etcd and its peers serves a block the pod deleted meanwhile.
     NoFence,
+    /// A delete is not recorded as a tombstone, so not settled either (the pod before it
+    /// had tombstones): it reaches the members that answer, and a member away keeps its
+    /// copy and serves it when it returns.
+    UnrecordedDeletes,
 }
 
 impl Plant {
     pub fn name(self) -> &'static str {
         match self {
             Plant::NoFence => "no-fence",
+            Plant::UnrecordedDeletes => "unrecorded-deletes",
         }
     }
 
     pub fn from_name(s: &str) -> Option<Plant> {
-        [Plant::NoFence].into_iter().find(|p| p.name() == s)
+        [Plant::NoFence, Plant::UnrecordedDeletes]
+            .into_iter()
+            .find(|p| p.name() == s)
     }
 }
 
@@ -410,7 +417,10 @@ impl Run {
         member: &SimMember<'_>,
     ) -> Result<SimAnswer, coordinator::Refusal> {
         let pod = self.pod(c);
-        let coordinator = pod.coordinator();
+        let mut coordinator = pod.coordinator();
+        if self.p.plant == Some(Plant::UnrecordedDeletes) {
+            coordinator.tombstones = None;
+        }
         let view = pod.membership.view();
         let method = match member.op {
             Op::Put(_) => http::Method::PUT,

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! ctxpod-sim --seeds 10000 [--from 0] [--max-members 64] [--steps 120]
-//! ctxpod-sim --seed 42 --members 7 [--steps 120] [--plant no-fence] [--trace]
+//! ctxpod-sim --seed 42 --members 7 [--steps 120] [--plant no-fence|unrecorded-deletes] [--trace]
 //! ```
 
 use ctxpod_sim::{Params, Plant};
@@ -44,9 +44,9 @@ fn parse() -> Result<Args, String> {
             "--members" => members = Some(number(value()?)? as usize),
             "--plant" => {
                 let name = value()?;
-                a.plant = Some(
-                    Plant::from_name(&name).ok_or(format!("--plant {name}: known: no-fence"))?,
-                );
+                a.plant = Some(Plant::from_name(&name).ok_or(format!(
+                    "--plant {name}: known: no-fence, unrecorded-deletes"
+                ))?);
             }
             "--trace" => a.trace = true,
             "-h" | "--help" => return Err(String::new()),
@@ -71,7 +71,7 @@ fn main() -> ExitCode {
             }
             eprintln!(
                 "usage: ctxpod-sim --seeds N [--from S] [--max-members M] [--steps K]\n       \
-                 ctxpod-sim --seed S [--members M] [--steps K] [--plant no-fence] [--trace]"
+                 ctxpod-sim --seed S [--members M] [--steps K] [--plant no-fence|unrecorded-deletes] [--trace]"
             );
             return ExitCode::from(2);
         }
