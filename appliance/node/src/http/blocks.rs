@@ -525,6 +525,17 @@ async fn local_page(
     after: Option<Vec<u8>>,
     limit: usize,
 ) -> ApiResult<(Vec<(Vec<u8>, ListedBlock)>, bool)> {
+    // A member fenced out of the pod may hold blocks the pod deleted meanwhile: as it
+    // serves none of them, it lists none, and says it cannot (an empty page would look
+    // like a namespace without keys).
+    if !st.engine.may_serve() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fenced",
+            "this member cannot show it is in the pod now (etcd unreachable): it lists no \
+             keys until it can; list through another member",
+        ));
+    }
     // One more than the page, to know whether the listing goes on.
     let local = {
         let (engine, scoped, prefix, after) = (

@@ -544,3 +544,64 @@ async fn a_member_cut_off_past_the_retention_then_restarted_comes_back_empty() {
     seen.assert_clean("after c's return");
     assert_eq!(emptied, 1.0, "c did not empty itself on return");
 }
+
+/// A member cut from etcd and its peers (still reachable by clients) cannot show it is in
+/// the pod: as it serves no block (a miss), it lists no key (503: it cannot say what the
+/// pod holds), so a block deleted meanwhile is never listed through it, neither in its own
+/// listing nor in its page of a pod's listing (a request marked as routed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_from_etcd_and_peers_lists_no_deleted_key() {
+    let pod = CutPod::start("fencedlist").await;
+    let keys = pod.fill().await;
+    let on_c = pod.held_by_c(&keys).await;
+    assert!(!on_c.is_empty(), "c holds some of the blocks");
+    pod.lan.cut("c", &["etcd", "a", "b"]);
+    // Acknowledged once c dropped out of the pod (its lease ran out): c keeps its copies.
+    for k in &on_c {
+        pod.delete_acknowledged(0, k).await;
+    }
+    let list = format!("{}/v1/namespaces/default/blocks", pod.nodes[2].url);
+    let deleted: Vec<String> = on_c.iter().map(hex::encode).collect();
+    let mut answers = Vec::new();
+    for routed in [false, true] {
+        let mut req = pod.http.get(&list);
+        if routed {
+            req = req.header(ctxpod_wire::HEADER_ROUTED, "a");
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        let listed: Vec<String> = body["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.as_str().map(str::to_string))
+            .filter(|k| deleted.contains(k))
+            .collect();
+        eprintln!(
+            "c's listing (routed: {routed}): {status}, {} deleted keys listed",
+            listed.len()
+        );
+        assert!(
+            listed.is_empty(),
+            "c listed deleted keys (routed: {routed}): {listed:?}"
+        );
+        answers.push(status);
+    }
+    // Its own reads miss meanwhile (marked as routed: c alone answers).
+    for k in &on_c {
+        let r = pod.http.get(pod.url(2, k));
+        let r = r
+            .header(ctxpod_wire::HEADER_ROUTED, "a")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "c served a deleted block");
+    }
+    assert_eq!(
+        answers,
+        [503, 503],
+        "a fenced member cannot say what it holds"
+    );
+    pod.lan.heal("c");
+}
