@@ -306,18 +306,6 @@ fn body_charge(req: &Request) -> Result<usize, ApiError> {
     })
 }
 
-/// 503 (retry after a second) for a block delete the pod cannot record.
-pub(crate) fn delete_not_recorded(e: ctxpod_pod::tombstones::Refused) -> Response {
-    tracing::warn!("block delete refused: {e}");
-    // A 503 carries Retry-After (`ApiError::into_response`).
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "unavailable",
-        e.to_string(),
-    )
-    .into_response()
-}
-
 pub(crate) async fn authenticate(
     State(st): State<AppState>,
     mut req: Request,

@@ -37,7 +37,16 @@ pub(super) fn pick_answer(
 pub(super) fn refused(refusal: Refusal) -> Response {
     match refusal {
         Refusal::Unavailable(message) => unavailable(message),
-        Refusal::NotRecordable(e) => super::middleware::delete_not_recorded(e),
+        Refusal::NotRecordable(e) => {
+            tracing::warn!("block delete refused: {e}");
+            // A 503 carries Retry-After (`ApiError::into_response`).
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+            .into_response()
+        }
         Refusal::NotRecorded { error, removed } => {
             // It says what was done: the copies it reached are gone, nothing recorded.
             let message = format!(
