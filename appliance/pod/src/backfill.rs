@@ -25,8 +25,9 @@
 //! the members that now rank for it: re-replication) — and
 //! back to back while this node drains ([`super::drain`]) until one copies nothing;
 //! when the view changes during a pass, the pass stops and the next one starts over with
-//! the new view. Requests carry `x-ctxpod-forwarded-by` (the member stores them itself)
-//! and the peer token ([`super::Peers`]).
+//! the new view. The members are asked through a [`CopyTo`]: over HTTP in production
+//! ([`OverPeers`]: requests carry `x-ctxpod-forwarded-by`, so the member stores them
+//! itself, and the peer token), over the simulated network in the simulation.
 
 use super::membership::{MemberInfo, Membership};
 use super::Peers;
@@ -36,7 +37,8 @@ use ctxpod_wire::frame;
 use ctxpod_wire::types::{KeysRequest, PresentResponse};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Keys listed per step of a pass.
 const SCAN_BATCH: usize = 256;
@@ -45,14 +47,112 @@ const COPY_BATCH_BYTES: usize = 16 << 20;
 /// How long after a change of the view a pass starts (members often come in bursts).
 const SETTLE: Duration = Duration::from_secs(2);
 /// How long one request to a member may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub use super::PassReport;
+
+/// How a pass asks the members it copies to (each request within [`REQUEST_TIMEOUT`]).
+#[async_trait::async_trait]
+pub trait CopyTo: Send + Sync {
+    /// Which of `keys` (of namespace `ns`, of `tenant`) member `m` holds itself.
+    async fn present(
+        &self,
+        m: &MemberInfo,
+        tenant: Option<&str>,
+        ns: &str,
+        keys: &[&[u8]],
+    ) -> anyhow::Result<Vec<bool>>;
+
+    /// Stores `blocks` on `m` as copies (a copy of a block the pod deleted is refused,
+    /// 410): each block's status, in order (200 or 201: stored).
+    async fn put_copies(
+        &self,
+        m: &MemberInfo,
+        tenant: Option<&str>,
+        ns: &str,
+        blocks: &[(&[u8], Bytes)],
+    ) -> anyhow::Result<Vec<u16>>;
+}
+
+/// The members asked over HTTP, as this node (`x-ctxpod-forwarded-by`, the peer token).
+pub struct OverPeers {
+    pub peers: Peers,
+    pub me: String,
+}
+
+impl OverPeers {
+    fn request(
+        &self,
+        m: &MemberInfo,
+        tenant: Option<&str>,
+        ns: &str,
+        what: &str,
+    ) -> reqwest::RequestBuilder {
+        let url = format!("{}/v1/namespaces/{ns}/{what}", m.http);
+        let req = self
+            .peers
+            .own(self.peers.http.post(url), &self.me)
+            .timeout(REQUEST_TIMEOUT);
+        match tenant {
+            Some(t) => req.header(ctxpod_wire::HEADER_TENANT, t),
+            None => req,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl CopyTo for OverPeers {
+    async fn present(
+        &self,
+        m: &MemberInfo,
+        tenant: Option<&str>,
+        ns: &str,
+        keys: &[&[u8]],
+    ) -> anyhow::Result<Vec<bool>> {
+        let resp = self
+            .request(m, tenant, ns, "present")
+            .json(&KeysRequest {
+                keys: keys.iter().map(hex::encode).collect(),
+            })
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
+        let held = resp.json::<PresentResponse>().await?.present;
+        anyhow::ensure!(held.len() == keys.len(), "an answer of the wrong length");
+        Ok(held)
+    }
+
+    async fn put_copies(
+        &self,
+        m: &MemberInfo,
+        tenant: Option<&str>,
+        ns: &str,
+        blocks: &[(&[u8], Bytes)],
+    ) -> anyhow::Result<Vec<u16>> {
+        let entries: Vec<frame::Entry> = blocks
+            .iter()
+            .map(|(k, d)| frame::Entry::put(k, d))
+            .collect();
+        let resp = self
+            .request(m, tenant, ns, "batch/put")
+            .header("content-type", "application/octet-stream")
+            .header(ctxpod_wire::HEADER_COPY, "1")
+            .body(frame::encode(&entries))
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
+        let body = resp.bytes().await?;
+        let got = frame::decode(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+        anyhow::ensure!(got.len() == entries.len(), "an answer of the wrong length");
+        Ok(got.iter().map(|e| e.status).collect())
+    }
+}
 
 pub struct Backfill {
     pub engine: Arc<Engine>,
     pub membership: Arc<Membership>,
-    pub peers: Peers,
+    /// How the members are asked.
+    pub to: Arc<dyn CopyTo>,
     pub me: String,
     /// The pod's replication (for namespaces that set none).
     pub replication: usize,
@@ -276,7 +376,7 @@ impl Backfill {
                 }
                 for (m, idx) in wants.into_values() {
                     let asked: Vec<&[u8]> = idx.iter().map(|&i| &keys[i][..]).collect();
-                    let missing = match self.present(m, tenant, ns, &asked).await {
+                    let missing = match self.to.present(m, tenant, ns, &asked).await {
                         Ok(held) => asked
                             .iter()
                             .zip(held)
@@ -300,45 +400,6 @@ impl Backfill {
     fn failed(&self, report: &mut PassReport, n: usize) {
         report.failed += n as u64;
         self.metrics.backfill_failed.inc_by(n as u64);
-    }
-
-    fn request(
-        &self,
-        m: &MemberInfo,
-        tenant: Option<&str>,
-        ns: &str,
-        what: &str,
-    ) -> reqwest::RequestBuilder {
-        let url = format!("{}/v1/namespaces/{ns}/{what}", m.http);
-        let req = self
-            .peers
-            .own(self.peers.http.post(url), &self.me)
-            .timeout(REQUEST_TIMEOUT);
-        match tenant {
-            Some(t) => req.header(ctxpod_wire::HEADER_TENANT, t),
-            None => req,
-        }
-    }
-
-    /// Which of `keys` member `m` holds itself.
-    async fn present(
-        &self,
-        m: &MemberInfo,
-        tenant: Option<&str>,
-        ns: &str,
-        keys: &[&[u8]],
-    ) -> anyhow::Result<Vec<bool>> {
-        let resp = self
-            .request(m, tenant, ns, "present")
-            .json(&KeysRequest {
-                keys: keys.iter().map(hex::encode).collect(),
-            })
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
-        let held = resp.json::<PresentResponse>().await?.present;
-        anyhow::ensure!(held.len() == keys.len(), "an answer of the wrong length");
-        Ok(held)
     }
 
     /// Copies `keys` of namespace `scoped` to `m`, in batches, within the byte rate.
@@ -392,23 +453,7 @@ impl Backfill {
         batch: Vec<(&[u8], Bytes)>,
         report: &mut PassReport,
     ) {
-        let entries: Vec<frame::Entry> =
-            batch.iter().map(|(k, d)| frame::Entry::put(k, d)).collect();
-        let answer = async {
-            let resp = self
-                .request(m, tenant, ns, "batch/put")
-                .header("content-type", "application/octet-stream")
-                .header(ctxpod_wire::HEADER_COPY, "1")
-                .body(frame::encode(&entries))
-                .send()
-                .await?;
-            anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
-            let body = resp.bytes().await?;
-            let got = frame::decode(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
-            anyhow::ensure!(got.len() == entries.len(), "an answer of the wrong length");
-            Ok(got.iter().map(|e| e.status).collect::<Vec<u16>>())
-        };
-        match answer.await {
+        match self.to.put_copies(m, tenant, ns, &batch).await {
             Ok(statuses) => {
                 let met = &self.metrics;
                 for ((_, d), s) in batch.iter().zip(statuses) {

@@ -381,6 +381,22 @@ impl Pod {
         cfg: &ctxpod_format::config::Config,
         auth_enabled: bool,
     ) {
+        let over_http = Arc::new(backfill::OverPeers {
+            peers: self.peers.clone(),
+            me: self.me.id.clone(),
+        });
+        self.start_background_over(engine, cfg, auth_enabled, over_http)
+    }
+
+    /// [`Pod::start_background`] with the backfill asking the members through `copy_to`
+    /// (the simulation's network; HTTP in production).
+    pub fn start_background_over(
+        &self,
+        engine: Arc<ctxpod_engine::Engine>,
+        cfg: &ctxpod_format::config::Config,
+        auth_enabled: bool,
+        copy_to: Arc<dyn backfill::CopyTo>,
+    ) {
         if let Some((t, rev)) = &self.tombstones {
             t.clone()
                 .spawn(engine.clone(), *rev, self.stop.child_token());
@@ -419,7 +435,7 @@ impl Pod {
             );
         }
         let p = &cfg.pod;
-        if p.backfill_interval_s == 0 || (p.members.is_empty() && p.etcd_endpoints.is_empty()) {
+        if p.backfill_interval_s == 0 || (p.members.is_empty() && self.records.is_none()) {
             self.drain.backfill_off("pod.backfill_interval_s is 0");
             return;
         }
@@ -435,7 +451,7 @@ impl Pod {
         backfill::Backfill {
             engine,
             membership: self.membership.clone(),
-            peers: self.peers.clone(),
+            to: copy_to,
             me: self.me.id.clone(),
             replication: self.replication,
             bytes_per_s: p.backfill_bytes_per_s.0,

@@ -18,14 +18,15 @@
 //! same hash (`same_seed_same_trace` checks it).
 
 pub mod net;
+mod reach;
 
 use bytes::Bytes;
-use ctxpod_pod::coordinator::{self, Member as _, Said, Unreached};
-use ctxpod_pod::membership::MemberInfo;
+use ctxpod_pod::coordinator::{self, Member as _};
 use ctxpod_pod::meta::mem::MemMeta;
 use ctxpod_pod::meta::Meta;
 use ctxpod_pod::Pod;
 use net::{Net, NetMeta};
+use reach::{Op, Reached, Running, SimAnswer, SimMember};
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
@@ -43,6 +44,18 @@ const BLOCK: usize = 4096;
 const RECENT: usize = 8;
 /// The namespace every block is written to.
 const NS: &str = "default";
+/// How often each member's backfill makes a pass (`pod.backfill_interval_s`).
+const BACKFILL_INTERVAL_S: u64 = 30;
+/// How long a member gone from the view may stay away before its blocks are copied again
+/// (`pod.repair_grace_s`).
+const REPAIR_GRACE_S: u64 = 10;
+/// Zones of the pod: member `m` is in zone `m % ZONES`.
+const ZONES: usize = 3;
+/// How long after the network heals (and every member runs again) every block is back to R
+/// copies on its first R members (docs/OPERATIONS.md, "Backfill"): a lease to see the view
+/// again, the backfill's 2 s settle, a request in flight into a black hole at the heal
+/// (`backfill::REQUEST_TIMEOUT`, 30 s), and the pass's own copying (a few MiB here).
+const RESTORED_WITHIN: Duration = Duration::from_secs(LEASE_TTL_S + 2 + 30 + 5);
 
 /// A bug planted on purpose, to show the simulation finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +67,10 @@ pub enum Plant {
     /// had tombstones): it reaches the members that answer, and a member away keeps its
     /// copy and serves it when it returns.
     UnrecordedDeletes,
+    /// No backfill: the copies a put could not place at a block's first R members (one
+    /// was away or cut off) stay where they landed, and a member back after a fault
+    /// misses what was written meanwhile.
+    NoBackfill,
 }
 
 impl Plant {
@@ -61,11 +78,12 @@ impl Plant {
         match self {
             Plant::NoFence => "no-fence",
             Plant::UnrecordedDeletes => "unrecorded-deletes",
+            Plant::NoBackfill => "no-backfill",
         }
     }
 
     pub fn from_name(s: &str) -> Option<Plant> {
-        [Plant::NoFence, Plant::UnrecordedDeletes]
+        [Plant::NoFence, Plant::UnrecordedDeletes, Plant::NoBackfill]
             .into_iter()
             .find(|p| p.name() == s)
     }
@@ -125,6 +143,12 @@ pub enum Violation {
     WrongBytes { key: u64, member: usize },
     /// An acknowledged block, never deleted, held by no member once the network healed.
     Lost { key: u64 },
+    /// An acknowledged block, never deleted, not held by one of its first R members
+    /// [`RESTORED_WITHIN`] after the network healed (its R copies, in distinct zones, not
+    /// restored).
+    NotRestored { key: u64, member: usize },
+    /// A block's first R members are not in distinct zones though the pod has R zones.
+    SameZone { key: u64 },
 }
 
 /// What a run did and found.
@@ -200,6 +224,8 @@ struct Run {
     meta: Arc<MemMeta>,
     net: Arc<Net>,
     members: Vec<Member>,
+    /// The members that run, as the others reach them.
+    running: Arc<Running>,
     blocks: BTreeMap<u64, Known>,
     next_key: u64,
     /// When the fault in force heals (one at a time).
@@ -261,6 +287,7 @@ impl Run {
             _tmp: tmp,
             meta: Arc::new(MemMeta::new()),
             net: Arc::new(Net::default()),
+            running: Arc::new(Running::new(members.len())),
             members,
             blocks: BTreeMap::new(),
             next_key: 0,
@@ -295,7 +322,12 @@ impl Run {
         cfg.pod.advertise_http = Some(format!("http://{}", address(m)));
         cfg.pod.lease_ttl_s = LEASE_TTL_S;
         cfg.pod.replication = R;
-        cfg.pod.backfill_interval_s = 0;
+        cfg.pod.backfill_interval_s = match self.p.plant {
+            Some(Plant::NoBackfill) => 0,
+            _ => BACKFILL_INTERVAL_S,
+        };
+        cfg.pod.repair_grace_s = REPAIR_GRACE_S;
+        cfg.pod.zone = format!("z{}", m % ZONES);
         cfg.scrub.interval_s = 0;
         cfg
     }
@@ -326,7 +358,17 @@ impl Run {
         }
         match Pod::join_on(&cfg, meta, address(m), None, &engine, None).await {
             Ok(pod) => {
-                pod.start_background(engine.clone(), &cfg, false);
+                let copies = reach::SimCopies {
+                    running: self.running.clone(),
+                    net: self.net.clone(),
+                    from: m,
+                };
+                pod.start_background_over(engine.clone(), &cfg, false, Arc::new(copies));
+                let reached = Reached {
+                    engine: engine.clone(),
+                    tombstones: pod.tombstones.as_ref().map(|(t, _)| t.clone()),
+                };
+                self.running.set(m, Some(reached));
                 self.members[m].up = Some((engine, pod));
                 self.note(format!("m{m:02} joined"));
             }
@@ -341,6 +383,7 @@ impl Run {
     /// Stops member `m` without leaving the pod (its lease runs out), as a crash would.
     async fn stop(&mut self, m: usize) -> anyhow::Result<()> {
         if let Some((engine, pod)) = self.members[m].up.take() {
+            self.running.set(m, None);
             drop(pod);
             release(m, engine).await?;
             self.note(format!("m{m:02} stopped"));
@@ -444,7 +487,7 @@ impl Run {
     /// Member `c`'s requests for `key` over the simulated network.
     fn member<'a>(&'a self, c: usize, key: &'a [u8], op: Op) -> SimMember<'a> {
         SimMember {
-            run: &self.members,
+            running: &self.running,
             net: &self.net,
             from: c,
             key,
@@ -656,7 +699,8 @@ impl Run {
     }
 
     /// Heals everything, restarts the members that are down, lets the pod settle, then
-    /// checks that every acknowledged block not deleted is held by some member.
+    /// checks that every acknowledged block not deleted is held by some member, and
+    /// [`RESTORED_WITHIN`] after the heal by each of its first R members (distinct zones).
     async fn finish(&mut self) -> anyhow::Result<()> {
         self.net.heal();
         self.etcd_up();
@@ -665,9 +709,11 @@ impl Run {
                 self.start(m).await?;
             }
         }
+        let healed = Instant::now();
+        self.note("healed for good".into());
         tokio::time::sleep(Duration::from_secs(4 * LEASE_TTL_S)).await;
         let stored = self.stored();
-        for k in stored {
+        for &k in &stored {
             let mut held = false;
             for m in 0..self.p.members {
                 if self.read_from(m, k).await.is_some() {
@@ -679,10 +725,48 @@ impl Run {
                 self.out.violations.push(Violation::Lost { key: k });
             }
         }
+        tokio::time::sleep_until(healed + RESTORED_WITHIN).await;
+        self.check_restored(&stored).await;
         for m in 0..self.p.members {
             self.stop(m).await?;
         }
         Ok(())
+    }
+
+    /// Each of `stored` is held by its first R members in the view (in distinct zones).
+    async fn check_restored(&mut self, stored: &[u64]) {
+        let Some(c) = (0..self.p.members).find(|&m| self.members[m].up.is_some()) else {
+            return;
+        };
+        let view = self.pod(c).membership.view();
+        let zones: std::collections::BTreeSet<&str> =
+            view.members.iter().map(|m| m.zone.as_str()).collect();
+        let mut found = Vec::new();
+        for &k in stored {
+            let key = key_of(k);
+            let ranked: Vec<usize> = view
+                .ranked(NS, &key)
+                .into_iter()
+                .take(R)
+                .filter_map(|t| reach::index_of(t, self.p.members))
+                .collect();
+            let in_zones: std::collections::BTreeSet<usize> =
+                ranked.iter().map(|m| m % ZONES).collect();
+            if zones.len() >= R && in_zones.len() < ranked.len() {
+                found.push(Violation::SameZone { key: k });
+            }
+            for m in ranked {
+                if self.read_from(m, k).await.is_none() {
+                    found.push(Violation::NotRestored { key: k, member: m });
+                }
+            }
+        }
+        let missing = found.len();
+        self.out.violations.extend(found);
+        self.note(format!(
+            "{} blocks checked at their first {R} members: {missing} copies missing",
+            stored.len()
+        ));
     }
 
     /// The blocks whose put was acknowledged and that were not deleted.
@@ -697,92 +781,6 @@ impl Run {
     fn pod(&self, m: usize) -> &Pod {
         &self.members[m].up.as_ref().expect("a running member").1
     }
-}
-
-/// One block request, as member `from` asks any member over the simulated network (the
-/// pod's [`coordinator::Member`]): a member cut from `from` either way is a black hole (no
-/// answer within the peers' deadline), one that is down refuses the connection; a member
-/// that is reached serves the request from its engine (its fence applies).
-struct SimMember<'a> {
-    run: &'a [Member],
-    net: &'a Net,
-    from: usize,
-    key: &'a [u8],
-    op: Op,
-    /// The members that stored a put.
-    took: std::sync::Mutex<Vec<usize>>,
-}
-
-#[derive(Debug, Clone)]
-enum Op {
-    Get,
-    Put(Bytes),
-    Delete,
-}
-
-/// A member's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SimAnswer {
-    Block(Bytes),
-    Missing,
-    Stored,
-    Deleted { held: bool },
-    Failed,
-}
-
-#[async_trait::async_trait]
-impl coordinator::Member for SimMember<'_> {
-    type Answer = SimAnswer;
-
-    async fn ask(&self, t: &MemberInfo, mine: bool) -> Result<SimAnswer, Unreached> {
-        let Some(m) = index_of(t, self.run.len()) else {
-            return Err(Unreached::Unreachable);
-        };
-        if !mine && !self.net.both_ways(self.from, m) {
-            tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
-            return Err(Unreached::TimedOut);
-        }
-        let Some((engine, _)) = &self.run[m].up else {
-            return Err(Unreached::Refused);
-        };
-        Ok(match &self.op {
-            Op::Get => match engine.get(NS, self.key).await {
-                Ok(Some((b, _))) => SimAnswer::Block(b),
-                Ok(None) => SimAnswer::Missing,
-                Err(_) => SimAnswer::Failed,
-            },
-            Op::Put(b) => {
-                let put = engine.put(NS, self.key, b.clone(), None, ctxpod_wire::Durability::Fast);
-                match put.await {
-                    Ok(_) => {
-                        self.took.lock().expect("one thread").push(m);
-                        SimAnswer::Stored
-                    }
-                    Err(_) => SimAnswer::Failed,
-                }
-            }
-            Op::Delete => match engine.delete(NS, self.key).await {
-                Ok(held) => SimAnswer::Deleted { held },
-                Err(_) => SimAnswer::Failed,
-            },
-        })
-    }
-
-    fn said(&self, a: &SimAnswer) -> Said {
-        match a {
-            SimAnswer::Block(_) => Said::Done { created: false },
-            SimAnswer::Stored => Said::Done { created: true },
-            SimAnswer::Deleted { held: true } => Said::Done { created: false },
-            SimAnswer::Deleted { held: false } | SimAnswer::Missing => Said::NotFound,
-            SimAnswer::Failed => Said::Other,
-        }
-    }
-}
-
-/// The index of member `t` (ids are `m00`, `m01`, …) in a pod of `n`.
-fn index_of(t: &MemberInfo, n: usize) -> Option<usize> {
-    let m: usize = t.id.strip_prefix('m')?.parse().ok()?;
-    (m < n).then_some(m)
 }
 
 /// A refusal's kind, for the trace (its message may hold ids in any order).

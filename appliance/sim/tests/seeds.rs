@@ -4,7 +4,7 @@
 //! The long run (docs/RELIABILITY.md): `cargo run --release -p ctxpod-sim -- --seeds 10000
 //! --max-members 64`. CTXPOD_SIM_SEEDS sets this suite's count (default 500).
 
-use ctxpod_sim::{Params, Plant};
+use ctxpod_sim::{Params, Plant, Violation};
 
 fn seeds() -> u64 {
     std::env::var("CTXPOD_SIM_SEEDS")
@@ -53,16 +53,19 @@ fn same_seed_same_trace() {
 /// The number of seeds within which a planted bug must be found (docs/RELIABILITY.md).
 const PLANT_FOUND_WITHIN: u64 = 20;
 
-/// The first seed whose run with `plant` serves a deleted block.
-fn found(plant: Plant) -> Option<u64> {
+/// The first seed whose run with `plant` breaks the promise `broken` tells.
+fn found_breaking(plant: Plant, broken: fn(&Violation) -> bool) -> Option<u64> {
     (0..PLANT_FOUND_WITHIN).find(|&seed| {
         let mut p = Params::of_seed(seed, 16, STEPS);
         p.plant = Some(plant);
         let out = ctxpod_sim::run(&p).expect("the run is made");
-        out.violations
-            .iter()
-            .any(|v| matches!(v, ctxpod_sim::Violation::Resurrected { .. }))
+        out.violations.iter().any(broken)
     })
+}
+
+/// The first seed whose run with `plant` serves a deleted block.
+fn found(plant: Plant) -> Option<u64> {
+    found_breaking(plant, |v| matches!(v, Violation::Resurrected { .. }))
 }
 
 #[test]
@@ -78,6 +81,18 @@ fn a_member_serving_without_its_fence_is_found() {
 #[test]
 fn a_delete_not_recorded_for_members_away_is_found() {
     let seed = found(Plant::UnrecordedDeletes);
+    assert!(
+        seed.is_some(),
+        "not found within {PLANT_FOUND_WITHIN} seeds"
+    );
+    eprintln!("found at seed {seed:?}");
+}
+
+#[test]
+fn a_pod_without_backfill_is_found() {
+    let seed = found_breaking(Plant::NoBackfill, |v| {
+        matches!(v, Violation::NotRestored { .. })
+    });
     assert!(
         seed.is_some(),
         "not found within {PLANT_FOUND_WITHIN} seeds"

@@ -1,0 +1,212 @@
+//! How members reach each other over the simulated network: a routed block request asked
+//! of a member ([`SimMember`], the pod's `coordinator::Member`) and the backfill's copies
+//! ([`SimCopies`], the pod's `backfill::CopyTo`). A member cut from the asker either way is
+//! a black hole (no answer within the caller's deadline), one that is down refuses the
+//! connection at once, one that is reached serves the request from its engine, as its
+//! node's handler would.
+
+use crate::net::Net;
+use crate::NS;
+use bytes::Bytes;
+use ctxpod_pod::coordinator::{self, Said, Unreached};
+use ctxpod_pod::membership::MemberInfo;
+use ctxpod_pod::tombstones::Tombstones;
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+/// A member that runs, as the others reach it.
+#[derive(Clone)]
+pub(crate) struct Reached {
+    pub engine: Arc<ctxpod_engine::Engine>,
+    /// Its pod's block deletes (a copy of a deleted block is refused).
+    pub tombstones: Option<Arc<Tombstones>>,
+}
+
+/// The members that run now, by index (shared with the members' background work).
+pub(crate) struct Running(Mutex<Vec<Option<Reached>>>);
+
+impl Running {
+    pub fn new(members: usize) -> Running {
+        Running(Mutex::new(vec![None; members]))
+    }
+
+    pub fn set(&self, m: usize, up: Option<Reached>) {
+        self.0.lock()[m] = up;
+    }
+
+    pub fn get(&self, m: usize) -> Option<Reached> {
+        self.0.lock().get(m).cloned().flatten()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
+/// One block request, as member `from` asks any member (the pod's
+/// [`coordinator::Member`]); a reached member serves it from its engine (its fence
+/// applies).
+pub(crate) struct SimMember<'a> {
+    pub running: &'a Running,
+    pub net: &'a Net,
+    pub from: usize,
+    pub key: &'a [u8],
+    pub op: Op,
+    /// The members that stored a put.
+    pub took: std::sync::Mutex<Vec<usize>>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    Get,
+    Put(Bytes),
+    Delete,
+}
+
+/// A member's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SimAnswer {
+    Block(Bytes),
+    Missing,
+    Stored,
+    Deleted { held: bool },
+    Failed,
+}
+
+#[async_trait::async_trait]
+impl coordinator::Member for SimMember<'_> {
+    type Answer = SimAnswer;
+
+    async fn ask(&self, t: &MemberInfo, mine: bool) -> Result<SimAnswer, Unreached> {
+        let Some(m) = index_of(t, self.running.len()) else {
+            return Err(Unreached::Unreachable);
+        };
+        if !mine && !self.net.both_ways(self.from, m) {
+            tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
+            return Err(Unreached::TimedOut);
+        }
+        let Some(Reached { engine, .. }) = self.running.get(m) else {
+            return Err(Unreached::Refused);
+        };
+        Ok(match &self.op {
+            Op::Get => match engine.get(NS, self.key).await {
+                Ok(Some((b, _))) => SimAnswer::Block(b),
+                Ok(None) => SimAnswer::Missing,
+                Err(_) => SimAnswer::Failed,
+            },
+            Op::Put(b) => {
+                let put = engine.put(NS, self.key, b.clone(), None, ctxpod_wire::Durability::Fast);
+                match put.await {
+                    Ok(_) => {
+                        self.took.lock().expect("one thread").push(m);
+                        SimAnswer::Stored
+                    }
+                    Err(_) => SimAnswer::Failed,
+                }
+            }
+            Op::Delete => match engine.delete(NS, self.key).await {
+                Ok(held) => SimAnswer::Deleted { held },
+                Err(_) => SimAnswer::Failed,
+            },
+        })
+    }
+
+    fn said(&self, a: &SimAnswer) -> Said {
+        match a {
+            SimAnswer::Block(_) => Said::Done { created: false },
+            SimAnswer::Stored => Said::Done { created: true },
+            SimAnswer::Deleted { held: true } => Said::Done { created: false },
+            SimAnswer::Deleted { held: false } | SimAnswer::Missing => Said::NotFound,
+            SimAnswer::Failed => Said::Other,
+        }
+    }
+}
+
+/// Member `from`'s backfill asking the members it copies to (the pod's
+/// `backfill::CopyTo`), each request within `backfill::REQUEST_TIMEOUT`.
+pub(crate) struct SimCopies {
+    pub running: Arc<Running>,
+    pub net: Arc<Net>,
+    pub from: usize,
+}
+
+impl SimCopies {
+    /// Member `t` as `from` reaches it: a black hole waits out the request's timeout.
+    async fn reach(&self, t: &MemberInfo) -> anyhow::Result<(usize, Reached)> {
+        let m = index_of(t, self.running.len())
+            .ok_or_else(|| anyhow::anyhow!("{} is no member", t.id))?;
+        if !self.net.both_ways(self.from, m) {
+            tokio::time::sleep(ctxpod_pod::backfill::REQUEST_TIMEOUT).await;
+            anyhow::bail!("m{m:02}: timed out");
+        }
+        let up = self
+            .running
+            .get(m)
+            .ok_or_else(|| anyhow::anyhow!("m{m:02}: connection refused"))?;
+        Ok((m, up))
+    }
+
+    /// Whether the answer of `to` reaches `from` (a cut made while the request was in
+    /// flight loses it, after it took effect).
+    fn answered(&self, to: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.net.both_ways(self.from, to),
+            "m{to:02}: the answer was lost"
+        );
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ctxpod_pod::backfill::CopyTo for SimCopies {
+    async fn present(
+        &self,
+        t: &MemberInfo,
+        _tenant: Option<&str>,
+        ns: &str,
+        keys: &[&[u8]],
+    ) -> anyhow::Result<Vec<bool>> {
+        let (m, up) = self.reach(t).await?;
+        let mut held = Vec::with_capacity(keys.len());
+        for k in keys {
+            held.push(up.engine.contains(ns, k).await?);
+        }
+        self.answered(m)?;
+        Ok(held)
+    }
+
+    async fn put_copies(
+        &self,
+        t: &MemberInfo,
+        _tenant: Option<&str>,
+        ns: &str,
+        blocks: &[(&[u8], Bytes)],
+    ) -> anyhow::Result<Vec<u16>> {
+        let (m, up) = self.reach(t).await?;
+        let mut statuses = Vec::with_capacity(blocks.len());
+        for (k, d) in blocks {
+            // As the node's `batch/put` takes a copy (`x-ctxpod-copy`): refused when the
+            // pod deleted the block.
+            if up.tombstones.as_ref().is_some_and(|ts| ts.holds(ns, k)) {
+                statuses.push(410);
+                continue;
+            }
+            let put = up
+                .engine
+                .put(ns, k, d.clone(), None, ctxpod_wire::Durability::Fast);
+            statuses.push(match put.await {
+                Ok(ctxpod_engine::PutStatus::Created) => 201,
+                Ok(ctxpod_engine::PutStatus::Exists) => 200,
+                Err(_) => 500,
+            });
+        }
+        self.answered(m)?;
+        Ok(statuses)
+    }
+}
+
+/// The index of member `t` (ids are `m00`, `m01`, …) in a pod of `n`.
+pub(crate) fn index_of(t: &MemberInfo, n: usize) -> Option<usize> {
+    let m: usize = t.id.strip_prefix('m')?.parse().ok()?;
+    (m < n).then_some(m)
+}
