@@ -5,8 +5,9 @@
 //! node's HTTP stack in production (its own stack for itself, a forward for the others),
 //! the simulated network in the simulation, so both run this same code.
 //!
-//! What does not go through here yet: a value over one record (streamed to its members as
-//! it arrives), multipart uploads, batches, listing and MATCH (the node drives those from
+//! A namespace's keys are listed for the pod by [`Coordinator::list`] ([`crate::listing`]).
+//! What does not go through the coordinator yet: a value over one record (streamed to its
+//! members as it arrives), multipart uploads, batches and MATCH (the node drives those from
 //! the plans in [`ctxpod_wire::pod_plan`] and [`crate::batch`]).
 
 use crate::membership::{MemberInfo, Membership, PodView};

@@ -32,6 +32,7 @@ pub mod batch;
 pub mod coordinator;
 pub mod drain;
 pub mod fence;
+pub mod listing;
 pub mod membership;
 pub mod meta;
 pub mod metrics;

@@ -40,6 +40,8 @@ const R: usize = 2;
 const LEASE_TTL_S: u64 = 3;
 /// Bytes of each block (its bytes derive from its key).
 const BLOCK: usize = 4096;
+/// Keys a page of a listing.
+const LIST_PAGE: usize = 64;
 /// Deleted blocks remembered for reads to favour.
 const RECENT: usize = 8;
 /// The namespace every block is written to.
@@ -147,6 +149,8 @@ pub enum Violation {
     /// [`RESTORED_WITHIN`] after the network healed (its R copies, in distinct zones, not
     /// restored).
     NotRestored { key: u64, member: usize },
+    /// A listing that began after a block's delete was acknowledged listed it.
+    ListedDeleted { key: u64, member: usize },
     /// A block's first R members are not in distinct zones though the pod has R zones.
     SameZone { key: u64 },
 }
@@ -164,6 +168,9 @@ pub struct Outcome {
     pub deletes_unsettled: u64,
     pub reads_hit: u64,
     pub reads_missed: u64,
+    /// Listings that answered, and those refused (a member could not answer, or fenced).
+    pub lists: u64,
+    pub lists_refused: u64,
     pub faults: u64,
     /// Simulated time the run covered.
     pub simulated: Duration,
@@ -180,6 +187,8 @@ impl Outcome {
         self.deletes_unsettled += o.deletes_unsettled;
         self.reads_hit += o.reads_hit;
         self.reads_missed += o.reads_missed;
+        self.lists += o.lists;
+        self.lists_refused += o.lists_refused;
         self.faults += o.faults;
         self.simulated += o.simulated;
         self.runs += o.runs;
@@ -243,6 +252,14 @@ struct Run {
 
 fn key_of(k: u64) -> Vec<u8> {
     format!("sim-block-{k:08}").into_bytes()
+}
+
+/// The block number of a key made by [`key_of`].
+fn key_number(key: &[u8]) -> Option<u64> {
+    std::str::from_utf8(key.strip_prefix(b"sim-block-")?)
+        .ok()?
+        .parse()
+        .ok()
 }
 
 fn bytes_of(k: u64) -> Bytes {
@@ -402,7 +419,8 @@ impl Run {
             match self.rng.below(100) {
                 0..=29 => self.put().await,
                 30..=44 => self.delete().await,
-                45..=89 => self.read().await,
+                45..=84 => self.read().await,
+                85..=89 => self.list().await,
                 90..=97 => self.fault().await?,
                 _ => self.restart().await?,
             }
@@ -601,6 +619,86 @@ impl Run {
         };
         let how = if routed { "through" } else { "at" };
         self.note(format!("read {k} {how} m{m:02}: {what}"));
+    }
+
+    /// A client lists the namespace's keys through a running member, page by page: for the
+    /// whole pod (the pod's listing, [`ctxpod_pod::listing`]) or, half of the time, that
+    /// member's own (a request marked as routed); half of the time through the member a
+    /// fault strikes. No key whose delete was acknowledged
+    /// before the listing began may be listed.
+    async fn list(&mut self) {
+        let Some(c) = self.running() else { return };
+        // Half of the time through the member a fault strikes, where a broken promise
+        // would show.
+        let focus = self.focus.filter(|&f| self.members[f].up.is_some());
+        let c = match focus {
+            Some(f) if self.rng.below(2) == 0 => f,
+            _ => c,
+        };
+        let whole_pod = self.rng.below(2) == 0;
+        let asked = Instant::now();
+        let (listed, failed) = {
+            let pod = self.pod(c);
+            let view = pod.membership.view();
+            let coordinator = pod.coordinator();
+            let pages = reach::SimPages {
+                running: &self.running,
+                net: &self.net,
+                from: c,
+            };
+            let mut listed = Vec::new();
+            let mut after: Option<Vec<u8>> = None;
+            let mut failed = None;
+            // Bounded: every block fits in this many pages.
+            for _ in 0..=self.next_key / LIST_PAGE as u64 + 1 {
+                let page = coordinator
+                    .list(
+                        &view,
+                        whole_pod,
+                        &pages,
+                        b"sim-block-",
+                        after.as_deref(),
+                        LIST_PAGE,
+                    )
+                    .await;
+                match page {
+                    Ok((keys, more)) => {
+                        after = keys.last().map(|(k, _)| k.clone());
+                        listed.extend(keys.into_iter().map(|(k, _)| k));
+                        if !more || after.is_none() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            (listed, failed)
+        };
+        for key in &listed {
+            let Some(k) = key_number(key) else { continue };
+            if let Some(Known::Deleted(at)) = self.blocks.get(&k) {
+                if *at <= asked {
+                    self.out
+                        .violations
+                        .push(Violation::ListedDeleted { key: k, member: c });
+                }
+            }
+        }
+        let how = if whole_pod { "for the pod" } else { "its own" };
+        let what = match failed {
+            None => {
+                self.out.lists += 1;
+                format!("{} keys", listed.len())
+            }
+            Some(e) => {
+                self.out.lists_refused += 1;
+                format!("refused after {} keys: {e}", listed.len())
+            }
+        };
+        self.note(format!("list through m{c:02} ({how}): {what}"));
     }
 
     /// A routed read through member `c`: the block's read candidates asked as the node asks

@@ -119,7 +119,8 @@ fn main() -> ExitCode {
     }
     println!(
         "{} runs, {failed} failed, in {:.1} s: {} puts acknowledged ({} refused), {} deletes \
-         acknowledged ({} unsettled), {} reads hit, {} missed, {} faults, {:.0} s of pod time",
+         acknowledged ({} unsettled), {} reads hit, {} missed, {} listings ({} refused), {} \
+         faults, {:.0} s of pod time",
         totals.runs,
         t.elapsed().as_secs_f64(),
         totals.puts_acked,
@@ -128,6 +129,8 @@ fn main() -> ExitCode {
         totals.deletes_unsettled,
         totals.reads_hit,
         totals.reads_missed,
+        totals.lists,
+        totals.lists_refused,
         totals.faults,
         totals.simulated.as_secs_f64(),
     );

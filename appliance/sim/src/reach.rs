@@ -1,6 +1,7 @@
 //! How members reach each other over the simulated network: a routed block request asked
 //! of a member ([`SimMember`], the pod's `coordinator::Member`) and the backfill's copies
-//! ([`SimCopies`], the pod's `backfill::CopyTo`). A member cut from the asker either way is
+//! ([`SimCopies`], the pod's `backfill::CopyTo`) and a listing's pages ([`SimPages`], the
+//! pod's `listing::Pages`). A member cut from the asker either way is
 //! a black hole (no answer within the caller's deadline), one that is down refuses the
 //! connection at once, one that is reached serves the request from its engine, as its
 //! node's handler would.
@@ -9,6 +10,7 @@ use crate::net::Net;
 use crate::NS;
 use bytes::Bytes;
 use ctxpod_pod::coordinator::{self, Said, Unreached};
+use ctxpod_pod::listing::PageError;
 use ctxpod_pod::membership::MemberInfo;
 use ctxpod_pod::tombstones::Tombstones;
 use parking_lot::Mutex;
@@ -209,4 +211,48 @@ impl ctxpod_pod::backfill::CopyTo for SimCopies {
 pub(crate) fn index_of(t: &MemberInfo, n: usize) -> Option<usize> {
     let m: usize = t.id.strip_prefix('m')?.parse().ok()?;
     (m < n).then_some(m)
+}
+
+/// Member `from` listing a namespace's keys for the pod (the pod's `listing::Pages`): its
+/// own page from its engine, the others' over the network (within the peers' deadline),
+/// each member's page as its node gives it (`listing::own_page`: none while fenced).
+pub(crate) struct SimPages<'a> {
+    pub running: &'a Running,
+    pub net: &'a Net,
+    pub from: usize,
+}
+
+#[async_trait::async_trait]
+impl ctxpod_pod::listing::Pages for SimPages<'_> {
+    type Entry = ctxpod_wire::types::ListedBlock;
+    /// Why the listing failed, for the trace.
+    type Error = String;
+
+    async fn page(
+        &self,
+        t: Option<&MemberInfo>,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<ctxpod_pod::listing::Page<Self::Entry>, PageError<String>> {
+        let m = match t {
+            None => self.from,
+            Some(t) => {
+                let m = index_of(t, self.running.len())
+                    .ok_or_else(|| PageError::Failed(format!("{} is no member", t.id)))?;
+                if !self.net.both_ways(self.from, m) {
+                    tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
+                    return Err(PageError::Failed(format!("m{m:02} timed out")));
+                }
+                m
+            }
+        };
+        let up = self
+            .running
+            .get(m)
+            .ok_or_else(|| PageError::Failed(format!("m{m:02} refused the connection")))?;
+        ctxpod_pod::listing::own_page(&up.engine, NS, prefix, after, limit)
+            .await
+            .map_err(|e| PageError::Failed(format!("m{m:02}: {e}")))
+    }
 }

@@ -63,39 +63,42 @@ fn found_breaking(plant: Plant, broken: fn(&Violation) -> bool) -> Option<u64> {
     })
 }
 
-/// The first seed whose run with `plant` serves a deleted block.
-fn found(plant: Plant) -> Option<u64> {
-    found_breaking(plant, |v| matches!(v, Violation::Resurrected { .. }))
+/// A run with `plant` breaks the promise `broken` tells within [`PLANT_FOUND_WITHIN`]
+/// seeds.
+fn assert_found(plant: Plant, broken: fn(&Violation) -> bool) {
+    let seed = found_breaking(plant, broken);
+    assert!(
+        seed.is_some(),
+        "{}: not found within {PLANT_FOUND_WITHIN} seeds",
+        plant.name()
+    );
+    eprintln!("{}: found at seed {seed:?}", plant.name());
+}
+
+fn resurrected(v: &Violation) -> bool {
+    matches!(v, Violation::Resurrected { .. })
 }
 
 #[test]
 fn a_member_serving_without_its_fence_is_found() {
-    let seed = found(Plant::NoFence);
-    assert!(
-        seed.is_some(),
-        "not found within {PLANT_FOUND_WITHIN} seeds"
-    );
-    eprintln!("found at seed {seed:?}");
+    assert_found(Plant::NoFence, resurrected);
+}
+
+#[test]
+fn a_member_listing_without_its_fence_is_found() {
+    assert_found(Plant::NoFence, |v| {
+        matches!(v, Violation::ListedDeleted { .. })
+    });
 }
 
 #[test]
 fn a_delete_not_recorded_for_members_away_is_found() {
-    let seed = found(Plant::UnrecordedDeletes);
-    assert!(
-        seed.is_some(),
-        "not found within {PLANT_FOUND_WITHIN} seeds"
-    );
-    eprintln!("found at seed {seed:?}");
+    assert_found(Plant::UnrecordedDeletes, resurrected);
 }
 
 #[test]
 fn a_pod_without_backfill_is_found() {
-    let seed = found_breaking(Plant::NoBackfill, |v| {
+    assert_found(Plant::NoBackfill, |v| {
         matches!(v, Violation::NotRestored { .. })
     });
-    assert!(
-        seed.is_some(),
-        "not found within {PLANT_FOUND_WITHIN} seeds"
-    );
-    eprintln!("found at seed {seed:?}");
 }

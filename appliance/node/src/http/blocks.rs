@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use ctxpod_engine::{EngineError, PutStatus, StagedBlock};
+use ctxpod_pod::listing::PageError;
 use ctxpod_wire::types::*;
 use std::time::Duration;
 
@@ -516,65 +517,66 @@ pub(crate) async fn list_blocks(
     Ok(Json(KeyList { keys, blocks, next }))
 }
 
-/// This node's page of a namespace's keys (from `after`, under `prefix`, at most `limit`),
-/// and whether its listing goes on.
-async fn local_page(
-    st: &AppState,
-    scoped: &str,
-    prefix: &[u8],
-    after: Option<Vec<u8>>,
-    limit: usize,
-) -> ApiResult<(Vec<(Vec<u8>, ListedBlock)>, bool)> {
-    // A member fenced out of the pod may hold blocks the pod deleted meanwhile: as it
-    // serves none of them, it lists none, and says it cannot (an empty page would look
-    // like a namespace without keys).
-    if !st.engine.may_serve() {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "fenced",
-            "this member cannot show it is in the pod now (etcd unreachable): it lists no \
-             keys until it can; list through another member",
-        ));
+/// A page of a namespace's keys as this node asks a member for it
+/// ([`ctxpod_pod::listing::Pages`]): its own engine for itself, HTTP for the others (on
+/// behalf of the caller).
+struct PagesOverHttp<'a> {
+    st: &'a AppState,
+    asker: ctxpod_pod::batch::Asker<'a>,
+    scoped: &'a str,
+}
+
+#[async_trait::async_trait]
+impl ctxpod_pod::listing::Pages for PagesOverHttp<'_> {
+    type Entry = ListedBlock;
+    type Error = ApiError;
+
+    async fn page(
+        &self,
+        m: Option<&ctxpod_pod::membership::MemberInfo>,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<ctxpod_pod::listing::Page<ListedBlock>, PageError<ApiError>> {
+        use ctxpod_pod::listing::OwnPageError;
+        let Some(m) = m else {
+            let own =
+                ctxpod_pod::listing::own_page(&self.st.engine, self.scoped, prefix, after, limit);
+            return own.await.map_err(|e| {
+                PageError::Failed(match e {
+                    OwnPageError::Fenced => {
+                        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "fenced", e.to_string())
+                    }
+                    OwnPageError::Engine(e) => e.into(),
+                    OwnPageError::Join(_) => {
+                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                    }
+                })
+            });
+        };
+        match self.asker.list(m, prefix, after, limit).await {
+            Ok(page) => Ok(page),
+            Err(ctxpod_pod::batch::PeerError::Refused(404)) => Err(PageError::UnknownNamespace),
+            Err(e) => {
+                let status = e
+                    .status()
+                    .and_then(|s| StatusCode::from_u16(s).ok())
+                    .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                Err(PageError::Failed(ApiError::new(
+                    status,
+                    "pod_list",
+                    format!("member {} could not list its keys: {e}", m.id),
+                )))
+            }
+        }
     }
-    // One more than the page, to know whether the listing goes on.
-    let local = {
-        let (engine, scoped, prefix, after) = (
-            st.engine.clone(),
-            scoped.to_string(),
-            prefix.to_vec(),
-            after,
-        );
-        tokio::task::spawn_blocking(move || {
-            engine.list_blocks(&scoped, &prefix, after.as_deref(), limit + 1)
-        })
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("listing: {e}"),
-            )
-        })??
-    };
-    let local_more = local.len() > limit;
-    let listed = |m: ctxpod_engine::BlockMeta| ListedBlock {
-        len: m.len as u64,
-        crc32c: ctxpod_wire::crc32c_hex(m.crc32c),
-        stored_ms: m.stored_ms,
-    };
-    let mine = local
-        .into_iter()
-        .take(limit)
-        .map(|(k, m)| (k, listed(m)))
-        .collect::<Vec<_>>();
-    Ok((mine, local_more))
 }
 
 /// One page of a namespace's keys (from `after`, under `prefix`, at most `limit`) and
 /// whether there may be more: this node's, merged with every other member's when it
-/// answers for the pod. A member that cannot answer fails the page (503, or the status it
-/// refused with), since a page without its keys would look complete; one that does not
-/// know the namespace yet holds none of its keys.
+/// answers for the pod (the pod's listing, [`ctxpod_pod::listing`]). A fenced member lists
+/// nothing (503 `fenced`); a member that cannot answer fails the page (503, or the status
+/// it refused with).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn pod_page(
     st: &AppState,
@@ -586,54 +588,14 @@ pub(crate) async fn pod_page(
     after: Option<Vec<u8>>,
     limit: usize,
 ) -> ApiResult<(Vec<(Vec<u8>, ListedBlock)>, bool)> {
-    let (mine, local_more) = local_page(st, scoped, prefix, after.clone(), limit).await?;
-    use ctxpod_wire::pod_plan::{fold_pages, ListFailure, PageAnswer};
+    let pages = PagesOverHttp {
+        st,
+        asker: st.asker(ns, h, p),
+        scoped,
+    };
     let view = st.pod.view();
-    let me = view.members.iter().position(|m| m.id == *st.node_id);
-    let mut answers = vec![(me.unwrap_or(usize::MAX), PageAnswer::Page(mine, local_more))];
-    let mut errors = std::collections::HashMap::new();
-    if st.answers_for_pod(h) {
-        let asker = st.asker(ns, h, p);
-        let others = view
-            .members
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| m.id != *st.node_id);
-        let asked = futures::future::join_all(others.map(|(i, m)| {
-            let (asker, after) = (&asker, &after);
-            async move { (i, asker.list(m, prefix, after.as_deref(), limit).await) }
-        }))
-        .await;
-        for (i, got) in asked {
-            answers.push((
-                i,
-                match got {
-                    Ok((keys, more)) => PageAnswer::Page(keys, more),
-                    // A member that does not know the namespace yet holds none of its keys.
-                    Err(ctxpod_pod::batch::PeerError::Refused(404)) => PageAnswer::UnknownNamespace,
-                    Err(e) => {
-                        errors.insert(i, e);
-                        PageAnswer::Unreachable
-                    }
-                },
-            ));
-        }
-    }
-    match fold_pages(answers, limit) {
-        Ok(page) => Ok(page),
-        Err(ListFailure::Unreachable(i)) => {
-            let e = errors.remove(&i).expect("a member's failure");
-            let status = e
-                .status()
-                .and_then(|s| StatusCode::from_u16(s).ok())
-                .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            Err(ApiError::new(
-                status,
-                "pod_list",
-                format!("member {} could not list its keys: {e}", view.members[i].id),
-            ))
-        }
-        // This node's own page is there: never all unknown.
-        Err(ListFailure::UnknownNamespace) => Ok((Vec::new(), false)),
-    }
+    let whole_pod = st.answers_for_pod(h);
+    st.coordinator()
+        .list(&view, whole_pod, &pages, prefix, after.as_deref(), limit)
+        .await
 }

@@ -93,7 +93,7 @@ impl Member for OverHttp<'_> {
             return Ok(self.next.clone().run(local).await);
         }
         let body = self.body.map(|b| Outgoing::Whole(b.clone()));
-        forward_uncounted(self.st, m, self.parts, body, self.outcome).await
+        forward_unnoted(self.st, m, self.parts, body, self.outcome).await
     }
 
     fn said(&self, a: &Response) -> Said {
@@ -116,7 +116,7 @@ pub(crate) async fn forward_counted(
     body: Option<crate::forward::Outgoing>,
     outcome: &str,
 ) -> Option<Response> {
-    let answer = forward_uncounted(st, m, parts, body, outcome).await;
+    let answer = forward_unnoted(st, m, parts, body, outcome).await;
     match &answer {
         Ok(_) => st.peers.missed.note(&m.id, true),
         Err(Unreached::TimedOut) => st.peers.missed.note(&m.id, false),
@@ -127,7 +127,7 @@ pub(crate) async fn forward_counted(
 
 /// A forward with its outcome counted, and why `m` could not be reached; whether `m` met
 /// its deadline is left to the caller to note (the coordinator notes it).
-async fn forward_uncounted(
+async fn forward_unnoted(
     st: &AppState,
     m: &ctxpod_pod::membership::MemberInfo,
     parts: &axum::http::request::Parts,
