@@ -271,7 +271,6 @@ impl Coordinator<'_> {
             missed: self.missed,
             ns: placed.ns,
             key: placed.key,
-            copies: placed.copies,
         };
         let ask = Asking {
             coordinator: self,

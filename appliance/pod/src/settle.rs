@@ -1,8 +1,12 @@
 //! A recorded delete, settled: the pod acknowledges a block's delete once every member that
-//! may hold the block — a read candidate in the pod as etcd holds it *now*, which is newer
-//! than the delete's tombstone — has applied it, refused the connection (nothing listens
-//! there: it catches up on the tombstones before it serves again), or dropped out of the
-//! pod (its lease ran out, and a member fences itself before that: [`crate::fence`]).
+//! may hold the block — every member of the pod as etcd holds it *now*, which is newer than
+//! the delete's tombstone — has applied it, refused the connection (nothing listens there:
+//! it catches up on the tombstones before it serves again), or dropped out of the pod (its
+//! lease ran out, and a member fences itself before that: [`crate::fence`]). Every member,
+//! not only the block's read candidates: a copy may sit beyond them (a put's stand-in for a
+//! member it could not reach, a copy left where the block ranked before a member joined),
+//! and a member that holds one serves it to a request sent to it directly until it applies
+//! the tombstone from its watch.
 //! Until then the delete is not acknowledged, so no member serves a block after the pod
 //! acknowledged its delete.
 //!
@@ -51,10 +55,9 @@ pub struct Settling<'a> {
     /// Members that missed a deadline lately: not asked (their lease runs out, or they
     /// answer a later round).
     pub missed: &'a Missed,
-    /// The block as placed, and the copies it was written with.
+    /// The block as placed.
     pub ns: &'a str,
     pub key: &'a [u8],
-    pub copies: usize,
 }
 
 /// How often the pending members are asked again.
@@ -77,11 +80,11 @@ impl Settling<'_> {
                     return Err(vec!["(the pod's members: etcd did not answer)".into()]);
                 }
             };
-            let want = crate::route::read_candidates(self.copies.max(1)).min(view.members.len());
+            // Every member: a copy may sit beyond the read candidates (a put's stand-in for
+            // a member it could not reach, a copy left where it ranked before a join).
             let pending: Vec<&MemberInfo> = view
                 .ranked(self.ns, self.key)
                 .into_iter()
-                .take(want)
                 .filter(|m| !applied.contains(&m.id))
                 .collect();
             if pending.is_empty() {
@@ -119,5 +122,67 @@ impl Settling<'_> {
             }
             tokio::time::sleep_until((Instant::now() + ROUND).min(until)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Members that apply the delete, but for one that never answers.
+    struct Asks {
+        silent: String,
+        asked: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl AskDelete for Asks {
+        async fn ask(&self, m: &MemberInfo) -> Asked {
+            self.asked.lock().unwrap().push(m.id.clone());
+            match m.id == self.silent {
+                true => Asked::Failed,
+                false => Asked::Applied,
+            }
+        }
+    }
+
+    /// Found by the pod's simulation (seeds 230 and 442 of its suite): a copy a put left on
+    /// a member ranked beyond the read candidates was served there after its delete was
+    /// acknowledged. The delete now waits for that member too.
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_waits_for_every_member_not_only_the_read_candidates() {
+        let ids = ["a", "b", "c", "d", "e", "f"];
+        let pod = Membership::fixed(ids.iter().map(|id| MemberInfo::for_test(id)).collect());
+        let key = b"k";
+        let order: Vec<String> = pod
+            .view()
+            .ranked("ns", key)
+            .into_iter()
+            .map(|m| m.id.clone())
+            .collect();
+        let last = order.last().expect("members").clone();
+        let asks = Asks {
+            silent: last.clone(),
+            asked: Mutex::new(Vec::new()),
+        };
+        let missed = Missed::default();
+        let settling = Settling {
+            membership: &pod,
+            missed: &missed,
+            ns: "ns",
+            key,
+        };
+        // The delete's first round reached the read candidates.
+        let candidates = crate::route::read_candidates(2);
+        let mut applied: BTreeSet<String> = order[..candidates].iter().cloned().collect();
+        let until = Instant::now() + Duration::from_secs(2);
+        let settled = settling.settle(&asks, &mut applied, until).await;
+        assert_eq!(settled, Err(vec![last.clone()]));
+        let asked = asks.asked.lock().unwrap().clone();
+        for m in &order[candidates..] {
+            assert!(asked.contains(m), "{m} was not asked");
+        }
+        assert_eq!(applied.len(), ids.len() - 1);
     }
 }

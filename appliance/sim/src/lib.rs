@@ -73,6 +73,10 @@ pub enum Plant {
     /// was away or cut off) stay where they landed, and a member back after a fault
     /// misses what was written meanwhile.
     NoBackfill,
+    /// etcd's clock runs twice as fast as the members' (beyond the fence's margin,
+    /// `fence::CLOCK_MARGIN`): etcd expires a cut member's lease while that member still
+    /// counts on it, and a delete acknowledged meanwhile is served there.
+    ClockBeyondMargin,
 }
 
 impl Plant {
@@ -81,13 +85,19 @@ impl Plant {
             Plant::NoFence => "no-fence",
             Plant::UnrecordedDeletes => "unrecorded-deletes",
             Plant::NoBackfill => "no-backfill",
+            Plant::ClockBeyondMargin => "clock-beyond-margin",
         }
     }
 
     pub fn from_name(s: &str) -> Option<Plant> {
-        [Plant::NoFence, Plant::UnrecordedDeletes, Plant::NoBackfill]
-            .into_iter()
-            .find(|p| p.name() == s)
+        [
+            Plant::NoFence,
+            Plant::UnrecordedDeletes,
+            Plant::NoBackfill,
+            Plant::ClockBeyondMargin,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
     }
 }
 
@@ -231,6 +241,8 @@ struct Run {
     rng: Rng,
     _tmp: tempfile::TempDir,
     meta: Arc<MemMeta>,
+    /// How fast etcd's clock runs against the members'.
+    clock_rate: f64,
     net: Arc<Net>,
     members: Vec<Member>,
     /// The members that run, as the others reach them.
@@ -271,6 +283,13 @@ fn bytes_of(k: u64) -> Bytes {
     )
 }
 
+/// How fast etcd's clock runs against the members' (which share one clock): within the
+/// fence's margin either way, in steps of 0.1 %.
+fn clock_rate(rng: &mut Rng) -> f64 {
+    let max = (ctxpod_pod::fence::CLOCK_MARGIN * 1000.0) as u64 - 1;
+    1.0 + (rng.below(2 * max + 1) as f64 - max as f64) / 1000.0
+}
+
 fn address(m: usize) -> SocketAddr {
     SocketAddr::from(([10, 77, (m / 250) as u8, (m % 250) as u8 + 1], 7070))
 }
@@ -298,11 +317,19 @@ impl Run {
                 Ok(Member { dir, dev, up: None })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut rng = Rng::new(p.seed);
+        let meta = Arc::new(MemMeta::new());
+        let clock_rate = match p.plant {
+            Some(Plant::ClockBeyondMargin) => 2.0,
+            _ => clock_rate(&mut rng),
+        };
+        meta.set_clock_rate(clock_rate);
         Ok(Run {
             p: p.clone(),
-            rng: Rng::new(p.seed),
+            rng,
             _tmp: tmp,
-            meta: Arc::new(MemMeta::new()),
+            meta,
+            clock_rate,
             net: Arc::new(Net::default()),
             running: Arc::new(Running::new(members.len())),
             members,
@@ -409,6 +436,10 @@ impl Run {
     }
 
     async fn go(mut self) -> anyhow::Result<Outcome> {
+        self.note(format!(
+            "etcd's clock runs {:.3} times as fast",
+            self.clock_rate
+        ));
         for m in 0..self.p.members {
             self.start(m).await?;
         }
@@ -419,8 +450,8 @@ impl Run {
             match self.rng.below(100) {
                 0..=29 => self.put().await,
                 30..=44 => self.delete().await,
-                45..=84 => self.read().await,
-                85..=89 => self.list().await,
+                45..=79 => self.read().await,
+                80..=89 => self.list().await,
                 90..=97 => self.fault().await?,
                 _ => self.restart().await?,
             }
@@ -440,11 +471,25 @@ impl Run {
         (!up.is_empty()).then(|| up[self.rng.below(up.len() as u64) as usize])
     }
 
+    /// The member a put or delete is sent through: one that runs, nine times in ten not
+    /// the one a fault strikes (a write through it waits out the fault, and the one
+    /// client would do nothing else meanwhile).
+    fn door(&mut self) -> Option<usize> {
+        let others: Vec<usize> = (0..self.p.members)
+            .filter(|&m| self.members[m].up.is_some() && Some(m) != self.focus)
+            .collect();
+        match self.rng.below(10) {
+            0 => self.running(),
+            _ if others.is_empty() => self.running(),
+            _ => Some(others[self.rng.below(others.len() as u64) as usize]),
+        }
+    }
+
     /// A new block, put through member `c` as a node serves a routed put (the pod's
     /// [`Coordinator`](ctxpod_pod::coordinator::Coordinator)): to its first R members
     /// that `c` can reach, in rank; acknowledged when R stored it.
     async fn put(&mut self) {
-        let Some(c) = self.running() else { return };
+        let Some(c) = self.door() else { return };
         let k = self.next_key;
         self.next_key += 1;
         let key = key_of(k);
@@ -535,7 +580,7 @@ impl Run {
             return;
         }
         let k = pick[self.rng.below(pick.len() as u64) as usize];
-        let Some(c) = self.running() else { return };
+        let Some(c) = self.door() else { return };
         let key = key_of(k);
         self.blocks.insert(k, Known::Unsure);
         if self.recent.len() == RECENT {
@@ -560,6 +605,14 @@ impl Run {
             self.out.deletes_unsettled += 1;
         }
         self.note(format!("delete {k} via m{c:02}: {outcome}"));
+        // Read back at once, at the member a fault strikes: where a delete acknowledged
+        // without it would be served.
+        let focus = self
+            .focus
+            .filter(|&f| f != c && self.members[f].up.is_some());
+        if let Some(f) = focus.filter(|_| acknowledged) {
+            self.read_at(f, k, false).await;
+        }
     }
 
     /// A client reads a block: from one running member directly (any door of any member,
@@ -589,8 +642,14 @@ impl Run {
             0..=6 if !holders.is_empty() => holders[self.rng.below(holders.len() as u64) as usize],
             _ => c,
         };
-        let asked = Instant::now();
         let routed = self.rng.below(2) == 0;
+        self.read_at(m, k, routed).await;
+    }
+
+    /// A client reads block `k` at member `m` (`routed`: through it, as it asks the pod),
+    /// and checks the answer.
+    async fn read_at(&mut self, m: usize, k: u64, routed: bool) {
+        let asked = Instant::now();
         let got = match routed {
             true => self.read_through(m, k).await,
             false => self.read_from(m, k).await,
@@ -623,18 +682,16 @@ impl Run {
 
     /// A client lists the namespace's keys through a running member, page by page: for the
     /// whole pod (the pod's listing, [`ctxpod_pod::listing`]) or, half of the time, that
-    /// member's own (a request marked as routed); half of the time through the member a
-    /// fault strikes. No key whose delete was acknowledged
+    /// member's own (a request marked as routed); through the member a fault strikes while
+    /// one is in force. No key whose delete was acknowledged
     /// before the listing began may be listed.
     async fn list(&mut self) {
         let Some(c) = self.running() else { return };
-        // Half of the time through the member a fault strikes, where a broken promise
-        // would show.
-        let focus = self.focus.filter(|&f| self.members[f].up.is_some());
-        let c = match focus {
-            Some(f) if self.rng.below(2) == 0 => f,
-            _ => c,
-        };
+        // Through the member a fault strikes, where a broken promise would show.
+        let c = self
+            .focus
+            .filter(|&f| self.members[f].up.is_some())
+            .unwrap_or(c);
         let whole_pod = self.rng.below(2) == 0;
         let asked = Instant::now();
         let (listed, failed) = {

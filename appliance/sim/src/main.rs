@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! ctxpod-sim --seeds 10000 [--from 0] [--max-members 64] [--steps 120]
-//! ctxpod-sim --seed 42 --members 7 [--steps 120] [--plant no-fence|unrecorded-deletes|no-backfill] [--trace]
+//! ctxpod-sim --seed 42 --members 7 [--steps 120] [--plant no-fence|unrecorded-deletes|no-backfill|clock-beyond-margin] [--trace]
 //! ```
 
 use ctxpod_sim::{Params, Plant};
@@ -45,7 +45,8 @@ fn parse() -> Result<Args, String> {
             "--plant" => {
                 let name = value()?;
                 a.plant = Some(Plant::from_name(&name).ok_or(format!(
-                    "--plant {name}: known: no-fence, unrecorded-deletes, no-backfill"
+                    "--plant {name}: known: no-fence, unrecorded-deletes, no-backfill, \
+                     clock-beyond-margin"
                 ))?);
             }
             "--trace" => a.trace = true,
@@ -71,7 +72,7 @@ fn main() -> ExitCode {
             }
             eprintln!(
                 "usage: ctxpod-sim --seeds N [--from S] [--max-members M] [--steps K]\n       \
-                 ctxpod-sim --seed S [--members M] [--steps K] [--plant no-fence|unrecorded-deletes|no-backfill] [--trace]"
+                 ctxpod-sim --seed S [--members M] [--steps K] [--plant no-fence|unrecorded-deletes|no-backfill|clock-beyond-margin] [--trace]"
             );
             return ExitCode::from(2);
         }

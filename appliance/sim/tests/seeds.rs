@@ -102,3 +102,8 @@ fn a_pod_without_backfill_is_found() {
         matches!(v, Violation::NotRestored { .. })
     });
 }
+
+#[test]
+fn an_etcd_clock_beyond_the_fences_margin_is_found() {
+    assert_found(Plant::ClockBeyondMargin, resurrected);
+}

@@ -98,6 +98,8 @@ struct State {
     watchers: Vec<Watcher>,
     /// etcd is stopped ([`MemMeta::stop`]): no lease expires.
     stopped: bool,
+    /// How fast etcd's clock runs against the callers' ([`MemMeta::set_clock_rate`]).
+    clock_rate: f64,
 }
 
 fn key_of(e: &WatchEvent) -> &str {
@@ -111,9 +113,12 @@ fn lease_not_found(lease: i64) -> anyhow::Error {
     anyhow!("etcdserver: requested lease not found (lease {lease})")
 }
 
-/// `now + ttl_s`, or an error past the clock's range.
-fn deadline(now: Instant, ttl_s: i64) -> anyhow::Result<Instant> {
-    now.checked_add(Duration::from_secs(ttl_s.unsigned_abs()))
+/// When a lease of `ttl_s` seconds of etcd's clock, which runs `rate` times as fast as
+/// the callers', ends from `now`; an error past the clock's range.
+fn deadline(now: Instant, ttl_s: i64, rate: f64) -> anyhow::Result<Instant> {
+    let lasts = Duration::try_from_secs_f64(ttl_s.unsigned_abs() as f64 / rate).ok();
+    lasts
+        .and_then(|d| now.checked_add(d))
         .with_context(|| format!("a lease of {ttl_s} s ends past the clock's range"))
 }
 
@@ -138,6 +143,7 @@ impl State {
     fn new() -> State {
         State {
             revision: 1,
+            clock_rate: 1.0,
             ..State::default()
         }
     }
@@ -286,12 +292,25 @@ impl MemMeta {
     pub fn start(&self) {
         let mut s = self.inner.state.lock();
         s.stopped = false;
-        let now = Instant::now();
+        let (now, rate) = (Instant::now(), s.clock_rate);
         for l in s.leases.values_mut() {
-            l.deadline = l.deadline.max(now + Duration::from_secs(l.ttl as u64));
+            if let Ok(whole) = deadline(now, l.ttl, rate) {
+                l.deadline = l.deadline.max(whole);
+            }
         }
         drop(s);
         self.inner.reaper.notify_one();
+    }
+
+    /// etcd's clock runs `rate` times as fast as the callers' from now on (1: the same): a
+    /// lease of T s granted or kept alive from now lasts T / `rate` s of theirs. The
+    /// simulation drifts it within the fence's margin (`fence::CLOCK_MARGIN`), and beyond.
+    ///
+    /// # Panics
+    /// When `rate` is not a positive finite number.
+    pub fn set_clock_rate(&self, rate: f64) {
+        assert!(rate.is_finite() && rate > 0.0, "a clock rate of {rate}");
+        self.inner.state.lock().clock_rate = rate;
     }
 
     /// Every key under `prefix` now, in key order: the simulation's invariant checks read
@@ -347,7 +366,7 @@ impl Meta for MemMeta {
         }
         let ttl = ttl_s.max(MIN_TTL_S);
         let mut s = self.state();
-        let deadline = deadline(Instant::now(), ttl)?;
+        let deadline = deadline(Instant::now(), ttl, s.clock_rate)?;
         s.last_lease += 1;
         let id = s.last_lease;
         let keys = BTreeSet::new();
@@ -366,11 +385,12 @@ impl Meta for MemMeta {
 
     async fn keepalive(&self, lease: i64) -> anyhow::Result<Option<i64>> {
         let mut s = self.state();
+        let rate = s.clock_rate;
         // etcd answers TTL 0 for a lease it does not hold: gone.
         let Some(l) = s.leases.get_mut(&lease) else {
             return Ok(None);
         };
-        l.deadline = deadline(Instant::now(), l.ttl)?;
+        l.deadline = deadline(Instant::now(), l.ttl, rate)?;
         Ok(Some(l.ttl))
     }
 
@@ -542,8 +562,6 @@ mod tests {
         assert!(m.snapshot_prefix("/l/").is_empty());
     }
 
-    /// A lease ends exactly at its deadline, whoever asks first; a keep-alive moves the
-    /// deadline to now + TTL; a TTL under etcd's minimum is raised to it.
     #[tokio::test(start_paused = true)]
     /// A stopped etcd expires no lease, and a started one gives every lease its whole TTL
     /// (the simulation's "etcd down for everyone" depends on both).
@@ -569,6 +587,29 @@ mod tests {
         assert_eq!(m.snapshot_prefix("/s/").len(), 0, "then it expires");
     }
 
+    /// A lease of T s on an etcd whose clock runs twice as fast lasts T / 2 s of the
+    /// callers' clock, from its grant and from each keep-alive (the simulation's clock
+    /// drift).
+    #[tokio::test(start_paused = true)]
+    async fn a_faster_etcd_clock_ends_leases_sooner_by_its_rate() {
+        let m = MemMeta::new();
+        m.set_clock_rate(2.0);
+        let lease = m.grant(4).await.unwrap();
+        m.put("/d/k", b"v", Some(lease)).await.unwrap();
+        tokio::time::advance(Duration::from_millis(1_999)).await;
+        assert!(m.get("/d/k").await.unwrap().is_some(), "1.999 s of 2");
+        assert_eq!(m.keepalive(lease).await.unwrap(), Some(4));
+        tokio::time::advance(Duration::from_millis(1_999)).await;
+        assert!(
+            m.get("/d/k").await.unwrap().is_some(),
+            "2 s from the keep-alive"
+        );
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(m.get("/d/k").await.unwrap().is_none(), "gone at 2 s");
+    }
+
+    /// A lease ends exactly at its deadline, whoever asks first; a keep-alive moves the
+    /// deadline to now + TTL; a TTL under etcd's minimum is raised to it.
     #[tokio::test(start_paused = true)]
     async fn a_lease_ends_exactly_at_its_deadline() {
         let m = MemMeta::new();
