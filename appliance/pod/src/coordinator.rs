@@ -5,10 +5,11 @@
 //! node's HTTP stack in production (its own stack for itself, a forward for the others),
 //! the simulated network in the simulation, so both run this same code.
 //!
-//! A namespace's keys are listed for the pod by [`Coordinator::list`] ([`crate::listing`]).
+//! A namespace's keys are listed for the pod by [`Coordinator::list`] ([`crate::listing`]);
+//! pin, unpin and presence ask every read candidate ([`Coordinator::any_candidate`]).
 //! What does not go through the coordinator yet: a value over one record (streamed to its
-//! members as it arrives), multipart uploads, batches and MATCH (the node drives those from
-//! the plans in [`ctxpod_wire::pod_plan`] and [`crate::batch`]).
+//! members as it arrives), multipart uploads, batches, MATCH and promote (the node drives
+//! those from the plans in [`ctxpod_wire::pod_plan`] and [`crate::batch`]).
 
 use crate::membership::{MemberInfo, Membership, PodView};
 use crate::route::{Missed, Route};
@@ -171,6 +172,34 @@ impl Coordinator<'_> {
             }
         }
         answer
+    }
+
+    /// A per-key question (pin, unpin, presence) asked of every member a read of each key
+    /// would try, each member about its keys at once (`ask(member, key indexes)`, this
+    /// member included), blocks kept in `copies` copies: per key, whether any member said
+    /// yes. A member answering `None` said no to all of its keys. A member counted down (it
+    /// missed a deadline lately) is left out, unless every candidate of a key is: one
+    /// deadline, not one per call.
+    pub async fn any_candidate<'m, F, Fut>(
+        &self,
+        view: &'m PodView,
+        ns: &str,
+        keys: &[Vec<u8>],
+        copies: usize,
+        ask: F,
+    ) -> Vec<bool>
+    where
+        F: Fn(&'m MemberInfo, Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Option<Vec<bool>>>,
+    {
+        let down = self.missed.flags(view);
+        let round = ctxpod_wire::pod_plan::fan_out(&view.placement, &down, ns, keys, copies);
+        let answers = futures::future::join_all(round.into_iter().map(|(m, idx)| {
+            let asked = ask(&view.members[m], idx.clone());
+            async move { (idx, asked.await) }
+        }))
+        .await;
+        ctxpod_wire::pod_plan::any_yes(keys.len(), answers)
     }
 
     /// The plan of a routed put or delete (`route` a write's), over `view`.

@@ -170,21 +170,10 @@ impl AppState {
         F: Fn(&'m ctxpod_pod::membership::MemberInfo, Vec<usize>) -> Fut,
         Fut: std::future::Future<Output = Option<Vec<bool>>>,
     {
-        // A member counted down (it missed a deadline lately) is left out, unless every
-        // candidate of a key is: one deadline, not one per call.
-        let round = ctxpod_wire::pod_plan::fan_out(
-            &view.placement,
-            &self.peers.missed.flags(view),
-            ns,
-            keys,
-            self.replication_of(scoped),
-        );
-        let answers = futures::future::join_all(round.into_iter().map(|(m, idx)| {
-            let asked = ask(&view.members[m], idx.clone());
-            async move { (idx, asked.await) }
-        }))
-        .await;
-        ctxpod_wire::pod_plan::any_yes(keys.len(), answers)
+        let copies = self.replication_of(scoped);
+        self.coordinator()
+            .any_candidate(view, ns, keys, copies, ask)
+            .await
     }
 
     /// Asks members on behalf of the caller `p` of this request.
