@@ -7,8 +7,9 @@
 //!
 //! A namespace's keys are listed for the pod by [`Coordinator::list`] ([`crate::listing`]);
 //! pin, unpin and presence ask every read candidate ([`Coordinator::any_candidate`]).
+//! MATCH asks each member about its own keys ([`Coordinator::match_chain`]).
 //! What does not go through the coordinator yet: a value over one record (streamed to its
-//! members as it arrives), multipart uploads, batches, MATCH and promote (the node drives
+//! members as it arrives), multipart uploads, batches and promote (the node drives
 //! those from the plans in [`ctxpod_wire::pod_plan`] and [`crate::batch`]).
 
 use crate::membership::{MemberInfo, Membership, PodView};
@@ -200,6 +201,40 @@ impl Coordinator<'_> {
         }))
         .await;
         ctxpod_wire::pod_plan::any_yes(keys.len(), answers)
+    }
+
+    /// How many leading keys of `chain` (a prefix's blocks, kept in `copies` copies) the
+    /// pod holds: each member asked about its own keys, all at once, the first key its
+    /// first member lacks asked of its other candidates before the chain is cut there
+    /// ([`ctxpod_wire::pod_plan::MatchPlan`]), members counted down asked last.
+    /// `ask(member, positions)`: how many of those keys, in order, the member holds (this
+    /// member included); its error fails the match.
+    pub async fn match_chain<'m, F, Fut, E>(
+        &self,
+        view: &'m PodView,
+        ns: &str,
+        chain: &[Vec<u8>],
+        copies: usize,
+        ask: F,
+    ) -> Result<usize, E>
+    where
+        F: Fn(&'m MemberInfo, Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Result<usize, E>>,
+    {
+        let down = self.missed.flags(view);
+        let mut plan =
+            ctxpod_wire::pod_plan::MatchPlan::new(&view.placement, &down, ns, chain, copies);
+        while let Some(round) = plan.next_round() {
+            let asked = futures::future::join_all(round.into_iter().map(|(m, pos)| {
+                let held = ask(&view.members[m], pos);
+                async move { (m, held.await) }
+            }))
+            .await;
+            for (m, held) in asked {
+                plan.answer(m, held?);
+            }
+        }
+        Ok(plan.matched().unwrap_or(0) as usize)
     }
 
     /// The plan of a routed put or delete (`route` a write's), over `view`.

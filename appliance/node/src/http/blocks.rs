@@ -351,70 +351,52 @@ pub(crate) async fn match_prefix(
         }));
     }
     // A chain whose blocks live on several members: each member is asked about its own
-    // keys, all at once ([`MatchPlan`]).
-    let mut plan = ctxpod_wire::pod_plan::MatchPlan::new(
-        &view.placement,
-        &[],
-        &ns,
-        &keys,
-        st.replication_of(&scoped),
-    );
-    while let Some(round) = plan.next_round() {
-        let asked = futures::future::join_all(round.into_iter().map(|(m, pos)| {
-            let sub: Vec<Vec<u8>> = pos.iter().map(|&i| keys[i].clone()).collect();
-            let (st, scoped, ns, h, p) = (&st, &scoped, &ns, &h, &p);
-            let member = &view.members[m];
-            async move {
-                if member.id == *st.node_id {
-                    return (
-                        m,
-                        st.engine
-                            .match_prefix(scoped, sub)
-                            .await
-                            .map_err(ApiError::from),
-                    );
-                }
-                let req = st
-                    .peers
-                    .http
-                    .post(format!("{}/v1/namespaces/{ns}/match", member.http))
-                    .timeout(Duration::from_secs(10))
-                    .header(ctxpod_pod::route::HEADER_FORWARDED, st.node_id.as_ref())
-                    .json(&KeysRequest {
-                        keys: sub.iter().map(hex::encode).collect(),
-                    });
-                let sent = st
-                    .peers
-                    .for_caller(req, h, p.tenant.as_deref())
-                    .send()
-                    .await;
-                let held = match sent {
-                    Ok(r) if r.status().is_success() => match r.json::<MatchResponse>().await {
-                        Ok(a) => a.matched,
-                        Err(e) => {
-                            return (
-                                m,
-                                Err(ApiError::new(
-                                    StatusCode::BAD_GATEWAY,
-                                    "pod_match",
-                                    format!("MATCH across the pod failed: {e}"),
-                                )),
-                            )
-                        }
-                    },
-                    // A member that cannot answer holds nothing as far as this match goes.
-                    _ => 0,
-                };
-                (m, Ok(held))
+    // keys, all at once (the pod's `Coordinator::match_chain`).
+    let ask = |member: &ctxpod_pod::membership::MemberInfo, pos: Vec<usize>| {
+        let sub: Vec<Vec<u8>> = pos.iter().map(|&i| keys[i].clone()).collect();
+        let (st, scoped, ns, h, p) = (&st, &scoped, &ns, &h, &p);
+        let member = member.clone();
+        async move {
+            if member.id == *st.node_id {
+                let held = st.engine.match_prefix(scoped, sub).await?;
+                return Ok::<usize, ApiError>(held as usize);
             }
-        }))
-        .await;
-        for (m, held) in asked {
-            plan.answer(m, held? as usize);
+            let req = st
+                .peers
+                .http
+                .post(format!("{}/v1/namespaces/{ns}/match", member.http))
+                .timeout(Duration::from_secs(10))
+                .header(ctxpod_pod::route::HEADER_FORWARDED, st.node_id.as_ref())
+                .json(&KeysRequest {
+                    keys: sub.iter().map(hex::encode).collect(),
+                });
+            let sent = st
+                .peers
+                .for_caller(req, h, p.tenant.as_deref())
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => match r.json::<MatchResponse>().await {
+                    Ok(a) => Ok(a.matched as usize),
+                    Err(e) => Err(ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "pod_match",
+                        format!("MATCH across the pod failed: {e}"),
+                    )),
+                },
+                // A member that cannot answer holds nothing as far as this match goes.
+                _ => Ok(0),
+            }
         }
-    }
-    let matched = plan.matched().unwrap_or(0);
-    Ok(Json(MatchResponse { matched }))
+    };
+    let copies = st.replication_of(&scoped);
+    let matched = st
+        .coordinator()
+        .match_chain(&view, &ns, &keys, copies, ask)
+        .await?;
+    Ok(Json(MatchResponse {
+        matched: matched as _,
+    }))
 }
 
 /// Whether each key is held: here, or in a pod by any member a read would try (each
