@@ -6,10 +6,10 @@
 //! the simulated network in the simulation, so both run this same code.
 //!
 //! A namespace's keys are listed for the pod by [`Coordinator::list`] ([`crate::listing`]);
-//! pin, unpin and presence ask every read candidate ([`Coordinator::any_candidate`]).
-//! MATCH asks each member about its own keys ([`Coordinator::match_chain`]).
-//! What does not go through the coordinator yet: a value over one record (streamed to its
-//! members as it arrives), multipart uploads, batches and promote (the node drives
+//! pin, unpin, presence and promote ask every read candidate
+//! ([`Coordinator::any_candidate`]); MATCH asks each member about its own keys
+//! ([`Coordinator::match_chain`]). What does not go through the coordinator yet: a value
+//! over one record (streamed to its members as it arrives), multipart uploads and batches (the node drives
 //! those from the plans in [`ctxpod_wire::pod_plan`] and [`crate::batch`]).
 
 use crate::membership::{MemberInfo, Membership, PodView};
