@@ -136,6 +136,11 @@ pub const HEADER_ROUTED: &str = "x-ctxpod-forwarded-by";
 /// repair, backfill), not a new write. A node refuses a copy of a block the pod deleted
 /// (410, code `deleted`), so a member that missed a delete cannot write the block back.
 pub const HEADER_COPY: &str = "x-ctxpod-copy";
+/// On a routed block delete: the pod has recorded it (its tombstone is in etcd), and the
+/// member that did asks this one to apply it while settling it. The member takes the
+/// tombstone at once, before its watch delivers it, so that it refuses a copy of the block
+/// from then on.
+pub const HEADER_DELETE_RECORDED: &str = "x-ctxpod-delete-recorded";
 /// On a `batch/get`: the most block bytes the answer may carry (at most 64 MiB); blocks
 /// beyond answer 413. A node answering a batch for the pod gives each member its share of
 /// the answer this way, having taken it from its egress budget before asking.

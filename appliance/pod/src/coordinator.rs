@@ -58,6 +58,12 @@ pub trait Member: Sync {
     /// Asks member `m`.
     async fn ask(&self, m: &MemberInfo, mine: bool) -> Result<Self::Answer, Unreached>;
 
+    /// Asks member `m` to apply a block delete the pod has recorded (settling it): as
+    /// [`Member::ask`], and `m` takes the tombstone at once
+    /// ([`ctxpod_wire::HEADER_DELETE_RECORDED`]), so that it refuses a copy of the block from
+    /// then on, whatever its watch has delivered.
+    async fn ask_recorded(&self, m: &MemberInfo, mine: bool) -> Result<Self::Answer, Unreached>;
+
     /// What `a` says.
     fn said(&self, a: &Self::Answer) -> Said;
 }
@@ -158,7 +164,7 @@ impl Coordinator<'_> {
         while let Some(round) = plan.next_round() {
             for m in round.into_keys() {
                 let info = &view.members[m];
-                match self.ask(member, info).await {
+                match self.ask(member, info, false).await {
                     Err(_) => plan.answer(m, 0, ReadAnswer::Unreachable),
                     // A miss here may be a hit further down the ranking (a block written
                     // while its first member was away); anything else is the answer.
@@ -273,7 +279,7 @@ impl Coordinator<'_> {
             let sent = futures::future::join_all(
                 round
                     .into_keys()
-                    .map(|m| async move { (m, self.ask(member, &view.members[m]).await) }),
+                    .map(|m| async move { (m, self.ask(member, &view.members[m], false).await) }),
             )
             .await;
             for (m, answer) in sent {
@@ -312,23 +318,21 @@ impl Coordinator<'_> {
         member: &M,
         started: Instant,
     ) -> Result<(), Refusal> {
-        // A member that refused the connection counts only if it still does after the
-        // tombstone is recorded (it then lists the tombstones when it starts): settling
-        // asks it again.
-        let mut applied: BTreeSet<String> = BTreeSet::new();
-        let mut removed = Vec::new();
-        for &(m, said) in said {
-            if said != Said::Other {
-                applied.insert(view.members[m].id.clone());
-            }
-            if matches!(said, Said::Done { .. }) {
-                removed.push(view.members[m].id.clone());
-            }
-        }
+        let removed: Vec<String> = said
+            .iter()
+            .filter(|(_, said)| matches!(said, Said::Done { .. }))
+            .map(|&(m, _)| view.members[m].id.clone())
+            .collect();
         if let Err(error) = t.record(stored_ns, placed.key).await {
             tracing::warn!("block delete not recorded: {error}");
             return Err(Refusal::NotRecorded { error, removed });
         }
+        // Every member is asked again once the tombstone is recorded, those that applied
+        // the first round too: a copy of the block (a backfill pass or a read repair that
+        // read it before) may have landed there since, and nothing refused it then. Asked
+        // as recorded, each takes the tombstone and refuses copies from then on. A member
+        // that refuses the connection counts (it lists the tombstones when it starts).
+        let mut applied: BTreeSet<String> = BTreeSet::new();
         let until = crate::settle::deadline(started, t.lease_ttl());
         let settling = Settling {
             membership: self.membership,
@@ -347,11 +351,19 @@ impl Coordinator<'_> {
         Ok(())
     }
 
-    /// Asks `m` (through its own stack when it is this member), noting whether it met its
-    /// deadline.
-    async fn ask<M: Member>(&self, member: &M, m: &MemberInfo) -> Result<M::Answer, Unreached> {
+    /// Asks `m` (through its own stack when it is this member; `recorded`: to apply a
+    /// recorded delete), noting whether it met its deadline.
+    async fn ask<M: Member>(
+        &self,
+        member: &M,
+        m: &MemberInfo,
+        recorded: bool,
+    ) -> Result<M::Answer, Unreached> {
         let mine = m.id == self.me;
-        let answer = member.ask(m, mine).await;
+        let answer = match recorded {
+            true => member.ask_recorded(m, mine).await,
+            false => member.ask(m, mine).await,
+        };
         if !mine {
             match &answer {
                 Ok(_) => self.missed.note(&m.id, true),
@@ -372,7 +384,7 @@ struct Asking<'a, M> {
 #[async_trait::async_trait]
 impl<M: Member> AskDelete for Asking<'_, M> {
     async fn ask(&self, m: &MemberInfo) -> Asked {
-        match self.coordinator.ask(self.member, m).await {
+        match self.coordinator.ask(self.member, m, true).await {
             Ok(a) if self.member.said(&a) != Said::Other => Asked::Applied,
             Err(Unreached::Refused) => Asked::Refused,
             _ => Asked::Failed,
@@ -449,6 +461,14 @@ mod tests {
                 .copied()
                 .unwrap_or(Ok(Said::NotFound));
             a.map(|said| (m.id.clone(), said))
+        }
+
+        async fn ask_recorded(
+            &self,
+            m: &MemberInfo,
+            mine: bool,
+        ) -> Result<(String, Said), Unreached> {
+            self.ask(m, mine).await
         }
 
         fn said(&self, a: &(String, Said)) -> Said {

@@ -11,9 +11,13 @@
 //! acknowledged its delete.
 //!
 //! The members are asked through [`AskDelete`]: the coordinator's (the request itself,
-//! asked of a `crate::coordinator::Member`: the node's routed HTTP in production, the
-//! simulated network in the simulation). Pending members are asked all at once each round,
-//! every ask bounded by the deadline, so one silent member cannot make the others wait.
+//! marked as recorded, asked of a `crate::coordinator::Member`: the node's routed HTTP in
+//! production, the simulated network in the simulation). Each is asked once the tombstone
+//! is recorded, a member that applied the delete's first round too: a copy of the block
+//! sent by a backfill pass or a read repair that read it before may have landed there in
+//! between, when nothing refused it; asked as recorded, a member takes the tombstone and
+//! refuses copies from then on. Pending members are asked all at once each round, every
+//! ask bounded by the deadline, so one silent member cannot make the others wait.
 
 use crate::membership::{MemberInfo, Membership};
 use crate::route::Missed;

@@ -45,6 +45,10 @@ const STATE_FILE: &str = "pod.tombstones.state";
 const SAVE_EVERY: Duration = Duration::from_secs(5);
 /// Keys listed per step when a node empties itself.
 const EMPTY_BATCH: usize = 1024;
+/// The most block deletes a node keeps as recorded before its watch delivers them
+/// ([`Tombstones::learn_recorded`]): far more than the deletes settled while one watch
+/// stalls for a lease's time.
+const AHEAD_OF_WATCH_MAX: usize = 4096;
 
 pub fn tombstones_prefix(pod: &str) -> String {
     format!("/ctxpod/{pod}/tombstones/")
@@ -92,6 +96,12 @@ pub struct Tombstones {
     max: usize,
     /// Names (`<namespace>/<hex key>`) of the tombstones etcd holds.
     known: Mutex<HashSet<String>>,
+    /// Names learned from a delete recorded ([`Tombstones::learn_recorded`]) that the
+    /// watch has not delivered yet, each with the [`Tombstones::mark`] it was learned at: a
+    /// listing taken before then may not hold it, so a relist keeps it.
+    ahead_of_watch: Mutex<std::collections::HashMap<String, u64>>,
+    /// Counts learnings and listings, to order them.
+    marks: std::sync::atomic::AtomicU64,
     /// The lease new tombstones are attached to, and when it was granted.
     lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
     state_file: PathBuf,
@@ -127,6 +137,8 @@ impl Tombstones {
             lease_ttl: Duration::from_secs(cfg.lease_ttl_s),
             max: cfg.tombstones_max,
             known: Mutex::new(HashSet::new()),
+            ahead_of_watch: Mutex::new(std::collections::HashMap::new()),
+            marks: std::sync::atomic::AtomicU64::new(0),
             lease: tokio::sync::Mutex::new(None),
             state_file: data_dir.join(STATE_FILE),
             metrics,
@@ -138,8 +150,9 @@ impl Tombstones {
         let away = state.as_ref().map(|s| now - s.seen_unix);
         t.empty_if_away(engine, away).await?;
         let applied = state.map_or(0, |s| s.applied_revision);
+        let mark = t.mark();
         let (rev, kvs) = t.etcd.range_prefix(&t.prefix).await?;
-        let applied_now = t.relist(engine, kvs, applied).await;
+        let applied_now = t.relist(engine, kvs, applied, mark).await;
         t.save(rev);
         tracing::info!(
             tombstones = t.len(),
@@ -158,9 +171,10 @@ impl Tombstones {
         self.empty_if_away(engine, Some(away.as_secs() as i64))
             .await?;
         let applied = state.map_or(0, |s| s.applied_revision);
+        let mark = self.mark();
         let (rev, kvs) = self.etcd.range_prefix(&self.prefix).await?;
         let failed = self.failed_applies();
-        let n = self.relist(engine, kvs, applied).await;
+        let n = self.relist(engine, kvs, applied, mark).await;
         anyhow::ensure!(
             self.failed_applies() == failed,
             "a tombstone could not be applied here (its block could not be deleted)"
@@ -254,6 +268,20 @@ impl Tombstones {
             .contains(&name_of(ns, key))
     }
 
+    /// After a copy of a block ([`ctxpod_wire::HEADER_COPY`]: backfill, read repair) was
+    /// stored here, having been checked against the tombstones before: whether the block's
+    /// tombstone arrived meanwhile (from the watch, or from a settling delete that then
+    /// deletes the block here after learning it). If so the copy is deleted again and is to
+    /// be answered as refused: either this check sees the tombstone, or the settling
+    /// delete's own delete comes after the copy was stored.
+    pub async fn undo_copy_of_deleted(&self, engine: &Engine, ns: &str, key: &[u8]) -> bool {
+        if !self.holds(ns, key) {
+            return false;
+        }
+        self.apply(engine, &name_of(ns, key)).await;
+        true
+    }
+
     pub fn len(&self) -> usize {
         self.known.lock().expect("tombstones").len()
     }
@@ -306,8 +334,41 @@ impl Tombstones {
             return Err(Refused::Etcd(e));
         }
         // Known at once here (the watch says so too, a moment later).
-        self.learn_name(name);
+        self.learn_recorded(ns, key);
         Ok(())
+    }
+
+    /// Learns a block delete the pod recorded before this node's watch delivers it: this
+    /// node recorded it, or the member that did asks this one to apply it while settling
+    /// it ([`ctxpod_wire::HEADER_DELETE_RECORDED`]). From now on a copy of the block is
+    /// refused here, whether or not the watch is flowing (a node cut from etcd, its lease
+    /// not yet run out).
+    pub fn learn_recorded(&self, ns: &str, key: &[u8]) {
+        let name = name_of(ns, key);
+        // In the order a relist takes them.
+        let mut ahead = self.ahead_of_watch.lock().expect("tombstones");
+        let mut known = self.known.lock().expect("tombstones");
+        if known.insert(name.clone()) {
+            ahead.insert(name, self.mark());
+            // Bounded: a client may mark its own delete as recorded (it names a block it
+            // may delete anyway); the oldest such names go first.
+            if ahead.len() > AHEAD_OF_WATCH_MAX {
+                if let Some(oldest) = ahead
+                    .iter()
+                    .min_by_key(|(_, m)| **m)
+                    .map(|(n, _)| n.clone())
+                {
+                    ahead.remove(&oldest);
+                    known.remove(&oldest);
+                }
+            }
+            self.metrics.pod_tombstones.set(known.len() as i64);
+        }
+    }
+
+    /// A new mark: learnings and listings in the order they happened.
+    fn mark(&self) -> u64 {
+        self.marks.fetch_add(1, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// The lease for new tombstones (block deletes, and namespace deletion records): one
@@ -329,21 +390,29 @@ impl Tombstones {
         Ok(id)
     }
 
+    /// Learns a tombstone from etcd (its watch).
     fn learn_name(&self, name: String) {
+        self.ahead_of_watch
+            .lock()
+            .expect("tombstones")
+            .remove(&name);
         let mut known = self.known.lock().expect("tombstones");
         known.insert(name);
         self.metrics.pod_tombstones.set(known.len() as i64);
     }
 
     fn forget_name(&self, name: &str) {
+        self.ahead_of_watch.lock().expect("tombstones").remove(name);
         let mut known = self.known.lock().expect("tombstones");
         known.remove(name);
         self.metrics.pod_tombstones.set(known.len() as i64);
     }
 
-    /// Takes a full listing: the known set becomes it, and every tombstone written after
-    /// revision `applied` is applied. Returns how many were applied.
-    async fn relist(&self, engine: &Engine, kvs: Vec<Kv>, applied: i64) -> usize {
+    /// Takes a full listing, asked for at `mark`: the known set becomes it, with the
+    /// deletes learned as recorded since (the listing may be older than they are), and
+    /// every tombstone written after revision `applied` is applied. Returns how many were
+    /// applied.
+    async fn relist(&self, engine: &Engine, kvs: Vec<Kv>, applied: i64, mark: u64) -> usize {
         let applied = applied.max(self.applied.load(std::sync::atomic::Ordering::Acquire));
         let mut names = HashSet::with_capacity(kvs.len());
         let mut fresh = Vec::new();
@@ -357,6 +426,11 @@ impl Tombstones {
             names.insert(name.to_string());
         }
         {
+            let mut ahead = self.ahead_of_watch.lock().expect("tombstones");
+            // Learned before the listing was asked for: etcd held it then, so the listing
+            // has it, or it expired.
+            ahead.retain(|_, at| *at > mark);
+            names.extend(ahead.keys().cloned());
             let mut known = self.known.lock().expect("tombstones");
             *known = names;
             self.metrics.pod_tombstones.set(known.len() as i64);
@@ -438,9 +512,10 @@ impl Tombstones {
             // The watch ended: list again (it may have missed events), then watch on.
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                let mark = self.mark();
                 match self.etcd.range_prefix(&self.prefix).await {
                     Ok((r, kvs)) => {
-                        self.relist(engine, kvs, rev).await;
+                        self.relist(engine, kvs, rev, mark).await;
                         rev = r;
                         self.save(rev);
                         break;

@@ -30,6 +30,8 @@ mod checks;
 mod faults;
 pub mod net;
 mod reach;
+#[cfg(test)]
+mod scenarios;
 mod workload;
 
 use bytes::Bytes;

@@ -40,7 +40,7 @@ impl Running {
         self.0.lock().get(m).cloned().flatten()
     }
 
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.0.lock().len()
     }
 }
@@ -80,6 +80,33 @@ impl coordinator::Member for SimMember<'_> {
     type Answer = SimAnswer;
 
     async fn ask(&self, t: &MemberInfo, mine: bool) -> Result<SimAnswer, Unreached> {
+        self.ask_as(t, mine, false).await
+    }
+
+    async fn ask_recorded(&self, t: &MemberInfo, mine: bool) -> Result<SimAnswer, Unreached> {
+        self.ask_as(t, mine, true).await
+    }
+
+    fn said(&self, a: &SimAnswer) -> Said {
+        match a {
+            SimAnswer::Block(_) => Said::Done { created: false },
+            SimAnswer::Stored => Said::Done { created: true },
+            SimAnswer::Deleted { held: true } => Said::Done { created: false },
+            SimAnswer::Deleted { held: false } | SimAnswer::Missing => Said::NotFound,
+            SimAnswer::Failed => Said::Other,
+        }
+    }
+}
+
+impl SimMember<'_> {
+    /// Asks member `t` (`recorded`: a delete the pod recorded, whose tombstone `t` takes
+    /// before it deletes its copy, as its node does).
+    async fn ask_as(
+        &self,
+        t: &MemberInfo,
+        mine: bool,
+        recorded: bool,
+    ) -> Result<SimAnswer, Unreached> {
         let Some(m) = index_of(t, self.running.len()) else {
             return Err(Unreached::Unreachable);
         };
@@ -87,7 +114,7 @@ impl coordinator::Member for SimMember<'_> {
             tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
             return Err(Unreached::TimedOut);
         }
-        let Some(Reached { engine, .. }) = self.running.get(m) else {
+        let Some(Reached { engine, tombstones }) = self.running.get(m) else {
             return Err(Unreached::Refused);
         };
         Ok(match &self.op {
@@ -106,21 +133,16 @@ impl coordinator::Member for SimMember<'_> {
                     Err(_) => SimAnswer::Failed,
                 }
             }
-            Op::Delete => match engine.delete(NS, self.key).await {
-                Ok(held) => SimAnswer::Deleted { held },
-                Err(_) => SimAnswer::Failed,
-            },
+            Op::Delete => {
+                if let Some(t) = tombstones.filter(|_| recorded) {
+                    t.learn_recorded(NS, self.key);
+                }
+                match engine.delete(NS, self.key).await {
+                    Ok(held) => SimAnswer::Deleted { held },
+                    Err(_) => SimAnswer::Failed,
+                }
+            }
         })
-    }
-
-    fn said(&self, a: &SimAnswer) -> Said {
-        match a {
-            SimAnswer::Block(_) => Said::Done { created: false },
-            SimAnswer::Stored => Said::Done { created: true },
-            SimAnswer::Deleted { held: true } => Said::Done { created: false },
-            SimAnswer::Deleted { held: false } | SimAnswer::Missing => Said::NotFound,
-            SimAnswer::Failed => Said::Other,
-        }
     }
 }
 
@@ -196,11 +218,17 @@ impl ctxpod_pod::backfill::CopyTo for SimCopies {
             let put = up
                 .engine
                 .put(ns, k, d.clone(), None, ctxpod_wire::Durability::Fast);
-            statuses.push(match put.await {
+            let status = match put.await {
                 Ok(ctxpod_engine::PutStatus::Created) => 201,
                 Ok(ctxpod_engine::PutStatus::Exists) => 200,
                 Err(_) => 500,
-            });
+            };
+            // Its tombstone may have arrived while it was stored: deleted again.
+            let undone = match (&up.tombstones, status) {
+                (Some(ts), 200 | 201) => ts.undo_copy_of_deleted(&up.engine, ns, k).await,
+                _ => false,
+            };
+            statuses.push(if undone { 410 } else { status });
         }
         self.answered(m)?;
         Ok(statuses)

@@ -36,7 +36,7 @@ impl Run {
         self.next_key += 1;
         let key = key_of(k);
         let member = self.member(c, &key, Op::Put(bytes_of(k)));
-        let answer = self.write(c, &key, &member).await;
+        let answer = self.write(c, &key, false, &member).await;
         // In member order: a round's members answer in an order the devices decide.
         let mut took = member.took.into_inner().expect("one thread");
         took.sort_unstable();
@@ -58,11 +58,12 @@ impl Run {
 
     /// A put or delete of `key` through member `c`, as the node serves it: routed, planned
     /// and (a delete) recorded and settled by the pod's coordinator.
-    pub(crate) async fn write(
+    pub(crate) async fn write<M: coordinator::Member<Answer = SimAnswer>>(
         &self,
         c: usize,
         key: &[u8],
-        member: &SimMember<'_>,
+        delete: bool,
+        member: &M,
     ) -> Result<SimAnswer, coordinator::Refusal> {
         let pod = self.pod(c);
         let mut coordinator = pod.coordinator();
@@ -70,10 +71,9 @@ impl Run {
             coordinator.tombstones = None;
         }
         let view = pod.membership.view();
-        let method = match member.op {
-            Op::Put(_) => http::Method::PUT,
-            Op::Delete => http::Method::DELETE,
-            Op::Get => unreachable!("a write"),
+        let method = match delete {
+            true => http::Method::DELETE,
+            false => http::Method::PUT,
         };
         let route = coordinator.route(&view, &method, NS, key, R);
         let Some(plan) = coordinator.write_plan(&view, route, NS, key) else {
@@ -130,7 +130,7 @@ impl Run {
         }
         self.recent.push(k);
         let member = self.member(c, &key, Op::Delete);
-        let answer = self.write(c, &key, &member).await;
+        let answer = self.write(c, &key, true, &member).await;
         let acknowledged = matches!(answer, Ok(SimAnswer::Deleted { .. }));
         let outcome = match answer {
             Ok(a) if acknowledged => format!("acknowledged ({a:?})"),

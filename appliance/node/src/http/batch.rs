@@ -430,6 +430,14 @@ pub(crate) async fn batch_put(
         {
             statuses[*i] = s;
         }
+        // A copy whose tombstone arrived while it was stored is deleted again (410).
+        for i in store {
+            if matches!(statuses[i], 200 | 201) {
+                if let Err(e) = st.undo_deleted_copy(&h, &scoped, &jobs[i].0).await {
+                    statuses[i] = e.status.as_u16();
+                }
+            }
+        }
         statuses
     };
     let mut out = Vec::new();

@@ -47,7 +47,9 @@ pub(crate) async fn put_block(
     };
     st.metrics.received_bytes.inc_by(staged.len() as u64);
     sock.still_there(&st)?;
-    match st.engine.put_staged(&ns, &key, staged, crc, dur).await? {
+    let status = st.engine.put_staged(&ns, &key, staged, crc, dur).await?;
+    st.undo_deleted_copy(&h, &ns, &key).await?;
+    match status {
         PutStatus::Created => Ok(StatusCode::CREATED),
         PutStatus::Exists => Ok(StatusCode::OK),
     }
@@ -326,8 +328,17 @@ pub(crate) async fn head_block(BlockCall { st, ns, key, .. }: BlockCall) -> ApiR
 pub(crate) async fn delete_block(
     BlockCall { st, ns, key, .. }: BlockCall,
     sock: ClientSocket,
+    h: HeaderMap,
 ) -> ApiResult<StatusCode> {
     sock.still_there(&st)?;
+    // Settling a delete the pod recorded: the tombstone taken before the copy is deleted,
+    // so that no copy of the block is taken here from now on.
+    if let Some(t) = st.tombstones.as_ref().filter(|_| {
+        h.contains_key(ctxpod_wire::HEADER_DELETE_RECORDED)
+            && h.contains_key(ctxpod_pod::route::HEADER_FORWARDED)
+    }) {
+        t.learn_recorded(&ns, &key);
+    }
     if st.engine.delete(&ns, &key).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {

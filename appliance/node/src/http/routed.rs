@@ -96,6 +96,23 @@ impl Member for OverHttp<'_> {
         forward_unnoted(self.st, m, self.parts, body, self.outcome).await
     }
 
+    async fn ask_recorded(&self, m: &MemberInfo, mine: bool) -> Result<Response, Unreached> {
+        if mine {
+            // This member recorded the delete: it knows the tombstone already.
+            return self.ask(m, mine).await;
+        }
+        let mut parts = self.parts.clone();
+        parts.headers.insert(
+            ctxpod_wire::HEADER_DELETE_RECORDED,
+            HeaderValue::from_static("1"),
+        );
+        let asked = OverHttp {
+            parts: &parts,
+            ..*self
+        };
+        asked.ask(m, mine).await
+    }
+
     fn said(&self, a: &Response) -> Said {
         match a.status() {
             s if s.is_success() => Said::Done {

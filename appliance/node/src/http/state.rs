@@ -72,6 +72,26 @@ impl AppState {
         }
     }
 
+    /// After a copy ([`ctxpod_wire::HEADER_COPY`]) was stored: refused after all (410
+    /// `deleted`, the copy deleted again) if the block's tombstone arrived while it was
+    /// being stored ([`ctxpod_pod::tombstones::Tombstones::undo_copy_of_deleted`]).
+    pub(crate) async fn undo_deleted_copy(
+        &self,
+        h: &HeaderMap,
+        ns: &str,
+        key: &[u8],
+    ) -> ApiResult<()> {
+        let Some(t) = &self.tombstones else {
+            return Ok(());
+        };
+        if !h.contains_key(ctxpod_wire::HEADER_COPY)
+            || !t.undo_copy_of_deleted(&self.engine, ns, key).await
+        {
+            return Ok(());
+        }
+        self.refuse_deleted_copy(h, ns, key)
+    }
+
     /// A GET of `path` on the member at `base` for the caller (its credentials, or the
     /// peer token standing in: [`ctxpod_pod::Peers::for_caller`]), marked as sent by this
     /// node.
