@@ -213,6 +213,7 @@ impl Backfill {
             let mut seen = up_members(&self.membership.view());
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(interval), if !again => {}
                     _ = std::future::ready(()), if again => {}
@@ -240,6 +241,7 @@ impl Backfill {
                         .any(|m| m.id != self.me && m.state == super::membership::MemberState::Up);
                 self.drain.pass_started();
                 let outcome = tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     r = self.pass() => r,
                 };
@@ -250,6 +252,7 @@ impl Backfill {
                     // Not counted (the view did not show the drain yet, or the pass
                     // failed): try again soon.
                     tokio::select! {
+                        biased;
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(SETTLE) => {}
                     }
@@ -302,6 +305,7 @@ impl Backfill {
         let left = gone(&now);
         if left.is_empty() || self.grace.is_zero() {
             return tokio::select! {
+                biased;
                 _ = stop.cancelled() => false,
                 _ = tokio::time::sleep(SETTLE) => true,
             };
@@ -317,6 +321,7 @@ impl Backfill {
         );
         let go_on = loop {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => break false,
                 _ = tokio::time::sleep_until(until) => break true,
                 r = changes.changed() => {
@@ -332,6 +337,7 @@ impl Backfill {
                     if left.iter().all(|id| now.contains(id)) {
                         // Back within the grace: a pass brings it what it missed.
                         break tokio::select! {
+                            biased;
                             _ = stop.cancelled() => false,
                             _ = tokio::time::sleep(SETTLE) => true,
                         };

@@ -244,6 +244,7 @@ impl Membership {
         let me = m.clone();
         tokio::spawn(async move {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => {}
                 _ = me.follow(etcd, prefix, scheme, records, rev) => {}
             }
@@ -597,6 +598,7 @@ impl Keeper {
         let mut next = tokio::time::Instant::now() + every;
         loop {
             let kicked = tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(next) => false,
                 _ = self.me.kick.notified() => true,

@@ -227,6 +227,7 @@ pub fn spawn_reconcile(
                 Err(e) => tracing::debug!("namespace records not read: {e:#}"),
             }
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(RECONCILE_EVERY) => {}
             }

@@ -70,12 +70,14 @@ impl Scrub {
             let mut next = tokio::time::Instant::now() + interval;
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep_until(next) => {}
                 }
                 next = tokio::time::Instant::now() + interval;
                 let m = self.metrics.clone();
                 let outcome = tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     r = self.pass() => r,
                 };

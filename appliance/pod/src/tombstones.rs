@@ -37,7 +37,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The file where a node keeps how far it applied the pod's tombstones.
 const STATE_FILE: &str = "pod.tombstones.state";
@@ -254,6 +255,7 @@ impl Tombstones {
     ) {
         tokio::spawn(async move {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => {}
                 _ = self.follow(&engine, rev) => {}
             }
@@ -472,6 +474,7 @@ impl Tombstones {
                     let mut stream = std::pin::pin!(stream);
                     loop {
                         tokio::select! {
+                            biased;
                             _ = tick.tick() => self.save(rev),
                             batch = futures::StreamExt::next(&mut stream) => {
                                 let events = match batch {

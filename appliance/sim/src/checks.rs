@@ -9,6 +9,7 @@ impl Run {
     /// [`RESTORED_WITHIN`] after the heal by each of its first R members (distinct zones).
     pub(crate) async fn finish(&mut self) -> anyhow::Result<()> {
         self.net.heal();
+        self.net.lossless();
         self.etcd_up();
         for m in 0..self.p.members {
             if self.members[m].up.is_none() {

@@ -344,7 +344,7 @@ impl Run {
             _tmp: tmp,
             meta,
             clock_rate,
-            net: Arc::new(Net::default()),
+            net: Arc::new(Net::new(p.seed ^ 0x6e65_7477_6f72_6b00)),
             running: Arc::new(Running::new(members.len())),
             members,
             blocks: BTreeMap::new(),

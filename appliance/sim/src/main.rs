@@ -2,7 +2,7 @@
 //! one seed with its trace (docs/design/0004-pod-simulation.md).
 //!
 //! ```text
-//! ctxpod-sim --seeds 10000 [--from 0] [--max-members 64] [--steps 120]
+//! ctxpod-sim --seeds 10000 [--from 0] [--max-members 64] [--steps 120] [--hashes]
 //! ctxpod-sim --seed 42 --members 7 [--steps 120] [--plant no-fence|unrecorded-deletes|no-backfill|clock-beyond-margin] [--trace]
 //! ```
 
@@ -18,6 +18,8 @@ struct Args {
     one: Option<(u64, Option<usize>)>,
     plant: Option<Plant>,
     trace: bool,
+    /// Prints every run's trace hash (to compare two runs of the same seeds).
+    hashes: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -29,6 +31,7 @@ fn parse() -> Result<Args, String> {
         one: None,
         plant: None,
         trace: false,
+        hashes: false,
     };
     let mut members = None;
     let mut it = std::env::args().skip(1);
@@ -50,6 +53,7 @@ fn parse() -> Result<Args, String> {
                 ))?);
             }
             "--trace" => a.trace = true,
+            "--hashes" => a.hashes = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -71,7 +75,7 @@ fn main() -> ExitCode {
                 eprintln!("ctxpod-sim: {e}");
             }
             eprintln!(
-                "usage: ctxpod-sim --seeds N [--from S] [--max-members M] [--steps K]\n       \
+                "usage: ctxpod-sim --seeds N [--from S] [--max-members M] [--steps K] [--hashes]\n       \
                  ctxpod-sim --seed S [--members M] [--steps K] [--plant no-fence|unrecorded-deletes|no-backfill|clock-beyond-margin] [--trace]"
             );
             return ExitCode::from(2);
@@ -113,8 +117,11 @@ fn main() -> ExitCode {
                 p.replay_command()
             );
         }
-        if a.one.is_some() {
-            println!("seed {} trace hash {:016x}", p.seed, out.trace_hash);
+        if a.one.is_some() || a.hashes {
+            println!(
+                "seed {} ({} members) trace hash {:016x}",
+                p.seed, p.members, out.trace_hash
+            );
         }
         totals.add(&out);
     }

@@ -2,8 +2,14 @@
 //! runs at all. A cut is a black hole (a call waits out its timeout, as over a cut link);
 //! etcd down refuses at once (a reset, as when nothing listens). A call whose answer would
 //! cross a link cut while it was in flight is lost after it took effect, as on a real
-//! network.
+//! network. Every call across it takes a moment, derived from the run's seed, the moment
+//! it is sent and its two ends (not drawn from one stream: the order in which tasks waiting
+//! on the same instant run must not change the run): most from 50 µs to 3 ms, one in 50 up
+//! to 200 ms (a queue, a retransmit), so that calls made together arrive in any order; one
+//! in 1,000 is lost on its way (a black hole for that call alone) until the network is
+//! healed for good.
 
+use ctxpod_firmware_sim::rng::Rng;
 use ctxpod_pod::meta::{Kv, Meta, Refused, Watch};
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -26,12 +32,16 @@ struct State {
     links: BTreeSet<(usize, usize)>,
     /// etcd is not running (every call refused).
     meta_down: bool,
+    /// No call is lost any more (healed for good).
+    lossless: bool,
 }
 
 /// The network of one simulated pod.
-#[derive(Default)]
 pub struct Net {
     state: Mutex<State>,
+    /// Each call's delay, and whether it is lost, derive from it.
+    seed: u64,
+    started: tokio::time::Instant,
 }
 
 /// What a member's call to etcd meets.
@@ -45,6 +55,34 @@ pub enum Reach {
 }
 
 impl Net {
+    pub fn new(seed: u64) -> Net {
+        Net {
+            state: Mutex::new(State::default()),
+            seed,
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The way across of a call from `from` to `to` (`None`: etcd) sent now: waits its
+    /// delay; `false` when the call is lost.
+    pub async fn cross(&self, from: usize, to: Option<usize>) -> bool {
+        let at = self.started.elapsed().as_nanos() as u64;
+        let to = to.map_or(u64::MAX, |t| t as u64);
+        let mut rng = Rng::new(self.seed ^ at.rotate_left(17) ^ (from as u64).rotate_left(41) ^ to);
+        let us = match rng.below(50) {
+            0 => 3_000 + rng.below(197_000),
+            _ => 50 + rng.below(2_950),
+        };
+        let lost = rng.below(1_000) == 0 && !self.state.lock().lossless;
+        tokio::time::sleep(Duration::from_micros(us)).await;
+        !lost
+    }
+
+    /// From now on no call is lost (delays stay).
+    pub fn lossless(&self) {
+        self.state.lock().lossless = true;
+    }
+
     pub fn meta(&self, m: usize) -> Reach {
         let s = self.state.lock();
         if s.meta_down {
@@ -105,8 +143,13 @@ pub struct NetMeta {
 }
 
 impl NetMeta {
-    /// Before a call: refused at once, or a black hole (waits out the timeout).
+    /// Before a call: it takes its time across and may be lost on the way; then refused
+    /// at once, or a black hole (waits out the timeout).
     async fn send(&self) -> anyhow::Result<()> {
+        if !self.net.cross(self.me, None).await {
+            tokio::time::sleep(CALL_TIMEOUT).await;
+            anyhow::bail!("etcd (simulated): the call was lost");
+        }
         match self.net.meta(self.me) {
             Reach::Up => Ok(()),
             Reach::Refused => {

@@ -110,7 +110,8 @@ impl SimMember<'_> {
         let Some(m) = index_of(t, self.running.len()) else {
             return Err(Unreached::Unreachable);
         };
-        if !mine && !self.net.both_ways(self.from, m) {
+        if !mine && !(self.net.cross(self.from, Some(m)).await && self.net.both_ways(self.from, m))
+        {
             tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
             return Err(Unreached::TimedOut);
         }
@@ -124,7 +125,14 @@ impl SimMember<'_> {
                 Err(_) => SimAnswer::Failed,
             },
             Op::Put(b) => {
-                let put = engine.put(NS, self.key, b.clone(), None, ctxpod_wire::Durability::Fast);
+                // As the node's default: acknowledged once flushed, so a power cut keeps it.
+                let put = engine.put(
+                    NS,
+                    self.key,
+                    b.clone(),
+                    None,
+                    ctxpod_wire::Durability::Durable,
+                );
                 match put.await {
                     Ok(_) => {
                         self.took.lock().expect("one thread").push(m);
@@ -159,7 +167,7 @@ impl SimCopies {
     async fn reach(&self, t: &MemberInfo) -> anyhow::Result<(usize, Reached)> {
         let m = index_of(t, self.running.len())
             .ok_or_else(|| anyhow::anyhow!("{} is no member", t.id))?;
-        if !self.net.both_ways(self.from, m) {
+        if !(self.net.cross(self.from, Some(m)).await && self.net.both_ways(self.from, m)) {
             tokio::time::sleep(ctxpod_pod::backfill::REQUEST_TIMEOUT).await;
             anyhow::bail!("m{m:02}: timed out");
         }
@@ -268,7 +276,7 @@ impl ctxpod_pod::listing::Pages for SimPages<'_> {
             Some(t) => {
                 let m = index_of(t, self.running.len())
                     .ok_or_else(|| PageError::Failed(format!("{} is no member", t.id)))?;
-                if !self.net.both_ways(self.from, m) {
+                if !(self.net.cross(self.from, Some(m)).await && self.net.both_ways(self.from, m)) {
                     tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
                     return Err(PageError::Failed(format!("m{m:02} timed out")));
                 }

@@ -39,9 +39,12 @@ fn five_hundred_seeds_keep_every_promise() {
     assert!(total.deletes_acked > 0 && total.reads_hit > 0 && total.faults > 0);
 }
 
+/// Seeds 13 and 26 gave other traces from one run to the next while `tokio::select!` in
+/// the pod's loops chose among ready branches at random (a member stopped, its tasks
+/// cancelled while a timer was due): the pod's loops are `biased` now.
 #[test]
 fn same_seed_same_trace() {
-    for seed in [3, 17] {
+    for seed in [3, 13, 17, 26] {
         let p = Params::of_seed(seed, 16, STEPS);
         let a = ctxpod_sim::run(&p).expect("first run");
         let b = ctxpod_sim::run(&p).expect("second run");

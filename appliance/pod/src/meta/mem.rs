@@ -346,6 +346,7 @@ async fn reap(inner: Weak<Inner>, wake: Arc<Notify>) {
         // deadline, this finds nothing due and sleeps again.
         match next {
             Some(at) => tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(at) => {}
                 () = wake.notified() => {}
             },
