@@ -110,8 +110,9 @@ impl SimMember<'_> {
         let Some(m) = index_of(t, self.running.len()) else {
             return Err(Unreached::Unreachable);
         };
-        if !mine && !(self.net.cross(self.from, Some(m)).await && self.net.both_ways(self.from, m))
-        {
+        let reached =
+            mine || (self.net.cross(self.from, Some(m)).await && self.net.both_ways(self.from, m));
+        if !reached {
             tokio::time::sleep(ctxpod_pod::route::PEER_DEADLINE).await;
             return Err(Unreached::TimedOut);
         }
