@@ -95,12 +95,8 @@ pub struct Tombstones {
     /// it cannot reach to drop out of the pod.
     lease_ttl: Duration,
     max: usize,
-    /// Names (`<namespace>/<hex key>`) of the tombstones etcd holds.
-    known: Mutex<HashSet<String>>,
-    /// Names learned from a delete recorded ([`Tombstones::learn_recorded`]) that the
-    /// watch has not delivered yet, each with the [`Tombstones::mark`] it was learned at: a
-    /// listing taken before then may not hold it, so a relist keeps it.
-    ahead_of_watch: Mutex<std::collections::HashMap<String, u64>>,
+    /// The tombstones this node knows.
+    known: Mutex<Known>,
     /// Counts learnings and listings, to order them.
     marks: std::sync::atomic::AtomicU64,
     /// The lease new tombstones are attached to, and when it was granted.
@@ -137,8 +133,7 @@ impl Tombstones {
             retention: Duration::from_secs(cfg.tombstone_retention_s),
             lease_ttl: Duration::from_secs(cfg.lease_ttl_s),
             max: cfg.tombstones_max,
-            known: Mutex::new(HashSet::new()),
-            ahead_of_watch: Mutex::new(std::collections::HashMap::new()),
+            known: Mutex::new(Known::default()),
             marks: std::sync::atomic::AtomicU64::new(0),
             lease: tokio::sync::Mutex::new(None),
             state_file: data_dir.join(STATE_FILE),
@@ -267,6 +262,7 @@ impl Tombstones {
         self.known
             .lock()
             .expect("tombstones")
+            .names
             .contains(&name_of(ns, key))
     }
 
@@ -285,7 +281,7 @@ impl Tombstones {
     }
 
     pub fn len(&self) -> usize {
-        self.known.lock().expect("tombstones").len()
+        self.known.lock().expect("tombstones").names.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -296,7 +292,7 @@ impl Tombstones {
     /// `pod.tombstones_max`): asked before the delete is sent to the members.
     pub fn room_for(&self, ns: &str, key: &[u8]) -> Result<(), Refused> {
         let over = {
-            let known = self.known.lock().expect("tombstones");
+            let known = &self.known.lock().expect("tombstones").names;
             known.len() >= self.max && !known.contains(&name_of(ns, key))
         };
         if over {
@@ -347,25 +343,10 @@ impl Tombstones {
     /// not yet run out).
     pub fn learn_recorded(&self, ns: &str, key: &[u8]) {
         let name = name_of(ns, key);
-        // In the order a relist takes them.
-        let mut ahead = self.ahead_of_watch.lock().expect("tombstones");
+        let mark = self.mark();
         let mut known = self.known.lock().expect("tombstones");
-        if known.insert(name.clone()) {
-            ahead.insert(name, self.mark());
-            // Bounded: a client may mark its own delete as recorded (it names a block it
-            // may delete anyway); the oldest such names go first.
-            if ahead.len() > AHEAD_OF_WATCH_MAX {
-                if let Some(oldest) = ahead
-                    .iter()
-                    .min_by_key(|(_, m)| **m)
-                    .map(|(n, _)| n.clone())
-                {
-                    ahead.remove(&oldest);
-                    known.remove(&oldest);
-                }
-            }
-            self.metrics.pod_tombstones.set(known.len() as i64);
-        }
+        known.learn_recorded(name, mark);
+        self.metrics.pod_tombstones.set(known.names.len() as i64);
     }
 
     /// A new mark: learnings and listings in the order they happened.
@@ -394,20 +375,15 @@ impl Tombstones {
 
     /// Learns a tombstone from etcd (its watch).
     fn learn_name(&self, name: String) {
-        self.ahead_of_watch
-            .lock()
-            .expect("tombstones")
-            .remove(&name);
         let mut known = self.known.lock().expect("tombstones");
-        known.insert(name);
-        self.metrics.pod_tombstones.set(known.len() as i64);
+        known.learn(name);
+        self.metrics.pod_tombstones.set(known.names.len() as i64);
     }
 
     fn forget_name(&self, name: &str) {
-        self.ahead_of_watch.lock().expect("tombstones").remove(name);
         let mut known = self.known.lock().expect("tombstones");
-        known.remove(name);
-        self.metrics.pod_tombstones.set(known.len() as i64);
+        known.forget(name);
+        self.metrics.pod_tombstones.set(known.names.len() as i64);
     }
 
     /// Takes a full listing, asked for at `mark`: the known set becomes it, with the
@@ -428,14 +404,9 @@ impl Tombstones {
             names.insert(name.to_string());
         }
         {
-            let mut ahead = self.ahead_of_watch.lock().expect("tombstones");
-            // Learned before the listing was asked for: etcd held it then, so the listing
-            // has it, or it expired.
-            ahead.retain(|_, at| *at > mark);
-            names.extend(ahead.keys().cloned());
             let mut known = self.known.lock().expect("tombstones");
-            *known = names;
-            self.metrics.pod_tombstones.set(known.len() as i64);
+            known.relist(names, mark);
+            self.metrics.pod_tombstones.set(known.names.len() as i64);
         }
         for name in &fresh {
             self.apply(engine, name).await;
@@ -591,9 +562,102 @@ async fn empty(engine: &Engine) -> anyhow::Result<u64> {
     Ok(n)
 }
 
+/// The tombstones a node knows: those etcd holds, as its watch and listings say, and those
+/// learned from a delete recorded before the watch delivered them.
+#[derive(Debug, Default)]
+struct Known {
+    /// Names (`<namespace>/<hex key>`).
+    names: HashSet<String>,
+    /// Of those, the ones learned as recorded ([`Tombstones::learn_recorded`]) that the
+    /// watch has not delivered yet, each with the mark it was learned at: a listing asked
+    /// for before then may not hold it, so a relist keeps it.
+    ahead: std::collections::HashMap<String, u64>,
+}
+
+impl Known {
+    fn learn_recorded(&mut self, name: String, mark: u64) {
+        if !self.names.insert(name.clone()) {
+            return;
+        }
+        self.ahead.insert(name, mark);
+        // Bounded: a client may mark its own delete as recorded (it names a block it may
+        // delete anyway); the oldest such names go first.
+        if self.ahead.len() > AHEAD_OF_WATCH_MAX {
+            let oldest = self
+                .ahead
+                .iter()
+                .min_by_key(|(_, m)| **m)
+                .map(|(n, _)| n.clone());
+            if let Some(oldest) = oldest {
+                self.ahead.remove(&oldest);
+                self.names.remove(&oldest);
+            }
+        }
+    }
+
+    /// From etcd (the watch).
+    fn learn(&mut self, name: String) {
+        self.ahead.remove(&name);
+        self.names.insert(name);
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.ahead.remove(name);
+        self.names.remove(name);
+    }
+
+    /// A full listing asked for at `mark` replaces what is known, but for the names learned
+    /// as recorded since (learned before: etcd held them then, so the listing has them, or
+    /// they expired).
+    fn relist(&mut self, mut names: HashSet<String>, mark: u64) {
+        self.ahead.retain(|_, at| *at > mark);
+        names.extend(self.ahead.keys().cloned());
+        self.names = names;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// A settling delete's tombstone, learned before the watch delivered it, survives a
+    /// relist of a listing asked for before it was learned, and not one asked for after.
+    #[test]
+    fn a_tombstone_learned_as_recorded_outlives_an_older_listing_only() {
+        let mut k = Known::default();
+        k.learn("ns/01".into());
+        let listing_asked = 5;
+        k.learn_recorded("ns/02".into(), 7);
+        k.relist(set(&["ns/01"]), listing_asked);
+        assert_eq!(k.names, set(&["ns/01", "ns/02"]));
+        // A later listing without it: it expired, or was never recorded.
+        k.relist(set(&["ns/01"]), 9);
+        assert_eq!(k.names, set(&["ns/01"]));
+        // Delivered by the watch: a listing is then the word on it.
+        k.learn_recorded("ns/03".into(), 10);
+        k.learn("ns/03".into());
+        k.relist(set(&["ns/01"]), 8);
+        assert_eq!(k.names, set(&["ns/01"]));
+    }
+
+    /// Names learned as recorded are bounded; the oldest go first, a known one is no new one.
+    #[test]
+    fn tombstones_learned_ahead_of_the_watch_are_bounded() {
+        let mut k = Known::default();
+        k.learn("ns/etcd".into());
+        k.learn_recorded("ns/etcd".into(), 0);
+        assert!(k.ahead.is_empty(), "known from etcd already");
+        for i in 0..=AHEAD_OF_WATCH_MAX as u64 {
+            k.learn_recorded(format!("ns/{i:x}"), i + 1);
+        }
+        assert_eq!(k.ahead.len(), AHEAD_OF_WATCH_MAX);
+        assert!(!k.names.contains("ns/0"), "the oldest went first");
+        assert!(k.names.contains("ns/1") && k.names.contains("ns/etcd"));
+    }
 
     #[test]
     fn a_tombstone_name_gives_back_its_namespace_and_key() {
