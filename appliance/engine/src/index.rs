@@ -405,7 +405,9 @@ pub enum WriteMode {
 }
 
 impl Index {
-    pub fn open(path: &Path) -> anyhow::Result<Index> {
+    /// Opens (or creates) the index at `path`; `preallocate`: RocksDB preallocates its WAL
+    /// and manifest files (`index_preallocate`).
+    pub fn open(path: &Path, preallocate: bool) -> anyhow::Result<Index> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -418,9 +420,13 @@ impl Index {
         // Closing the index must not persist what a crash would lose (put entries written
         // without the WAL): a clean stop writes a synced checkpoint first anyway, and the
         // power-loss suites drop the node in-process where a real power cut kills it.
+        let mut set = "avoid_flush_during_shutdown=true".to_string();
+        if !preallocate {
+            set.push_str(";allow_fallocate=false");
+        }
         let opts = opts
-            .get_options_from_string("avoid_flush_during_shutdown=true")
-            .context("set avoid_flush_during_shutdown")?;
+            .get_options_from_string(&set)
+            .with_context(|| format!("set {set}"))?;
         // Point lookups dominate (every GET, PUT and MATCH miss asks `blocks`): a bloom
         // filter per table file spares reads of files that do not hold the key, and one block
         // cache shared by every column family bounds the data blocks kept in memory. Index and

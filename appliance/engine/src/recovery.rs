@@ -60,7 +60,7 @@ pub(super) async fn open(
         Some(p) => Some(AeadKey::new(&*read_kek(p)?)),
         None => None,
     };
-    let index = Index::open(&cfg.index_path())?;
+    let index = Index::open(&cfg.index_path(), cfg.index_preallocate)?;
     let rewrapped = rewrap_deks(&index, &kek, previous.as_ref())?;
     if rewrapped > 0 {
         tracing::info!(

@@ -255,6 +255,11 @@ pub struct Config {
     /// run on the request thread even with `offload_inline = false`: the hand-off to an
     /// engine thread and back costs more CPU than the work (at most 1 MiB; 0 = none).
     pub offload_inline_max_bytes: ByteSize,
+    /// Whether the index (RocksDB) preallocates its write-ahead log and manifest files with
+    /// `fallocate`: on a disk's filesystem that spares metadata updates at each sync; on
+    /// tmpfs it allocates and zeroes memory at every open and frees it at every close (the
+    /// pod's simulation, which opens an index per member and restart, turns it off).
+    pub index_preallocate: bool,
     /// Most keys pinned at once.
     pub leases_max: usize,
     /// Most namespaces with KV-event subscribers at once (their subscribers share one queue
@@ -335,6 +340,7 @@ impl Default for Config {
             offload_queue_depth: 4096,
             offload_inline: false,
             offload_inline_max_bytes: ByteSize(OFFLOAD_INLINE_MAX_BYTES_DEFAULT),
+            index_preallocate: true,
             leases_max: 1 << 20,
             event_queues_max: 256,
             leased_bytes_max: None,

@@ -373,6 +373,8 @@ impl Run {
             region_bytes: Some(ctxpod_format::config::ByteSize(4 << 20)),
             dram: ctxpod_format::config::ByteSize(0),
             offload_threads: 1,
+            // Its index is on tmpfs, opened for every member and restart.
+            index_preallocate: false,
             ..Default::default()
         };
         cfg.pod.name = "sim".into();
